@@ -1,0 +1,24 @@
+"""The ``ethen`` command line: a thin shell that wires sub-commands to the package's cores."""
+
+from __future__ import annotations
+
+import typer
+
+from ethen.mesh.cli import app as mesh_app
+
+app = typer.Typer(
+    name="ethen",
+    help="Ethen: an open LLM routing layer (gateway smart routing + mesh cost-aware routing).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(mesh_app, name="mesh", help="Mesh cost-aware routing over layer fragments.")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+__all__ = ["app", "main"]
