@@ -26,7 +26,7 @@ case "$cmd" in
     test)
         install dev
         "$VENV/bin/ruff" check ethen tests bench
-        "$VENV/bin/mypy" --strict ethen/mesh/routing ethen/gateway/routing
+        "$VENV/bin/mypy" --strict ethen/mesh ethen/gateway/routing
         exec "$VENV/bin/python" -m pytest "$@"
         ;;
     *)
