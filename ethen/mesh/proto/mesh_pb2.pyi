@@ -1,0 +1,93 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Tensor(_message.Message):
+    __slots__ = ("data", "shape", "dtype")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: str
+    def __init__(self, data: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
+
+class ForwardRequest(_message.Message):
+    __slots__ = ("session_id", "first_layer", "last_layer", "positions", "hidden")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LAYER_FIELD_NUMBER: _ClassVar[int]
+    LAST_LAYER_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    first_layer: int
+    last_layer: int
+    positions: _containers.RepeatedScalarFieldContainer[int]
+    hidden: Tensor
+    def __init__(self, session_id: _Optional[str] = ..., first_layer: _Optional[int] = ..., last_layer: _Optional[int] = ..., positions: _Optional[_Iterable[int]] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class ForwardResponse(_message.Message):
+    __slots__ = ("hidden", "compute_ms", "queue_ms", "batch_size")
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    hidden: Tensor
+    compute_ms: float
+    queue_ms: float
+    batch_size: int
+    def __init__(self, hidden: _Optional[_Union[Tensor, _Mapping]] = ..., compute_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
+class HealthRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LayerRange(_message.Message):
+    __slots__ = ("first", "last")
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    first: int
+    last: int
+    def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
+
+class HealthResponse(_message.Message):
+    __slots__ = ("node_id", "served_layers", "latency_ms", "load", "served_requests", "failed_requests", "alive", "capacity_score", "active_sessions", "cache_bytes", "cache_bytes_limit")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SERVED_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    SERVED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_SCORE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_BYTES_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    served_layers: _containers.RepeatedCompositeFieldContainer[LayerRange]
+    latency_ms: float
+    load: float
+    served_requests: int
+    failed_requests: int
+    alive: bool
+    capacity_score: float
+    active_sessions: int
+    cache_bytes: int
+    cache_bytes_limit: int
+    def __init__(self, node_id: _Optional[str] = ..., served_layers: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., latency_ms: _Optional[float] = ..., load: _Optional[float] = ..., served_requests: _Optional[int] = ..., failed_requests: _Optional[int] = ..., alive: _Optional[bool] = ..., capacity_score: _Optional[float] = ..., active_sessions: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_bytes_limit: _Optional[int] = ...) -> None: ...
+
+class CloseSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionResponse(_message.Message):
+    __slots__ = ("closed",)
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    closed: bool
+    def __init__(self, closed: _Optional[bool] = ...) -> None: ...
