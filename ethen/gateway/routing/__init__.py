@@ -1,0 +1,59 @@
+"""Gateway smart-routing core: requirements -> policy -> filter -> score -> canary -> receipt.
+
+Pure and deterministic: no I/O, no clock, no randomness. ``now``, the request id and the telemetry snapshot
+are inputs (:class:`RoutingContext`). Entry point: :func:`decide`.
+"""
+
+from .canary import CanaryEvaluation, bucket
+from .candidates import (
+    CANARY_PERCENTS,
+    CanaryTarget,
+    Candidate,
+    LiveCertification,
+    ModelInfo,
+    Prices,
+    ProjectPolicy,
+)
+from .decide import Decision, RoutingContext, decide, resolve_pool
+from .filter import Rejection, estimate_cost_usd
+from .policy import ALIASES, COMPONENTS, LATENCY_TARGETS, POLICY_VERSION, AliasProfile, HardGates
+from .reasons import REJECTION_REASONS, SELECTION_REASONS
+from .receipt import Receipt
+from .requirements import Requirements, parse_requirements
+from .score import ScoreComponents, ScoredCandidate
+from .telemetry import RECENT_MAX_OUTCOMES, RECENT_WINDOW_SECONDS, CandidateStats, TelemetrySnapshot
+
+__all__ = [
+    "ALIASES",
+    "CANARY_PERCENTS",
+    "COMPONENTS",
+    "LATENCY_TARGETS",
+    "POLICY_VERSION",
+    "RECENT_MAX_OUTCOMES",
+    "RECENT_WINDOW_SECONDS",
+    "REJECTION_REASONS",
+    "SELECTION_REASONS",
+    "AliasProfile",
+    "CanaryEvaluation",
+    "CanaryTarget",
+    "Candidate",
+    "CandidateStats",
+    "Decision",
+    "HardGates",
+    "LiveCertification",
+    "ModelInfo",
+    "Prices",
+    "ProjectPolicy",
+    "Receipt",
+    "Rejection",
+    "Requirements",
+    "RoutingContext",
+    "ScoreComponents",
+    "ScoredCandidate",
+    "TelemetrySnapshot",
+    "bucket",
+    "decide",
+    "estimate_cost_usd",
+    "parse_requirements",
+    "resolve_pool",
+]

@@ -1,0 +1,321 @@
+"""Hard requirements from the raw chat-completions body, parsed once and validated field by field.
+
+Every malformed field raises :class:`~ethen.gateway.errors.InvalidRequestError` whose ``param`` is the dotted
+path of the field (``messages[1].content[0].type``, ``metadata.routing.budget_ceiling_usd``, ...). Fields the
+router does not read are left to the upstream.
+
+Choices where the spec is silent:
+
+* ``tools``: a ``tools`` array that is present (even empty) requires tool support; so does the legacy
+  ``functions`` array. ``null`` means absent.
+* ``response_format``: ``{"type": "json_object"}`` and ``{"type": "json_schema", ...}`` require structured
+  output; ``{"type": "text"}`` is the default behaviour and requires nothing.
+* vision: any content part of type ``image_url`` or ``input_image`` in any message.
+* max output: ``max_completion_tokens`` and ``max_tokens`` (``null`` = absent); when both are given the larger
+  one must fit (conservative: providers differ in which one they honour).
+* ``metadata.routing`` is our namespace, so unknown keys in it are rejected (a typo must not silently drop a
+  budget). ``certification_level`` is ``"any"`` (default) or ``"live"``; ``latency_target`` is one of
+  :data:`~ethen.gateway.routing.policy.LATENCY_TARGETS`.
+* ``providerOptions.gateway.only`` must be a non-empty array of provider ids.
+
+Token estimator (conservative, no tokenizer): the UTF-8 byte length of every string in the messages, the tool
+schemas and the ``response_format`` schema (plus the bytes of every object key and 4 bytes of punctuation
+per key, 1 per array item) divided by 3 and rounded up, plus 4 tokens per message and 3 for the reply
+primer; each image part counts :data:`IMAGE_TOKENS` (1,600: above the largest per-image cost of OpenAI high
+detail (1,105 at 2048x768) and Anthropic's ~1,600 cap) and its URL/base64 payload is not counted as text.
+BPE tokenizers average about 4 bytes per token on English and about 3 bytes per CJK character token, so
+bytes/3 overestimates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ethen.gateway.errors import InvalidRequestError
+
+from .policy import LATENCY_TARGETS
+
+__all__ = [
+    "BYTES_PER_TOKEN",
+    "CERTIFICATION_LEVELS",
+    "IMAGE_PART_TYPES",
+    "IMAGE_TOKENS",
+    "ROUTING_KEYS",
+    "Requirements",
+    "estimate_tokens",
+    "parse_requirements",
+]
+
+BYTES_PER_TOKEN: Final = 3
+IMAGE_TOKENS: Final = 1600
+TOKENS_PER_MESSAGE: Final = 4
+TOKENS_REPLY_PRIMER: Final = 3
+IMAGE_PART_TYPES: Final = frozenset({"image_url", "input_image"})
+CERTIFICATION_LEVELS: Final = ("any", "live")
+ROUTING_KEYS: Final = frozenset({"budget_ceiling_usd", "latency_target", "certification_level"})
+STRUCTURED_FORMATS: Final = frozenset({"json_object", "json_schema"})
+RESPONSE_FORMATS: Final = frozenset({"text", "json_object", "json_schema"})
+
+
+@dataclass(frozen=True, slots=True)
+class Requirements:
+    """What the request needs from any candidate, plus the routing options it carries."""
+
+    model: str
+    tools: bool = False
+    vision: bool = False
+    structured_output: bool = False
+    input_tokens: int = 0
+    max_output_tokens: int | None = None
+    budget_ceiling_usd: float | None = None
+    certification_live: bool = False
+    only_providers: frozenset[str] | None = None
+    latency_target: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "tools": self.tools,
+            "vision": self.vision,
+            "structured_output": self.structured_output,
+            "estimated_input_tokens": self.input_tokens,
+            "max_output_tokens": self.max_output_tokens,
+            "budget_ceiling_usd": self.budget_ceiling_usd,
+            "certification_level": "live" if self.certification_live else "any",
+            "only_providers": sorted(self.only_providers) if self.only_providers is not None else None,
+            "latency_target": self.latency_target,
+        }
+
+
+def _bad(param: str, message: str, code: str = "invalid_value") -> InvalidRequestError:
+    return InvalidRequestError(message, code=code, param=param)
+
+
+def _type_name(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _str_bytes(s: str) -> int:
+    return len(s) if s.isascii() else len(s.encode("utf-8", "surrogatepass"))
+
+
+def _json_bytes(value: object) -> int:
+    """Approximate compact-JSON byte size of a parsed JSON value (strings by UTF-8 bytes)."""
+    if isinstance(value, str):
+        return _str_bytes(value) + 2
+    if isinstance(value, Mapping):
+        return sum(_str_bytes(str(k)) + 4 + _json_bytes(v) for k, v in value.items()) + 2
+    if isinstance(value, list | tuple):
+        return sum(_json_bytes(v) + 1 for v in value) + 2
+    return 5  # number, bool, null
+
+
+def estimate_tokens(nbytes: int, images: int = 0, messages: int = 0) -> int:
+    """The estimator's arithmetic (see module docstring)."""
+    return (
+        -(-nbytes // BYTES_PER_TOKEN)
+        + images * IMAGE_TOKENS
+        + messages * TOKENS_PER_MESSAGE
+        + (TOKENS_REPLY_PRIMER if messages else 0)
+    )
+
+
+def _parse_messages(messages: object) -> tuple[int, int]:
+    """Validate ``messages``; return (text bytes, image parts)."""
+    if messages is None:
+        raise _bad("messages", "'messages' is required", "missing_required_parameter")
+    if not isinstance(messages, list):
+        raise _bad("messages", f"'messages' must be an array, got {_type_name(messages)}", "invalid_type")
+    if not messages:
+        raise _bad("messages", "'messages' must contain at least one message")
+    nbytes = 0
+    images = 0
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, Mapping):
+            raise _bad(where, f"{where} must be an object, got {_type_name(msg)}", "invalid_type")
+        role = msg.get("role")
+        if not isinstance(role, str) or not role:
+            raise _bad(
+                f"{where}.role", f"{where}.role must be a non-empty string, got {role!r}", "invalid_type"
+            )
+        for key, value in msg.items():
+            if key != "content":
+                nbytes += _str_bytes(str(key)) + _json_bytes(value)
+        content = msg.get("content")
+        if content is None:
+            continue
+        if isinstance(content, str):
+            nbytes += _str_bytes(content)
+            continue
+        if not isinstance(content, list):
+            raise _bad(
+                f"{where}.content",
+                f"{where}.content must be a string or an array of parts, got {_type_name(content)}",
+                "invalid_type",
+            )
+        for j, part in enumerate(content):
+            pwhere = f"{where}.content[{j}]"
+            if not isinstance(part, Mapping):
+                raise _bad(pwhere, f"{pwhere} must be an object, got {_type_name(part)}", "invalid_type")
+            ptype = part.get("type")
+            if not isinstance(ptype, str) or not ptype:
+                raise _bad(f"{pwhere}.type", f"{pwhere}.type must be a non-empty string, got {ptype!r}")
+            if ptype in IMAGE_PART_TYPES:
+                images += 1
+                continue
+            if ptype == "text" and not isinstance(part.get("text"), str):
+                raise _bad(f"{pwhere}.text", f"{pwhere}.text must be a string", "invalid_type")
+            nbytes += _json_bytes(part)
+    return nbytes, images
+
+
+def _positive_int(body: Mapping[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _bad(key, f"'{key}' must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _parse_routing(metadata: object) -> tuple[float | None, str | None, bool]:
+    if metadata is None:
+        return None, None, False
+    if not isinstance(metadata, Mapping):
+        raise _bad("metadata", f"'metadata' must be an object, got {_type_name(metadata)}", "invalid_type")
+    routing = metadata.get("routing")
+    if routing is None:
+        return None, None, False
+    if not isinstance(routing, Mapping):
+        raise _bad(
+            "metadata.routing",
+            f"'metadata.routing' must be an object, got {_type_name(routing)}",
+            "invalid_type",
+        )
+    for key in routing:
+        if key not in ROUTING_KEYS:
+            raise _bad(
+                f"metadata.routing.{key}",
+                f"unknown key 'metadata.routing.{key}'; allowed: {', '.join(sorted(ROUTING_KEYS))}",
+            )
+    ceiling = routing.get("budget_ceiling_usd")
+    if ceiling is not None and (
+        not isinstance(ceiling, int | float)
+        or isinstance(ceiling, bool)
+        or not math.isfinite(ceiling)
+        or ceiling < 0
+    ):
+        raise _bad(
+            "metadata.routing.budget_ceiling_usd",
+            f"'metadata.routing.budget_ceiling_usd' must be a finite number >= 0, got {ceiling!r}",
+        )
+    target = routing.get("latency_target")
+    if target is not None and (not isinstance(target, str) or target not in LATENCY_TARGETS):
+        raise _bad(
+            "metadata.routing.latency_target",
+            f"'metadata.routing.latency_target' must be one of {', '.join(LATENCY_TARGETS)}, got {target!r}",
+        )
+    level = routing.get("certification_level")
+    if level is not None and (not isinstance(level, str) or level not in CERTIFICATION_LEVELS):
+        raise _bad(
+            "metadata.routing.certification_level",
+            f"'metadata.routing.certification_level' must be one of {', '.join(CERTIFICATION_LEVELS)}, "
+            f"got {level!r}",
+        )
+    return (
+        float(ceiling) if ceiling is not None else None,
+        target if target != "balanced" else None,
+        level == "live",
+    )
+
+
+def _parse_only(body: Mapping[str, Any]) -> frozenset[str] | None:
+    options = body.get("providerOptions")
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise _bad("providerOptions", "'providerOptions' must be an object", "invalid_type")
+    gateway = options.get("gateway")
+    if gateway is None:
+        return None
+    if not isinstance(gateway, Mapping):
+        raise _bad("providerOptions.gateway", "'providerOptions.gateway' must be an object", "invalid_type")
+    only = gateway.get("only")
+    if only is None:
+        return None
+    if (
+        not isinstance(only, list)
+        or not only
+        or not all(isinstance(p, str) and p for p in only)
+    ):
+        raise _bad(
+            "providerOptions.gateway.only",
+            f"'providerOptions.gateway.only' must be a non-empty array of provider ids, got {only!r}",
+        )
+    return frozenset(only)
+
+
+def _parse_tools(body: Mapping[str, Any], key: str) -> tuple[bool, int]:
+    tools = body.get(key)
+    if tools is None:
+        return False, 0
+    if not isinstance(tools, list):
+        raise _bad(key, f"'{key}' must be an array, got {_type_name(tools)}", "invalid_type")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, Mapping):
+            raise _bad(
+                f"{key}[{i}]", f"'{key}[{i}]' must be an object, got {_type_name(tool)}", "invalid_type"
+            )
+    return True, _json_bytes(tools)
+
+
+def parse_requirements(body: Mapping[str, Any]) -> Requirements:
+    """Parse and validate the body once; raise ``InvalidRequestError`` naming the first malformed field."""
+    if not isinstance(body, Mapping):
+        raise _bad("", f"the request body must be a JSON object, got {_type_name(body)}", "invalid_type")
+    model = body.get("model")
+    if model is None:
+        raise _bad("model", "'model' is required", "missing_required_parameter")
+    if not isinstance(model, str) or not model:
+        raise _bad("model", f"'model' must be a non-empty string, got {model!r}", "invalid_type")
+    nbytes, images = _parse_messages(body.get("messages"))
+    needs_tools, tool_bytes = _parse_tools(body, "tools")
+    needs_functions, function_bytes = _parse_tools(body, "functions")
+    nbytes += tool_bytes + function_bytes
+
+    structured = False
+    fmt = body.get("response_format")
+    if fmt is not None:
+        if not isinstance(fmt, Mapping):
+            raise _bad("response_format", "'response_format' must be an object", "invalid_type")
+        ftype = fmt.get("type")
+        if ftype not in RESPONSE_FORMATS:
+            raise _bad(
+                "response_format.type",
+                f"'response_format.type' must be one of {', '.join(sorted(RESPONSE_FORMATS))}, got {ftype!r}",
+            )
+        structured = ftype in STRUCTURED_FORMATS
+        if structured:
+            nbytes += _json_bytes(fmt)
+
+    mct = _positive_int(body, "max_completion_tokens")
+    mt = _positive_int(body, "max_tokens")
+    max_out = mt if mct is None else (mct if mt is None else max(mct, mt))
+    ceiling, target, live = _parse_routing(body.get("metadata"))
+    only = _parse_only(body)
+    return Requirements(
+        model=model,
+        tools=needs_tools or needs_functions,
+        vision=images > 0,
+        structured_output=structured,
+        input_tokens=estimate_tokens(nbytes, images, len(body["messages"])),
+        max_output_tokens=max_out,
+        budget_ceiling_usd=ceiling,
+        certification_live=live,
+        only_providers=only,
+        latency_target=target,
+    )

@@ -1,0 +1,97 @@
+"""Telemetry snapshot types (built by the shell, only read here) and the smoothing the scorer applies.
+
+What "recent" means: the shell's in-memory store keeps, per (provider, model), the outcomes of the last
+:data:`RECENT_MAX_OUTCOMES` (50) attempts that finished within the last :data:`RECENT_WINDOW_SECONDS` (300 s)
+before the snapshot; :class:`CandidateStats` summarizes exactly those outcomes. The core never looks at the
+clock: it trusts the snapshot's counts (``window_seconds`` / ``max_outcomes`` on the snapshot record what the
+shell used).
+
+Smoothing, so that one sample does not swing a score:
+
+* reliability: the posterior mean of a Beta prior ``Beta(9, 1)`` (mean 0.9, strength 10 samples) updated
+  with the recent successes/failures: ``(successes + 9) / (samples + 10)``. One failure on a fresh candidate
+  moves it from 0.90 to 0.82, not to 0.
+* health (per provider): the same Beta posterior over the provider's outcomes summed over its models.
+* latency and TTFT: a prior-weighted blend ``(k * prior + n * observed_mean) / (k + n)`` with ``k = 5``: the
+  catalog prior counts as five observations.
+
+Failing gate: a provider whose recent outcomes, summed over all its models, show 0 successes over at least 3
+samples is excluded (reason ``provider_failing``), for every one of its candidates. The spec says "providers";
+we also exclude a single candidate with 0 successes over at least 3 of its own samples
+(``candidate_failing``): a model that always fails at one provider must not stay primary just because the
+provider's other models work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final
+
+__all__ = [
+    "EMPTY_STATS",
+    "LATENCY_PRIOR_WEIGHT",
+    "RECENT_MAX_OUTCOMES",
+    "RECENT_WINDOW_SECONDS",
+    "RELIABILITY_PRIOR",
+    "CandidateStats",
+    "TelemetrySnapshot",
+    "blend",
+    "smoothed_success",
+]
+
+RECENT_WINDOW_SECONDS: Final = 300.0
+RECENT_MAX_OUTCOMES: Final = 50
+#: Beta prior (alpha = successes, beta = failures) for reliability and health.
+RELIABILITY_PRIOR: Final = (9.0, 1.0)
+#: Weight of the catalog latency/TTFT prior, in observations.
+LATENCY_PRIOR_WEIGHT: Final = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateStats:
+    """Recent outcomes of one (provider, model). Means are over the successful attempts that measured them;
+    ``None`` when there is none."""
+
+    samples: int = 0
+    successes: int = 0
+    latency_ms_mean: float | None = None
+    ttft_ms_mean: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.successes <= self.samples):
+            raise ValueError(f"need 0 <= successes <= samples, got {self.successes}/{self.samples}")
+
+    @property
+    def success_rate(self) -> float | None:
+        return self.successes / self.samples if self.samples else None
+
+
+EMPTY_STATS: Final = CandidateStats()
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetrySnapshot:
+    """Per (provider, model) recent stats. Missing keys mean "no recent evidence"."""
+
+    stats: Mapping[tuple[str, str], CandidateStats] = field(default_factory=lambda: MappingProxyType({}))
+    window_seconds: float = RECENT_WINDOW_SECONDS
+    max_outcomes: int = RECENT_MAX_OUTCOMES
+
+    def get(self, provider: str, model: str) -> CandidateStats:
+        return self.stats.get((provider, model), EMPTY_STATS)
+
+
+def smoothed_success(samples: int, successes: int) -> float:
+    """Beta-posterior mean success rate."""
+    a, b = RELIABILITY_PRIOR
+    return (successes + a) / (samples + a + b)
+
+
+def blend(prior: float, observed_mean: float | None, n: int) -> float:
+    """Prior-weighted blend of a catalog prior with an observed mean over ``n`` observations."""
+    if observed_mean is None or n <= 0:
+        return prior
+    k = LATENCY_PRIOR_WEIGHT
+    return (k * prior + n * observed_mean) / (k + n)
