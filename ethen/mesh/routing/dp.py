@@ -1,0 +1,226 @@
+"""``score_route``: the cheapest chain of whole fragments covering a layer window (spec §3).
+
+Graph (§3): vertices are the layer boundaries ``first .. last+1``; a fragment ``(L, E)`` of a live node is an
+edge from boundary ``L`` to ``E+1``. A fragment that reaches outside the window is not used. Contiguous
+fragments of one node form ONE stage (its cost counts once, no hop); a node that reappears later counts
+again. The DP state is therefore ``(boundary, node running the current stage)``: continuing with the same
+node costs nothing, switching to node ``m`` costs ``cost(m)`` plus the hop term (no hop before the first
+stage). Only the best and second-best labels of a boundary can win a switch, so each fragment is relaxed in
+O(1) and a call is O(nodes + fragments + layers).
+
+Order of routes (total, so the result never depends on the order of ``states``):
+
+1. lowest cost, compared **exactly**: every term is a float, hence a dyadic rational; the DP scales them to
+   integers over a common power-of-two denominator and adds integers. Routes whose costs are equal as real
+   numbers compare equal, whatever order their terms were added in (float sums could differ in the last
+   ulp and let rounding noise pick the winner);
+2. fewest stages;
+3. node ids of the stages, compared as a tuple of strings (Python ``str`` order, i.e. by code point);
+4. (the spec is silent) the stages' first layers, compared as a tuple: when the same nodes in the same
+   order can split the window in several ways at the same cost, the earliest hand-offs win.
+
+The prefill term is the same for every route, so it is added to the result but plays no part in the DP.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from ethen.mesh.routing.errors import InvalidMeshInput, NoRouteAvailable
+from ethen.mesh.routing.route import Rejections, Route, price_stages
+from ethen.mesh.routing.state import NodeState, RoutingRequest
+from ethen.mesh.routing.weights import RouteWeights
+
+__all__ = ["DEFAULT_MODEL", "score_route"]
+
+DEFAULT_MODEL = "default"
+"""Model name put on routes when the caller names none."""
+
+_DEFAULT_WEIGHTS = RouteWeights()
+
+# A DP label: (exact cost, stages, index of the current stage's node in `used`, boundary where the current
+# stage starts, label before the current stage). Continuing a stage reuses the same tuple.
+_Label = tuple[int, int, int, int, "_Label | None"]
+_ROOT: _Label = (0, 0, -1, 0, None)
+
+
+def _tie_key(label: _Label, used: list[NodeState]) -> tuple[list[str], list[int]]:
+    nodes: list[str] = []
+    starts: list[int] = []
+    lab: _Label | None = label
+    while lab is not None and lab[2] >= 0:
+        nodes.append(used[lab[2]].node_id)
+        starts.append(lab[3])
+        lab = lab[4]
+    nodes.reverse()
+    starts.reverse()
+    return nodes, starts
+
+
+def _before(a: _Label, b: _Label, used: list[NodeState]) -> bool:
+    """``a`` strictly precedes ``b`` in the route order of the module docstring."""
+    if a[0] != b[0]:
+        return a[0] < b[0]
+    if a[1] != b[1]:
+        return a[1] < b[1]
+    return _tie_key(a, used) < _tie_key(b, used)
+
+
+def _window(request: RoutingRequest, pool: tuple[NodeState, ...]) -> tuple[int, int]:
+    if request.layer_range is not None:
+        return request.layer_range
+    firsts = [a for s in pool if s.alive for a, _ in s.served_layers]
+    if not firsts:
+        raise NoRouteAvailable(None, "no live node serves any layer")
+    return min(firsts), max(b for s in pool if s.alive for _, b in s.served_layers)
+
+
+def _check_inputs(request: object, weights: object, model: object, pool: tuple[object, ...]) -> None:
+    if not isinstance(request, RoutingRequest):
+        raise InvalidMeshInput(f"request must be a RoutingRequest, got {type(request).__name__}")
+    if not isinstance(weights, RouteWeights):
+        raise InvalidMeshInput(f"weights must be RouteWeights, got {type(weights).__name__}")
+    if not isinstance(model, str) or not model:
+        raise InvalidMeshInput(f"model must be a non-empty string, got {model!r}")
+    seen: set[str] = set()
+    for s in pool:
+        if not isinstance(s, NodeState):
+            raise InvalidMeshInput(f"states must hold NodeState objects, got {type(s).__name__}")
+        if s.node_id in seen:
+            raise InvalidMeshInput(f"duplicate node_id {s.node_id!r} in states")
+        seen.add(s.node_id)
+
+
+def score_route(
+    request: RoutingRequest,
+    states: Iterable[NodeState],
+    weights: RouteWeights = _DEFAULT_WEIGHTS,
+    model: str = DEFAULT_MODEL,
+) -> Route:
+    """The cheapest route covering ``request``'s window with whole fragments of live nodes.
+
+    Raises ``NoRouteAvailable`` (window in the message) when no chain covers it, and ``InvalidMeshInput``
+    (a ``ValueError``) on malformed input such as duplicate node ids.
+    """
+    pool = tuple(states)
+    _check_inputs(request, weights, model, pool)
+    first, last = _window(request, pool)
+    width = last - first + 1
+
+    # Index usable fragments by start boundary, once: by_start[b] = [(end boundary, node index), ...].
+    by_start: list[list[tuple[int, int]]] = [[] for _ in range(width)]
+    used: list[NodeState] = []
+    dead: list[str] = []
+    outside: list[str] = []
+    for s in pool:
+        if not s.alive:
+            dead.append(s.node_id)
+            continue
+        k = -1
+        for a, b in s.served_layers:
+            if a >= first and b <= last:
+                if k < 0:
+                    k = len(used)
+                    used.append(s)
+                by_start[a - first].append((b + 1 - first, k))
+        if k < 0:
+            outside.append(s.node_id)
+
+    costs = [weights.node_cost(s) for s in used]
+    if costs and max(costs) == math.inf:
+        worst = used[costs.index(math.inf)].node_id
+        raise InvalidMeshInput(f"node {worst!r}: stage cost overflows a float with these weights")
+    # Exact arithmetic: scale every term to an int over one power-of-two denominator.
+    ratios = [c.as_integer_ratio() for c in costs]
+    hop_num, hop_den = weights.hop_cost().as_integer_ratio()
+    scale = max([hop_den, *(d for _, d in ratios)])
+    exact = [n * (scale // d) for n, d in ratios]
+    hop = hop_num * (scale // hop_den)
+
+    labels: list[dict[int, _Label] | None] = [None] * (width + 1)
+    labels[0] = {-1: _ROOT}
+    for b in range(width):
+        here = labels[b]
+        frags = by_start[b]
+        if here is None or not frags:
+            continue
+        best1: _Label | None = None
+        best2: _Label | None = None
+        for lab in here.values():
+            if best1 is None or _before(lab, best1, used):
+                best1, best2 = lab, best1
+            elif best2 is None or _before(lab, best2, used):
+                best2 = lab
+        assert best1 is not None
+        for end, m in frags:
+            src = best1 if best1[2] != m else best2
+            cand = here.get(m)  # continue the current stage: same label, no extra cost
+            if src is not None:
+                cost = src[0] + exact[m] + (hop if src[1] else 0)
+                stages = src[1] + 1
+                if (
+                    cand is None
+                    or cost < cand[0]
+                    or (
+                        cost == cand[0]
+                        and (
+                            stages < cand[1]
+                            or (stages == cand[1] and _before((cost, stages, m, b, src), cand, used))
+                        )
+                    )
+                ):
+                    cand = (cost, stages, m, b, src)
+            assert cand is not None
+            slot = labels[end]
+            if slot is None:
+                labels[end] = {m: cand}
+            else:
+                old = slot.get(m)
+                if old is None or (old is not cand and _before(cand, old, used)):
+                    slot[m] = cand
+
+    final = labels[width]
+    if not final:
+        reached = max(b for b in range(width + 1) if labels[b])
+        raise NoRouteAvailable(
+            (first, last),
+            f"whole fragments of live nodes cover only up to layer {first + reached - 1}; no usable fragment "
+            f"starts at layer {first + reached}"
+            if reached
+            else f"no live node has a fragment starting at layer {first} that ends inside the window",
+            reached=first + reached,
+        )
+    best: _Label | None = None
+    for lab in final.values():
+        if best is None or _before(lab, best, used):
+            best = lab
+    assert best is not None
+
+    segments: list[tuple[str, int, int]] = []
+    node_costs: list[float] = []
+    end = width
+    step: _Label | None = best
+    while step is not None and step[2] >= 0:
+        segments.append((used[step[2]].node_id, first + step[3], first + end - 1))
+        node_costs.append(costs[step[2]])
+        end = step[3]
+        step = step[4]
+    segments.reverse()
+    node_costs.reverse()
+
+    in_route = {node_id for node_id, _, _ in segments}
+    rejected = Rejections(
+        dead=tuple(sorted(dead)),
+        outside_window=tuple(sorted(outside)),
+        not_cheapest=tuple(sorted(s.node_id for s in used if s.node_id not in in_route)),
+    )
+    return Route(
+        stages=price_stages(segments, node_costs, weights, request.prompt_tokens),
+        model=model,
+        window=(first, last),
+        prompt_tokens=request.prompt_tokens,
+        weights=weights,
+        reason=f"cheapest chain of whole fragments covering layers {first}-{last}",
+        rejected=rejected,
+    )
