@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from ethen.mesh.cli import app as mesh_app
+from ethen.mesh.worker.cli import worker as worker_command
 
 app = typer.Typer(
     name="ethen",
@@ -14,6 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(mesh_app, name="mesh", help="Mesh cost-aware routing over layer fragments.")
+app.command("worker")(worker_command)
 
 
 def main() -> None:

@@ -1,0 +1,68 @@
+"""``ethen worker``: serve some fragments of the model's layers over gRPC.
+
+Prints ``READY <host>:<port>`` on stdout (flushed) once the layers are loaded and the port is bound, so a
+parent process (``ethen up``, tests, benchmarks) can wait for it; ``--port 0`` binds a free port and reports
+it there.
+SIGINT / SIGTERM stop it within a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+
+import typer
+
+from ethen.mesh.worker.backend import ModelBackend
+from ethen.mesh.worker.server import WorkerConfig, WorkerService, parse_fragments, serve
+
+__all__ = ["run_worker", "worker"]
+
+
+def run_worker(config: WorkerConfig, host: str, port: int) -> None:
+    """Load the layers, serve until SIGINT/SIGTERM."""
+    t0 = time.perf_counter()
+    backend = ModelBackend.load(config.fragments)
+    service = WorkerService(config, backend)
+    server, bound = serve(service, host, port)
+    layers = ",".join(f"{a}-{b}" for a, b in config.fragments)
+    print(f"ethen worker {config.node_id!r}: layers {layers} loaded in {time.perf_counter() - t0:.1f}s, "
+          f"serving on {host}:{bound}", file=sys.stderr, flush=True)
+    print(f"READY {host}:{bound}", flush=True)
+    done = threading.Event()
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        done.set()
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    done.wait()
+    server.stop(grace=0.5).wait(1.0)
+    service.stop()
+
+
+def worker(
+    node_id: str = typer.Option(..., "--node-id", help="This node's id, as the router names it."),
+    layers: str = typer.Option(..., "--layers", help="Served fragments, e.g. '0-9,10-19' (inclusive)."),
+    port: int = typer.Option(0, "--port", help="Port to listen on (0: any free port, printed on READY)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
+    capacity_score: float = typer.Option(1.0, "--capacity-score", help="Reported to the router (spec §2.1)."),
+    max_cache_mb: float = typer.Option(512.0, "--max-cache-mb", help="KV-cache memory cap for all sessions."),
+    session_ttl: float = typer.Option(300.0, "--session-ttl", help="Seconds an idle session is kept."),
+    max_sessions: int = typer.Option(256, "--max-sessions", help="Open sessions at most."),
+    batch_window_ms: float = typer.Option(1.0, "--batch-window-ms", help="Decode-step collection window."),
+) -> None:
+    """Serve fragments of the model's layers to the mesh over gRPC."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        fragments = parse_fragments(layers)
+        config = WorkerConfig(node_id, fragments, capacity_score=capacity_score,
+                              max_cache_bytes=int(max_cache_mb * 1024 * 1024), session_ttl_s=session_ttl,
+                              max_sessions=max_sessions, batch_window_s=batch_window_ms / 1000.0)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    run_worker(config, host, port)

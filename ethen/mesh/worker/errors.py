@@ -1,0 +1,24 @@
+"""Worker-side errors; :mod:`ethen.mesh.worker.server` maps each to one gRPC status code at its boundary."""
+
+from __future__ import annotations
+
+__all__ = ["SessionCapacityError", "SessionNotFoundError", "WorkerError", "WorkerInputError"]
+
+
+class WorkerError(Exception):
+    """Base of the errors a worker reports to its caller."""
+
+
+class WorkerInputError(WorkerError, ValueError):
+    """Bad Forward input (shape, dtype, positions, layer span): ``INVALID_ARGUMENT``."""
+
+
+class SessionNotFoundError(WorkerError, KeyError):
+    """The session is unknown to this worker: ``NOT_FOUND``."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown session"
+
+
+class SessionCapacityError(WorkerError):
+    """The session would exceed the worker's KV-cache memory cap or session count: ``RESOURCE_EXHAUSTED``."""

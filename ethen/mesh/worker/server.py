@@ -1,0 +1,302 @@
+"""The worker's gRPC shell: validates ``Forward`` input, hands it to the batching compute thread, reports
+health.
+
+Error mapping (the one boundary between worker errors and gRPC status codes):
+
+=============================  ======================
+:class:`WorkerInputError`      ``INVALID_ARGUMENT``
+:class:`SessionNotFoundError`  ``NOT_FOUND``
+:class:`SessionCapacityError`  ``RESOURCE_EXHAUSTED``
+any other exception            ``INTERNAL`` (logged)
+=============================  ======================
+
+Every error is answered with a message naming the field and value, and the worker keeps serving.
+
+Choices where the spec is silent:
+
+- A Forward whose first position is 0 opens the session (or continues it at 0 after a close); one whose first
+  position is > 0 for a session the worker does not hold gets ``NOT_FOUND`` (expired, closed or restarted).
+- The run must start at the first layer of a served fragment and end at the last layer of a served fragment,
+  covering only served layers in between (spec §3: a fragment runs complete).
+- Positions must be consecutive and start exactly at the session's cached length on those layers; anything
+  else would silently corrupt the KV cache (Petals bug #587), so it is refused.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent import futures
+from typing import Any
+
+import grpc
+import numpy as np
+
+from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
+from ethen.mesh.worker.backend import F32, FragmentBackend
+from ethen.mesh.worker.batching import Job, StepBatcher
+from ethen.mesh.worker.errors import (
+    SessionCapacityError,
+    SessionNotFoundError,
+    WorkerError,
+    WorkerInputError,
+)
+from ethen.mesh.worker.health import HealthTracker
+from ethen.mesh.worker.sessions import SessionStore
+from ethen.model.errors import ModelInputError
+from ethen.model.kv_cache import KVCache
+
+__all__ = ["WorkerConfig", "WorkerService", "parse_fragments", "serve"]
+
+log = logging.getLogger("ethen.mesh.worker")
+
+_PENDING: F32 = np.empty((0, 0), np.float32)  # placeholder for a result not computed yet
+
+_STATUS: dict[type[WorkerError], grpc.StatusCode] = {
+    WorkerInputError: grpc.StatusCode.INVALID_ARGUMENT,
+    SessionNotFoundError: grpc.StatusCode.NOT_FOUND,
+    SessionCapacityError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def parse_fragments(text: str) -> list[tuple[int, int]]:
+    """``"0-9,10-19"`` -> ``[(0, 9), (10, 19)]`` (a single layer may be written ``"7"``)."""
+    out: list[tuple[int, int]] = []
+    for raw in text.split(","):
+        part = raw.strip()
+        if not part:
+            raise ValueError(f"layers {text!r}: empty fragment")
+        first_s, sep, last_s = part.partition("-")
+        try:
+            first = int(first_s)
+            last = int(last_s) if sep else first
+        except ValueError:
+            raise ValueError(f"layers {text!r}: fragment {part!r} is not FIRST-LAST") from None
+        if first < 0 or last < first:
+            raise ValueError(f"layers {text!r}: fragment {part!r} needs 0 <= FIRST <= LAST")
+        out.append((first, last))
+    out.sort()
+    for (_, a_last), (b_first, _) in itertools.pairwise(out):
+        if b_first <= a_last:
+            raise ValueError(f"layers {text!r}: fragments overlap")
+    return out
+
+
+class WorkerConfig:
+    def __init__(
+        self,
+        node_id: str,
+        fragments: Sequence[tuple[int, int]],
+        capacity_score: float = 1.0,
+        max_cache_bytes: int = 512 * 1024 * 1024,
+        session_ttl_s: float = 300.0,
+        max_sessions: int = 256,
+        batch_window_s: float = 0.001,
+        max_batch: int = 16,
+    ) -> None:
+        if not node_id:
+            raise ValueError("node_id must be non-empty")
+        if not fragments:
+            raise ValueError("a worker serves at least one fragment")
+        self.node_id = node_id
+        self.fragments = sorted(fragments)
+        self.capacity_score = capacity_score
+        self.max_cache_bytes = max_cache_bytes
+        self.session_ttl_s = session_ttl_s
+        self.max_sessions = max_sessions
+        self.batch_window_s = batch_window_s
+        self.max_batch = max_batch
+
+    @property
+    def layers(self) -> list[int]:
+        return [layer for first, last in self.fragments for layer in range(first, last + 1)]
+
+
+class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
+    """Implements the ``MeshWorker`` service over a :class:`FragmentBackend`."""
+
+    def __init__(self, config: WorkerConfig, backend: FragmentBackend) -> None:
+        self.config = config
+        self.backend = backend
+        self._served = set(config.layers)
+        self._starts = {first for first, _ in config.fragments}
+        self._ends = {last for _, last in config.fragments}
+        self.health = HealthTracker()
+        self.store: SessionStore[KVCache] = SessionStore(
+            backend.new_cache, config.max_cache_bytes, config.session_ttl_s, config.max_sessions)
+        self._lock = threading.Lock()  # guards self.store between the compute thread and Close/Health
+        self.batcher = StepBatcher(
+            self._run, max_batch=config.max_batch, window_s=config.batch_window_s,
+            on_step=self.health.record_busy,
+        )
+
+    # ---- validation (request threads) ---------------------------------------------------------------------
+
+    def _job(self, request: mesh_pb2.ForwardRequest) -> Job:
+        if not request.session_id:
+            raise WorkerInputError("session_id must be non-empty")
+        first, last = request.first_layer, request.last_layer
+        if first not in self._starts:
+            raise WorkerInputError(
+                f"first_layer={first} does not start a served fragment (fragments {self.config.fragments})")
+        if last not in self._ends or last < first:
+            raise WorkerInputError(
+                f"last_layer={last} does not end a served fragment at or after first_layer={first} "
+                f"(fragments {self.config.fragments})")
+        missing = [layer for layer in range(first, last + 1) if layer not in self._served]
+        covered = sum(b - a + 1 for a, b in self.config.fragments if first <= a and b <= last)
+        if missing or covered != last - first + 1:
+            raise WorkerInputError(
+                f"layers {missing} in {first}-{last} are not served by {self.config.node_id!r}")
+        tensor = request.hidden
+        if tensor.dtype != "float32":
+            raise WorkerInputError(f"hidden.dtype={tensor.dtype!r} is not supported (only 'float32')")
+        shape = list(tensor.shape)
+        d = self.backend.hidden_size
+        if len(shape) != 2 or shape[0] < 1 or shape[1] != d:
+            raise WorkerInputError(f"hidden.shape={shape} must be [T >= 1, {d}]")
+        t = shape[0]
+        if t > self.backend.context_length:
+            raise WorkerInputError(
+                f"hidden.shape[0]={t} exceeds the context length {self.backend.context_length}")
+        if len(tensor.data) != t * d * 4:
+            raise WorkerInputError(
+                f"hidden.data has {len(tensor.data)} bytes, shape {shape} float32 needs {t * d * 4}")
+        positions = list(request.positions)
+        if len(positions) != t:
+            raise WorkerInputError(f"positions has {len(positions)} entries, hidden has T={t} rows")
+        start = positions[0]
+        if start < 0 or positions != list(range(start, start + t)):
+            raise WorkerInputError(f"positions must be consecutive and >= 0, got {positions[:8]}...")
+        if start + t > self.backend.context_length:
+            raise WorkerInputError(f"positions end at {start + t - 1}, beyond the context length")
+        hidden: F32 = np.frombuffer(tensor.data, dtype="<f4").reshape(t, d)
+        if not np.isfinite(hidden).all():
+            raise WorkerInputError("hidden.data contains NaN or infinite values")
+        return Job(session_id=request.session_id, first_layer=first, last_layer=last, positions=positions,
+                   hidden=hidden)
+
+    # ---- compute thread -----------------------------------------------------------------------------------
+
+    def _fragments(self, job: Job) -> list[int]:
+        return [first for first, last in self.config.fragments
+                if job.first_layer <= first and last <= job.last_layer]
+
+    def _admit(self, job: Job, fragments: list[int], now: float) -> list[KVCache]:
+        start = job.positions[0]
+        if start > 0 and job.session_id not in self.store:
+            raise SessionNotFoundError(
+                f"unknown session_id {job.session_id!r} on {self.config.node_id!r} (closed, expired or never "
+                f"opened); positions start at {start}, so its KV cache is needed")
+        cached = self.store.length(job.session_id, fragments)
+        if start != cached:
+            raise WorkerInputError(
+                f"positions start at {start} but session {job.session_id!r} has {cached} cached positions "
+                f"on layers {job.first_layer}-{job.last_layer}")
+        return self.store.admit(job.session_id, fragments, len(job.positions), now)
+
+    def _run(self, jobs: list[Job]) -> list[F32 | BaseException]:
+        results: list[F32 | BaseException] = []
+        admitted: list[tuple[int, list[KVCache]]] = []
+        fragments = self._fragments(jobs[0])
+        with self._lock:
+            now = time.monotonic()
+            self.store.evict_idle(now)
+            for i, job in enumerate(jobs):
+                try:
+                    admitted.append((i, self._admit(job, fragments, now)))
+                    results.append(_PENDING)
+                except WorkerError as exc:
+                    results.append(exc)
+        if not admitted:
+            return results
+        lengths = [[kv.length for kv in caches] for _, caches in admitted]
+        try:
+            if len(jobs) == 1:
+                job = jobs[0]
+                pos = np.asarray(job.positions, np.int64)
+                results[0] = self.backend.forward(fragments, job.hidden, pos, admitted[0][1])
+            else:
+                idx = [i for i, _ in admitted]
+                hidden = np.concatenate([jobs[i].hidden for i in idx], axis=0)  # [B, d]
+                positions = np.asarray([jobs[i].positions[0] for i in idx], np.int64)  # [B]
+                out = self.backend.forward_batch(fragments, hidden, positions, [c for _, c in admitted])
+                for row, i in enumerate(idx):
+                    results[i] = out[row : row + 1]
+        except Exception as exc:
+            error: BaseException = exc
+            if isinstance(exc, ModelInputError):
+                error = WorkerInputError(str(exc))
+            else:
+                log.exception("forward failed on %s", self.config.node_id)
+            for (i, caches), before in zip(admitted, lengths, strict=True):
+                for kv, n in zip(caches, before, strict=True):
+                    kv.truncate(n)  # leave every session as it was
+                results[i] = error
+        with self._lock:
+            for i, _ in admitted:
+                self.store.refresh(jobs[i].session_id)
+        return results
+
+    # ---- RPCs ---------------------------------------------------------------------------------------------
+
+    def Forward(self, request: mesh_pb2.ForwardRequest, context: Any) -> mesh_pb2.ForwardResponse:
+        t0 = time.perf_counter()
+        try:
+            job = self._job(request)
+            out, queue_ms, compute_ms, batch = self.batcher.submit(job).result()
+        except WorkerError as exc:
+            self.health.record_request((time.perf_counter() - t0) * 1000.0, ok=False)
+            context.abort(_STATUS.get(type(exc), grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+            raise AssertionError("unreachable") from exc  # context.abort raises
+        except Exception as exc:
+            self.health.record_request((time.perf_counter() - t0) * 1000.0, ok=False)
+            log.exception("Forward failed")
+            context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            raise AssertionError("unreachable") from exc
+        self.health.record_request(queue_ms + compute_ms, ok=True)
+        data = np.ascontiguousarray(out, dtype="<f4")
+        return mesh_pb2.ForwardResponse(
+            hidden=mesh_pb2.Tensor(data=data.tobytes(), shape=list(data.shape), dtype="float32"),
+            compute_ms=compute_ms, queue_ms=queue_ms, batch_size=batch)
+
+    def Health(self, request: mesh_pb2.HealthRequest, context: Any) -> mesh_pb2.HealthResponse:
+        snap = self.health.snapshot(time.monotonic())
+        with self._lock:
+            self.store.evict_idle(time.monotonic())
+            sessions, nbytes = len(self.store), self.store.nbytes
+        return mesh_pb2.HealthResponse(
+            node_id=self.config.node_id,
+            served_layers=[mesh_pb2.LayerRange(first=a, last=b) for a, b in self.config.fragments],
+            latency_ms=snap.latency_ms, load=snap.load, served_requests=snap.served_requests,
+            failed_requests=snap.failed_requests, alive=True, capacity_score=self.config.capacity_score,
+            active_sessions=sessions, cache_bytes=nbytes, cache_bytes_limit=self.store.max_bytes)
+
+    def CloseSession(
+        self, request: mesh_pb2.CloseSessionRequest, context: Any
+    ) -> mesh_pb2.CloseSessionResponse:
+        with self._lock:
+            closed = self.store.close(request.session_id)
+        return mesh_pb2.CloseSessionResponse(closed=closed)
+
+    def stop(self) -> None:
+        self.batcher.stop()
+
+
+def serve(service: WorkerService, host: str, port: int, max_workers: int = 32) -> tuple[Any, int]:
+    """Start a gRPC server for ``service``; returns (server, bound port). ``port=0`` picks a free port."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="ethen-rpc"),
+        options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                 ("grpc.so_reuseport", 0)],
+    )
+    mesh_pb2_grpc.add_MeshWorkerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind {host}:{port}")
+    server.start()
+    return server, bound
