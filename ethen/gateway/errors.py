@@ -13,6 +13,7 @@ from typing import Any
 
 __all__ = [
     "HTTP_STATUS",
+    "CatalogError",
     "GatewayConfigError",
     "GatewayError",
     "InvalidRequestError",
@@ -95,6 +96,12 @@ class GatewayConfigError(GatewayError):
     default_type = "server_error"
 
 
+class CatalogError(GatewayConfigError):
+    """The model catalog cannot be built: missing data source, unknown model, bad override (names the key)."""
+
+    default_code = "catalog_error"
+
+
 #: The one table: error class -> HTTP status. :func:`http_status` walks the class MRO, so subclasses inherit
 #: their parent's status unless listed here. The service layer adds its own classes to this mapping.
 HTTP_STATUS: dict[type[GatewayError], int] = {
@@ -112,3 +119,133 @@ def http_status(error: GatewayError, table: Mapping[type[GatewayError], int] = H
         if issubclass(cls, GatewayError) and cls in table:
             return table[cls]
     return 500
+
+
+# ----------------------------------------------------------------------------------------------------
+# Service-layer errors (issue 4: auth, upstream calls, fallback). Owned by the gateway service; kept in this
+# one section. ``retryable`` tells the executor whether the next candidate of the fallback chain may be tried;
+# ``error_class`` is the short label used in telemetry, metrics and receipts.
+# ----------------------------------------------------------------------------------------------------
+
+
+class AuthenticationError(GatewayError):
+    """Missing, malformed or unknown API key (``Authorization: Bearer ethen...``)."""
+
+    default_code = "invalid_api_key"
+    default_type = "invalid_request_error"
+
+
+class UpstreamError(GatewayError):
+    """A provider call failed. ``provider`` is the provider id; ``upstream_status`` the upstream HTTP status
+    when there was one. Messages never contain credentials."""
+
+    default_code = "upstream_error"
+    default_type = "api_error"
+    retryable: bool = True
+    error_class: str = "upstream_error"
+
+    def __init__(self, message: str, provider: str = "", upstream_status: int | None = None) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.upstream_status = upstream_status
+
+
+class UpstreamTimeoutError(UpstreamError):
+    """Connect, first-byte or total timeout."""
+
+    default_code = "upstream_timeout"
+    error_class = "timeout"
+
+
+class UpstreamConnectionError(UpstreamError):
+    """Could not connect, or the connection broke before an answer."""
+
+    default_code = "upstream_connection_error"
+    error_class = "connect_error"
+
+
+class UpstreamRateLimitError(UpstreamError):
+    """The upstream answered 429."""
+
+    default_code = "upstream_rate_limited"
+    error_class = "rate_limited"
+
+
+class UpstreamServerError(UpstreamError):
+    """The upstream answered 5xx (or sent an error object in its stream)."""
+
+    default_code = "upstream_server_error"
+    error_class = "server_error"
+
+
+class UpstreamRejectedError(UpstreamError):
+    """The upstream answered 401/403/404: the operator's credentials or model mapping are wrong for that
+    provider, not the client's request, so the next candidate is tried."""
+
+    default_code = "upstream_rejected"
+    error_class = "rejected"
+
+
+class UpstreamInvalidResponseError(UpstreamError):
+    """The upstream answered 2xx with a body that is not a chat completion."""
+
+    default_code = "upstream_invalid_response"
+    error_class = "invalid_response"
+
+
+class UpstreamStreamError(UpstreamError):
+    """The upstream stream broke or ended without its end marker after chunks were already sent."""
+
+    default_code = "upstream_stream_interrupted"
+    error_class = "stream_cut"
+
+
+class UpstreamBadRequestError(UpstreamError):
+    """The upstream rejected the request itself (4xx other than 401/403/404/408/429): caused by the request,
+    so it is not retried elsewhere. The upstream's own message is passed on."""
+
+    default_code = "upstream_bad_request"
+    default_type = "invalid_request_error"
+    retryable = False
+    error_class = "bad_request"
+
+
+class FallbackExhaustedError(GatewayError):
+    """Every candidate of the fallback chain failed. ``attempts`` lists them (candidate, error class)."""
+
+    default_code = "all_candidates_failed"
+    default_type = "api_error"
+
+    def __init__(self, message: str, attempts: tuple[Mapping[str, Any], ...] = ()) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        body["error"]["attempts"] = [dict(a) for a in self.attempts]
+        return body
+
+
+HTTP_STATUS.update(
+    {
+        AuthenticationError: 401,
+        UpstreamError: 502,
+        UpstreamTimeoutError: 504,
+        UpstreamRateLimitError: 429,
+        UpstreamBadRequestError: 400,
+        FallbackExhaustedError: 502,
+    }
+)
+__all__ += [
+    "AuthenticationError",
+    "FallbackExhaustedError",
+    "UpstreamBadRequestError",
+    "UpstreamConnectionError",
+    "UpstreamError",
+    "UpstreamInvalidResponseError",
+    "UpstreamRateLimitError",
+    "UpstreamRejectedError",
+    "UpstreamServerError",
+    "UpstreamStreamError",
+    "UpstreamTimeoutError",
+]
