@@ -1,0 +1,382 @@
+"""The gateway's HTTP service: a Starlette app factory around the pure routing core.
+
+Endpoints under ``/api/gateway/v1``: ``POST /chat/completions`` (buffered and SSE), ``GET /models``,
+``POST /routing/explain``, ``GET /healthz``, ``GET /metrics``.
+
+Request path (kept lean: no pydantic models, one JSON parse, one serialization): auth (one SHA-256) -> parse
+body -> ``decide`` with a cached telemetry snapshot -> :class:`~ethen.gateway.execute.Executor` -> response
+with the receipt at ``ethen.routing`` and ``x-ethen-overhead-ms`` (total time in the gateway minus time spent
+in upstream calls).
+
+Choices where the issue is silent:
+- ``/healthz`` and ``/metrics`` need no key (probes and scrapers); ``/models`` and ``/routing/explain`` do.
+- The request id is the client's ``x-request-id`` when it is 1-128 characters of ``[A-Za-z0-9._-]`` (it also
+  feeds the canary bucket, which the client could pick anyway by retrying), otherwise a fresh uuid4; it is
+  sent back in ``x-request-id``.
+- The receipt's ``selected_*`` fields are the decision's primary; when a fallback served the request,
+  ``served_model`` / ``served_provider`` say who did, and ``attempts`` lists every try.
+- For a stream, ``x-ethen-overhead-ms`` is measured when the headers go out (at the first chunk); the terminal
+  chunk's receipt carries ``overhead_ms`` for the whole stream.
+- A stream that breaks after its first chunk ends with ``event: error`` carrying the OpenAI error envelope
+  (plus ``ethen.routing``) and no ``[DONE]``.
+- A provider's ``receipt_extra`` keys are merged into ``ethen.routing`` (never overwriting the core's keys).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from ethen.gateway.auth import KeyRing
+from ethen.gateway.catalog import Catalog
+from ethen.gateway.config import (
+    GatewayConfig,
+    build_canaries,
+    build_policy,
+    build_pool,
+    resolve_secret,
+)
+from ethen.gateway.errors import GatewayError, InvalidRequestError, UpstreamError, http_status
+from ethen.gateway.execute import Attempt, Executor, RouteTarget, StreamRun, chunk_meta, upstream_payload
+from ethen.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
+from ethen.gateway.providers.base import Provider, Timeouts
+from ethen.gateway.routing import ALIASES, Decision, RoutingContext, decide
+from ethen.gateway.sse import DONE_FRAME, dumps, encode_data, encode_error, encode_json
+from ethen.gateway.telemetry_store import TelemetryStore
+
+__all__ = ["PREFIX", "Gateway", "build_providers", "create_app"]
+
+PREFIX = "/api/gateway/v1"
+log = logging.getLogger("ethen.gateway")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+_JSON = "application/json"
+
+
+def build_providers(cfg: GatewayConfig, env: Mapping[str, str] | None = None) -> dict[str, Provider]:
+    """One provider instance (one pooled client) per configured provider."""
+    from ethen.gateway.providers.anthropic import AnthropicProvider
+    from ethen.gateway.providers.openai_compat import OpenAICompatProvider
+
+    out: dict[str, Provider] = {}
+    for p in cfg.providers:
+        key = resolve_secret(p, env)
+        t = Timeouts(
+            connect=p.timeouts.connect_s, first_byte=p.timeouts.first_byte_s, total=p.timeouts.total_s
+        )
+        if p.kind == "anthropic":
+            out[p.id] = AnthropicProvider(
+                p.id, p.base_url, key, timeouts=t, max_connections=p.max_connections, headers=p.headers
+            )
+        else:
+            out[p.id] = OpenAICompatProvider(
+                p.id, p.base_url, key, timeouts=t, max_connections=p.max_connections, headers=p.headers
+            )
+    return out
+
+
+def _error_response(err: GatewayError, request_id: str) -> Response:
+    return Response(dumps(err.to_dict()), http_status(err), {"x-request-id": request_id}, media_type=_JSON)
+
+
+def _parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise InvalidRequestError(
+            "We could not parse the JSON body of your request. The body must be a JSON object.",
+            code="invalid_json",
+        ) from None
+    if not isinstance(body, dict):
+        raise InvalidRequestError(
+            f"The request body must be a JSON object, got {type(body).__name__}.", code="invalid_type"
+        )
+    return body
+
+
+def _stream_options(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    stream = body.get("stream")
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise InvalidRequestError(
+            f"Invalid type for 'stream': expected a boolean, got {type(stream).__name__}.",
+            code="invalid_type",
+            param="stream",
+        )
+    opts = body.get("stream_options")
+    include_usage = False
+    if opts is not None:
+        if not isinstance(opts, Mapping):
+            raise InvalidRequestError(
+                "Invalid type for 'stream_options': expected an object.",
+                code="invalid_type",
+                param="stream_options",
+            )
+        iu = opts.get("include_usage")
+        if iu is not None and not isinstance(iu, bool):
+            raise InvalidRequestError(
+                "Invalid type for 'stream_options.include_usage': expected a boolean.",
+                code="invalid_type",
+                param="stream_options.include_usage",
+            )
+        if not stream:
+            raise InvalidRequestError(
+                "'stream_options' is only allowed when 'stream' is true.",
+                code="invalid_value",
+                param="stream_options",
+            )
+        include_usage = bool(iu)
+    return stream, include_usage
+
+
+class Gateway:
+    """Runtime state of one gateway: pool, policy, keys, providers, telemetry, metrics."""
+
+    def __init__(
+        self,
+        cfg: GatewayConfig,
+        *,
+        providers: Mapping[str, Provider],
+        catalog: Catalog | None = None,
+        store: TelemetryStore | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.pool = build_pool(cfg, catalog)
+        self.policy = build_policy(cfg)
+        self.canaries = build_canaries(cfg)
+        self.keyring = KeyRing(cfg.api_keys)
+        self.providers = dict(providers)
+        self.store = store or TelemetryStore()
+        self.metrics = GatewayMetrics()
+        upstream = {f"{r.provider}/{r.model}": r.upstream for r in cfg.routes}
+        targets = {c.id: RouteTarget(c, self.providers[c.provider], upstream[c.id]) for c in self.pool}
+        self.executor = Executor(targets, self.store, self.metrics)
+        self.known_models = frozenset({c.model for c in self.pool} | set(ALIASES))
+        created = int(time.time())
+        owners: dict[str, list[str]] = {}
+        for c in self.pool:
+            owners.setdefault(c.model, []).append(c.provider)
+        data = [
+            {"id": m, "object": "model", "created": created, "owned_by": ",".join(sorted(set(ps)))}
+            for m, ps in sorted(owners.items())
+        ] + [{"id": a, "object": "model", "created": created, "owned_by": "ethen"} for a in sorted(ALIASES)]
+        self.models_body = dumps({"object": "list", "data": data})
+
+    def context(self, request_id: str) -> RoutingContext:
+        return RoutingContext(
+            pool=self.pool,
+            policy=self.policy,
+            telemetry=self.store.snapshot(),
+            canaries=self.canaries,
+            now=datetime.now(UTC),
+            request_id=request_id,
+        )
+
+    def label(self, body: Mapping[str, Any] | None) -> str:
+        model = body.get("model") if body else None
+        return model if isinstance(model, str) and model in self.known_models else "other"
+
+    async def aclose(self) -> None:
+        for p in self.providers.values():
+            await p.aclose()
+
+
+def routing_receipt(
+    decision: Decision,
+    attempts: list[Attempt],
+    served: RouteTarget | None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    routing = decision.receipt.to_dict()
+    if served is not None:
+        routing["served_model"] = served.candidate.model
+        routing["served_provider"] = served.candidate.provider
+    routing["attempts"] = [a.to_dict() for a in attempts]
+    for k, v in (extra or {}).items():
+        routing.setdefault(k, v)
+    return routing
+
+
+def _request_id(request: Request) -> str:
+    rid = request.headers.get("x-request-id")
+    if rid and _REQUEST_ID.match(rid):
+        return rid
+    return uuid.uuid4().hex
+
+
+def create_app(
+    cfg: GatewayConfig,
+    *,
+    env: Mapping[str, str] | None = None,
+    catalog: Catalog | None = None,
+    providers: Mapping[str, Provider] | None = None,
+    store: TelemetryStore | None = None,
+) -> Starlette:
+    """Build the gateway app. ``providers`` defaults to :func:`build_providers` (secrets from ``env``);
+    ``catalog`` (model intelligence + prices) defaults to none: routes then carry their own limits/prices."""
+    gw = Gateway(cfg, providers=providers or build_providers(cfg, env), catalog=catalog, store=store)
+    m = gw.metrics
+
+    async def chat(request: Request) -> Response:
+        t0 = time.perf_counter()
+        rid = _request_id(request)
+        body: dict[str, Any] | None = None
+        stream = False
+        try:
+            gw.keyring.authenticate(request.headers.get("authorization"))
+            body = _parse_body(await request.body())
+            stream, include_usage = _stream_options(body)
+            decision = decide(body, gw.context(rid))
+            payload = upstream_payload(body)
+            if stream:
+                run = await gw.executor.open_stream(decision, payload, rid)
+                return _stream_response(decision, run, include_usage, rid, t0, gw.label(body))
+            res = await gw.executor.run_buffered(decision, payload, rid)
+            out = res.body
+            out["ethen"] = {"routing": routing_receipt(decision, res.attempts, res.target, res.receipt_extra)}
+            content = dumps(out)
+            elapsed = time.perf_counter() - t0
+            overhead = max(0.0, elapsed - res.upstream_s)
+            m.requests.labels(gw.label(body), "false", "200").inc()
+            m.latency.labels("false").observe(elapsed)
+            m.overhead.observe(overhead)
+            headers = {"x-request-id": rid, "x-ethen-overhead-ms": f"{overhead * 1000:.3f}"}
+            return Response(content, 200, headers, media_type=_JSON)
+        except GatewayError as err:
+            status = http_status(err)
+            m.requests.labels(gw.label(body), "true" if stream else "false", str(status)).inc()
+            if status >= 500:
+                log.warning("request %s failed: %s", rid, err.code)
+            return _error_response(err, rid)
+
+    def _stream_response(
+        decision: Decision, run: StreamRun, include_usage: bool, rid: str, t0: float, label: str
+    ) -> Response:
+        opened = time.perf_counter()
+        overhead_at_open = max(0.0, opened - t0 - run.upstream_s)
+        m.ttft.observe(opened - t0)
+
+        async def gen() -> AsyncIterator[bytes]:
+            done = False
+            upstream_after_first = time.perf_counter()
+            try:
+                yield encode_data(run.first)
+                try:
+                    async for payload in run.stream:
+                        yield encode_data(payload)
+                except UpstreamError as err:
+                    run.finish(err)
+                    env = err.to_dict()
+                    env["ethen"] = {"routing": routing_receipt(decision, run.attempts, run.target)}
+                    done = True
+                    m.requests.labels(label, "true", "stream_error").inc()
+                    log.warning("stream %s broke after the first chunk: %s", rid, err.code)
+                    yield encode_error(env)
+                    return
+                run.finish(None)
+                end = time.perf_counter()
+                upstream = run.upstream_s + (end - upstream_after_first)
+                routing = routing_receipt(decision, run.attempts, run.target, run.stream.receipt_extra)
+                routing["overhead_ms"] = round(max(0.0, end - t0 - upstream) * 1000, 3)
+                terminal = {
+                    **chunk_meta(run.first),
+                    "object": "chat.completion.chunk",
+                    "choices": [],
+                    "ethen": {"routing": routing},
+                }
+                if include_usage:
+                    terminal["usage"] = run.stream.usage.to_openai() if run.stream.usage else None
+                done = True
+                m.requests.labels(label, "true", "200").inc()
+                m.latency.labels("true").observe(end - t0)
+                m.overhead.observe(max(0.0, end - t0 - upstream))
+                yield encode_json(terminal)
+                yield DONE_FRAME
+            finally:
+                if not done:
+                    run.finish(None, client_gone=True)
+                    m.requests.labels(label, "true", "client_closed").inc()
+                with contextlib.suppress(Exception):
+                    await run.stream.aclose()
+
+        headers = {
+            "x-request-id": rid,
+            "x-ethen-overhead-ms": f"{overhead_at_open * 1000:.3f}",
+            "cache-control": "no-cache",
+        }
+        return StreamingResponse(gen(), 200, headers, media_type="text/event-stream")
+
+    async def explain(request: Request) -> Response:
+        rid = _request_id(request)
+        try:
+            gw.keyring.authenticate(request.headers.get("authorization"))
+            body = _parse_body(await request.body())
+            decision = decide(body, gw.context(rid))
+        except GatewayError as err:
+            return _error_response(err, rid)
+        return Response(dumps(decision.to_dict()), 200, {"x-request-id": rid}, media_type=_JSON)
+
+    async def models(request: Request) -> Response:
+        rid = _request_id(request)
+        try:
+            gw.keyring.authenticate(request.headers.get("authorization"))
+        except GatewayError as err:
+            return _error_response(err, rid)
+        return Response(gw.models_body, 200, media_type=_JSON)
+
+    async def healthz(request: Request) -> Response:
+        return Response(b'{"status":"ok"}', 200, media_type=_JSON)
+
+    async def metrics(request: Request) -> Response:
+        return Response(m.render(), 200, media_type=CONTENT_TYPE_LATEST)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        code = {404: "not_found", 405: "method_not_allowed"}.get(status, "invalid_request_error")
+        err = GatewayError(
+            f"{request.method} {request.url.path}: {'not found' if status == 404 else 'method not allowed'}"
+            if status in (404, 405)
+            else "bad request",
+            code=code,
+            type="invalid_request_error",
+        )
+        return Response(dumps(err.to_dict()), status, media_type=_JSON)
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.error("unhandled error on %s: %s", request.url.path, type(exc).__name__, exc_info=exc)
+        err = GatewayError("The gateway had an internal error.", code="internal_error", type="server_error")
+        return Response(dumps(err.to_dict()), 500, media_type=_JSON)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await gw.aclose()
+
+    app = Starlette(
+        routes=[
+            Route(f"{PREFIX}/chat/completions", chat, methods=["POST"]),
+            Route(f"{PREFIX}/routing/explain", explain, methods=["POST"]),
+            Route(f"{PREFIX}/models", models, methods=["GET"]),
+            Route(f"{PREFIX}/healthz", healthz, methods=["GET"]),
+            Route(f"{PREFIX}/metrics", metrics, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+        lifespan=lifespan,
+    )
+    app.state.gateway = gw
+    return app

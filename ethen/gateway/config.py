@@ -1,0 +1,326 @@
+"""The gateway's one config file: TOML (stdlib ``tomllib``), validated with pydantic at start.
+
+Layout (see ``examples/gateway.toml``)::
+
+    [server]            host, port
+    [[providers]]       id, kind ("openai_compat" | "anthropic"), base_url, api_key_env, headers,
+                        max_connections, [providers.timeouts] connect_s / first_byte_s / total_s
+    [[routes]]          route profiles: model (gateway-visible id), provider, upstream_model (default: model),
+                        catalog_model (catalog lookup id, default: upstream_model), catalog_provider
+                        (catalog provider id, default: provider),
+                        [routes.info] ModelInfo overrides, [routes.prices] Prices overrides (USD/Mtok)
+    [[api_keys]]        name, sha256 (hex SHA-256 of the full key; keys start with "ethen")
+    [[canaries]]        alias, candidate ("provider/model"), percent, min_success_rate, min_samples
+    [policy]            allowed_providers, allowed_models, remaining_budget_usd
+
+Choices where the issue is silent:
+- TOML only (the issue allows YAML or TOML; TOML needs no extra dependency).
+- Secrets are never in the file: a provider names the environment variable holding its key
+  (``api_key_env``); a missing variable is a start-up error naming the variable, never showing a value.
+- Client API keys are stored as SHA-256 hex digests. Keys are random tokens with high entropy, so a fast
+  unsalted hash is enough here (no password stretching); ``ethen gateway hash-key`` prints a digest.
+- Every error is a :class:`~ethen.gateway.errors.GatewayConfigError` whose message names the dotted key and
+  the offending value, e.g. ``routes[1].provider = 'opneai': unknown provider (known: 'openai')``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ethen.gateway.catalog import Catalog
+from ethen.gateway.errors import GatewayConfigError
+from ethen.gateway.routing import ALIASES, CanaryTarget, Candidate, ProjectPolicy
+
+__all__ = [
+    "ApiKeyConfig",
+    "CanaryConfig",
+    "GatewayConfig",
+    "InfoOverrides",
+    "PolicyConfig",
+    "PricesOverrides",
+    "ProviderConfig",
+    "RouteConfig",
+    "ServerConfig",
+    "TimeoutsConfig",
+    "build_canaries",
+    "build_candidate",
+    "build_policy",
+    "build_pool",
+    "load_config",
+    "parse_config",
+    "resolve_secret",
+]
+
+_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ServerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+
+
+class TimeoutsConfig(_Strict):
+    connect_s: float = Field(5.0, gt=0)
+    first_byte_s: float = Field(60.0, gt=0)
+    total_s: float = Field(300.0, gt=0)
+
+    @field_validator("connect_s", "first_byte_s", "total_s", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+class ProviderConfig(_Strict):
+    id: str = Field(pattern=_ID)
+    kind: Literal["openai_compat", "anthropic"]
+    base_url: str = Field(pattern=r"^https?://[^\s]+$")
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    headers: dict[str, str] = Field(default_factory=dict)
+    max_connections: int = Field(100, ge=1, le=10_000)
+    timeouts: TimeoutsConfig = Field(default_factory=lambda: TimeoutsConfig())
+
+
+class InfoOverrides(_Strict):
+    """Any :class:`~ethen.gateway.routing.ModelInfo` field; unset fields come from the catalog."""
+
+    context_window: int | None = Field(None, gt=0)
+    max_output_tokens: int | None = Field(None, gt=0)
+    supports_tools: bool | None = None
+    supports_vision: bool | None = None
+    supports_structured_output: bool | None = None
+    supports_reasoning: bool | None = None
+    quality: float | None = Field(None, ge=0, le=1)
+    latency_ms: float | None = Field(None, ge=0)
+    ttft_ms: float | None = Field(None, ge=0)
+
+    @field_validator("quality", "latency_ms", "ttft_ms", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+class PricesOverrides(_Strict):
+    input_per_mtok: float | None = Field(None, ge=0)
+    output_per_mtok: float | None = Field(None, ge=0)
+
+    @field_validator("input_per_mtok", "output_per_mtok", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+class RouteConfig(_Strict):
+    model: str = Field(min_length=1, max_length=200, pattern=r"^[^\s]+$")
+    provider: str
+    upstream_model: str | None = None
+    catalog_model: str | None = None
+    catalog_provider: str | None = None
+    info: InfoOverrides = Field(default_factory=lambda: InfoOverrides())
+    prices: PricesOverrides = Field(default_factory=lambda: PricesOverrides())
+
+    @property
+    def upstream(self) -> str:
+        return self.upstream_model or self.model
+
+    @property
+    def catalog_id(self) -> str:
+        return self.catalog_model or self.upstream
+
+
+class ApiKeyConfig(_Strict):
+    name: str = Field(min_length=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class CanaryConfig(_Strict):
+    alias: str = Field(pattern=r"^ethen/")
+    candidate: str = Field(pattern=r"^[^/]+/.+$")
+    percent: int
+    min_success_rate: float = Field(0.95, ge=0, le=1)
+    min_samples: int = Field(20, ge=0)
+
+    @field_validator("min_success_rate", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @field_validator("percent")
+    @classmethod
+    def _percent(cls, v: int) -> int:
+        if v not in (0, 1, 5, 20, 50, 100):
+            raise ValueError("must be one of 0, 1, 5, 20, 50, 100")
+        return v
+
+
+class PolicyConfig(_Strict):
+    allowed_providers: list[str] | None = None
+    allowed_models: list[str] | None = None
+    remaining_budget_usd: float | None = Field(None, ge=0)
+
+    @field_validator("remaining_budget_usd", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+class GatewayConfig(_Strict):
+    server: ServerConfig = Field(default_factory=lambda: ServerConfig())
+    providers: list[ProviderConfig] = Field(min_length=1)
+    routes: list[RouteConfig] = Field(min_length=1)
+    api_keys: list[ApiKeyConfig] = Field(min_length=1)
+    canaries: list[CanaryConfig] = Field(default_factory=list)
+    policy: PolicyConfig = Field(default_factory=lambda: PolicyConfig())
+
+    def provider(self, provider_id: str) -> ProviderConfig:
+        for p in self.providers:
+            if p.id == provider_id:
+                return p
+        raise KeyError(provider_id)
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "<root>"
+
+
+def _cross_check(cfg: GatewayConfig) -> None:
+    """References between sections: each error names the key and the value."""
+    seen: dict[str, int] = {}
+    for i, p in enumerate(cfg.providers):
+        if p.id in seen:
+            raise GatewayConfigError(
+                f"providers[{i}].id = {p.id!r}: duplicate (also providers[{seen[p.id]}])"
+            )
+        seen[p.id] = i
+    known = ", ".join(repr(k) for k in seen)
+    routes: dict[str, int] = {}
+    for i, r in enumerate(cfg.routes):
+        if r.provider not in seen:
+            raise GatewayConfigError(
+                f"routes[{i}].provider = {r.provider!r}: unknown provider (known: {known})"
+            )
+        cid = f"{r.provider}/{r.model}"
+        if cid in routes:
+            raise GatewayConfigError(
+                f"routes[{i}] = {cid!r}: duplicate provider/model route (also routes[{routes[cid]}])"
+            )
+        if r.model.startswith("ethen/"):
+            raise GatewayConfigError(
+                f"routes[{i}].model = {r.model!r}: the ethen/ prefix is reserved for aliases"
+            )
+        routes[cid] = i
+    hashes: set[str] = set()
+    for i, k in enumerate(cfg.api_keys):
+        if k.sha256 in hashes:
+            raise GatewayConfigError(f"api_keys[{i}].sha256 = {k.sha256[:12]}...: duplicate key hash")
+        hashes.add(k.sha256)
+    for i, c in enumerate(cfg.canaries):
+        if c.alias not in ALIASES:
+            raise GatewayConfigError(
+                f"canaries[{i}].alias = {c.alias!r}: unknown alias (known: {sorted(ALIASES)})"
+            )
+        if c.candidate not in routes:
+            raise GatewayConfigError(
+                f"canaries[{i}].candidate = {c.candidate!r}: no such provider/model in [[routes]]"
+            )
+    for key in ("allowed_providers",):
+        for j, v in enumerate(cfg.policy.allowed_providers or ()):
+            if v not in seen:
+                raise GatewayConfigError(f"policy.{key}[{j}] = {v!r}: unknown provider (known: {known})")
+
+
+def parse_config(data: Mapping[str, Any], *, source: str = "config") -> GatewayConfig:
+    """Validate a parsed config mapping."""
+    try:
+        cfg = GatewayConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = _path(tuple(first["loc"]))
+        if first["type"] == "missing":
+            raise GatewayConfigError(f"{source}: {loc}: required key is missing") from None
+        raise GatewayConfigError(f"{source}: {loc} = {first.get('input')!r}: {first['msg']}") from None
+    try:
+        _cross_check(cfg)
+    except GatewayConfigError as exc:
+        raise GatewayConfigError(f"{source}: {exc.message}") from None
+    return cfg
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    """Read and validate one TOML config file."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise GatewayConfigError(f"cannot read config file {str(p)!r}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise GatewayConfigError(f"{p}: not valid TOML: {exc}") from None
+    return parse_config(data, source=str(p))
+
+
+def resolve_secret(provider: ProviderConfig, env: Mapping[str, str] | None = None) -> str | None:
+    """The provider's API key from the environment variable it names (``None`` when it names none)."""
+    if provider.api_key_env is None:
+        return None
+    value = (os.environ if env is None else env).get(provider.api_key_env)
+    if not value:
+        raise GatewayConfigError(
+            f"providers[id={provider.id!r}].api_key_env = {provider.api_key_env!r}: variable is not set"
+        )
+    return value
+
+
+def build_candidate(i: int, route: RouteConfig, catalog: Catalog) -> Candidate:
+    """Join one route profile with the catalog's model intelligence and prices; config overrides win."""
+    overrides: dict[str, Any] = {k: v for k, v in route.info.model_dump().items() if v is not None}
+    overrides.update({k: v for k, v in route.prices.model_dump().items() if v is not None})
+    try:
+        entry = catalog.entry(
+            route.catalog_provider or route.provider,
+            route.model,
+            lookup_model=route.catalog_id,
+            overrides=overrides,
+        )
+        return Candidate(route.provider, route.model, entry.info, entry.prices)
+    except (GatewayConfigError, ValueError) as exc:
+        msg = exc.message if isinstance(exc, GatewayConfigError) else str(exc)
+        raise GatewayConfigError(f"routes[{i}] ({route.provider}/{route.model}): {msg}") from None
+
+
+def build_pool(cfg: GatewayConfig, catalog: Catalog | None = None) -> tuple[Candidate, ...]:
+    """The candidate pool of every configured route. Without a catalog, every route must set its limits and
+    prices in ``[routes.info]`` / ``[routes.prices]`` (the tests do that to stay hermetic)."""
+    cat = catalog if catalog is not None else Catalog({}, use_genai_prices=False)
+    return tuple(build_candidate(i, r, cat) for i, r in enumerate(cfg.routes))
+
+
+def build_policy(cfg: GatewayConfig) -> ProjectPolicy:
+    p = cfg.policy
+    return ProjectPolicy(
+        allowed_providers=frozenset(p.allowed_providers) if p.allowed_providers is not None else None,
+        allowed_models=frozenset(p.allowed_models) if p.allowed_models is not None else None,
+        remaining_budget_usd=p.remaining_budget_usd,
+    )
+
+
+def build_canaries(cfg: GatewayConfig) -> tuple[CanaryTarget, ...]:
+    return tuple(
+        CanaryTarget(c.alias, c.candidate, c.percent, c.min_success_rate, c.min_samples) for c in cfg.canaries
+    )

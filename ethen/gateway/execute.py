@@ -1,0 +1,304 @@
+"""Fallback execution over a decision's chain, with attempts, telemetry feedback and streaming rules.
+
+- The decision's ranked chain is the fallback chain; every candidate in it already meets the hard requirements
+  (the core built it), so falling back can never land on an incompatible model.
+- On a retryable :class:`~ethen.gateway.errors.UpstreamError` (connection error, timeout, 429, 5xx, and
+  401/403/404 which point at the operator's provider set-up) the next candidate is tried. A request-caused 4xx
+  (:class:`~ethen.gateway.errors.UpstreamBadRequestError`) ends the request with that error.
+- Streaming: an attempt "succeeds" once its first chunk has been read; until then a failure falls back. The
+  first chunk is what reaches the client first, so after it a failure can only end the stream with an error
+  event (done by the caller, ``app.py``, through :class:`StreamRun`).
+- When the chain is exhausted: a single attempt re-raises its own error; several raise
+  :class:`~ethen.gateway.errors.FallbackExhaustedError` listing them.
+- Telemetry: each attempt is recorded in the :class:`~ethen.gateway.telemetry_store.TelemetryStore`
+  (latency, TTFT, success, error class, tokens, cost from the candidate's prices, fallback, stream
+  completion).
+  A request-caused 4xx is *not* recorded as a provider failure: three bad client requests must not exclude a
+  healthy provider. A client that disconnects mid-stream is recorded as a success with
+  ``stream_completed=False``.
+- Gateway-only fields are stripped before the body goes upstream: ``metadata.routing`` (the rest of
+  ``metadata`` is kept; ``metadata`` is dropped when nothing is left) and ``providerOptions``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ethen.gateway.errors import (
+    FallbackExhaustedError,
+    UpstreamBadRequestError,
+    UpstreamError,
+    UpstreamInvalidResponseError,
+)
+from ethen.gateway.metrics import GatewayMetrics
+from ethen.gateway.providers.base import Provider, ProviderStream, UpstreamCall, Usage
+from ethen.gateway.routing import Candidate, Decision
+from ethen.gateway.telemetry_store import AttemptRecord, TelemetryStore
+
+__all__ = [
+    "Attempt",
+    "BufferedRun",
+    "Executor",
+    "RouteTarget",
+    "StreamRun",
+    "chunk_meta",
+    "cost_usd",
+    "upstream_payload",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteTarget:
+    """Where a candidate is executed: its provider instance and the model name the upstream knows."""
+
+    candidate: Candidate
+    provider: Provider
+    upstream_model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One try of one candidate, as shown on the receipt."""
+
+    candidate: str
+    outcome: str  # "ok" | "error"
+    latency_ms: float
+    error_class: str | None = None
+    code: str | None = None
+    upstream_status: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "candidate": self.candidate,
+            "outcome": self.outcome,
+            "latency_ms": round(self.latency_ms, 3),
+        }
+        if self.error_class is not None:
+            out["error_class"] = self.error_class
+            out["code"] = self.code
+            if self.upstream_status is not None:
+                out["upstream_status"] = self.upstream_status
+        return out
+
+
+def upstream_payload(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The client's body without the gateway-only fields."""
+    out = dict(body)
+    out.pop("providerOptions", None)
+    meta = out.get("metadata")
+    if isinstance(meta, Mapping) and "routing" in meta:
+        rest = {k: v for k, v in meta.items() if k != "routing"}
+        if rest:
+            out["metadata"] = rest
+        else:
+            del out["metadata"]
+    return out
+
+
+def cost_usd(candidate: Candidate, usage: Usage | None) -> float | None:
+    if usage is None:
+        return None
+    p = candidate.prices
+    return (usage.prompt_tokens * p.input_per_mtok + usage.completion_tokens * p.output_per_mtok) / 1e6
+
+
+@dataclass(slots=True)
+class _Run:
+    attempts: list[Attempt] = field(default_factory=list)
+    upstream_s: float = 0.0
+
+
+@dataclass(slots=True)
+class BufferedRun:
+    body: dict[str, Any]
+    target: RouteTarget
+    attempts: list[Attempt]
+    upstream_s: float
+    receipt_extra: Mapping[str, Any]
+
+
+@dataclass(slots=True)
+class StreamRun:
+    """A stream whose first chunk has been read. The caller sends ``first``, then iterates ``stream`` and
+    finally calls :meth:`finish` exactly once."""
+
+    first: bytes
+    stream: ProviderStream
+    target: RouteTarget
+    attempts: list[Attempt]
+    upstream_s: float  # upstream time up to the first chunk
+    started: float  # perf_counter when the serving attempt started
+    ttft_s: float
+    fallback: bool
+    _executor: Executor
+    _finished: bool = False
+
+    def finish(self, error: UpstreamError | None, *, client_gone: bool = False) -> None:
+        """Record the serving attempt's final outcome (once)."""
+        if self._finished:
+            return
+        self._finished = True
+        latency = time.perf_counter() - self.started
+        ok = error is None
+        if error is not None:
+            self.attempts[-1] = Attempt(
+                self.target.candidate.id,
+                "error",
+                latency * 1000,
+                error.error_class,
+                error.code,
+                error.upstream_status,
+            )
+        else:
+            self.attempts[-1] = Attempt(self.target.candidate.id, "ok", latency * 1000)
+        self._executor.record(
+            self.target,
+            latency,
+            ok,
+            error,
+            self.stream.usage,
+            self.fallback,
+            stream=True,
+            ttft_s=self.ttft_s,
+            completed=self.stream.completed and not client_gone,
+        )
+
+
+class Executor:
+    """Runs decisions against providers. ``targets`` maps candidate ids to where they execute."""
+
+    def __init__(self, targets: Mapping[str, RouteTarget], store: TelemetryStore, metrics: GatewayMetrics):
+        self.targets = dict(targets)
+        self.store = store
+        self.metrics = metrics
+
+    def record(
+        self,
+        target: RouteTarget,
+        latency_s: float,
+        ok: bool,
+        error: UpstreamError | None,
+        usage: Usage | None,
+        fallback: bool,
+        *,
+        stream: bool,
+        ttft_s: float | None = None,
+        completed: bool | None = None,
+    ) -> None:
+        cand = target.candidate
+        if fallback:
+            self.metrics.fallbacks.labels(cand.provider).inc()
+        if error is not None:
+            self.metrics.upstream_errors.labels(cand.provider, error.error_class).inc()
+            if isinstance(error, UpstreamBadRequestError):
+                return  # request-caused: not evidence about the provider
+        self.store.record(
+            AttemptRecord(
+                provider=cand.provider,
+                model=cand.model,
+                at=time.monotonic(),
+                latency_ms=latency_s * 1000,
+                success=ok,
+                ttft_ms=ttft_s * 1000 if ttft_s is not None else None,
+                error_class=error.error_class if error is not None else None,
+                prompt_tokens=usage.prompt_tokens if usage else None,
+                completion_tokens=usage.completion_tokens if usage else None,
+                cost_usd=cost_usd(cand, usage),
+                fallback=fallback,
+                stream=stream,
+                stream_completed=completed,
+            )
+        )
+
+    def _failed(
+        self, run: _Run, target: RouteTarget, t0: float, exc: UpstreamError, i: int, stream: bool
+    ) -> None:
+        dt = time.perf_counter() - t0
+        run.upstream_s += dt
+        run.attempts.append(
+            Attempt(target.candidate.id, "error", dt * 1000, exc.error_class, exc.code, exc.upstream_status)
+        )
+        self.record(target, dt, False, exc, None, i > 0, stream=stream, completed=False if stream else None)
+
+    def _exhausted(self, run: _Run, last: UpstreamError | None) -> Exception:
+        if last is not None and len(run.attempts) == 1:
+            return last
+        summary = "; ".join(f"{a.candidate}: {a.code}" for a in run.attempts)
+        return FallbackExhaustedError(
+            f"all {len(run.attempts)} candidates of the fallback chain failed ({summary})",
+            tuple(a.to_dict() for a in run.attempts),
+        )
+
+    async def run_buffered(
+        self, decision: Decision, payload: Mapping[str, Any], request_id: str
+    ) -> BufferedRun:
+        run = _Run()
+        last: UpstreamError | None = None
+        for i, sc in enumerate(decision.chain):
+            target = self.targets[sc.id]
+            call = UpstreamCall(payload, target.upstream_model, request_id)
+            t0 = time.perf_counter()
+            try:
+                comp = await target.provider.complete(call)
+            except UpstreamError as exc:
+                self._failed(run, target, t0, exc, i, stream=False)
+                if not exc.retryable:
+                    raise
+                last = exc
+                continue
+            dt = time.perf_counter() - t0
+            run.upstream_s += dt
+            run.attempts.append(Attempt(sc.id, "ok", dt * 1000))
+            self.record(target, dt, True, None, comp.usage, i > 0, stream=False)
+            return BufferedRun(comp.body, target, run.attempts, run.upstream_s, comp.receipt_extra)
+        raise self._exhausted(run, last)
+
+    async def open_stream(self, decision: Decision, payload: Mapping[str, Any], request_id: str) -> StreamRun:
+        run = _Run()
+        last: UpstreamError | None = None
+        for i, sc in enumerate(decision.chain):
+            target = self.targets[sc.id]
+            call = UpstreamCall(payload, target.upstream_model, request_id)
+            t0 = time.perf_counter()
+            stream: ProviderStream | None = None
+            try:
+                stream = await target.provider.stream(call)
+                try:
+                    first = await stream.__anext__()
+                except StopAsyncIteration:
+                    raise UpstreamInvalidResponseError(
+                        f"provider {target.candidate.provider!r} ended the stream without any chunk",
+                        target.candidate.provider,
+                    ) from None
+            except UpstreamError as exc:
+                if stream is not None:
+                    await stream.aclose()
+                self._failed(run, target, t0, exc, i, stream=True)
+                if not exc.retryable:
+                    raise
+                last = exc
+                continue
+            ttft = time.perf_counter() - t0
+            run.upstream_s += ttft
+            run.attempts.append(Attempt(sc.id, "ok", ttft * 1000))
+            return StreamRun(first, stream, target, run.attempts, run.upstream_s, t0, ttft, i > 0, self)
+        raise self._exhausted(run, last)
+
+
+def chunk_meta(first: bytes) -> dict[str, Any]:
+    """``id``/``created``/``model`` of a stream's first chunk (for the gateway's terminal chunk)."""
+    try:
+        obj = json.loads(first)
+    except ValueError:
+        obj = {}
+    if not isinstance(obj, dict):
+        obj = {}
+    return {
+        "id": obj.get("id") if isinstance(obj.get("id"), str) else "chatcmpl-ethen",
+        "created": obj.get("created") if isinstance(obj.get("created"), int) else int(time.time()),
+        "model": obj.get("model") if isinstance(obj.get("model"), str) else "",
+    }

@@ -1,0 +1,455 @@
+"""Anthropic Messages API provider: translates OpenAI chat completions to ``POST {base_url}/messages``
+and back.
+
+Request translation (OpenAI -> Anthropic):
+- ``system`` / ``developer`` messages -> top-level ``system`` (text parts joined with blank lines);
+- user/assistant text and content parts -> content blocks; ``image_url`` parts -> ``image`` blocks (a
+  ``data:`` URL becomes a ``base64`` source, any other URL a ``url`` source);
+- assistant ``tool_calls`` -> ``tool_use`` blocks (arguments parsed as JSON; unparsable arguments are kept
+  under ``{"_raw": ...}``); ``tool`` messages -> ``tool_result`` blocks in a user turn;
+- consecutive turns of the same role are merged (Anthropic requires alternating roles);
+- ``tools`` -> ``{name, description, input_schema}``; ``tool_choice`` auto/required/none/named ->
+  ``auto``/``any``/``none``/``tool``; ``parallel_tool_calls: false`` -> ``disable_parallel_tool_use``;
+- ``max_completion_tokens`` / ``max_tokens`` -> ``max_tokens`` (required by Anthropic; default
+  :data:`DEFAULT_MAX_TOKENS` when the client sets neither); ``temperature``, ``top_p``, ``stop`` ->
+  ``stop_sequences``, ``user`` -> ``metadata.user_id``.
+- Not translated (no Messages equivalent): ``response_format``, ``n`` > 1, ``logprobs``, ``seed``,
+  ``presence_penalty`` / ``frequency_penalty``; they are dropped. Operators who route structured-output
+  requests here should not mark the route ``supports_structured_output``.
+
+Response translation: text blocks -> ``message.content``, ``tool_use`` -> ``tool_calls`` (input re-serialized
+as JSON), ``stop_reason`` end_turn/stop_sequence -> ``stop``, max_tokens -> ``length``, tool_use ->
+``tool_calls``, refusal -> ``content_filter``; usage ``input_tokens`` (+ cache read/creation tokens) ->
+``prompt_tokens``, ``output_tokens`` -> ``completion_tokens``.
+
+Streaming: Anthropic events become OpenAI chunks as they arrive (message_start -> role chunk, text_delta ->
+content, tool_use start / input_json_delta -> ``tool_calls`` deltas, message_delta -> finish_reason, usage
+recorded). The stream is complete at ``message_stop``; EOF before it is a cut; an ``error`` event is an
+upstream server error. Pooling, timeouts and status mapping are those of the OpenAI-compatible provider.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from ethen.gateway.errors import (
+    UpstreamError,
+    UpstreamInvalidResponseError,
+    UpstreamServerError,
+    UpstreamStreamError,
+    UpstreamTimeoutError,
+)
+from ethen.gateway.providers.base import Completion, Provider, ProviderStream, Timeouts, UpstreamCall, Usage
+from ethen.gateway.providers.openai_compat import (
+    error_for_status,
+    make_client,
+    map_transport_error,
+    upstream_message,
+)
+from ethen.gateway.sse import SSEEvent, dumps, iter_events
+
+__all__ = [
+    "ANTHROPIC_VERSION",
+    "DEFAULT_MAX_TOKENS",
+    "AnthropicProvider",
+    "from_anthropic",
+    "to_anthropic",
+]
+
+ANTHROPIC_VERSION = "2023-06-01"
+DEFAULT_MAX_TOKENS = 4096
+_STOP = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        return "\n\n".join(
+            str(p.get("text", "")) for p in content if isinstance(p, Mapping) and p.get("type") == "text"
+        )
+    return ""
+
+
+def _image_block(part: Mapping[str, Any]) -> dict[str, Any]:
+    iu = part.get("image_url")
+    url = iu.get("url") if isinstance(iu, Mapping) else iu if isinstance(iu, str) else part.get("url")
+    url = str(url or "")
+    if url.startswith("data:") and ";base64," in url:
+        head, data = url[5:].split(";base64,", 1)
+        return {
+            "type": "image",
+            "source": {"type": "base64", "media_type": head or "image/png", "data": data},
+        }
+    return {"type": "image", "source": {"type": "url", "url": url}}
+
+
+def _blocks(content: Any) -> list[dict[str, Any]]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    out: list[dict[str, Any]] = []
+    for part in content if isinstance(content, Sequence) else ():
+        if not isinstance(part, Mapping):
+            continue
+        kind = part.get("type")
+        if kind == "text":
+            out.append({"type": "text", "text": str(part.get("text", ""))})
+        elif kind in ("image_url", "input_image"):
+            out.append(_image_block(part))
+    return out
+
+
+def _tool_use(call: Mapping[str, Any]) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call.get("function"), Mapping) else {}
+    args = fn.get("arguments") if isinstance(fn, Mapping) else None
+    try:
+        parsed = json.loads(args) if isinstance(args, str) and args else {}
+    except ValueError:
+        parsed = {"_raw": args}
+    if not isinstance(parsed, dict):
+        parsed = {"_value": parsed}
+    return {
+        "type": "tool_use",
+        "id": str(call.get("id", "")),
+        "name": str(fn.get("name", "")) if isinstance(fn, Mapping) else "",
+        "input": parsed,
+    }
+
+
+def to_anthropic(body: Mapping[str, Any], model: str, *, stream: bool) -> dict[str, Any]:
+    """An OpenAI chat-completions body as an Anthropic Messages body."""
+    system: list[str] = []
+    turns: list[dict[str, Any]] = []
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if not blocks:
+            return
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+
+    for msg in body.get("messages") or ():
+        if not isinstance(msg, Mapping):
+            continue
+        role = msg.get("role")
+        if role in ("system", "developer"):
+            text = _text_of(msg.get("content"))
+            if text:
+                system.append(text)
+        elif role == "user":
+            add("user", _blocks(msg.get("content")))
+        elif role == "assistant":
+            blocks = _blocks(msg.get("content"))
+            for call in msg.get("tool_calls") or ():
+                if isinstance(call, Mapping):
+                    blocks.append(_tool_use(call))
+            add("assistant", blocks)
+        elif role == "tool":
+            add(
+                "user",
+                [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": str(msg.get("tool_call_id", "")),
+                        "content": _text_of(msg.get("content")),
+                    }
+                ],
+            )
+    out: dict[str, Any] = {"model": model, "messages": turns}
+    if system:
+        out["system"] = "\n\n".join(system)
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    out["max_tokens"] = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else DEFAULT_MAX_TOKENS
+    for key in ("temperature", "top_p"):
+        if isinstance(body.get(key), int | float):
+            out[key] = body[key]
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        out["stop_sequences"] = [stop]
+    elif isinstance(stop, list):
+        out["stop_sequences"] = [s for s in stop if isinstance(s, str)]
+    tools = body.get("tools")
+    if isinstance(tools, list) and tools:
+        out["tools"] = []
+        for t in tools:
+            fn = t.get("function") if isinstance(t, Mapping) else None
+            if isinstance(fn, Mapping):
+                tool: dict[str, Any] = {
+                    "name": str(fn.get("name", "")),
+                    "input_schema": fn.get("parameters") or {"type": "object", "properties": {}},
+                }
+                if fn.get("description"):
+                    tool["description"] = str(fn["description"])
+                out["tools"].append(tool)
+        choice = body.get("tool_choice")
+        tc: dict[str, Any] | None = None
+        if choice == "auto":
+            tc = {"type": "auto"}
+        elif choice == "required":
+            tc = {"type": "any"}
+        elif choice == "none":
+            tc = {"type": "none"}
+        elif isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping):
+            tc = {"type": "tool", "name": str(choice["function"].get("name", ""))}
+        if body.get("parallel_tool_calls") is False:
+            tc = {**(tc or {"type": "auto"}), "disable_parallel_tool_use": True}
+        if tc is not None:
+            out["tool_choice"] = tc
+    if isinstance(body.get("user"), str):
+        out["metadata"] = {"user_id": body["user"]}
+    if stream:
+        out["stream"] = True
+    return out
+
+
+def _usage(obj: Any) -> Usage | None:
+    if not isinstance(obj, Mapping):
+        return None
+    inp = obj.get("input_tokens")
+    out = obj.get("output_tokens")
+    if not isinstance(inp, int) or not isinstance(out, int):
+        return None
+    for extra in ("cache_creation_input_tokens", "cache_read_input_tokens"):
+        if isinstance(obj.get(extra), int):
+            inp += obj[extra]
+    return Usage(inp, out)
+
+
+def from_anthropic(msg: Mapping[str, Any], model: str) -> dict[str, Any]:
+    """An Anthropic Messages response as an OpenAI ``chat.completion``."""
+    text: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for block in msg.get("content") or ():
+        if not isinstance(block, Mapping):
+            continue
+        if block.get("type") == "text":
+            text.append(str(block.get("text", "")))
+        elif block.get("type") == "tool_use":
+            calls.append(
+                {
+                    "id": str(block.get("id", "")),
+                    "type": "function",
+                    "function": {
+                        "name": str(block.get("name", "")),
+                        "arguments": json.dumps(block.get("input", {})),
+                    },
+                }
+            )
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(text) if text or not calls else None}
+    if calls:
+        message["tool_calls"] = calls
+    out: dict[str, Any] = {
+        "id": str(msg.get("id", "chatcmpl-anthropic")),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": str(msg.get("model", model)),
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": _STOP.get(str(msg.get("stop_reason")), "stop"),
+                "logprobs": None,
+            }
+        ],
+    }
+    usage = _usage(msg.get("usage"))
+    if usage is not None:
+        out["usage"] = usage.to_openai()
+    return out
+
+
+class _AnthropicStream(ProviderStream):
+    def __init__(self, provider: str, response: httpx.Response, deadline: float, model: str) -> None:
+        self._provider = provider
+        self._response = response
+        self._deadline = deadline
+        self._events: AsyncIterator[SSEEvent] = iter_events(response.aiter_bytes())
+        self._closed = False
+        self._id = "chatcmpl-anthropic"
+        self._model = model
+        self._created = int(time.time())
+        self._input_tokens = 0
+        self._tool_index: dict[int, int] = {}  # Anthropic block index -> OpenAI tool_calls index
+        self.usage = None
+        self.completed = False
+        self.receipt_extra = {}
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return dumps(
+            {
+                "id": self._id,
+                "object": "chat.completion.chunk",
+                "created": self._created,
+                "model": self._model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            }
+        )
+
+    def _translate(self, ev: Mapping[str, Any]) -> bytes | None:
+        kind = ev.get("type")
+        if kind == "message_start":
+            msg = ev.get("message") if isinstance(ev.get("message"), Mapping) else {}
+            self._id = str(msg.get("id", self._id))
+            self._model = str(msg.get("model", self._model))
+            u = msg.get("usage") if isinstance(msg.get("usage"), Mapping) else {}
+            self._input_tokens = (_usage({**u, "output_tokens": 0}) or Usage(0, 0)).prompt_tokens
+            return self._chunk({"role": "assistant", "content": ""})
+        if kind == "content_block_start":
+            block = ev.get("content_block") if isinstance(ev.get("content_block"), Mapping) else {}
+            if block.get("type") == "tool_use":
+                idx = self._tool_index.setdefault(int(ev.get("index", 0)), len(self._tool_index))
+                call = {
+                    "index": idx,
+                    "id": str(block.get("id", "")),
+                    "type": "function",
+                    "function": {"name": str(block.get("name", "")), "arguments": ""},
+                }
+                return self._chunk({"tool_calls": [call]})
+            return None
+        if kind == "content_block_delta":
+            delta = ev.get("delta") if isinstance(ev.get("delta"), Mapping) else {}
+            if delta.get("type") == "text_delta":
+                return self._chunk({"content": str(delta.get("text", ""))})
+            if delta.get("type") == "input_json_delta":
+                idx = self._tool_index.get(int(ev.get("index", 0)), 0)
+                part = str(delta.get("partial_json", ""))
+                return self._chunk({"tool_calls": [{"index": idx, "function": {"arguments": part}}]})
+            return None
+        if kind == "message_delta":
+            delta = ev.get("delta") if isinstance(ev.get("delta"), Mapping) else {}
+            u = ev.get("usage") if isinstance(ev.get("usage"), Mapping) else {}
+            if isinstance(u.get("output_tokens"), int):
+                self.usage = Usage(self._input_tokens, int(u["output_tokens"]))
+            stop = delta.get("stop_reason")
+            if stop is not None:
+                return self._chunk({}, _STOP.get(str(stop), "stop"))
+            return None
+        if kind == "error":
+            raise UpstreamServerError(
+                f"provider {self._provider!r} sent an error in its stream: {upstream_message(dumps(ev))}",
+                self._provider,
+            )
+        return None  # ping, content_block_stop, thinking deltas
+
+    async def __anext__(self) -> bytes:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._closed:
+                raise StopAsyncIteration
+            try:
+                ev = await self._events.__anext__()
+            except StopAsyncIteration:
+                await self.aclose()
+                raise UpstreamStreamError(
+                    f"provider {self._provider!r} closed the stream before message_stop", self._provider
+                ) from None
+            except (httpx.HTTPError, OSError) as exc:
+                await self.aclose()
+                raise map_transport_error(self._provider, exc, streaming=True) from None
+            if loop.time() > self._deadline:
+                await self.aclose()
+                raise UpstreamTimeoutError(f"provider {self._provider!r} timed out (total)", self._provider)
+            try:
+                obj = json.loads(ev.data)
+            except ValueError:
+                await self.aclose()
+                raise UpstreamInvalidResponseError(
+                    f"provider {self._provider!r} sent a non-JSON stream event", self._provider
+                ) from None
+            if not isinstance(obj, Mapping):
+                continue
+            if obj.get("type") == "message_stop":
+                self.completed = True
+                await self.aclose()
+                raise StopAsyncIteration
+            try:
+                out = self._translate(obj)
+            except UpstreamError:
+                await self.aclose()
+                raise
+            if out is not None:
+                return out
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._response.aclose()
+
+
+class AnthropicProvider(Provider):
+    """Calls ``{base_url}/messages`` with ``x-api-key`` and ``anthropic-version``."""
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeouts: Timeouts | None = None,
+        max_connections: int = 100,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.timeouts = timeouts or Timeouts()
+        all_headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
+        all_headers.update(headers or {})
+        if api_key:
+            all_headers["x-api-key"] = api_key
+        self._client = make_client(base_url.rstrip("/") + "/", self.timeouts, max_connections, all_headers)
+
+    async def complete(self, call: UpstreamCall) -> Completion:
+        content = dumps(to_anthropic(call.body, call.upstream_model, stream=False))
+        try:
+            async with asyncio.timeout(self.timeouts.total):
+                resp = await self._client.post("messages", content=content)
+        except (httpx.HTTPError, OSError, TimeoutError) as exc:
+            raise map_transport_error(self.name, exc) from None
+        if resp.status_code >= 400:
+            raise error_for_status(self.name, resp.status_code, resp.content)
+        try:
+            msg = json.loads(resp.content)
+        except ValueError:
+            msg = None
+        if not isinstance(msg, Mapping) or msg.get("type") != "message":
+            raise UpstreamInvalidResponseError(
+                f"provider {self.name!r} answered without a message", self.name
+            )
+        out = from_anthropic(msg, call.upstream_model)
+        return Completion(out, _usage(msg.get("usage")))
+
+    async def stream(self, call: UpstreamCall) -> ProviderStream:
+        deadline = asyncio.get_running_loop().time() + self.timeouts.total
+        body = dumps(to_anthropic(call.body, call.upstream_model, stream=True))
+        request = self._client.build_request("POST", "messages", content=body)
+        try:
+            resp = await self._client.send(request, stream=True)
+        except (httpx.HTTPError, OSError) as exc:
+            raise map_transport_error(self.name, exc) from None
+        if resp.status_code >= 400:
+            try:
+                content = await resp.aread()
+            except (httpx.HTTPError, OSError):
+                content = b""
+            finally:
+                await resp.aclose()
+            raise error_for_status(self.name, resp.status_code, content)
+        return _AnthropicStream(self.name, resp, deadline, call.upstream_model)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,127 @@
+"""The one interface every gateway provider implements.
+
+A provider turns an OpenAI chat-completions body into an upstream call and back into OpenAI-shaped output:
+
+- :meth:`Provider.complete` returns a :class:`Completion` (an OpenAI ``chat.completion`` object as a dict);
+- :meth:`Provider.stream` returns a :class:`ProviderStream`, an async iterator of OpenAI
+  ``chat.completion.chunk`` JSON payloads as ``bytes`` (already serialized, so an OpenAI-compatible upstream
+  is passed through without re-encoding), which records the usage and completion it observed.
+
+Nothing in the interface is HTTP-specific: an in-process provider (the mesh) implements the same two methods.
+Both results carry ``receipt_extra``, a JSON-able mapping the provider wants on the routing receipt (the mesh
+puts its route there: stages, nodes, per-stage cost); the executor merges it under ``ethen.routing`` as
+``provider_receipt`` of the attempt that served the request.
+
+Errors: a provider raises only :class:`ethen.gateway.errors.UpstreamError` subclasses; each carries
+``retryable`` (may the executor try the next candidate?) and an ``error_class`` for telemetry and metrics.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Per-provider timeouts in seconds: TCP/TLS connect, first byte (also the longest idle gap between two
+    reads of a stream), and the total time of one call."""
+
+    connect: float = 5.0
+    first_byte: float = 60.0
+    total: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts as reported by the upstream (``None`` when it did not report them)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def to_openai(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
+    @staticmethod
+    def from_openai(obj: Any) -> Usage | None:
+        """Read an OpenAI ``usage`` object; ``None`` for anything that is not one."""
+        if not isinstance(obj, Mapping):
+            return None
+        p, c = obj.get("prompt_tokens"), obj.get("completion_tokens")
+        if isinstance(p, int) and isinstance(c, int):
+            return Usage(p, c)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamCall:
+    """One call to one candidate: the client's body (already stripped of gateway-only fields), the model name
+    the upstream knows, and the request id (for upstream logs)."""
+
+    body: Mapping[str, Any]
+    upstream_model: str
+    request_id: str
+
+
+@dataclass(slots=True)
+class Completion:
+    """A buffered answer in OpenAI ``chat.completion`` form."""
+
+    body: dict[str, Any]
+    usage: Usage | None
+    receipt_extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class ProviderStream(abc.ABC):
+    """An async iterator of OpenAI chunk payloads (``bytes`` of one JSON object each).
+
+    Iteration raises an ``UpstreamError`` on failure. It ends normally only when the upstream ended the
+    answer properly; ``completed`` is then true. A usage-only chunk is not yielded: its counts land in
+    ``usage`` and the executor decides whether the client asked for it.
+    """
+
+    usage: Usage | None = None
+    completed: bool = False
+    receipt_extra: Mapping[str, Any] = {}
+
+    def __aiter__(self) -> ProviderStream:
+        return self
+
+    @abc.abstractmethod
+    async def __anext__(self) -> bytes: ...
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Release the upstream connection (idempotent)."""
+
+
+class Provider(abc.ABC):
+    """A provider the gateway can call. One instance per configured provider, shared by all requests."""
+
+    #: the provider id from config (``Candidate.provider``)
+    name: str
+
+    @abc.abstractmethod
+    async def complete(self, call: UpstreamCall) -> Completion:
+        """Run a buffered completion."""
+
+    @abc.abstractmethod
+    async def stream(self, call: UpstreamCall) -> ProviderStream:
+        """Start a streaming completion. Returns once the upstream accepted the call (status known); the
+        first chunk is read by iterating."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, a no-op for in-process providers
+        """Close pooled connections at shutdown."""
+
+
+__all__ = ["Completion", "Provider", "ProviderStream", "Timeouts", "UpstreamCall", "Usage"]

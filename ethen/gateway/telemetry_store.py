@@ -1,0 +1,126 @@
+"""The gateway's live telemetry: a bounded, process-local, in-memory store of attempt outcomes.
+
+Every attempt the executor makes is recorded (:class:`AttemptRecord`: model, provider, latency, TTFT, success,
+error class, tokens, cost, whether it was a fallback, whether its stream completed). The router reads it as a
+:class:`~ethen.gateway.routing.TelemetrySnapshot`.
+
+Bounds and "recent" (matching the core's documented window, ``ethen.gateway.routing.telemetry``): per
+(provider, model) the last ``max_outcomes`` (50) records are kept in a ring buffer, and a snapshot counts only
+those that finished within the last ``window_seconds`` (300 s). At most ``max_keys`` (provider, model) pairs
+are kept; the least recently written pair is dropped past that. So memory is O(max_keys * max_outcomes). The
+store is reset on restart (it is operational evidence, never billing).
+
+Snapshots are cached: one is rebuilt only after a new record arrives or when the oldest record in it ages out
+of the window, so the request path usually pays one comparison. Time is ``time.monotonic()`` seconds (callers
+may pass ``now`` explicitly, which the tests do).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from ethen.gateway.routing import CandidateStats, TelemetrySnapshot
+from ethen.gateway.routing.telemetry import RECENT_MAX_OUTCOMES, RECENT_WINDOW_SECONDS
+
+__all__ = ["AttemptRecord", "TelemetryStore"]
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One attempt's outcome. ``at`` is the monotonic time it finished."""
+
+    provider: str
+    model: str
+    at: float
+    latency_ms: float
+    success: bool
+    ttft_ms: float | None = None
+    error_class: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost_usd: float | None = None
+    fallback: bool = False
+    stream: bool = False
+    stream_completed: bool | None = None
+
+
+class TelemetryStore:
+    """Bounded ring buffers of :class:`AttemptRecord` per (provider, model)."""
+
+    def __init__(
+        self,
+        *,
+        window_seconds: float = RECENT_WINDOW_SECONDS,
+        max_outcomes: int = RECENT_MAX_OUTCOMES,
+        max_keys: int = 10_000,
+    ) -> None:
+        if window_seconds <= 0 or max_outcomes <= 0 or max_keys <= 0:
+            raise ValueError("window_seconds, max_outcomes and max_keys must be > 0")
+        self.window_seconds = float(window_seconds)
+        self.max_outcomes = int(max_outcomes)
+        self.max_keys = int(max_keys)
+        self._records: OrderedDict[tuple[str, str], deque[AttemptRecord]] = OrderedDict()
+        self._cached: TelemetrySnapshot | None = None
+        self._cached_at = 0.0
+        self._cached_expiry = float("inf")  # when the oldest record counted in the cache leaves the window
+
+    def record(self, rec: AttemptRecord) -> None:
+        key = (rec.provider, rec.model)
+        ring = self._records.get(key)
+        if ring is None:
+            ring = self._records[key] = deque(maxlen=self.max_outcomes)
+            if len(self._records) > self.max_keys:
+                self._records.popitem(last=False)
+        else:
+            self._records.move_to_end(key)
+        ring.append(rec)
+        self._cached = None
+
+    def records(self, provider: str, model: str) -> tuple[AttemptRecord, ...]:
+        """The kept records of one (provider, model), oldest first."""
+        return tuple(self._records.get((provider, model), ()))
+
+    def __len__(self) -> int:
+        return sum(len(r) for r in self._records.values())
+
+    def snapshot(self, now: float | None = None) -> TelemetrySnapshot:
+        """Stats over the records that finished within the window before ``now``."""
+        if now is None:
+            now = time.monotonic()
+        if self._cached is not None and self._cached_at <= now < self._cached_expiry:
+            return self._cached
+        horizon = now - self.window_seconds
+        stats: dict[tuple[str, str], CandidateStats] = {}
+        oldest = float("inf")
+        for key, ring in self._records.items():
+            samples = successes = 0
+            lat_sum = ttft_sum = 0.0
+            ttft_n = 0
+            for rec in ring:
+                if rec.at <= horizon or rec.at > now:
+                    continue
+                oldest = min(oldest, rec.at)
+                samples += 1
+                if rec.success:
+                    successes += 1
+                    lat_sum += rec.latency_ms
+                    if rec.ttft_ms is not None:
+                        ttft_sum += rec.ttft_ms
+                        ttft_n += 1
+            if samples:
+                stats[key] = CandidateStats(
+                    samples=samples,
+                    successes=successes,
+                    latency_ms_mean=lat_sum / successes if successes else None,
+                    ttft_ms_mean=ttft_sum / ttft_n if ttft_n else None,
+                )
+        snap = TelemetrySnapshot(
+            stats=MappingProxyType(stats), window_seconds=self.window_seconds, max_outcomes=self.max_outcomes
+        )
+        self._cached = snap
+        self._cached_at = now
+        self._cached_expiry = oldest + self.window_seconds
+        return snap
