@@ -7,6 +7,9 @@ regex, with no prefix space. Tokens whose GGUF ``token_type`` is CONTROL (3) - t
 rendered chat prompt is one id and ``decode(skip_special_tokens=True)`` drops them. No BOS is prepended
 (``tokenizer.ggml.add_bos_token = false``): there is no post-processor. Generation stops on ``<|im_end|>``
 (see :attr:`Tokenizer.stop_token_ids`).
+
+The vocab has no token for the bytes 0x04, 0x06, 0x13, 0x14, 0x16, 0x1d and for the UTF-8 lead bytes F1/F2
+(code points U+40000..U+BFFFF): such characters are dropped, exactly as transformers' GGUF tokenizer does.
 """
 
 from __future__ import annotations
