@@ -30,6 +30,7 @@ from ethen.mesh.routing.errors import InvalidMeshInput
 __all__ = ["NodeState", "RoutingRequest", "node_states_from_json"]
 
 _REQUIRED = ("node_id", "latency_ms", "capacity_score", "served_layers")
+_FIELD_ORDER = ("node_id", "latency_ms", "current_load", "capacity_score", "served_layers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +78,8 @@ class NodeState:
         who = f"health JSON of node {name!r}" if isinstance(name, str) and name else "health JSON"
         missing = [key for key in _REQUIRED if key not in data]
         if "current_load" not in data and "load" not in data:
-            missing.insert(2, "current_load")
+            missing.append("current_load")
+            missing.sort(key=_FIELD_ORDER.index)
         if missing:
             raise InvalidMeshInput(f"{who}: missing field(s) {', '.join(missing)}")
         for key in ("served_requests", "failed_requests"):
