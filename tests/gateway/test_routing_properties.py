@@ -1,0 +1,266 @@
+"""Hypothesis properties of decide(), checked against the brute-force oracle (tests/gateway/oracle.py).
+
+3,000 random (pool, policy, telemetry, body) scenarios; about a quarter route, the rest exercise the
+fail-closed and model-not-found paths (every rejection reason code occurs; run with
+``--hypothesis-show-statistics`` to see the mix).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from ethen.gateway.errors import ModelNotFoundError, NoSmartRouteCandidateError
+from ethen.gateway.routing import (
+    COMPONENTS,
+    Candidate,
+    CandidateStats,
+    LiveCertification,
+    ModelInfo,
+    Prices,
+    ProjectPolicy,
+    RoutingContext,
+    TelemetrySnapshot,
+    decide,
+)
+from ethen.gateway.routing.policy import weights_for
+
+
+def _load_oracle() -> ModuleType:
+    name = "ethen_tests_gateway_oracle"  # unique name: other test folders may have their own oracle.py
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("oracle.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+oracle = _load_oracle()
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+PROVIDERS = ["alpha", "beta", "gamma", "delta"]
+MODELS = ["m-small", "m-mid", "m-large", "m-vision", "m-code"]
+ALIAS_CHOICES = [
+    "ethen/auto", "ethen/fast", "ethen/best", "ethen/cheap",
+    "ethen/reasoning", "ethen/coding", "ethen/vision", "ethen/long-context",
+]
+
+model_infos = st.builds(
+    ModelInfo,
+    context_window=st.sampled_from([1024, 8192, 32768, 65536, 128000, 131072, 200000, 1048576]),
+    max_output_tokens=st.sampled_from([256, 1024, 4096, 8192, 16384, 65536]),
+    supports_tools=st.booleans(),
+    supports_vision=st.booleans(),
+    supports_structured_output=st.booleans(),
+    supports_reasoning=st.booleans(),
+    quality=st.floats(0, 1),
+    latency_ms=st.floats(0, 20000),
+    ttft_ms=st.floats(0, 5000),
+)
+prices = st.builds(
+    Prices,
+    input_per_mtok=st.sampled_from([0.0, 0.05, 0.15, 1.0, 3.0, 15.0, 60.0]),
+    output_per_mtok=st.sampled_from([0.0, 0.08, 0.6, 4.0, 15.0, 75.0]),
+)
+certs = st.one_of(
+    st.none(),
+    st.builds(
+        lambda a, d: LiveCertification("cert-1", NOW + timedelta(hours=a), NOW + timedelta(hours=a + d)),
+        st.integers(-48, 2),
+        st.integers(1, 72),
+    ),
+)
+
+
+@st.composite
+def pools(draw: st.DrawFn) -> tuple[Candidate, ...]:
+    ids = draw(
+        st.lists(
+            st.tuples(st.sampled_from(PROVIDERS), st.sampled_from(MODELS)),
+            min_size=1,
+            max_size=12,
+            unique=True,
+        )
+    )
+    return tuple(Candidate(p, m, draw(model_infos), draw(prices), draw(certs)) for p, m in ids)
+
+
+@st.composite
+def telemetries(draw: st.DrawFn, pool: tuple[Candidate, ...]) -> TelemetrySnapshot:
+    stats: dict[tuple[str, str], CandidateStats] = {}
+    for c in pool:
+        if draw(st.booleans()):
+            n = draw(st.integers(0, 30))
+            s = draw(st.integers(0, n))
+            latency = draw(st.one_of(st.none(), st.floats(1, 10000)))
+            ttft = draw(st.one_of(st.none(), st.floats(1, 5000)))
+            stats[(c.provider, c.model)] = CandidateStats(n, s, latency, ttft)
+    return TelemetrySnapshot(stats)
+
+
+text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=400)
+
+
+@st.composite
+def bodies(draw: st.DrawFn, pool: tuple[Candidate, ...]) -> dict[str, Any]:
+    concrete = [c.model for c in pool] + [f"{c.provider}/{c.model}" for c in pool] + ["nope-model"]
+    pick = draw(st.integers(0, 19))
+    if pick < 14:
+        model = draw(st.sampled_from(ALIAS_CHOICES))
+    elif pick < 19:
+        model = draw(st.sampled_from(concrete))
+    else:
+        model = "ethen/unknown"
+    messages: list[dict[str, Any]] = []
+    for _ in range(draw(st.integers(1, 3))):
+        if draw(st.booleans()):
+            repeat = draw(st.sampled_from([1, 1, 1, 50, 400]))
+            messages.append({"role": "user", "content": draw(text) * repeat})
+        else:
+            parts: list[dict[str, Any]] = [{"type": "text", "text": draw(text)}]
+            if draw(st.integers(0, 3)) == 0:
+                parts.append({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}})
+            messages.append({"role": "user", "content": parts})
+    body: dict[str, Any] = {"model": model, "messages": messages}
+    if draw(st.integers(0, 3)) == 0:
+        body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    if draw(st.integers(0, 2)) == 0:
+        body["response_format"] = {"type": draw(st.sampled_from(["text", "json_object", "json_schema"]))}
+    if draw(st.integers(0, 2)) == 0:
+        body[draw(st.sampled_from(["max_tokens", "max_completion_tokens"]))] = draw(
+            st.one_of(st.integers(1, 100000), st.sampled_from([16, 256, 1024, 4096]))
+        )
+    routing: dict[str, Any] = {}
+    if draw(st.integers(0, 2)) == 0:
+        routing["budget_ceiling_usd"] = draw(st.sampled_from([0.0, 0.0001, 0.001, 0.01, 0.05, 1.0]))
+    if draw(st.booleans()):
+        routing["latency_target"] = draw(st.sampled_from(["fast", "balanced", "relaxed"]))
+    if draw(st.integers(0, 2)) == 0:
+        routing["certification_level"] = draw(st.sampled_from(["any", "live"]))
+    if routing:
+        body["metadata"] = {"routing": routing}
+    if draw(st.integers(0, 3)) == 0:
+        body["providerOptions"] = {
+            "gateway": {"only": draw(st.lists(st.sampled_from(PROVIDERS), min_size=1, max_size=3))}
+        }
+    return body
+
+
+policies = st.builds(
+    ProjectPolicy,
+    allowed_providers=st.one_of(st.none(), st.none(), st.frozensets(st.sampled_from(PROVIDERS))),
+    allowed_models=st.one_of(st.none(), st.none(), st.frozensets(st.sampled_from(MODELS), min_size=1)),
+    remaining_budget_usd=st.one_of(st.none(), st.none(), st.sampled_from([0.0, 0.001, 0.05, 10.0])),
+)
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[dict[str, Any], RoutingContext]:
+    pool = draw(pools())
+    ctx = RoutingContext(
+        pool=pool,
+        policy=draw(policies),
+        telemetry=draw(telemetries(pool)),
+        canaries=(),
+        now=NOW,
+        request_id=draw(st.text(min_size=1, max_size=12)),
+    )
+    return draw(bodies(pool)), ctx
+
+
+def _outcome(body: dict[str, Any], ctx: RoutingContext) -> Any:
+    try:
+        return decide(body, ctx)
+    except (ModelNotFoundError, NoSmartRouteCandidateError) as exc:
+        return exc
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.randoms(use_true_random=False))
+def test_decision_matches_oracle(scenario: tuple[dict[str, Any], RoutingContext], rnd: random.Random) -> None:
+    body, ctx = scenario
+    out = _outcome(body, ctx)
+    event(type(out).__name__)
+    if isinstance(out, NoSmartRouteCandidateError):
+        for rj in out.rejections:
+            for code in rj.reasons:
+                event(code)
+    considered = oracle.pool_for(body, ctx)
+    if considered is None:
+        assert isinstance(out, ModelNotFoundError)
+        return
+    if isinstance(out, NoSmartRouteCandidateError):
+        # fail closed: recompute the estimate the core would have used, then no candidate may be feasible
+        from ethen.gateway.routing import parse_requirements
+
+        tokens = parse_requirements(body).input_tokens
+        assert oracle.feasible_ids(body, ctx, tokens) == set()
+        assert {r.candidate_id for r in out.rejections} == {c.id for c in considered}
+        assert all(r.reasons for r in out.rejections)
+        return
+    assert not isinstance(out, Exception)
+    tokens = out.requirements.input_tokens
+    assert tokens >= oracle.lower_bound_tokens(body)
+    ids = [sc.id for sc in out.chain]
+    # 1. no chain candidate breaks a hard requirement; every rejected one does
+    assert set(ids) == oracle.feasible_ids(body, ctx, tokens)
+    assert {r.candidate_id for r in out.rejected}.isdisjoint(ids)
+    assert len(ids) + len(out.rejected) == len(considered)
+    # 3. budget ceiling (and project budget) respected by the whole chain
+    needs = oracle.needs_of(body)
+    for sc in out.chain:
+        cost = oracle.cost_usd(sc.candidate, tokens, needs)
+        assert cost == pytest.approx(sc.estimated_cost_usd)
+        if needs.ceiling is not None:
+            assert cost <= needs.ceiling
+        if ctx.policy.remaining_budget_usd is not None:
+            assert cost <= ctx.policy.remaining_budget_usd
+    # ranking: components in [0, 1], total = weighted sum, order by (score desc, provider, model)
+    weights = weights_for(out.profile, out.requirements.latency_target)
+    for sc in out.chain:
+        comps = sc.components.as_tuple()
+        assert len(comps) == len(COMPONENTS) and all(0.0 <= v <= 1.0 for v in comps)
+        assert sc.score == pytest.approx(sum(w * v for w, v in zip(weights, comps, strict=True)))
+    assert oracle.ranked_ok([(sc.score, sc.candidate.provider, sc.candidate.model) for sc in out.chain])
+    receipt = out.receipt
+    top = out.chain[0].candidate
+    assert (receipt.selected_provider, receipt.selected_model) == (top.provider, top.model)
+    assert receipt.candidate_count == len(ids) and receipt.rejected_count == len(out.rejected)
+    # 2. permutation invariance
+    shuffled = list(ctx.pool)
+    rnd.shuffle(shuffled)
+    permuted = RoutingContext(tuple(shuffled), ctx.policy, ctx.telemetry, (), ctx.now, ctx.request_id)
+    other = decide(body, permuted)
+    assert [sc.id for sc in other.chain] == ids
+    assert other.receipt.to_dict() == receipt.to_dict()
+    assert other.rejected == out.rejected
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_infeasible_request_fails_closed(scenario: tuple[dict[str, Any], RoutingContext]) -> None:
+    body, ctx = scenario
+    if oracle.pool_for(body, ctx) is None:
+        return
+    # make the request infeasible for everyone: a budget ceiling of 0 on a pool with no free candidate
+    body = {**body, "metadata": {"routing": {"budget_ceiling_usd": 0.0}}}
+    paid = tuple(c for c in ctx.pool if c.prices.input_per_mtok > 0 and c.prices.output_per_mtok > 0)
+    ctx = RoutingContext(paid, ctx.policy, ctx.telemetry, (), ctx.now, ctx.request_id)
+    if oracle.pool_for(body, ctx) is None:
+        with pytest.raises(ModelNotFoundError):
+            decide(body, ctx)
+        return
+    with pytest.raises(NoSmartRouteCandidateError) as info:
+        decide(body, ctx)
+    assert all(r.reasons for r in info.value.rejections)
