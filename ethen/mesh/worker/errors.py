@@ -1,11 +1,17 @@
-"""Worker-side errors; :mod:`ethen.mesh.worker.server` maps each to one gRPC status code at its boundary."""
+"""Worker-side errors; :mod:`ethen.mesh.worker.server` maps each to one gRPC status code at its boundary.
+
+They sit in the one exception tree of ``ethen.mesh``
+(root :class:`~ethen.mesh.routing.errors.MeshRoutingError`).
+"""
 
 from __future__ import annotations
+
+from ethen.mesh.routing.errors import MeshRoutingError
 
 __all__ = ["SessionCapacityError", "SessionNotFoundError", "WorkerError", "WorkerInputError"]
 
 
-class WorkerError(Exception):
+class WorkerError(MeshRoutingError):
     """Base of the errors a worker reports to its caller."""
 
 

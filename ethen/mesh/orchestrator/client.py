@@ -1,0 +1,88 @@
+"""A persistent gRPC channel to one worker: Forward / Health / CloseSession with raw float32 bytes.
+
+Every ``grpc.RpcError`` is turned into the mesh exception tree here (via
+:func:`~ethen.mesh.orchestrator.errors.from_grpc`), so nothing above this module sees gRPC.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from ethen.mesh.orchestrator.errors import NodeUnavailable, from_grpc
+from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
+
+__all__ = ["ForwardResult", "WorkerClient"]
+
+F32 = npt.NDArray[np.float32]
+
+_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.enable_retries", 0),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class ForwardResult:
+    __slots__ = ("batch_size", "compute_ms", "hidden", "queue_ms")
+
+    def __init__(self, hidden: F32, compute_ms: float, queue_ms: float, batch_size: int) -> None:
+        self.hidden = hidden
+        self.compute_ms = compute_ms
+        self.queue_ms = queue_ms
+        self.batch_size = batch_size
+
+
+class WorkerClient:
+    """Blocking client of one worker (thread-safe: gRPC channels are)."""
+
+    def __init__(self, node_id: str, address: str, forward_timeout_s: float = 60.0,
+                 health_timeout_s: float = 0.5) -> None:
+        self.node_id = node_id
+        self.address = address
+        self.forward_timeout_s = forward_timeout_s
+        self.health_timeout_s = health_timeout_s
+        self._channel = grpc.insecure_channel(address, options=_OPTIONS)
+        self._stub: Any = mesh_pb2_grpc.MeshWorkerStub(self._channel)  # type: ignore[no-untyped-call]
+
+    def forward(self, session_id: str, first: int, last: int, hidden: F32, start: int) -> ForwardResult:
+        """Run layers ``first..last`` on ``hidden`` [T, d] at positions ``start .. start+T-1``."""
+        data = np.ascontiguousarray(hidden, dtype="<f4")
+        t = int(data.shape[0])
+        request = mesh_pb2.ForwardRequest(
+            session_id=session_id, first_layer=first, last_layer=last, positions=range(start, start + t),
+            hidden=mesh_pb2.Tensor(data=data.tobytes(), shape=data.shape, dtype="float32"))
+        try:
+            reply = self._stub.Forward(request, timeout=self.forward_timeout_s)
+        except grpc.RpcError as exc:
+            raise from_grpc(self.node_id, exc) from None
+        shape = tuple(reply.hidden.shape)
+        if reply.hidden.dtype != "float32" or shape != data.shape or len(reply.hidden.data) != data.nbytes:
+            raise NodeUnavailable(self.node_id, f"malformed Forward reply: shape {list(shape)} dtype "
+                                                f"{reply.hidden.dtype!r} ({len(reply.hidden.data)} bytes)")
+        out: F32 = np.frombuffer(reply.hidden.data, dtype="<f4").reshape(shape)
+        return ForwardResult(out, reply.compute_ms, reply.queue_ms, reply.batch_size)
+
+    def health(self) -> mesh_pb2.HealthResponse:
+        try:
+            reply: mesh_pb2.HealthResponse = self._stub.Health(mesh_pb2.HealthRequest(),
+                                                               timeout=self.health_timeout_s)
+        except grpc.RpcError as exc:
+            raise from_grpc(self.node_id, exc) from None
+        return reply
+
+    def close_session(self, session_id: str) -> bool:
+        try:
+            reply = self._stub.CloseSession(mesh_pb2.CloseSessionRequest(session_id=session_id),
+                                            timeout=self.health_timeout_s)
+        except grpc.RpcError as exc:
+            raise from_grpc(self.node_id, exc) from None
+        return bool(reply.closed)
+
+    def close(self) -> None:
+        self._channel.close()

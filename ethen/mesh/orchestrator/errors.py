@@ -1,0 +1,99 @@
+"""Errors of the mesh runtime (orchestrator side), and the one place gRPC errors become mesh errors.
+
+The whole of ``ethen.mesh`` shares one exception tree rooted at
+:class:`~ethen.mesh.routing.errors.MeshRoutingError`: the router's errors (``NoRouteAvailable``,
+``RoutingFailure``, ``InvalidMeshInput``) and the runtime's errors below all derive from it, so a caller (the
+gateway's ``mesh`` provider) catches the mesh with one ``except``.
+
+:func:`from_grpc` maps a worker's gRPC status to the tree:
+
+==========================================================  ==========================================
+``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``CANCELLED``,       :class:`NodeUnavailable` (fail over)
+``UNKNOWN``, ``INTERNAL``, ``ABORTED``
+``NOT_FOUND`` (the worker lost the session: restarted,       :class:`SessionLost` (fail over: replay)
+expired)
+``RESOURCE_EXHAUSTED`` (session or memory cap)               :class:`NodeOverloaded` (fail over)
+``INVALID_ARGUMENT`` and the rest                            :class:`NodeRejected` (a bug: no failover)
+==========================================================  ==========================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from ethen.mesh.routing.errors import MeshRoutingError
+from ethen.mesh.routing.route import Route
+
+__all__ = [
+    "DegradedRoute",
+    "MeshRuntimeError",
+    "NodeOverloaded",
+    "NodeRejected",
+    "NodeUnavailable",
+    "SessionLost",
+    "from_grpc",
+]
+
+
+class MeshRuntimeError(MeshRoutingError):
+    """Base of the orchestrator's runtime errors."""
+
+
+class NodeError(MeshRuntimeError):
+    def __init__(self, node_id: str, detail: str) -> None:
+        self.node_id = node_id
+        self.detail = detail
+        super().__init__(f"node {node_id!r}: {detail}")
+
+
+class NodeUnavailable(NodeError):
+    """The node did not answer (dead, unreachable, timed out): the orchestrator fails over."""
+
+
+class SessionLost(NodeUnavailable):
+    """The node answered but no longer holds the session's KV cache (restarted, expired)."""
+
+
+class NodeOverloaded(NodeUnavailable):
+    """The node refused the session (memory or session cap): the orchestrator fails over."""
+
+
+class NodeRejected(NodeError):
+    """The node refused the request as malformed (``INVALID_ARGUMENT``): a bug, never retried elsewhere."""
+
+
+class DegradedRoute(MeshRuntimeError):
+    """Failover could only build a degraded route (spec §6.4: layers without a live holder). The mesh cannot
+    run a pipeline with a gap, so the request fails with this error; ``route`` names the survivors and the
+    fallback model, so a caller (the gateway) can retry on that model."""
+
+    def __init__(self, route: Route) -> None:
+        self.route = route
+        super().__init__(f"no live node serves some layers; degraded route to model {route.model!r}: "
+                         f"{route.reason}")
+
+
+_UNAVAILABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.ABORTED,
+}
+
+
+def from_grpc(node_id: str, exc: Any) -> NodeError:
+    """The mesh error for a ``grpc.RpcError`` raised by a call to ``node_id``."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    text = f"{getattr(code, 'name', code)}: {details}"
+    if code == grpc.StatusCode.NOT_FOUND:
+        return SessionLost(node_id, text)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return NodeOverloaded(node_id, text)
+    if code in _UNAVAILABLE or code is None:
+        return NodeUnavailable(node_id, text)
+    return NodeRejected(node_id, text)

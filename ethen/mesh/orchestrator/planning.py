@@ -1,0 +1,77 @@
+"""Pure route planning for the orchestrator: the first route of a session, and its recomposition on failure.
+
+- :func:`plan_route` is ``score_route`` over the model's whole layer window.
+- :func:`recompose` follows spec §6 with ``failover``. The router's failover substitutes per layer and does
+  not check that a substitute's fragment starts at the hand-off layer, but a worker only runs whole
+  fragments (spec §3). So when the failover route asks some node for a span that is not a union of its whole
+  fragments, the orchestrator routes afresh with ``score_route`` over the survivors (the failed node marked
+  dead): the cheapest route that a worker can actually run. A degraded route (a gap) cannot run a pipeline,
+  so it becomes :class:`~ethen.mesh.orchestrator.errors.DegradedRoute`; ``RoutingFailure`` propagates
+  unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from ethen.mesh.orchestrator.errors import DegradedRoute
+from ethen.mesh.routing import (
+    NodeState,
+    Route,
+    RouteWeights,
+    RoutingRequest,
+    failover,
+    redundancy_map_from_states,
+    score_route,
+)
+
+__all__ = ["mark_dead", "plan_route", "recompose", "runs_whole_fragments"]
+
+
+def plan_route(states: Iterable[NodeState], n_layers: int, prompt_tokens: int, weights: RouteWeights,
+               model: str) -> Route:
+    """The cheapest route over layers ``0 .. n_layers-1`` (raises ``NoRouteAvailable``)."""
+    request = RoutingRequest(layer_range=(0, n_layers - 1), prompt_tokens=prompt_tokens)
+    return score_route(request, tuple(states), weights, model)
+
+
+def mark_dead(states: Iterable[NodeState], node_ids: Iterable[str]) -> tuple[NodeState, ...]:
+    dead = set(node_ids)
+    return tuple(replace(s, alive=False) if s.node_id in dead and s.alive else s for s in states)
+
+
+def _tiles(fragments: Sequence[tuple[int, int]], first: int, last: int) -> bool:
+    inside = sorted((a, b) for a, b in fragments if first <= a and b <= last)
+    at = first
+    for a, b in inside:
+        if a != at:
+            return False
+        at = b + 1
+    return at == last + 1
+
+
+def runs_whole_fragments(route: Route, states: Iterable[NodeState]) -> bool:
+    """Every stage is a union of whole, contiguous fragments of its node (what a worker accepts)."""
+    by_id = {s.node_id: s for s in states}
+    for stage in route.stages:
+        state = by_id.get(stage.node_id)
+        if state is None or not _tiles(state.served_layers, stage.first, stage.last):
+            return False
+    return True
+
+
+def recompose(route: Route, failed_node: str, states: Iterable[NodeState], weights: RouteWeights,
+              fallback_model: str | None) -> Route:
+    """The route to continue on after ``failed_node`` failed (see the module docstring)."""
+    survivors = mark_dead(states, [failed_node])
+    holders = redundancy_map_from_states(survivors)
+    new = failover(route, holders, failed_node, survivors, weights, fallback_model)
+    if new.degraded:
+        raise DegradedRoute(new)
+    if runs_whole_fragments(new, survivors):
+        return new
+    request = RoutingRequest(layer_range=route.window, prompt_tokens=route.prompt_tokens)
+    fresh = score_route(request, survivors, weights, route.model)
+    return replace(fresh, reason=f"{new.reason}; the per-layer substitutes split a fragment, so the route "
+                                 f"was recomputed over whole fragments of the surviving nodes")

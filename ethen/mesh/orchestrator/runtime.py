@@ -1,0 +1,230 @@
+"""The orchestrator: the model's ends (embeddings, final norm, tied head), live telemetry of the workers,
+a route per request, and generation streamed token by token (sync iterator or async iterator).
+
+Choices where the spec is silent:
+
+- Routing happens when a generation starts (``score_route`` on states never older than 1 s) and again only
+  on failure (spec §9: the router does not retry; the orchestrator recomposes).
+- Concurrent generations run on their own threads (blocking gRPC on persistent channels is the fastest
+  Python client); their decode steps meet on the workers, which batch them, and their head matmuls meet here
+  in a :class:`~ethen.mesh.worker.batching.StepBatcher` (one ``[B, d] x [d, V]`` matmul for B sessions).
+- The async API (:meth:`MeshGeneration.__aiter__`) runs the blocking loop on a thread and hands chunks to the
+  event loop, so an ASGI gateway can stream without blocking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ethen.mesh.orchestrator.backoff import Backoff
+from ethen.mesh.orchestrator.client import WorkerClient
+from ethen.mesh.orchestrator.planning import plan_route, recompose
+from ethen.mesh.orchestrator.session import MeshSession
+from ethen.mesh.orchestrator.telemetry import HealthMonitor
+from ethen.mesh.routing import NodeState, Route, RouteWeights
+from ethen.mesh.worker.batching import Job, StepBatcher
+from ethen.model.chat_template import ChatTemplate
+from ethen.model.generate import GenerationChunk, GenerationResult, generate_stream
+from ethen.model.gguf_loader import WeightStore, open_weight_store
+from ethen.model.model import EmbedAndHead, load_embed_and_head
+from ethen.model.sampling import SamplingParams
+from ethen.model.tokenizer import Tokenizer
+
+__all__ = ["MODEL_NAME", "MeshGeneration", "Orchestrator"]
+
+MODEL_NAME = "smollm2-135m-instruct"
+
+F32 = npt.NDArray[np.float32]
+
+
+class MeshGeneration:
+    """One generation: route chosen at creation (routing errors raise there), chunks when iterated."""
+
+    def __init__(self, orchestrator: Orchestrator, session: MeshSession, prompt_ids: Sequence[int],
+                 params: SamplingParams) -> None:
+        self.orchestrator = orchestrator
+        self.session = session
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.started = time.perf_counter()
+        self.first_token_s: float | None = None
+
+    @property
+    def route(self) -> Route:
+        """The route in use now (it changes after a failover)."""
+        return self.session.route
+
+    def __iter__(self) -> Iterator[GenerationChunk]:
+        o = self.orchestrator
+        try:
+            for chunk in generate_stream(self.session.step, o.tokenizer, self.prompt_ids, self.params,
+                                         o.context_length):
+                if chunk.token_id is not None:
+                    self.token_ids.append(chunk.token_id)
+                    if self.first_token_s is None:
+                        self.first_token_s = time.perf_counter() - self.started
+                self.text += chunk.text
+                if chunk.finish_reason is not None:
+                    self.finish_reason = chunk.finish_reason
+                yield chunk
+        finally:
+            self.session.close()
+
+    def result(self) -> GenerationResult:
+        """Run to the end (if not iterated yet) and return the result."""
+        if self.finish_reason is None:
+            for _ in self:
+                pass
+        return GenerationResult(self.text, tuple(self.token_ids), self.finish_reason or "length",
+                                len(self.prompt_ids))
+
+    async def __aiter__(self) -> AsyncIterator[GenerationChunk]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        cancelled = threading.Event()
+
+        def run() -> None:
+            try:
+                for chunk in self:
+                    loop.call_soon_threadsafe(queue.put_nowait, ("chunk", chunk))
+                    if cancelled.is_set():
+                        break
+                loop.call_soon_threadsafe(queue.put_nowait, ("end", None))
+            except BaseException as exc:  # handed to the consumer, re-raised there
+                loop.call_soon_threadsafe(queue.put_nowait, ("error", exc))
+
+        thread = threading.Thread(target=run, name=f"ethen-gen-{self.session.id[:8]}", daemon=True)
+        thread.start()
+        try:
+            while True:
+                kind, value = await queue.get()
+                if kind == "chunk":
+                    yield value
+                elif kind == "error":
+                    raise value
+                else:
+                    return
+        finally:
+            cancelled.set()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The mesh part of a receipt: route now, routes used, failovers."""
+        return {
+            "route": self.route.to_dict(),
+            "session_id": self.session.id,
+            "failovers": [
+                {"failed_node": f.failed_node, "error": f.error, "at_position": f.at_position,
+                 "nodes": list(f.route.nodes)} for f in self.session.failovers],
+            "replayed_positions": self.session.replayed_positions,
+        }
+
+
+class Orchestrator:
+    """Client side of the mesh: embeddings/head + routing + sessions over gRPC workers."""
+
+    def __init__(
+        self,
+        workers: Mapping[str, str],
+        ends: EmbedAndHead,
+        tokenizer: Tokenizer,
+        chat_template: ChatTemplate,
+        weights: RouteWeights | None = None,
+        fallback_model: str | None = None,
+        model_name: str = MODEL_NAME,
+        backoff: Backoff | None = None,
+        exact_replay: bool = True,
+        health_interval_s: float = 0.25,
+        forward_timeout_s: float = 60.0,
+    ) -> None:
+        if not workers:
+            raise ValueError("an orchestrator needs at least one worker (node_id -> host:port)")
+        self.ends = ends
+        self.config = ends.config
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.weights = weights or RouteWeights()
+        self.fallback_model = fallback_model
+        self.model_name = model_name
+        self.exact_replay = exact_replay
+        self.clients = {node: WorkerClient(node, addr, forward_timeout_s=forward_timeout_s)
+                        for node, addr in workers.items()}
+        self.monitor = HealthMonitor(self.clients, backoff or Backoff(), interval_s=health_interval_s)
+        self._head = StepBatcher(self._head_batch, max_batch=32, window_s=0.0005, name="ethen-head")
+
+    @classmethod
+    def load(cls, workers: Mapping[str, str], store: WeightStore | None = None,
+             **kwargs: Any) -> Orchestrator:
+        s = store if store is not None else open_weight_store()
+        return cls(workers, load_embed_and_head(s), s.load_tokenizer(), s.load_chat_template(), **kwargs)
+
+    @property
+    def context_length(self) -> int:
+        return self.config.context_length
+
+    def start(self) -> Orchestrator:
+        self.monitor.start()
+        return self
+
+    def close(self) -> None:
+        self.monitor.stop()
+        self._head.stop()
+        for client in self.clients.values():
+            client.close()
+
+    def __enter__(self) -> Orchestrator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- pieces a session uses ----------------------------------------------------------------------------
+
+    def _head_batch(self, jobs: list[Job]) -> list[F32 | BaseException]:
+        hidden = np.concatenate([j.hidden for j in jobs], axis=0)  # [B, d]
+        logits = self.ends.logits(hidden)  # [B, V]
+        return [logits[i : i + 1] for i in range(len(jobs))]
+
+    def head(self, hidden: F32, session_id: str = "") -> F32:
+        """Final norm + head of ``hidden`` [1, d] -> logits [1, V], batched with concurrent sessions."""
+        job = Job(session_id=session_id, first_layer=-1, last_layer=-1, positions=[0], hidden=hidden)
+        return self._head.submit(job).result()[0]
+
+    def states(self) -> tuple[NodeState, ...]:
+        return self.monitor.states()
+
+    def _recompose(self, route: Route, failed: str) -> Route:
+        return recompose(route, failed, self.states(), self.weights, self.fallback_model)
+
+    # ---- public API ---------------------------------------------------------------------------------------
+
+    def route_for(self, prompt_tokens: int) -> Route:
+        """The route a request with ``prompt_tokens`` would take now (raises ``NoRouteAvailable``)."""
+        return plan_route(self.states(), self.config.n_layers, prompt_tokens, self.weights, self.model_name)
+
+    def open_session(self, prompt_tokens: int, route: Route | None = None) -> MeshSession:
+        chosen = route if route is not None else self.route_for(prompt_tokens)
+        session = MeshSession(chosen, self.clients, self.ends.embed, lambda h: self.head(h),
+                              self._recompose, self.monitor.mark_failed, exact_replay=self.exact_replay)
+        return session
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Token ids of ``messages`` rendered with the model's chat template (generation prompt added)."""
+        return self.tokenizer.encode(self.chat_template.render(messages, add_generation_prompt=True))
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                 route: Route | None = None) -> MeshGeneration:
+        """Start a generation (routes now; iterate the result, sync or async, for chunks)."""
+        return MeshGeneration(self, self.open_session(len(prompt_ids), route), prompt_ids, params)
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams) -> MeshGeneration:
+        return self.generate(self.chat_prompt(messages), params)

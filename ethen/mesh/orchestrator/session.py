@@ -1,0 +1,209 @@
+"""One generation's pipeline state: its route, the KV caches it built on each worker, and replay on failover.
+
+:meth:`MeshSession.step` has the model's ``StepFn`` contract ("feed these token ids after everything fed so
+far, return the logits of the last one"), so :func:`ethen.model.generate.generate_stream` drives a mesh
+session exactly like the single-process model: same sampling, stop handling and streaming.
+
+How a step runs: the orchestrator embeds the tokens, sends the hidden states through the route's stages in
+order (one ``Forward`` per stage, star topology: each reply comes back to the orchestrator), and applies the
+final norm and head to the last row.
+
+Failover and replay (Petals-style):
+
+- The session keeps, for every stage boundary of its route, the hidden states that entered it at every
+  position so far (``[positions, d]`` float32: ~2.3 KB per token per boundary), plus the sizes of the steps
+  it took (the prompt, then one token at a time).
+- When a stage fails (:class:`~ethen.mesh.orchestrator.errors.NodeUnavailable`: dead, timed out, lost the
+  session, over its cap), the node is marked failed (back-off), the route is recomposed with ``failover``
+  (:func:`~ethen.mesh.orchestrator.planning.recompose`), and the step is run again on the new route.
+  Stages that already ran this step keep their result; a stage whose node has no cache for this session
+  (the substitute) gets its cache rebuilt by replaying the boundary history into it with the **original
+  positions** ``0 .. P-1`` and the **original step sizes**, then runs the new tokens at positions
+  ``P .. P+T-1``. Same sizes mean the same matmul shapes, so the rebuilt cache is bit-identical to the
+  lost one and greedy output is token-for-token the same as an uninterrupted run (with a replica of the
+  failed layers). ``exact_replay=False`` replays the history in one call instead (faster, may differ in
+  the last float bits).
+- Each stage uses its own worker session id (``<session>@<first layer>``), so a node that runs two stages of
+  a route keeps two independent caches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ethen.mesh.orchestrator.client import WorkerClient
+from ethen.mesh.orchestrator.errors import MeshRuntimeError, NodeError, NodeUnavailable
+from ethen.mesh.routing import Route, Stage
+
+__all__ = ["FailoverEvent", "MeshSession"]
+
+log = logging.getLogger("ethen.mesh.orchestrator")
+
+F32 = npt.NDArray[np.float32]
+_Key = tuple[str, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverEvent:
+    """A stage failure during a session and the route it continued on."""
+
+    failed_node: str
+    error: str
+    at_position: int
+    route: Route
+
+
+class _HistoryMissing(Exception):
+    """A cold stage starts at a boundary the session has no history for: replay the whole route."""
+
+
+class MeshSession:
+    """Run one session through a route of workers, with failover + replay. Not thread-safe (one user)."""
+
+    def __init__(
+        self,
+        route: Route,
+        clients: Mapping[str, WorkerClient],
+        embed: Callable[[list[int]], F32],
+        head: Callable[[F32], F32],
+        recompose: Callable[[Route, str], Route],
+        on_failure: Callable[[str], None],
+        exact_replay: bool = True,
+        max_failovers: int = 4,
+        session_id: str | None = None,
+    ) -> None:
+        self.id = session_id or uuid.uuid4().hex
+        self.route = route
+        self.routes: list[Route] = [route]
+        self.failovers: list[FailoverEvent] = []
+        self.clients = clients
+        self._embed = embed
+        self._head = head
+        self._recompose = recompose
+        self._on_failure = on_failure
+        self.exact_replay = exact_replay
+        self.max_failovers = max_failovers
+        self.length = 0  # positions fed so far
+        self.chunks: list[int] = []  # sizes of the steps taken, in order
+        self._hist: dict[int, F32] = {}  # boundary (a stage's first layer) -> inputs [length, d]
+        self._ready: dict[_Key, int] = {}  # stage -> positions its worker cache holds
+        self._opened: set[tuple[str, int]] = set()  # (node, first layer) with a worker session
+        self._step_out: dict[_Key, F32] = {}  # outputs of stages that already ran the current step
+        self.replayed_positions = 0
+
+    def _wsid(self, stage: Stage) -> str:
+        return f"{self.id}@{stage.first}"
+
+    # ---- one step ---------------------------------------------------------------------------------------
+
+    def step(self, token_ids: Sequence[int]) -> F32:
+        """Feed ``token_ids`` after everything fed so far; logits ``[V]`` of the last one."""
+        x = self._embed(list(token_ids))  # [T, d]
+        while True:
+            try:
+                h, pending = self._run_stages(x)
+                break
+            except _HistoryMissing:
+                self._ready.clear()
+                self._step_out.clear()
+            except NodeUnavailable as exc:
+                self._fail(exc)
+        self._hist = pending
+        self.length += x.shape[0]
+        self.chunks.append(int(x.shape[0]))
+        self._step_out.clear()
+        logits: F32 = self._head(h[-1:])[0]  # [V]
+        return logits
+
+    def _fail(self, exc: NodeError) -> None:
+        node = exc.node_id
+        log.warning("session %s: stage on %r failed at position %d: %s", self.id, node, self.length, exc)
+        if len(self.failovers) >= self.max_failovers:
+            raise MeshRuntimeError(f"session {self.id}: gave up after {len(self.failovers)} failovers; "
+                                   f"last error: {exc}") from exc
+        self._on_failure(node)
+        for key in [k for k in self._ready if k[0] == node]:
+            del self._ready[key]
+        for key in [k for k in self._step_out if k[0] == node]:
+            del self._step_out[key]
+        self.route = self._recompose(self.route, node)  # raises RoutingFailure / DegradedRoute / ...
+        self.routes.append(self.route)
+        self.failovers.append(FailoverEvent(node, str(exc), self.length, self.route))
+
+    def _run_stages(self, x: F32) -> tuple[F32, dict[int, F32]]:
+        p, t = self.length, int(x.shape[0])
+        pending: dict[int, F32] = {}
+        cur = x  # [T, d] this step's input at the current boundary
+        full: F32 | None = None  # [P+T, d] all inputs at the current boundary, when already known
+        for stage in self.route.stages:
+            key = (stage.node_id, stage.first, stage.last)
+            if full is None:
+                past = self._hist.get(stage.first)
+                if past is None and p > 0:
+                    full = None
+                else:
+                    full = cur if past is None else np.concatenate([past, cur], axis=0)
+            if full is not None:
+                pending[stage.first] = full
+            done = self._step_out.get(key)
+            full_out: F32 | None = None
+            if done is not None:
+                out = done
+            elif self._ready.get(key) == p:  # its worker holds exactly the positions before this step
+                out = self._forward(stage, cur, p)
+            else:  # a cold stage (new in the route, or its cache is unknown): rebuild it
+                if full is None:
+                    raise _HistoryMissing
+                full_out = self._replay(stage, full)
+                out = full_out[p:]
+            self._ready[key] = p + t
+            self._step_out[key] = out
+            cur, full = out, full_out
+        return cur, pending
+
+    def _forward(self, stage: Stage, hidden: F32, start: int) -> F32:
+        client = self.clients[stage.node_id]
+        self._opened.add((stage.node_id, stage.first))
+        return client.forward(self._wsid(stage), stage.first, stage.last, hidden, start).hidden
+
+    def _replay(self, stage: Stage, full: F32) -> F32:
+        """Rebuild ``stage``'s cache from scratch with ``full`` [P+T, d]; returns its outputs [P+T, d]."""
+        node = stage.node_id
+        if (node, stage.first) in self._opened:
+            try:
+                self.clients[node].close_session(self._wsid(stage))
+            except NodeError as exc:
+                raise NodeUnavailable(node, f"cannot reset the session before replay: {exc.detail}") from exc
+            self._opened.discard((node, stage.first))
+        for key in [k for k in self._ready if k[0] == node and k[1] == stage.first]:
+            del self._ready[key]
+        total = int(full.shape[0])
+        sizes = [*self.chunks, total - self.length] if self.exact_replay else [total]
+        outs: list[F32] = []
+        at = 0
+        for size in sizes:
+            outs.append(self._forward(stage, full[at : at + size], at))
+            at += size
+        if self.length:
+            self.replayed_positions += self.length
+            log.info("session %s: replayed %d positions into %r layers %d-%d", self.id, self.length, node,
+                     stage.first, stage.last)
+        return np.concatenate(outs, axis=0)
+
+    def close(self) -> None:
+        """Free this session's caches on every worker it used (best effort)."""
+        for node, first in sorted(self._opened):
+            client = self.clients.get(node)
+            if client is None:
+                continue
+            with contextlib.suppress(NodeError):
+                client.close_session(f"{self.id}@{first}")
+        self._opened.clear()
+        self._ready.clear()
