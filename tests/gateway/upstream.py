@@ -107,7 +107,11 @@ def make_upstream_app(script: Script) -> Starlette:
             "total_tokens": b.prompt_tokens + len(b.pieces),
         }
         if not body.get("stream"):
-            message: dict[str, Any] = {"role": "assistant", "content": None if tool else "".join(b.pieces)}
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": None if tool else "".join(b.pieces),
+                "refusal": None,
+            }
             if tool:
                 message["tool_calls"] = [tool]
             return JSONResponse(

@@ -251,7 +251,11 @@ def from_anthropic(msg: Mapping[str, Any], model: str) -> dict[str, Any]:
                     },
                 }
             )
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(text) if text or not calls else None}
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(text) if text or not calls else None,
+        "refusal": None,
+    }
     if calls:
         message["tool_calls"] = calls
     out: dict[str, Any] = {
