@@ -1,0 +1,150 @@
+"""Requirements parsing: every hard requirement, every malformed field (named in ``param``), the estimator."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ethen.gateway.errors import InvalidRequestError, http_status
+from ethen.gateway.routing import parse_requirements
+from ethen.gateway.routing.requirements import IMAGE_TOKENS
+
+MSG = [{"role": "user", "content": "hello"}]
+
+
+def body(**extra: Any) -> dict[str, Any]:
+    return {"model": "ethen/auto", "messages": MSG, **extra}
+
+
+def test_plain_body_has_no_requirements() -> None:
+    req = parse_requirements(body())
+    assert not (req.tools or req.vision or req.structured_output or req.certification_live)
+    assert req.max_output_tokens is None and req.budget_ceiling_usd is None and req.only_providers is None
+    assert req.model == "ethen/auto"
+
+
+def test_tools_array_requires_tools_even_empty_and_legacy_functions() -> None:
+    assert parse_requirements(body(tools=[{"type": "function", "function": {"name": "f"}}])).tools
+    assert parse_requirements(body(tools=[])).tools
+    assert parse_requirements(body(functions=[{"name": "f"}])).tools
+    assert not parse_requirements(body(tools=None)).tools
+
+
+def test_image_part_in_any_message_requires_vision() -> None:
+    msgs = [
+        {"role": "system", "content": "be nice"},
+        {"role": "user", "content": [{"type": "text", "text": "what"},
+                                     {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]},
+    ]
+    assert parse_requirements({"model": "m", "messages": msgs}).vision
+    assert not parse_requirements({"model": "m", "messages": msgs[:1]}).vision
+
+
+@pytest.mark.parametrize(
+    ("fmt", "structured"), [("json_object", True), ("json_schema", True), ("text", False)]
+)
+def test_response_format(fmt: str, structured: bool) -> None:
+    assert parse_requirements(body(response_format={"type": fmt})).structured_output is structured
+
+
+def test_max_output_takes_the_larger_of_both_fields() -> None:
+    assert parse_requirements(body(max_tokens=100)).max_output_tokens == 100
+    assert parse_requirements(body(max_completion_tokens=300)).max_output_tokens == 300
+    assert parse_requirements(body(max_tokens=500, max_completion_tokens=300)).max_output_tokens == 500
+    assert parse_requirements(body(max_tokens=None)).max_output_tokens is None
+
+
+def test_routing_metadata() -> None:
+    req = parse_requirements(
+        body(metadata={"routing": {"budget_ceiling_usd": 0.05, "latency_target": "fast",
+                                   "certification_level": "live"}})
+    )
+    assert req.budget_ceiling_usd == 0.05 and req.latency_target == "fast" and req.certification_live
+    balanced = parse_requirements(body(metadata={"routing": {"latency_target": "balanced"}}))
+    assert balanced.latency_target is None
+    anyc = parse_requirements(body(metadata={"routing": {"certification_level": "any"}}))
+    assert not anyc.certification_live
+
+
+def test_provider_only() -> None:
+    req = parse_requirements(body(providerOptions={"gateway": {"only": ["openai", "groq"]}}))
+    assert req.only_providers == frozenset({"openai", "groq"})
+
+
+def test_estimator_is_conservative_and_counts_tools_and_images() -> None:
+    text = "The quick brown fox jumps over the lazy dog. " * 100  # ~1,000 GPT tokens
+    base = parse_requirements({"model": "m", "messages": [{"role": "user", "content": text}]}).input_tokens
+    assert base >= len(text) // 4 + 4  # above the ~4 chars/token average of BPE tokenizers
+    assert base >= len(text) // 3
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "x" * 300,
+                                               "parameters": {"type": "object"}}}]
+    with_tools = parse_requirements({"model": "m", "messages": [{"role": "user", "content": text}],
+                                     "tools": tools}).input_tokens
+    assert with_tools - base >= len(json.dumps(tools)) // 4
+    url = "data:image/png;base64," + "A" * 90000
+    img = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}
+    one_image = parse_requirements({"model": "m", "messages": [img]}).input_tokens
+    assert IMAGE_TOKENS <= one_image < IMAGE_TOKENS + 50  # the base64 payload is not counted as text
+    cjk = "漢字" * 500
+    cjk_req = parse_requirements({"model": "m", "messages": [{"role": "user", "content": cjk}]})
+    assert cjk_req.input_tokens >= len(cjk)  # ~1 token per CJK character
+
+
+MALFORMED: list[tuple[dict[str, Any], str]] = [
+    ({"messages": MSG}, "model"),
+    ({"model": 3, "messages": MSG}, "model"),
+    ({"model": "", "messages": MSG}, "model"),
+    ({"model": "m"}, "messages"),
+    ({"model": "m", "messages": "hi"}, "messages"),
+    ({"model": "m", "messages": []}, "messages"),
+    ({"model": "m", "messages": ["hi"]}, "messages[0]"),
+    ({"model": "m", "messages": [{"content": "hi"}]}, "messages[0].role"),
+    ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"model": "m", "messages": [{"role": "user", "content": ["x"]}]}, "messages[0].content[0]"),
+    ({"model": "m", "messages": [MSG[0], {"role": "user", "content": [{"text": "x"}]}]},
+     "messages[1].content[0].type"),
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]},
+     "messages[0].content[0].text"),
+    (body(tools={"type": "function"}), "tools"),
+    (body(tools=["f"]), "tools[0]"),
+    (body(functions="f"), "functions"),
+    (body(response_format="json"), "response_format"),
+    (body(response_format={"type": "yaml"}), "response_format.type"),
+    (body(max_tokens=0), "max_tokens"),
+    (body(max_tokens="10"), "max_tokens"),
+    (body(max_tokens=True), "max_tokens"),
+    (body(max_completion_tokens=-5), "max_completion_tokens"),
+    (body(metadata="x"), "metadata"),
+    (body(metadata={"routing": []}), "metadata.routing"),
+    (body(metadata={"routing": {"budget_ceiling": 1}}), "metadata.routing.budget_ceiling"),
+    (body(metadata={"routing": {"budget_ceiling_usd": -1}}), "metadata.routing.budget_ceiling_usd"),
+    (body(metadata={"routing": {"budget_ceiling_usd": "0.05"}}), "metadata.routing.budget_ceiling_usd"),
+    (body(metadata={"routing": {"budget_ceiling_usd": float("nan")}}), "metadata.routing.budget_ceiling_usd"),
+    (body(metadata={"routing": {"budget_ceiling_usd": True}}), "metadata.routing.budget_ceiling_usd"),
+    (body(metadata={"routing": {"latency_target": "ludicrous"}}), "metadata.routing.latency_target"),
+    (body(metadata={"routing": {"certification_level": "gold"}}), "metadata.routing.certification_level"),
+    (body(providerOptions=[]), "providerOptions"),
+    (body(providerOptions={"gateway": "x"}), "providerOptions.gateway"),
+    (body(providerOptions={"gateway": {"only": "openai"}}), "providerOptions.gateway.only"),
+    (body(providerOptions={"gateway": {"only": []}}), "providerOptions.gateway.only"),
+    (body(providerOptions={"gateway": {"only": ["openai", ""]}}), "providerOptions.gateway.only"),
+]
+
+
+@pytest.mark.parametrize(("bad", "param"), MALFORMED, ids=[p for _, p in MALFORMED])
+def test_malformed_field_is_named(bad: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        parse_requirements(bad)
+    err = info.value
+    assert err.param == param
+    assert err.type == "invalid_request_error"
+    assert err.code in {"invalid_value", "invalid_type", "missing_required_parameter"}
+    assert http_status(err) == 400
+    assert param.split(".")[-1].split("[")[0] in err.message
+
+
+def test_non_object_body() -> None:
+    with pytest.raises(InvalidRequestError):
+        parse_requirements(["model"])  # type: ignore[arg-type]
