@@ -43,6 +43,7 @@ class Behavior:
     pieces: tuple[str, ...] = ("Hello", " from", " upstream")
     tool_call: bool = True  # answer a request carrying tools with a tool call
     prompt_tokens: int = 11
+    echo_credentials: bool = False  # a leaky upstream: its error message echoes the credential it received
     calls: int = 0
 
 
@@ -95,8 +96,11 @@ def make_upstream_app(script: Script) -> Starlette:
         if b.latency_s:
             await asyncio.sleep(b.latency_s)
         if status is not None:
+            msg = f"scripted failure {status}"
+            if b.echo_credentials:
+                msg += f" (you sent {request.headers.get('authorization')})"
             return JSONResponse(
-                {"error": {"message": f"scripted failure {status}", "type": "server_error", "code": None}},
+                {"error": {"message": msg, "type": "server_error", "code": None}},
                 status_code=status,
             )
         created = int(time.time())
@@ -181,8 +185,11 @@ def make_upstream_app(script: Script) -> Starlette:
         if b.latency_s:
             await asyncio.sleep(b.latency_s)
         if status is not None:
+            msg = f"scripted failure {status}"
+            if b.echo_credentials:
+                msg += f" (you sent {request.headers.get('x-api-key')})"
             return JSONResponse(
-                {"type": "error", "error": {"type": "api_error", "message": f"scripted failure {status}"}},
+                {"type": "error", "error": {"type": "api_error", "message": msg}},
                 status_code=status,
             )
         tools = body.get("tools") or []

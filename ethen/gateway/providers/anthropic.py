@@ -50,6 +50,7 @@ from ethen.gateway.providers.openai_compat import (
     error_for_status,
     make_client,
     map_transport_error,
+    redact,
     upstream_message,
 )
 from ethen.gateway.sse import SSEEvent, dumps, iter_events
@@ -279,8 +280,11 @@ def from_anthropic(msg: Mapping[str, Any], model: str) -> dict[str, Any]:
 
 
 class _AnthropicStream(ProviderStream):
-    def __init__(self, provider: str, response: httpx.Response, deadline: float, model: str) -> None:
+    def __init__(
+        self, provider: str, response: httpx.Response, deadline: float, model: str, secret: str | None
+    ) -> None:
         self._provider = provider
+        self._secret = secret
         self._response = response
         self._deadline = deadline
         self._events: AsyncIterator[SSEEvent] = iter_events(response.aiter_bytes())
@@ -346,7 +350,8 @@ class _AnthropicStream(ProviderStream):
             return None
         if kind == "error":
             raise UpstreamServerError(
-                f"provider {self._provider!r} sent an error in its stream: {upstream_message(dumps(ev))}",
+                f"provider {self._provider!r} sent an error in its stream: "
+                f"{upstream_message(redact(dumps(ev), self._secret))}",
                 self._provider,
             )
         return None  # ping, content_block_stop, thinking deltas
@@ -411,6 +416,7 @@ class AnthropicProvider(Provider):
     ) -> None:
         self.name = name
         self.timeouts = timeouts or Timeouts()
+        self._secret = api_key
         all_headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
         all_headers.update(headers or {})
         if api_key:
@@ -425,7 +431,7 @@ class AnthropicProvider(Provider):
         except (httpx.HTTPError, OSError, TimeoutError) as exc:
             raise map_transport_error(self.name, exc) from None
         if resp.status_code >= 400:
-            raise error_for_status(self.name, resp.status_code, resp.content)
+            raise error_for_status(self.name, resp.status_code, resp.content, self._secret)
         try:
             msg = json.loads(resp.content)
         except ValueError:
@@ -452,8 +458,8 @@ class AnthropicProvider(Provider):
                 content = b""
             finally:
                 await resp.aclose()
-            raise error_for_status(self.name, resp.status_code, content)
-        return _AnthropicStream(self.name, resp, deadline, call.upstream_model)
+            raise error_for_status(self.name, resp.status_code, content, self._secret)
+        return _AnthropicStream(self.name, resp, deadline, call.upstream_model, self._secret)
 
     async def aclose(self) -> None:
         await self._client.aclose()

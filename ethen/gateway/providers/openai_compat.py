@@ -45,7 +45,7 @@ from ethen.gateway.providers.base import (
 )
 from ethen.gateway.sse import DONE_PAYLOAD, SSEEvent, dumps, iter_events
 
-__all__ = ["OpenAICompatProvider", "error_for_status", "make_client", "map_transport_error"]
+__all__ = ["OpenAICompatProvider", "error_for_status", "make_client", "map_transport_error", "redact"]
 
 _MAX_ERROR_MESSAGE = 500
 
@@ -85,9 +85,14 @@ def upstream_message(content: bytes) -> str:
     return content[:200].decode("utf-8", "replace")
 
 
-def error_for_status(provider: str, status: int, content: bytes) -> UpstreamError:
-    """Map an upstream HTTP error status to the gateway's error tree."""
-    detail = upstream_message(content)
+def redact(content: bytes, secret: str | None) -> bytes:
+    """``content`` with the provider's credential masked (an upstream may echo it in an error message)."""
+    return content.replace(secret.encode(), b"[redacted]") if secret else content
+
+
+def error_for_status(provider: str, status: int, content: bytes, secret: str | None = None) -> UpstreamError:
+    """Map an upstream HTTP error status to the gateway's error tree (``secret`` is masked in messages)."""
+    detail = upstream_message(redact(content, secret))
     msg = f"provider {provider!r} answered HTTP {status}: {detail}"
     if status == 429:
         return UpstreamRateLimitError(msg, provider, status)
@@ -130,8 +135,9 @@ def upstream_body(call: UpstreamCall, *, stream: bool) -> dict[str, Any]:
 
 
 class _OpenAIStream(ProviderStream):
-    def __init__(self, provider: str, response: httpx.Response, deadline: float) -> None:
+    def __init__(self, provider: str, response: httpx.Response, deadline: float, secret: str | None) -> None:
         self._provider = provider
+        self._secret = secret
         self._response = response
         self._deadline = deadline
         self._events: AsyncIterator[SSEEvent] = iter_events(response.aiter_bytes())
@@ -170,7 +176,8 @@ class _OpenAIStream(ProviderStream):
                 if obj is None or isinstance(obj.get("error"), Mapping | str):
                     await self.aclose()
                     raise UpstreamServerError(
-                        f"provider {self._provider!r} sent an error in its stream: {upstream_message(data)}",
+                        f"provider {self._provider!r} sent an error in its stream: "
+                        f"{upstream_message(redact(data, self._secret))}",
                         self._provider,
                     )
             if b'"usage"' in data and b'"usage":null' not in data and b'"usage": null' not in data:
@@ -212,6 +219,7 @@ class OpenAICompatProvider(Provider):
     ) -> None:
         self.name = name
         self.timeouts = timeouts or Timeouts()
+        self._secret = api_key
         all_headers = {"content-type": "application/json", **(headers or {})}
         if api_key:
             all_headers["authorization"] = f"Bearer {api_key}"
@@ -225,7 +233,7 @@ class OpenAICompatProvider(Provider):
         except (httpx.HTTPError, OSError, TimeoutError) as exc:
             raise map_transport_error(self.name, exc) from None
         if resp.status_code >= 400:
-            raise error_for_status(self.name, resp.status_code, resp.content)
+            raise error_for_status(self.name, resp.status_code, resp.content, self._secret)
         obj = _loads(resp.content)
         if obj is None or not isinstance(obj.get("choices"), list):
             raise UpstreamInvalidResponseError(
@@ -251,8 +259,8 @@ class OpenAICompatProvider(Provider):
                 content = b""
             finally:
                 await resp.aclose()
-            raise error_for_status(self.name, resp.status_code, content)
-        return _OpenAIStream(self.name, resp, deadline)
+            raise error_for_status(self.name, resp.status_code, content, self._secret)
+        return _OpenAIStream(self.name, resp, deadline, self._secret)
 
     async def aclose(self) -> None:
         await self._client.aclose()
