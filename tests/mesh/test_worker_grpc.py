@@ -1,0 +1,235 @@
+"""The worker over real gRPC on 127.0.0.1 with the real model: results, bad input, sessions, caps."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
+from ethen.mesh.worker import ModelBackend, WorkerConfig, WorkerService, parse_fragments, serve
+from ethen.model import load_layer_stack
+
+D = 576
+RNG = np.random.default_rng(0)
+
+
+def _hidden(t: int) -> np.ndarray:
+    return (RNG.standard_normal((t, D)) * 0.5).astype(np.float32)
+
+
+class Worker:
+    def __init__(self, fragments: list[tuple[int, int]], **cfg: Any) -> None:
+        self.service = WorkerService(WorkerConfig("w", fragments, **cfg), ModelBackend.load(fragments))
+        self.server, port = serve(self.service, "127.0.0.1", 0)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.stub: Any = mesh_pb2_grpc.MeshWorkerStub(self.channel)
+
+    def forward(self, sid: str, first: int, last: int, hidden: np.ndarray, start: int = 0,
+                positions: list[int] | None = None, dtype: str = "float32", shape: list[int] | None = None,
+                data: bytes | None = None) -> np.ndarray:
+        req = mesh_pb2.ForwardRequest(
+            session_id=sid, first_layer=first, last_layer=last,
+            positions=positions if positions is not None else list(range(start, start + hidden.shape[0])),
+            hidden=mesh_pb2.Tensor(data=hidden.tobytes() if data is None else data,
+                                   shape=shape if shape is not None else list(hidden.shape), dtype=dtype))
+        reply = self.stub.Forward(req, timeout=30)
+        return np.frombuffer(reply.hidden.data, np.float32).reshape(tuple(reply.hidden.shape))
+
+    def health(self) -> Any:
+        return self.stub.Health(mesh_pb2.HealthRequest(), timeout=5)
+
+    def close(self) -> None:
+        self.channel.close()
+        self.server.stop(0)
+        self.service.stop()
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[Worker]:
+    w = Worker([(0, 9), (10, 19)])
+    yield w
+    w.close()
+
+
+def _code(excinfo: pytest.ExceptionInfo[grpc.RpcError]) -> grpc.StatusCode:
+    code: grpc.StatusCode = excinfo.value.code()
+    return code
+
+
+def test_forward_matches_the_layer_stacks_and_continues_a_session(worker: Worker) -> None:
+    a, b = load_layer_stack(0, 9), load_layer_stack(10, 19)
+    ka, kb = a.new_kv_cache(), b.new_kv_cache()
+    x = _hidden(6)
+    expected = b.forward(a.forward(x, np.arange(6), ka), np.arange(6), kb)
+    np.testing.assert_array_equal(worker.forward("s-match", 0, 19, x), expected)
+    y = _hidden(1)
+    expected = b.forward(a.forward(y, [6], ka), [6], kb)
+    np.testing.assert_array_equal(worker.forward("s-match", 0, 19, y, start=6), expected)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(first=3, last=9), "first_layer=3"),
+        (dict(first=0, last=14), "last_layer=14"),
+        (dict(first=20, last=29), "first_layer=20"),
+        (dict(dtype="float16"), "hidden.dtype='float16'"),
+        (dict(shape=[4, 575]), "hidden.shape=[4, 575]"),
+        (dict(shape=[2, 2, 576]), "hidden.shape="),
+        (dict(data=b"\x00" * 10), "hidden.data has 10 bytes"),
+        (dict(positions=[0, 1, 3, 4]), "consecutive"),
+        (dict(positions=[0, 1, 2]), "positions has 3 entries"),
+        (dict(positions=[-1, 0, 1, 2]), "consecutive and >= 0"),
+        (dict(sid=""), "session_id"),
+        (dict(nan=True), "NaN"),
+    ],
+)
+def test_garbage_gets_invalid_argument_and_the_worker_keeps_serving(
+        worker: Worker, kwargs: dict[str, Any], message: str) -> None:
+    x = _hidden(4)
+    if kwargs.pop("nan", False):
+        x[1, 3] = np.nan
+    first, last = kwargs.pop("first", 0), kwargs.pop("last", 19)
+    sid = kwargs.pop("sid", "s-garbage")
+    with pytest.raises(grpc.RpcError) as excinfo:
+        worker.forward(sid, first, last, x, **kwargs)
+    assert _code(excinfo) == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in excinfo.value.details()
+    assert worker.forward("s-after-garbage-" + message, 0, 9, _hidden(2)).shape == (2, D)
+
+
+def test_positions_must_continue_the_cached_length(worker: Worker) -> None:
+    worker.forward("s-pos", 0, 19, _hidden(3))
+    for start in (0, 2, 4):  # a repeat, an overlap, a gap (Petals #587 would corrupt the cache silently)
+        with pytest.raises(grpc.RpcError) as excinfo:
+            worker.forward("s-pos", 0, 19, _hidden(1), start=start)
+        assert _code(excinfo) == grpc.StatusCode.INVALID_ARGUMENT
+        assert "has 3 cached positions" in excinfo.value.details()
+    worker.forward("s-pos", 0, 19, _hidden(1), start=3)
+
+
+def test_unknown_or_closed_session_is_not_found(worker: Worker) -> None:
+    with pytest.raises(grpc.RpcError) as excinfo:
+        worker.forward("never-opened", 0, 19, _hidden(1), start=5)
+    assert _code(excinfo) == grpc.StatusCode.NOT_FOUND
+    assert "never-opened" in excinfo.value.details()
+    worker.forward("s-close", 0, 19, _hidden(2))
+    reply = worker.stub.CloseSession(mesh_pb2.CloseSessionRequest(session_id="s-close"), timeout=5)
+    assert reply.closed
+    again = worker.stub.CloseSession(mesh_pb2.CloseSessionRequest(session_id="s-close"), timeout=5)
+    assert not again.closed
+    with pytest.raises(grpc.RpcError) as excinfo:
+        worker.forward("s-close", 0, 19, _hidden(1), start=2)
+    assert _code(excinfo) == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_session_may_address_one_fragment_at_a_time_but_not_unevenly(worker: Worker) -> None:
+    worker.forward("s-frag", 0, 9, _hidden(2))
+    with pytest.raises(grpc.RpcError) as excinfo:  # fragment 10 holds 0 positions, fragment 0 holds 2
+        worker.forward("s-frag", 0, 19, _hidden(1), start=2)
+    assert _code(excinfo) == grpc.StatusCode.INVALID_ARGUMENT
+    assert "uneven" in excinfo.value.details()
+    worker.forward("s-frag", 10, 19, _hidden(2))
+    worker.forward("s-frag", 0, 19, _hidden(1), start=2)
+
+
+def test_health_reports_the_spec_fields(worker: Worker) -> None:
+    before = worker.health()
+    worker.forward("s-health", 0, 19, _hidden(2))
+    with pytest.raises(grpc.RpcError):
+        worker.forward("s-health", 0, 19, _hidden(1), dtype="int8")
+    h = worker.health()
+    assert h.node_id == "w" and h.alive
+    assert [(r.first, r.last) for r in h.served_layers] == [(0, 9), (10, 19)]
+    assert h.served_requests == before.served_requests + 1
+    assert h.failed_requests == before.failed_requests + 1
+    assert h.latency_ms > 0
+    assert 0 < h.load <= 1
+    assert h.active_sessions >= 1 and h.cache_bytes > 0
+
+
+def test_memory_cap_refuses_with_resource_exhausted_and_keeps_serving() -> None:
+    # One fresh 10-layer cache holds 64 positions: 2 * 10 layers * 3 heads * 64 * 64 * 4 bytes = 983040 bytes.
+    w = Worker([(0, 9)], max_cache_bytes=2 * 983040)
+    try:
+        w.forward("a", 0, 9, _hidden(10))
+        w.forward("b", 0, 9, _hidden(10))
+        with pytest.raises(grpc.RpcError) as excinfo:
+            w.forward("c", 0, 9, _hidden(10))
+        assert _code(excinfo) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_cache_bytes" in excinfo.value.details()
+        with pytest.raises(grpc.RpcError) as excinfo:  # growing "a" past 64 positions doubles its buffers
+            w.forward("a", 0, 9, _hidden(60), start=10)
+        assert _code(excinfo) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        w.forward("a", 0, 9, _hidden(1), start=10)  # the refused step changed nothing
+        w.stub.CloseSession(mesh_pb2.CloseSessionRequest(session_id="b"), timeout=5)
+        w.forward("c", 0, 9, _hidden(10))
+    finally:
+        w.close()
+
+
+def test_session_count_cap_and_idle_ttl() -> None:
+    w = Worker([(0, 9)], max_sessions=2, session_ttl_s=0.3)
+    try:
+        w.forward("a", 0, 9, _hidden(1))
+        w.forward("b", 0, 9, _hidden(1))
+        with pytest.raises(grpc.RpcError) as excinfo:
+            w.forward("c", 0, 9, _hidden(1))
+        assert _code(excinfo) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_sessions=2" in excinfo.value.details()
+        time.sleep(0.5)
+        with pytest.raises(grpc.RpcError) as excinfo:  # expired
+            w.forward("a", 0, 9, _hidden(1), start=1)
+        assert _code(excinfo) == grpc.StatusCode.NOT_FOUND
+        w.forward("c", 0, 9, _hidden(1))
+        assert w.health().active_sessions == 1
+    finally:
+        w.close()
+
+
+def test_concurrent_decode_steps_are_batched_and_match_unbatched(worker: Worker) -> None:
+    n = 8
+    prompts = [_hidden(3) for _ in range(n)]
+    steps = [_hidden(1) for _ in range(n)]
+    for i in range(n):
+        worker.forward(f"batch-{i}", 0, 19, prompts[i])
+    a, b = load_layer_stack(0, 9), load_layer_stack(10, 19)
+    expected = []
+    for i in range(n):
+        ka, kb = a.new_kv_cache(), b.new_kv_cache()
+        b.forward(a.forward(prompts[i], np.arange(3), ka), np.arange(3), kb)
+        expected.append(b.forward(a.forward(steps[i], [3], ka), [3], kb))
+    batch_sizes: list[int] = []
+    outs: dict[int, np.ndarray] = {}
+    barrier = threading.Barrier(n)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        req = mesh_pb2.ForwardRequest(session_id=f"batch-{i}", first_layer=0, last_layer=19, positions=[3],
+                                      hidden=mesh_pb2.Tensor(data=steps[i].tobytes(), shape=[1, D],
+                                                             dtype="float32"))
+        reply = worker.stub.Forward(req, timeout=30)
+        batch_sizes.append(reply.batch_size)
+        outs[i] = np.frombuffer(reply.hidden.data, np.float32).reshape(1, D)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(batch_sizes) > 1, batch_sizes
+    for i in range(n):
+        np.testing.assert_allclose(outs[i], expected[i], rtol=1e-4, atol=1e-4)
+
+
+def test_parse_fragments() -> None:
+    assert parse_fragments("10-19, 0-9,25") == [(0, 9), (10, 19), (25, 25)]
+    for bad in ("", "0-9,", "a-b", "9-0", "0-9,5-12"):
+        with pytest.raises(ValueError, match="layers"):
+            parse_fragments(bad)
