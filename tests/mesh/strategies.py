@@ -9,7 +9,9 @@ from ethen.mesh import NodeState, RouteWeights
 NODE_IDS = ["a", "b", "c", "d", "e", "f", "B", "aa"]
 
 # Few distinct values, so that equal costs (ties) are frequent; plus arbitrary floats now and then.
-latencies = st.one_of(st.sampled_from([0.0, 1.0, 2.5, 6.0, 9.0, 40.0]), st.floats(0, 100, allow_nan=False))
+latencies = st.one_of(
+    st.sampled_from([0.0, 0.1, 0.2, 1.1, 2.5, 6.0, 9.0, 40.0]), st.floats(0, 100, allow_nan=False)
+)
 loads = st.one_of(st.sampled_from([0.0, 0.2, 0.5, 1.0]), st.floats(0, 2, allow_nan=False))
 scores = st.one_of(
     st.sampled_from([-1.0, 0.0, 0.005, 1.0, 3.0, 6.0, 10.0]), st.floats(-5, 50, allow_nan=False)

@@ -52,8 +52,10 @@ def test_cost_is_optimal(
 @given(node_states(), windows, weights)
 def test_tie_break_order(states: list[NodeState], window: tuple[int, int] | None, w: RouteWeights):
     """Among all cheapest chains: fewest stages, then node ids lexicographically, then first layers."""
-    route = route_or_none(states, window, w)
     expected = oracle.best_route(states, window, w)
+    route = route_or_none(states, window, w)
+    # Both input orders, so that an order-dependent tie-break cannot pass by luck.
+    assert route_or_none(list(reversed(states)), window, w) == route
     if expected is None:
         assert route is None
         return
@@ -125,3 +127,24 @@ def test_cost_equals_the_sum_of_its_breakdown(
         assert stage.node_cost == oracle.stage_cost(by_id[stage.node_id], w)
         assert stage.hop_cost == (w.hop * 15.0 if i else 0.0)
         assert stage.prefill_cost == (0.0 if i else w.prompt * 10.0 * prompt / 1024)
+
+
+decimals = st.sampled_from([0.1, 0.2, 0.3, 0.7, 1.1, 2.3, 0.6, 9.9, 13.37])
+
+
+@PROPERTY
+@given(st.tuples(decimals, decimals, decimals), st.permutations([0, 1, 2]), st.booleans())
+def test_exactly_tied_chains_are_ordered_by_node_ids_not_by_rounding(costs, perm, swap):
+    """Two disjoint 3-stage chains whose stage costs are permutations of each other tie exactly."""
+    w = RouteWeights(latency=1.0, load=0.0, capacity=0.0)
+    other = [costs[i] for i in perm]
+    lo, hi = ("a", "b", "c"), ("d", "e", "f")
+    if swap:
+        lo, hi = hi, lo
+    states = [
+        NodeState(lo[0], costs[0], 0, 1, [(0, 0)]), NodeState(lo[1], costs[1], 0, 1, [(1, 1)]),
+        NodeState(lo[2], costs[2], 0, 1, [(2, 4)]), NodeState(hi[0], other[0], 0, 1, [(0, 2)]),
+        NodeState(hi[1], other[1], 0, 1, [(3, 3)]), NodeState(hi[2], other[2], 0, 1, [(4, 4)]),
+    ]  # fmt: skip
+    assert score_route(RoutingRequest(), states, w).nodes == ("a", "b", "c")
+    assert oracle.best_route(states, None, w).nodes == ("a", "b", "c")

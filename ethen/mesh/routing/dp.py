@@ -5,8 +5,9 @@ edge from boundary ``L`` to ``E+1``. A fragment that reaches outside the window 
 fragments of one node form ONE stage (its cost counts once, no hop); a node that reappears later counts
 again. The DP state is therefore ``(boundary, node running the current stage)``: continuing with the same
 node costs nothing, switching to node ``m`` costs ``cost(m)`` plus the hop term (no hop before the first
-stage). Only the best and second-best labels of a boundary can win a switch, so each fragment is relaxed in
-O(1) and a call is O(nodes + fragments + layers).
+stage). Only the best label of a boundary can win a switch: if the best label already runs node ``m``,
+continuing it beats any switch into ``m`` (all terms are ``>= 0``, and the best label has the lowest cost and
+then the fewest stages). So each fragment is relaxed in O(1) and a call is O(nodes + fragments + layers).
 
 Order of routes (total, so the result never depends on the order of ``states``):
 
@@ -145,18 +146,14 @@ def score_route(
         frags = by_start[b]
         if here is None or not frags:
             continue
-        best1: _Label | None = None
-        best2: _Label | None = None
+        src: _Label | None = None
         for lab in here.values():
-            if best1 is None or _before(lab, best1, used):
-                best1, best2 = lab, best1
-            elif best2 is None or _before(lab, best2, used):
-                best2 = lab
-        assert best1 is not None
+            if src is None or _before(lab, src, used):
+                src = lab
+        assert src is not None
         for end, m in frags:
-            src = best1 if best1[2] != m else best2
             cand = here.get(m)  # continue the current stage: same label, no extra cost
-            if src is not None:
+            if src[2] != m:  # else continuing `src` itself is best
                 cost = src[0] + exact[m] + (hop if src[1] else 0)
                 stages = src[1] + 1
                 if (
