@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from ethen.gateway.cli import gateway as gateway_command
 from ethen.mesh.cli import app as mesh_app
 from ethen.mesh.worker.cli import worker as worker_command
 
@@ -16,6 +17,7 @@ app = typer.Typer(
 )
 app.add_typer(mesh_app, name="mesh", help="Mesh cost-aware routing over layer fragments.")
 app.command("worker")(worker_command)
+app.command("gateway")(gateway_command)
 
 
 def main() -> None:

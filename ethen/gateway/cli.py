@@ -1,0 +1,67 @@
+"""``ethen gateway --config FILE [--host H] [--port P]``: serve the gateway with uvicorn.
+
+The config is validated before the server starts; a bad config prints the error (which names the key and
+the value) and exits with status 2. ``--hash-key`` reads a client key on stdin and prints the SHA-256 digest
+to put in ``[[api_keys]] sha256`` (the key never appears on the command line or in shell history).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import typer
+
+from ethen.gateway.errors import GatewayConfigError
+
+__all__ = ["gateway"]
+
+
+def gateway(
+    config: Path = typer.Option(None, "--config", "-c", help="Gateway TOML config file."),  # noqa: B008
+    host: str | None = typer.Option(None, "--host", help="Bind address (default: [server].host)."),
+    port: int | None = typer.Option(None, "--port", help="Port (default: [server].port)."),
+    log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
+    hash_key: bool = typer.Option(False, "--hash-key", help="Read a key on stdin, print its SHA-256 digest."),
+) -> None:
+    """Serve the OpenAI-compatible gateway (``/api/gateway/v1``) with ethen/* smart routing."""
+    from ethen.gateway.auth import KEY_PREFIX
+    from ethen.gateway.auth import hash_key as digest
+
+    if hash_key:
+        key = sys.stdin.readline().strip()
+        if not key.startswith(KEY_PREFIX):
+            typer.echo(f"error: gateway keys must start with {KEY_PREFIX!r}", err=True)
+            raise typer.Exit(2)
+        typer.echo(digest(key))
+        return
+    if config is None:
+        typer.echo("error: --config FILE is required", err=True)
+        raise typer.Exit(2)
+
+    import uvicorn
+
+    from ethen.gateway.app import create_app
+    from ethen.gateway.catalog import Catalog
+    from ethen.gateway.config import load_config
+
+    level = log_level.upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        typer.echo(f"error: --log-level = {log_level!r}: use debug, info, warning or error", err=True)
+        raise typer.Exit(2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(config)
+        app = create_app(cfg, catalog=Catalog.load())
+    except GatewayConfigError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(2) from None
+    uvicorn.run(
+        app,
+        host=host or cfg.server.host,
+        port=port if port is not None else cfg.server.port,
+        log_level=log_level.lower(),
+        access_log=level == "DEBUG",
+        lifespan="on",
+    )
