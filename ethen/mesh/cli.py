@@ -140,4 +140,4 @@ def route_command(
     for label, ids in (("dead", rejected.dead), ("no fragment inside the window", rejected.outside_window),
                        ("not on the cheapest chain", rejected.not_cheapest)):  # fmt: skip
         if ids:
-            console.print(f"unused ({label}): {', '.join(ids)}", highlight=False, markup=False)
+            console.print(f"unused ({label}): {', '.join(sorted(ids))}", highlight=False, markup=False)

@@ -43,7 +43,7 @@ def test_score_route_prefers_the_cheapest_covering_pipeline():
     assert route.hops() == 1
     assert route.window == (0, 11)
     assert [round(s.node_cost, 1) for s in route.stages] == [35.8, 20.7]
-    assert route.rejected.not_cheapest == ("gpu",)
+    assert route.rejected.not_cheapest == {"gpu"}
     # The longer pipeline of the spec's table costs 226.0 with the same weights.
     w = RouteWeights()
     gpu, mini, laptop = spec_mesh()
@@ -94,7 +94,7 @@ def test_a_fragment_reaching_outside_the_window_is_not_used():
     states = [node("wide", 1, (6, 11)), node("tail", 50, (8, 11))]
     route = score_route(RoutingRequest((8, 11)), states, LATENCY_ONLY)
     assert route.nodes == ("tail",)
-    assert route.rejected.outside_window == ("wide",)
+    assert route.rejected.outside_window == {"wide"}
     with pytest.raises(NoRouteAvailable, match="layers 8-10"):
         score_route(RoutingRequest((8, 10)), states)
 
@@ -103,7 +103,7 @@ def test_dead_nodes_are_ignored():
     states = [node("cheap", 1, (0, 11), alive=False), node("dear", 99, (0, 11))]
     route = score_route(RoutingRequest(), states, LATENCY_ONLY)
     assert route.nodes == ("dear",)
-    assert route.rejected.dead == ("cheap",)
+    assert route.rejected.dead == {"cheap"}
 
 
 def test_default_window_spans_the_layers_served_by_live_nodes():

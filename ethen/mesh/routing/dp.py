@@ -26,6 +26,7 @@ The prefill term is the same for every route, so it is added to the result but p
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable
 
 from ethen.mesh.routing.errors import InvalidMeshInput, NoRouteAvailable
@@ -43,7 +44,6 @@ _DEFAULT_WEIGHTS = RouteWeights()
 # A DP label: (exact cost, stages, index of the current stage's node in `used`, boundary where the current
 # stage starts, label before the current stage). Continuing a stage reuses the same tuple.
 _Label = tuple[int, int, int, int, "_Label | None"]
-_ROOT: _Label = (0, 0, -1, 0, None)
 
 
 def _tie_key(label: _Label, used: list[NodeState]) -> tuple[list[str], list[int]]:
@@ -68,29 +68,13 @@ def _before(a: _Label, b: _Label, used: list[NodeState]) -> bool:
     return _tie_key(a, used) < _tie_key(b, used)
 
 
-def _window(request: RoutingRequest, pool: tuple[NodeState, ...]) -> tuple[int, int]:
-    if request.layer_range is not None:
-        return request.layer_range
-    firsts = [a for s in pool if s.alive for a, _ in s.served_layers]
-    if not firsts:
-        raise NoRouteAvailable(None, "no live node serves any layer")
-    return min(firsts), max(b for s in pool if s.alive for _, b in s.served_layers)
-
-
-def _check_inputs(request: object, weights: object, model: object, pool: tuple[object, ...]) -> None:
+def _check_arguments(request: object, weights: object, model: object) -> None:
     if not isinstance(request, RoutingRequest):
         raise InvalidMeshInput(f"request must be a RoutingRequest, got {type(request).__name__}")
     if not isinstance(weights, RouteWeights):
         raise InvalidMeshInput(f"weights must be RouteWeights, got {type(weights).__name__}")
     if not isinstance(model, str) or not model:
         raise InvalidMeshInput(f"model must be a non-empty string, got {model!r}")
-    seen: set[str] = set()
-    for s in pool:
-        if not isinstance(s, NodeState):
-            raise InvalidMeshInput(f"states must hold NodeState objects, got {type(s).__name__}")
-        if s.node_id in seen:
-            raise InvalidMeshInput(f"duplicate node_id {s.node_id!r} in states")
-        seen.add(s.node_id)
 
 
 def score_route(
@@ -104,31 +88,54 @@ def score_route(
     Raises ``NoRouteAvailable`` (window in the message) when no chain covers it, and ``InvalidMeshInput``
     (a ``ValueError``) on malformed input such as duplicate node ids.
     """
-    pool = tuple(states)
-    _check_inputs(request, weights, model, pool)
-    first, last = _window(request, pool)
-    width = last - first + 1
+    _check_arguments(request, weights, model)
+    window = request.layer_range
+    lo, hi = window if window is not None else (0, sys.maxsize)
 
-    # Index usable fragments by start boundary, once: by_start[b] = [(end boundary, node index), ...].
-    by_start: list[list[tuple[int, int]]] = [[] for _ in range(width)]
+    # One pass over the nodes: check them, and index usable fragments by start layer (absolute):
+    # starts[L] = [(end boundary E+1, index of the node in `used`), ...].
+    starts: dict[int, list[tuple[int, int]]] = {}
     used: list[NodeState] = []
+    costs: list[float] = []
     dead: list[str] = []
     outside: list[str] = []
-    for s in pool:
+    seen: set[str] = set()
+    node_cost = weights.node_cost
+    top = -1
+    for s in states:
+        if not isinstance(s, NodeState):
+            raise InvalidMeshInput(f"states must hold NodeState objects, got {type(s).__name__}")
+        node_id = s.node_id
+        if node_id in seen:
+            raise InvalidMeshInput(f"duplicate node_id {node_id!r} in states")
+        seen.add(node_id)
         if not s.alive:
-            dead.append(s.node_id)
+            dead.append(node_id)
             continue
         k = -1
         for a, b in s.served_layers:
-            if a >= first and b <= last:
+            if lo <= a and b <= hi:
                 if k < 0:
                     k = len(used)
                     used.append(s)
-                by_start[a - first].append((b + 1 - first, k))
+                    costs.append(node_cost(s))
+                bucket = starts.get(a)
+                if bucket is None:
+                    starts[a] = [(b + 1, k)]
+                else:
+                    bucket.append((b + 1, k))
+                if b > top:
+                    top = b
         if k < 0:
-            outside.append(s.node_id)
+            outside.append(node_id)
+    if window is not None:
+        first, last = window
+    elif starts:  # every live fragment lies inside the derived window
+        first, last = min(starts), top
+    else:
+        raise NoRouteAvailable(None, "no live node serves any layer")
+    width = last - first + 1
 
-    costs = [weights.node_cost(s) for s in used]
     if costs and max(costs) == math.inf:
         worst = used[costs.index(math.inf)].node_id
         raise InvalidMeshInput(f"node {worst!r}: stage cost overflows a float with these weights")
@@ -139,12 +146,13 @@ def score_route(
     exact = [n * (scale // d) for n, d in ratios]
     hop = hop_num * (scale // hop_den)
 
+    # labels[b - first][m]: best chain ending at boundary b whose current stage runs node m.
     labels: list[dict[int, _Label] | None] = [None] * (width + 1)
-    labels[0] = {-1: _ROOT}
-    for b in range(width):
-        here = labels[b]
-        frags = by_start[b]
-        if here is None or not frags:
+    labels[0] = {-1: (0, 0, -1, first, None)}
+    for b in range(first, last + 1):
+        here = labels[b - first]
+        frags = starts.get(b)
+        if here is None or frags is None:
             continue
         src: _Label | None = None
         for lab in here.values():
@@ -169,9 +177,9 @@ def score_route(
                 ):
                     cand = (cost, stages, m, b, src)
             assert cand is not None
-            slot = labels[end]
+            slot = labels[end - first]
             if slot is None:
-                labels[end] = {m: cand}
+                labels[end - first] = {m: cand}
             else:
                 old = slot.get(m)
                 if old is None or (old is not cand and _before(cand, old, used)):
@@ -196,10 +204,10 @@ def score_route(
 
     segments: list[tuple[str, int, int]] = []
     node_costs: list[float] = []
-    end = width
+    end = last + 1
     step: _Label | None = best
     while step is not None and step[2] >= 0:
-        segments.append((used[step[2]].node_id, first + step[3], first + end - 1))
+        segments.append((used[step[2]].node_id, step[3], end - 1))
         node_costs.append(costs[step[2]])
         end = step[3]
         step = step[4]
@@ -208,9 +216,9 @@ def score_route(
 
     in_route = {node_id for node_id, _, _ in segments}
     rejected = Rejections(
-        dead=tuple(sorted(dead)),
-        outside_window=tuple(sorted(outside)),
-        not_cheapest=tuple(sorted(s.node_id for s in used if s.node_id not in in_route)),
+        dead=frozenset(dead),
+        outside_window=frozenset(outside),
+        not_cheapest=frozenset(s.node_id for s in used).difference(in_route),
     )
     return Route(
         stages=price_stages(segments, node_costs, weights, request.prompt_tokens),

@@ -157,9 +157,9 @@ def failover(
     def rejected(kept: set[str]) -> Rejections:
         r = route.rejected
         return Rejections(
-            dead=tuple(sorted({*r.dead, failed_node})),
-            outside_window=tuple(n for n in r.outside_window if n not in kept),
-            not_cheapest=tuple(n for n in r.not_cheapest if n not in kept),
+            dead=r.dead | {failed_node},
+            outside_window=r.outside_window - kept,
+            not_cheapest=r.not_cheapest - kept,
         )
 
     def rebuild(segments: list[tuple[str, int, int]]) -> tuple[Stage, ...]:

@@ -54,20 +54,21 @@ class Stage:
 
 @dataclass(frozen=True, slots=True)
 class Rejections:
-    """Why each candidate node is not in the route (node ids sorted within each reason)."""
+    """Why each candidate node is not in the route (sets: their order never depends on the input's)."""
 
-    dead: tuple[str, ...] = ()
+    dead: frozenset[str] = frozenset()
     """``alive`` is false."""
-    outside_window: tuple[str, ...] = ()
+    outside_window: frozenset[str] = frozenset()
     """Live, but no fragment lies whole inside the window (fragments reaching outside it are unused)."""
-    not_cheapest: tuple[str, ...] = ()
+    not_cheapest: frozenset[str] = frozenset()
     """Usable, but no cheapest chain goes through it (or it lost the tie-break)."""
 
     def to_dict(self) -> dict[str, list[str]]:
+        """Node ids sorted within each reason."""
         return {
-            "dead": list(self.dead),
-            "outside_window": list(self.outside_window),
-            "not_cheapest": list(self.not_cheapest),
+            "dead": sorted(self.dead),
+            "outside_window": sorted(self.outside_window),
+            "not_cheapest": sorted(self.not_cheapest),
         }
 
 
