@@ -19,6 +19,9 @@ Meshes: each node has 1-4 fragments; fragments mostly start and end on 4-layer b
 layers are replicated many times), a quarter of them at random layers; 10 % of nodes are dead; latency
 1-60 ms, load 0-1, capacity score 0.5-30. The first nodes form one guaranteed covering chain.
 
+The three timings of a size take turns (ours, baseline build+solve, baseline solve) so that a busy shared
+machine slows them alike; the load average is printed with the figures.
+
 Run: ``.venv/bin/python bench/mesh_route.py`` (``--quick`` for fewer repeats).
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
 import random
 import statistics
 import sys
@@ -97,13 +101,19 @@ def networkx_cost(states: list[NodeState], weights: RouteWeights) -> float:
     return float(nx.dijkstra_path_length(networkx_graph(states, weights), "source", "sink"))
 
 
-def median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    times = []
+def seconds(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleaved_medians(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Median time of each function, the functions taking turns so that they share the machine's load."""
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, out in zip(fns, times, strict=True):
+            out.append(seconds(fn))
+    return [statistics.median(t) for t in times]
 
 
 def main() -> int:
@@ -114,8 +124,10 @@ def main() -> int:
     weights = RouteWeights()
     request = RoutingRequest((0, LAYERS - 1))
     print(__doc__.split("Run:")[0].strip().splitlines()[0])
+    load = os.getloadavg()[0]
+    print(f"load average {load:.2f} on {os.cpu_count()} CPUs (shared machine: figures vary with it)")
     print(f"python {sys.version.split()[0]}, networkx {nx.__version__}, seed {SEED}, {LAYERS} layers; "
-          "times are medians of repeated calls, in ms\n")  # fmt: skip
+          "times are medians of interleaved calls, in ms\n")  # fmt: skip
     header = (f"{'nodes':>7} {'fragments':>9} {'stages':>6} {'score_route':>11} {'nx build+solve':>14} "
               f"{'nx solve':>9} {'ratio total':>11} {'ratio solve':>11} {'us/fragment':>11}")  # fmt: skip
     print(header)
@@ -130,12 +142,16 @@ def main() -> int:
             print(f"MISMATCH at {n} nodes: score_route {route.cost!r} vs networkx {baseline!r}")
             return 1
         fragments = sum(len(s.served_layers) for s in states if s.alive)
-        reps_ours = (5 if args.quick else 21) if n < 10_000 else (3 if args.quick else 7)
-        reps_nx = (3 if args.quick else 7) if n < 10_000 else 3
-        ours = median_seconds(lambda states=states: score_route(request, states, weights), reps_ours)
         graph = networkx_graph(states, weights)
-        solve = median_seconds(lambda g=graph: nx.dijkstra_path_length(g, "source", "sink"), reps_nx)
-        total = median_seconds(lambda states=states: networkx_cost(states, weights), reps_nx)
+        repeats = (3 if args.quick else 9) if n < 10_000 else (3 if args.quick else 5)
+        ours, total, solve = interleaved_medians(
+            [
+                lambda states=states: score_route(request, states, weights),
+                lambda states=states: networkx_cost(states, weights),
+                lambda g=graph: nx.dijkstra_path_length(g, "source", "sink"),
+            ],
+            repeats,
+        )
         ours_by_size[n] = ours
         frags_by_size[n] = fragments
         print(f"{n:>7} {fragments:>9} {len(route.stages):>6} {ours * 1e3:>11.2f} {total * 1e3:>14.2f} "

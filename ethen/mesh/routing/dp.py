@@ -156,7 +156,7 @@ def score_route(
             continue
         src: _Label | None = None
         for lab in here.values():
-            if src is None or _before(lab, src, used):
+            if src is None or lab[0] < src[0] or (lab[0] == src[0] and _before(lab, src, used)):
                 src = lab
         assert src is not None
         for end, m in frags:
@@ -182,7 +182,11 @@ def score_route(
                 labels[end - first] = {m: cand}
             else:
                 old = slot.get(m)
-                if old is None or (old is not cand and _before(cand, old, used)):
+                if (
+                    old is None
+                    or cand[0] < old[0]
+                    or (cand[0] == old[0] and old is not cand and _before(cand, old, used))
+                ):
                     slot[m] = cand
 
     final = labels[width]
@@ -218,7 +222,7 @@ def score_route(
     rejected = Rejections(
         dead=frozenset(dead),
         outside_window=frozenset(outside),
-        not_cheapest=frozenset(s.node_id for s in used).difference(in_route),
+        not_cheapest=frozenset(seen.difference(dead, outside, in_route)),
     )
     return Route(
         stages=price_stages(segments, node_costs, weights, request.prompt_tokens),
