@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ethen.mesh import (
     NodeState,
+    NoRouteAvailable,
     Route,
     RouteWeights,
     RoutingFailure,
@@ -16,6 +19,7 @@ from ethen.mesh import (
     score_route,
 )
 from ethen.mesh.routing import redundancy_map_from_states
+from tests.mesh.strategies import node_states, weights, windows
 
 LATENCY_ONLY = RouteWeights(latency=1.0, load=0.0, capacity=0.0)
 
@@ -167,3 +171,34 @@ def test_failover_refuses_bad_input():
         failover(route, {"0": ["a"]}, "a", states)  # type: ignore[dict-item]
     with pytest.raises(ValueError, match="route must be a Route"):
         failover(None, {}, "a", states)  # type: ignore[arg-type]
+
+
+@settings(max_examples=500, deadline=None)
+@given(node_states(), windows, weights, st.data())
+def test_failover_keeps_coverage_or_degrades_or_fails(states, window, w, data):
+    """Property: after failover the failed node is gone; the route still covers the window, or is degraded."""
+    try:
+        route = score_route(RoutingRequest(window), states, w)
+    except NoRouteAvailable:
+        return
+    failed = data.draw(st.sampled_from(route.nodes))
+    rmap = redundancy_map_from_states(states)
+    try:
+        fallback = data.draw(st.sampled_from([None, "fb"]))
+        new = failover(route, rmap, failed, states, w, fallback_model=fallback)
+    except RoutingFailure as exc:
+        assert exc.missing_layers
+        return
+    assert failed not in new.nodes
+    stages = [(s.node_id, s.first, s.last) for s in new.stages]
+    if new.degraded:
+        assert new.model == "fb"
+        assert set(stages) <= {(s.node_id, s.first, s.last) for s in route.stages}
+        return
+    assert new.stages[0].first == route.window[0] and new.stages[-1].last == route.window[1]
+    for before, after in zip(new.stages, new.stages[1:], strict=False):
+        assert after.first == before.last + 1
+        assert after.node_id != before.node_id  # consecutive duplicates collapsed
+    for s in new.stages:  # every substitute layer is held by that node per the redundancy map
+        assert all(s.node_id in rmap[layer] for layer in range(s.first, s.last + 1))
+    assert new.cost == math.fsum(t for s in new.stages for t in (s.node_cost, s.hop_cost, s.prefill_cost))
