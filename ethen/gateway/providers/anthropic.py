@@ -36,7 +36,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-import httpx
+import httpx2
 
 from ethen.gateway.errors import (
     UpstreamError,
@@ -281,7 +281,7 @@ def from_anthropic(msg: Mapping[str, Any], model: str) -> dict[str, Any]:
 
 class _AnthropicStream(ProviderStream):
     def __init__(
-        self, provider: str, response: httpx.Response, deadline: float, model: str, secret: str | None
+        self, provider: str, response: httpx2.Response, deadline: float, model: str, secret: str | None
     ) -> None:
         self._provider = provider
         self._secret = secret
@@ -368,7 +368,7 @@ class _AnthropicStream(ProviderStream):
                 raise UpstreamStreamError(
                     f"provider {self._provider!r} closed the stream before message_stop", self._provider
                 ) from None
-            except (httpx.HTTPError, OSError) as exc:
+            except (httpx2.HTTPError, OSError) as exc:
                 await self.aclose()
                 raise map_transport_error(self._provider, exc, streaming=True) from None
             if loop.time() > self._deadline:
@@ -428,7 +428,7 @@ class AnthropicProvider(Provider):
         try:
             async with asyncio.timeout(self.timeouts.total):
                 resp = await self._client.post("messages", content=content)
-        except (httpx.HTTPError, OSError, TimeoutError) as exc:
+        except (httpx2.HTTPError, OSError, TimeoutError) as exc:
             raise map_transport_error(self.name, exc) from None
         if resp.status_code >= 400:
             raise error_for_status(self.name, resp.status_code, resp.content, self._secret)
@@ -449,12 +449,12 @@ class AnthropicProvider(Provider):
         request = self._client.build_request("POST", "messages", content=body)
         try:
             resp = await self._client.send(request, stream=True)
-        except (httpx.HTTPError, OSError) as exc:
+        except (httpx2.HTTPError, OSError) as exc:
             raise map_transport_error(self.name, exc) from None
         if resp.status_code >= 400:
             try:
                 content = await resp.aread()
-            except (httpx.HTTPError, OSError):
+            except (httpx2.HTTPError, OSError):
                 content = b""
             finally:
                 await resp.aclose()

@@ -1,8 +1,8 @@
 """OpenAI-compatible provider: any ``base_url`` serving ``POST {base_url}/chat/completions`` (OpenAI,
 DeepSeek, Groq, OpenRouter, vLLM, a llama.cpp server, Ollama's ``/v1``).
 
-- One shared ``httpx.AsyncClient`` per provider (connection pool, keep-alive), created at start.
-- Timeouts: ``connect`` is httpx's connect (and pool) timeout; ``first_byte`` is httpx's read timeout, so it
+- One shared ``httpx2.AsyncClient`` per provider (connection pool, keep-alive), created at start.
+- Timeouts: ``connect`` is the client's connect (and pool) timeout; ``first_byte`` its read timeout, so it
   bounds the wait for the response head and every idle gap between two reads; ``total`` bounds a buffered call
   (``asyncio.timeout``) and is checked between stream chunks.
 - Streams pass through: each upstream ``data:`` payload is handed on as the same bytes. Only chunks that carry
@@ -22,7 +22,7 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import httpx
+import httpx2
 
 from ethen.gateway.errors import (
     UpstreamBadRequestError,
@@ -52,18 +52,18 @@ _MAX_ERROR_MESSAGE = 500
 
 def make_client(
     base_url: str, timeouts: Timeouts, max_connections: int, headers: Mapping[str, str]
-) -> httpx.AsyncClient:
+) -> httpx2.AsyncClient:
     """The provider's one pooled client."""
-    return httpx.AsyncClient(
+    return httpx2.AsyncClient(
         base_url=base_url,
         headers=dict(headers),
-        timeout=httpx.Timeout(
+        timeout=httpx2.Timeout(
             connect=timeouts.connect,
             read=timeouts.first_byte,
             write=timeouts.first_byte,
             pool=timeouts.connect,
         ),
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        limits=httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         follow_redirects=False,
     )
 
@@ -106,13 +106,13 @@ def error_for_status(provider: str, status: int, content: bytes, secret: str | N
 
 
 def map_transport_error(provider: str, exc: BaseException, *, streaming: bool = False) -> UpstreamError:
-    """Map an httpx / asyncio failure to the gateway's error tree (the one boundary for transport errors)."""
-    if isinstance(exc, httpx.TimeoutException | TimeoutError):
+    """Map an httpx2 / asyncio failure to the gateway's error tree (the one boundary for transport errors)."""
+    if isinstance(exc, httpx2.TimeoutException | TimeoutError):
         phases: dict[type[BaseException], str] = {
-            httpx.ConnectTimeout: "connect",
-            httpx.PoolTimeout: "connection pool",
-            httpx.ReadTimeout: "first byte / read",
-            httpx.WriteTimeout: "write",
+            httpx2.ConnectTimeout: "connect",
+            httpx2.PoolTimeout: "connection pool",
+            httpx2.ReadTimeout: "first byte / read",
+            httpx2.WriteTimeout: "write",
         }
         phase = phases.get(type(exc), "total")
         return UpstreamTimeoutError(f"provider {provider!r} timed out ({phase} timeout)", provider)
@@ -135,7 +135,7 @@ def upstream_body(call: UpstreamCall, *, stream: bool) -> dict[str, Any]:
 
 
 class _OpenAIStream(ProviderStream):
-    def __init__(self, provider: str, response: httpx.Response, deadline: float, secret: str | None) -> None:
+    def __init__(self, provider: str, response: httpx2.Response, deadline: float, secret: str | None) -> None:
         self._provider = provider
         self._secret = secret
         self._response = response
@@ -158,7 +158,7 @@ class _OpenAIStream(ProviderStream):
                 raise UpstreamStreamError(
                     f"provider {self._provider!r} closed the stream before [DONE]", self._provider
                 ) from None
-            except (httpx.HTTPError, OSError) as exc:
+            except (httpx2.HTTPError, OSError) as exc:
                 await self.aclose()
                 raise map_transport_error(self._provider, exc, streaming=True) from None
             if loop.time() > self._deadline:
@@ -230,7 +230,7 @@ class OpenAICompatProvider(Provider):
         try:
             async with asyncio.timeout(self.timeouts.total):
                 resp = await self._client.post("chat/completions", content=content)
-        except (httpx.HTTPError, OSError, TimeoutError) as exc:
+        except (httpx2.HTTPError, OSError, TimeoutError) as exc:
             raise map_transport_error(self.name, exc) from None
         if resp.status_code >= 400:
             raise error_for_status(self.name, resp.status_code, resp.content, self._secret)
@@ -250,12 +250,12 @@ class OpenAICompatProvider(Provider):
         )
         try:
             resp = await self._client.send(request, stream=True)
-        except (httpx.HTTPError, OSError) as exc:
+        except (httpx2.HTTPError, OSError) as exc:
             raise map_transport_error(self.name, exc) from None
         if resp.status_code >= 400:
             try:
                 content = await resp.aread()
-            except (httpx.HTTPError, OSError):
+            except (httpx2.HTTPError, OSError):
                 content = b""
             finally:
                 await resp.aclose()
