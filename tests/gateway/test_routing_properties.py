@@ -216,6 +216,7 @@ def test_decision_matches_oracle(scenario: tuple[dict[str, Any], RoutingContext]
     # 1. no chain candidate breaks a hard requirement; every rejected one does
     assert set(ids) == oracle.feasible_ids(body, ctx, tokens)
     assert {r.candidate_id for r in out.rejected}.isdisjoint(ids)
+    assert all(r.reasons for r in out.rejected)
     assert len(ids) + len(out.rejected) == len(considered)
     # 3. budget ceiling (and project budget) respected by the whole chain
     needs = oracle.needs_of(body)

@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from .policy import DEFAULT_MAX_OUTPUT_TOKENS, context_score
+
 __all__ = [
     "CANARY_PERCENTS",
     "CanaryTarget",
@@ -98,7 +100,12 @@ class LiveCertification:
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """One routable (provider, model). ``model`` is the gateway-visible model id; ``id`` is
-    ``f"{provider}/{model}"``."""
+    ``f"{provider}/{model}"``.
+
+    Request-independent data the scorer needs is precomputed once here (the pool is built once per config
+    and reused for every request): ``default_output_tokens`` (output length used for the cost estimate when
+    the request sets none), ``context_score`` and ``tools_score`` components.
+    """
 
     provider: str
     model: str
@@ -106,6 +113,9 @@ class Candidate:
     prices: Prices
     certification: LiveCertification | None = None
     id: str = field(init=False, compare=False, repr=False)
+    default_output_tokens: int = field(init=False, compare=False, repr=False)
+    context_score: float = field(init=False, compare=False, repr=False)
+    tools_score: float = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.provider or "/" in self.provider:
@@ -113,6 +123,12 @@ class Candidate:
         if not self.model:
             raise ValueError("model must be non-empty")
         object.__setattr__(self, "id", f"{self.provider}/{self.model}")
+        info = self.info
+        default_out = min(DEFAULT_MAX_OUTPUT_TOKENS, info.max_output_tokens)
+        object.__setattr__(self, "default_output_tokens", default_out)
+        object.__setattr__(self, "context_score", context_score(info.context_window))
+        tools = (float(info.supports_tools) + float(info.supports_structured_output)) / 2.0
+        object.__setattr__(self, "tools_score", tools)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ raise ``ModelNotFoundError``. Two candidates with the same id are an operator er
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,15 +23,8 @@ from ethen.gateway.errors import GatewayConfigError, ModelNotFoundError, NoSmart
 from . import reasons as r
 from .canary import CanaryEvaluation, apply_canary
 from .candidates import CanaryTarget, Candidate, ProjectPolicy
-from .filter import (
-    Rejection,
-    check_candidate,
-    estimate_cost_usd,
-    failing_providers,
-    output_tokens_for,
-    provider_totals,
-)
-from .policy import ALIASES, CONCRETE_PROFILE, POLICY_VERSION, AliasProfile, weights_for
+from .filter import Rejection, check_candidate, failing_providers
+from .policy import ALIASES, CONCRETE_PROFILE, FAILING_MIN_SAMPLES, POLICY_VERSION, AliasProfile, weights_for
 from .receipt import Receipt
 from .requirements import Requirements, parse_requirements
 from .score import ScoredCandidate, score_candidate
@@ -126,37 +120,83 @@ def _hard_requirement_names(req: Requirements, profile: AliasProfile) -> tuple[s
     return tuple(names)
 
 
+def _rank_key(sc: ScoredCandidate) -> tuple[float, str, str]:
+    c = sc.candidate
+    return (-sc.score, c.provider, c.model)
+
+
 def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
     """Route one chat-completions body. Raises ``InvalidRequestError``, ``ModelNotFoundError``,
     ``NoSmartRouteCandidateError`` or ``GatewayConfigError`` (all ``GatewayError``)."""
     req = parse_requirements(body)
     profile, pool, concrete = resolve_pool(req.model, ctx.pool)
-    if len({c.id for c in pool}) != len(pool):
-        seen: set[str] = set()
-        dup = next(c.id for c in pool if c.id in seen or seen.add(c.id))  # type: ignore[func-returns-value]
-        raise GatewayConfigError(f"duplicate candidate id in the pool: {dup!r}")
 
     telemetry = ctx.telemetry
     stats_map = telemetry.stats
-    totals = provider_totals(telemetry) if stats_map else {}
+    totals = telemetry.provider_totals
     failing = failing_providers(totals) if totals else frozenset()
     weights = weights_for(profile, req.latency_target)
     gates = profile.gates
+    qfactor = profile.non_reasoning_quality_factor
     policy = ctx.policy
     now = ctx.now
 
+    # Request-level constants for the fast feasibility check. It must agree with filter.check_candidate,
+    # which stays the single source of reason codes (called only for rejected candidates); the property
+    # tests check both against an independent oracle.
+    in_tok = req.input_tokens
+    max_out = req.max_output_tokens
+    min_window = max(gates.min_context, in_tok + (max_out or 0))
+    max_out_needed = max_out or 0
+    need_tools = req.tools or gates.tools
+    need_vision = req.vision or gates.vision
+    need_struct = req.structured_output
+    ceiling = min(
+        math.inf if req.budget_ceiling_usd is None else req.budget_ceiling_usd,
+        math.inf if policy.remaining_budget_usd is None else policy.remaining_budget_usd,
+    )
+    allowed_p = policy.allowed_providers
+    allowed_m = policy.allowed_models
+    only = req.only_providers
+    live = req.certification_live
+    restricted = allowed_p is not None or allowed_m is not None or only is not None or live or bool(failing)
+
     feasible: list[ScoredCandidate] = []
     rejected: list[Rejection] = []
+    seen: set[str] = set()
     for cand in pool:
-        cost = estimate_cost_usd(req, cand)
+        cid = cand.id
+        if cid in seen:
+            raise GatewayConfigError(f"duplicate candidate id in the pool: {cid!r}")
+        seen.add(cid)
+        info = cand.info
+        prices = cand.prices
+        out_tok = cand.default_output_tokens if max_out is None else max_out
+        cost = (in_tok * prices.input_per_mtok + out_tok * prices.output_per_mtok) / 1e6
         stats = stats_map.get((cand.provider, cand.model), EMPTY_STATS) if stats_map else EMPTY_STATS
-        why = check_candidate(cand, req, gates, policy, cost, stats, failing, now)
-        if why:
-            rejected.append(Rejection(cand.id, cand.provider, cand.model, why))
+        ok = (
+            info.context_window >= min_window
+            and info.max_output_tokens >= max_out_needed
+            and cost <= ceiling
+            and (not need_tools or info.supports_tools)
+            and (not need_vision or info.supports_vision)
+            and (not need_struct or info.supports_structured_output)
+            and (stats.samples < FAILING_MIN_SAMPLES or stats.successes > 0)
+        )
+        if ok and restricted:
+            ok = (
+                (allowed_p is None or cand.provider in allowed_p)
+                and (allowed_m is None or cand.model in allowed_m or cid in allowed_m)
+                and (only is None or cand.provider in only)
+                and cand.provider not in failing
+                and (not live or (cand.certification is not None and cand.certification.valid_at(now)))
+            )
+        if not ok:
+            why = check_candidate(cand, req, gates, policy, cost, stats, failing, now)
+            rejected.append(Rejection(cid, cand.provider, cand.model, why))
             continue
-        pn, ps = totals.get(cand.provider, (0, 0))
-        total_tokens = req.input_tokens + output_tokens_for(req, cand)
-        feasible.append(score_candidate(cand, profile, weights, cost, total_tokens, stats, pn, ps))
+        pn, ps = totals.get(cand.provider, (0, 0)) if totals else (0, 0)
+        feasible.append(score_candidate(cand, qfactor, weights, cost, in_tok + out_tok, stats, pn, ps))
 
     rejected.sort(key=lambda rj: (rj.provider, rj.model))
     rejections = tuple(rejected)
@@ -166,7 +206,7 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
             f"({len(rejections)} rejected; see 'rejections')",
             rejections,
         )
-    feasible.sort(key=lambda sc: (-sc.score, sc.candidate.provider, sc.candidate.model))
+    feasible.sort(key=_rank_key)
     canary = apply_canary(req.model, feasible, ctx.canaries, telemetry, ctx.request_id)
 
     top = feasible[0]

@@ -14,16 +14,16 @@ Rules where the spec is silent:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from . import reasons as r
 from .candidates import Candidate, ProjectPolicy
-from .policy import DEFAULT_MAX_OUTPUT_TOKENS, FAILING_MIN_SAMPLES, HardGates
+from .policy import FAILING_MIN_SAMPLES, HardGates
 from .requirements import Requirements
-from .telemetry import CandidateStats, TelemetrySnapshot
+from .telemetry import CandidateStats
 
 __all__ = [
     "Rejection",
@@ -31,7 +31,6 @@ __all__ = [
     "estimate_cost_usd",
     "failing_providers",
     "output_tokens_for",
-    "provider_totals",
 ]
 
 
@@ -49,9 +48,10 @@ class Rejection:
 
 
 def output_tokens_for(req: Requirements, cand: Candidate) -> int:
+    """Requested max output, else ``min(DEFAULT_MAX_OUTPUT_TOKENS, model max output)`` (precomputed)."""
     if req.max_output_tokens is not None:
         return req.max_output_tokens
-    return min(DEFAULT_MAX_OUTPUT_TOKENS, cand.info.max_output_tokens)
+    return cand.default_output_tokens
 
 
 def estimate_cost_usd(req: Requirements, cand: Candidate) -> float:
@@ -59,16 +59,8 @@ def estimate_cost_usd(req: Requirements, cand: Candidate) -> float:
     return (req.input_tokens * p.input_per_mtok + output_tokens_for(req, cand) * p.output_per_mtok) / 1e6
 
 
-def provider_totals(telemetry: TelemetrySnapshot) -> dict[str, tuple[int, int]]:
-    """provider -> (samples, successes), summed over all its models in the snapshot."""
-    totals: dict[str, tuple[int, int]] = {}
-    for (provider, _model), st in telemetry.stats.items():
-        n, s = totals.get(provider, (0, 0))
-        totals[provider] = (n + st.samples, s + st.successes)
-    return totals
-
-
-def failing_providers(totals: dict[str, tuple[int, int]]) -> frozenset[str]:
+def failing_providers(totals: Mapping[str, tuple[int, int]]) -> frozenset[str]:
+    """Providers with 0 successes over >= FAILING_MIN_SAMPLES recent samples (``provider_totals``)."""
     return frozenset(p for p, (n, s) in totals.items() if n >= FAILING_MIN_SAMPLES and s == 0)
 
 

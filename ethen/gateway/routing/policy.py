@@ -45,6 +45,7 @@ __all__ = [
     "TTFT_REF_MS",
     "AliasProfile",
     "HardGates",
+    "context_score",
     "weights_for",
 ]
 
@@ -61,6 +62,17 @@ CONTEXT_MIN_TOKENS: Final = 4096
 CONTEXT_MAX_TOKENS: Final = 1_048_576
 #: A provider (or candidate) with 0 successes over at least this many recent samples is excluded.
 FAILING_MIN_SAMPLES: Final = 3
+
+_LOG_CTX_MIN: Final = math.log(CONTEXT_MIN_TOKENS)
+_LOG_CTX_SPAN: Final = math.log(CONTEXT_MAX_TOKENS) - _LOG_CTX_MIN
+
+
+def context_score(window: int) -> float:
+    """Context component: log-scaled window, CONTEXT_MIN_TOKENS -> 0, CONTEXT_MAX_TOKENS -> 1."""
+    if window <= CONTEXT_MIN_TOKENS:
+        return 0.0
+    return min(1.0, (math.log(window) - _LOG_CTX_MIN) / _LOG_CTX_SPAN)
+
 
 #: latency_target value -> multiplier of the latency and TTFT weights (then renormalized).
 LATENCY_TARGETS: Final = MappingProxyType({"fast": 2.0, "balanced": 1.0, "relaxed": 0.5})

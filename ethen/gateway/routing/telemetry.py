@@ -73,11 +73,24 @@ EMPTY_STATS: Final = CandidateStats()
 
 @dataclass(frozen=True, slots=True)
 class TelemetrySnapshot:
-    """Per (provider, model) recent stats. Missing keys mean "no recent evidence"."""
+    """Per (provider, model) recent stats. Missing keys mean "no recent evidence".
+
+    ``provider_totals`` (provider -> (samples, successes) summed over all its models) is computed once when
+    the snapshot is built, so each decision reads it instead of re-summing. Build a new snapshot when the
+    telemetry changes; do not mutate ``stats`` afterwards.
+    """
 
     stats: Mapping[tuple[str, str], CandidateStats] = field(default_factory=lambda: MappingProxyType({}))
     window_seconds: float = RECENT_WINDOW_SECONDS
     max_outcomes: int = RECENT_MAX_OUTCOMES
+    provider_totals: Mapping[str, tuple[int, int]] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        totals: dict[str, tuple[int, int]] = {}
+        for (provider, _model), st in self.stats.items():
+            n, s = totals.get(provider, (0, 0))
+            totals[provider] = (n + st.samples, s + st.successes)
+        object.__setattr__(self, "provider_totals", MappingProxyType(totals))
 
     def get(self, provider: str, model: str) -> CandidateStats:
         return self.stats.get((provider, model), EMPTY_STATS)
