@@ -201,3 +201,21 @@ def test_route_reports_model_and_reason():
     data = route.to_dict()
     assert data["nodes"] == ["mini", "laptop"]
     assert sum(s["cost"] for s in data["stages"]) == pytest.approx(data["cost"])
+
+
+def test_the_package_namespace_stays_light():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, ethen.mesh; heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('grpc', 'numpy', 'networkx')); print(heavy); assert not heavy"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import ethen.mesh
+
+    assert {"NodeState", "RoutingRequest", "RouteWeights", "Route", "score_route", "failover",
+            "NoRouteAvailable", "RoutingFailure"} <= set(ethen.mesh.__all__)  # fmt: skip
