@@ -29,7 +29,7 @@ F32 = NDArray[np.float32]
 
 def rms_norm(x: F32, weight: F32, eps: np.float32) -> F32:
     """Root-mean-square layer norm over the last axis."""
-    var = np.mean(x * x, axis=-1, keepdims=True)  # [N, 1]
+    var = np.einsum("nd,nd->n", x, x)[:, None] * np.float32(1.0 / x.shape[-1])  # [N, 1] mean of squares
     inv: F32 = np.float32(1.0) / np.sqrt(var + eps)  # [N, 1]
     return x * inv * weight  # [N, d]
 

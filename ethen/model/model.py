@@ -10,6 +10,9 @@ Choices where the issue is silent:
   replacement) cannot pass silently. To redo a step, call ``kv.truncate(n)`` first, explicitly.
 * **Batching.** ``forward_batch`` concatenates the new rows of B sessions (``seq_lens`` rows each; 1 for
   decode), runs the big matmuls once for all rows, and attention per session over its own cache.
+* **Concurrency.** A :class:`LayerStack` holds no per-session state (weights are read-only), so several
+  threads may call it at once, but calls that touch the same :class:`KVCache` must be serialized by the
+  caller.
 * **Validation before mutation.** Every argument is checked (and the caches reserved) before any cache is
   written, so a rejected call leaves every session as it was.
 """
@@ -134,6 +137,8 @@ class LayerStack:
         if hidden.ndim != 2 or hidden.shape[1] != cfg.d_model or hidden.shape[0] == 0:
             raise ModelInputError(f"hidden must have shape [N>0, {cfg.d_model}], got {list(hidden.shape)}")
         n = hidden.shape[0]
+        if not np.isfinite(hidden).all():
+            raise ModelInputError("hidden contains NaN or infinite values")
         if not kvs:
             raise ModelInputError("kvs must name at least one KV cache")
         lens = [1] * len(kvs) if seq_lens is None else [int(t) for t in seq_lens]

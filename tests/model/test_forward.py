@@ -123,7 +123,7 @@ def test_replay_onto_fresh_cache_reproduces_the_session(model: Model, store: Wei
     probe = model.ends.embed(model.tokenizer.encode(","))
     a = stack.forward(probe, [len(ids)], original)
     b = stack.forward(probe, [len(ids)], replacement)
-    np.testing.assert_allclose(b, a, atol=2e-4, rtol=0)
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-3)  # mid-stack hidden states are O(10-100)
     assert last_replacement.shape == (1, model.config.d_model)
 
 
@@ -152,6 +152,7 @@ def test_positions_must_continue_the_cache(model: Model) -> None:
         (np.zeros((2, 576), dtype=np.float32), [0], r"positions must have shape \[2\]"),
         (np.zeros((2, 576), dtype=np.float32), [0.0, 1.0], "integers"),
         ("garbage", [0], "float32 ndarray"),
+        (np.full((1, 576), np.nan, dtype=np.float32), [0], "NaN"),
     ],
 )
 def test_bad_forward_input_is_a_clear_error(
