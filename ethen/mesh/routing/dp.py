@@ -92,9 +92,9 @@ def score_route(
     window = request.layer_range
     lo, hi = window if window is not None else (0, sys.maxsize)
 
-    # One pass over the nodes: check them, and index usable fragments by start layer (absolute):
-    # starts[L] = [(end boundary E+1, index of the node in `used`), ...].
-    starts: dict[int, list[tuple[int, int]]] = {}
+    # One pass over the nodes: check them, and index usable fragments by start layer (absolute), as a flat
+    # list of int pairs (no tuple per fragment): starts[L] = [E+1, index of the node in `used`, ...].
+    starts: dict[int, list[int]] = {}
     used: list[NodeState] = []
     costs: list[float] = []
     dead: list[str] = []
@@ -121,9 +121,10 @@ def score_route(
                     costs.append(node_cost(s))
                 bucket = starts.get(a)
                 if bucket is None:
-                    starts[a] = [(b + 1, k)]
+                    starts[a] = [b + 1, k]
                 else:
-                    bucket.append((b + 1, k))
+                    bucket.append(b + 1)
+                    bucket.append(k)
                 if b > top:
                     top = b
         if k < 0:
@@ -159,7 +160,8 @@ def score_route(
             if src is None or lab[0] < src[0] or (lab[0] == src[0] and _before(lab, src, used)):
                 src = lab
         assert src is not None
-        for end, m in frags:
+        pairs = iter(frags)
+        for end, m in zip(pairs, pairs, strict=True):
             cand = here.get(m)  # continue the current stage: same label, no extra cost
             if src[2] != m:  # else continuing `src` itself is best
                 cost = src[0] + exact[m] + (hop if src[1] else 0)
