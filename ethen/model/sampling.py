@@ -101,15 +101,23 @@ class TextStream:
         self.emitted = 0  # characters of the decoded text already returned
         self.text = ""  # final text so far (up to a stop string, once found)
         self.stopped = False  # a stop string was found
+        self._clean_ids = 0  # ids[:_clean_ids] decode to _clean_text and end on a character boundary
+        self._clean_text = ""
+
+    def _decoded(self) -> str:
+        """Text of all ids, decoding only the ids since the last character boundary (linear overall)."""
+        tail = self.tokenizer.decode(self.ids[self._clean_ids:], skip_special_tokens=True)
+        return self._clean_text + tail
 
     def push(self, token_id: int) -> str:
         """Add one token; returns the newly safe-to-show text (possibly empty)."""
         if self.stopped:
             return ""
         self.ids.append(int(token_id))
-        full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        full = self._decoded()
         if full.endswith("\ufffd"):  # incomplete UTF-8 sequence: wait for the next byte(s)
             return ""
+        self._clean_ids, self._clean_text = len(self.ids), full
         cut = len(full)
         longest = max((len(s) for s in self.stop), default=0)
         search_from = max(0, self.emitted - longest)
@@ -133,7 +141,7 @@ class TextStream:
         """At the end of generation: the held-back text (not a complete stop string) to emit."""
         if self.stopped:
             return ""
-        full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        full = self._decoded()
         delta = full[self.emitted:]
         self.emitted = len(full)
         self.text = full

@@ -127,3 +127,13 @@ def test_text_stream_holds_partial_utf8_and_stop_prefixes(model: Model) -> None:
     s = TextStream(tok, stop=["END"])
     out = [s.push(t) for t in tok.encode("Hi E")]
     assert "".join(out) + s.flush() == "Hi E"  # not a stop after all: flushed at the end
+
+
+def test_text_stream_token_by_token_equals_whole_decode(model: Model) -> None:
+    tok = model.tokenizer
+    text = "Café 東京 🚀🔥 naïve — «quotes» 12345 <|im_start|>x\n\tend " * 3
+    ids = tok.encode(text)
+    s = TextStream(tok)
+    streamed = "".join(s.push(t) for t in ids) + s.flush()
+    assert streamed == tok.decode(ids, skip_special_tokens=True)
+    assert "🚀🔥" in streamed and "<|im_start|>" not in streamed
