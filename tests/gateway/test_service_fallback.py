@@ -87,6 +87,7 @@ def test_connection_refused_falls_back() -> None:
         from ethen.gateway.providers.openai_compat import OpenAICompatProvider
 
         dead = OpenAICompatProvider("beta", "http://127.0.0.1:9/v1")
+        gw.providers["dead"] = dead  # closed with the others at shutdown
         for cid, target in list(gw.executor.targets.items()):
             if target.candidate.provider == "beta":
                 gw.executor.targets[cid] = type(target)(target.candidate, dead, target.upstream_model)

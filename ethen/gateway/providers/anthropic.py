@@ -25,7 +25,8 @@ as JSON), ``stop_reason`` end_turn/stop_sequence -> ``stop``, max_tokens -> ``le
 Streaming: Anthropic events become OpenAI chunks as they arrive (message_start -> role chunk, text_delta ->
 content, tool_use start / input_json_delta -> ``tool_calls`` deltas, message_delta -> finish_reason, usage
 recorded). The stream is complete at ``message_stop``; EOF before it is a cut; an ``error`` event is an
-upstream server error. Pooling, timeouts and status mapping are those of the OpenAI-compatible provider.
+upstream server error. Pooling and timeouts: :class:`~ethen.gateway.providers.http.HttpPool`; status
+mapping: that of the OpenAI-compatible provider.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-import httpx2
-
 from ethen.gateway.errors import (
     UpstreamError,
     UpstreamInvalidResponseError,
@@ -46,10 +45,10 @@ from ethen.gateway.errors import (
     UpstreamTimeoutError,
 )
 from ethen.gateway.providers.base import Completion, Provider, ProviderStream, Timeouts, UpstreamCall, Usage
+from ethen.gateway.providers.http import HttpPool, StreamingResponse
 from ethen.gateway.providers.openai_compat import (
     error_for_status,
-    make_client,
-    map_transport_error,
+    open_stream,
     redact,
     upstream_message,
 )
@@ -281,13 +280,13 @@ def from_anthropic(msg: Mapping[str, Any], model: str) -> dict[str, Any]:
 
 class _AnthropicStream(ProviderStream):
     def __init__(
-        self, provider: str, response: httpx2.Response, deadline: float, model: str, secret: str | None
+        self, provider: str, response: StreamingResponse, deadline: float, model: str, secret: str | None
     ) -> None:
         self._provider = provider
         self._secret = secret
         self._response = response
         self._deadline = deadline
-        self._events: AsyncIterator[SSEEvent] = iter_events(response.aiter_bytes())
+        self._events: AsyncIterator[SSEEvent] = iter_events(response.chunks())
         self._closed = False
         self._id = "chatcmpl-anthropic"
         self._model = model
@@ -368,9 +367,9 @@ class _AnthropicStream(ProviderStream):
                 raise UpstreamStreamError(
                     f"provider {self._provider!r} closed the stream before message_stop", self._provider
                 ) from None
-            except (httpx2.HTTPError, OSError) as exc:
+            except UpstreamError:
                 await self.aclose()
-                raise map_transport_error(self._provider, exc, streaming=True) from None
+                raise
             if loop.time() > self._deadline:
                 await self.aclose()
                 raise UpstreamTimeoutError(f"provider {self._provider!r} timed out (total)", self._provider)
@@ -421,19 +420,16 @@ class AnthropicProvider(Provider):
         all_headers.update(headers or {})
         if api_key:
             all_headers["x-api-key"] = api_key
-        self._client = make_client(base_url.rstrip("/") + "/", self.timeouts, max_connections, all_headers)
+        self._pool = HttpPool(name, base_url, all_headers, self.timeouts, max_connections)
 
     async def complete(self, call: UpstreamCall) -> Completion:
-        content = dumps(to_anthropic(call.body, call.upstream_model, stream=False))
+        status, content = await self._pool.post(
+            "messages", dumps(to_anthropic(call.body, call.upstream_model, stream=False))
+        )
+        if status >= 400:
+            raise error_for_status(self.name, status, content, self._secret)
         try:
-            async with asyncio.timeout(self.timeouts.total):
-                resp = await self._client.post("messages", content=content)
-        except (httpx2.HTTPError, OSError, TimeoutError) as exc:
-            raise map_transport_error(self.name, exc) from None
-        if resp.status_code >= 400:
-            raise error_for_status(self.name, resp.status_code, resp.content, self._secret)
-        try:
-            msg = json.loads(resp.content)
+            msg = json.loads(content)
         except ValueError:
             msg = None
         if not isinstance(msg, Mapping) or msg.get("type") != "message":
@@ -446,20 +442,8 @@ class AnthropicProvider(Provider):
     async def stream(self, call: UpstreamCall) -> ProviderStream:
         deadline = asyncio.get_running_loop().time() + self.timeouts.total
         body = dumps(to_anthropic(call.body, call.upstream_model, stream=True))
-        request = self._client.build_request("POST", "messages", content=body)
-        try:
-            resp = await self._client.send(request, stream=True)
-        except (httpx2.HTTPError, OSError) as exc:
-            raise map_transport_error(self.name, exc) from None
-        if resp.status_code >= 400:
-            try:
-                content = await resp.aread()
-            except (httpx2.HTTPError, OSError):
-                content = b""
-            finally:
-                await resp.aclose()
-            raise error_for_status(self.name, resp.status_code, content, self._secret)
+        resp = await open_stream(self._pool, "messages", body, self._secret)
         return _AnthropicStream(self.name, resp, deadline, call.upstream_model, self._secret)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._pool.aclose()
