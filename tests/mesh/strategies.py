@@ -10,7 +10,8 @@ NODE_IDS = ["a", "b", "c", "d", "e", "f", "B", "aa"]
 
 # Few distinct values, so that equal costs (ties) are frequent; plus arbitrary floats now and then.
 latencies = st.one_of(
-    st.sampled_from([0.0, 0.1, 0.2, 1.1, 2.5, 6.0, 9.0, 40.0]), st.floats(0, 100, allow_nan=False)
+    st.sampled_from([0.0, 0.1, 0.2, 1.1, 2.5, 6.0, 9.0, 40.0, 5e-324, 1e300]),  # extremes: exact-int fallback
+    st.floats(0, 100, allow_nan=False),
 )
 loads = st.one_of(st.sampled_from([0.0, 0.2, 0.5, 1.0]), st.floats(0, 2, allow_nan=False))
 scores = st.one_of(

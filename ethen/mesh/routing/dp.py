@@ -68,6 +68,29 @@ def _before(a: _Label, b: _Label, used: list[NodeState]) -> bool:
     return _tie_key(a, used) < _tie_key(b, used)
 
 
+def _exact_ints(costs: list[float], hop: float) -> tuple[list[int], int]:
+    """Exact integer images of the non-negative float terms, all over one power-of-two scale ``2**k``.
+
+    ``k`` is chosen from the smallest non-zero term, so that every term times ``2**k`` is an integer
+    (a float is a multiple of its own ulp, and a larger float's ulp is a multiple of a smaller one's); the
+    multiplication by a power of two is then exact. Extreme ranges (subnormals, overflow) fall back to
+    ``float.as_integer_ratio``.
+    """
+    values = [*costs, hop]
+    low = min(values)
+    if low == 0.0:
+        low = min((v for v in values if v), default=1.0)
+    k = 53 - math.frexp(low)[1]
+    if k <= 1000:
+        scale = 2.0**k
+        if math.isfinite(max(values) * scale):
+            return [int(c * scale) for c in costs], int(hop * scale)
+    ratios = [v.as_integer_ratio() for v in values]
+    den = max(d for _, d in ratios)
+    ints = [n * (den // d) for n, d in ratios]
+    return ints[:-1], ints[-1]
+
+
 def _check_arguments(request: object, weights: object, model: object) -> None:
     if not isinstance(request, RoutingRequest):
         raise InvalidMeshInput(f"request must be a RoutingRequest, got {type(request).__name__}")
@@ -140,12 +163,7 @@ def score_route(
     if costs and max(costs) == math.inf:
         worst = used[costs.index(math.inf)].node_id
         raise InvalidMeshInput(f"node {worst!r}: stage cost overflows a float with these weights")
-    # Exact arithmetic: scale every term to an int over one power-of-two denominator.
-    ratios = [c.as_integer_ratio() for c in costs]
-    hop_num, hop_den = weights.hop_cost().as_integer_ratio()
-    scale = max([hop_den, *(d for _, d in ratios)])
-    exact = [n * (scale // d) for n, d in ratios]
-    hop = hop_num * (scale // hop_den)
+    exact, hop = _exact_ints(costs, weights.hop_cost())
 
     # labels[b - first][m]: best chain ending at boundary b whose current stage runs node m.
     labels: list[dict[int, _Label] | None] = [None] * (width + 1)
