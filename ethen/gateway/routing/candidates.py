@@ -19,6 +19,9 @@ from .policy import DEFAULT_MAX_OUTPUT_TOKENS, context_score
 
 __all__ = [
     "CANARY_PERCENTS",
+    "CAP_STRUCTURED",
+    "CAP_TOOLS",
+    "CAP_VISION",
     "CanaryTarget",
     "Candidate",
     "LiveCertification",
@@ -26,6 +29,11 @@ __all__ = [
     "Prices",
     "ProjectPolicy",
 ]
+
+#: Capability bits of ``Candidate.caps`` (a request's needs are checked with one mask test).
+CAP_TOOLS = 1
+CAP_VISION = 2
+CAP_STRUCTURED = 4
 
 #: The rollout steps the spec allows for a canary target.
 CANARY_PERCENTS = (0, 1, 5, 20, 50, 100)
@@ -104,7 +112,8 @@ class Candidate:
 
     Request-independent data the scorer needs is precomputed once here (the pool is built once per config
     and reused for every request): ``default_output_tokens`` (output length used for the cost estimate when
-    the request sets none), ``context_score`` and ``tools_score`` components.
+    the request sets none), ``context_score`` and ``tools_score`` components, the telemetry ``key``
+    ``(provider, model)`` and the capability bit mask ``caps``.
     """
 
     provider: str
@@ -116,6 +125,8 @@ class Candidate:
     default_output_tokens: int = field(init=False, compare=False, repr=False)
     context_score: float = field(init=False, compare=False, repr=False)
     tools_score: float = field(init=False, compare=False, repr=False)
+    key: tuple[str, str] = field(init=False, compare=False, repr=False)
+    caps: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.provider or "/" in self.provider:
@@ -129,6 +140,13 @@ class Candidate:
         object.__setattr__(self, "context_score", context_score(info.context_window))
         tools = (float(info.supports_tools) + float(info.supports_structured_output)) / 2.0
         object.__setattr__(self, "tools_score", tools)
+        object.__setattr__(self, "key", (self.provider, self.model))
+        caps = (
+            (CAP_TOOLS if info.supports_tools else 0)
+            | (CAP_VISION if info.supports_vision else 0)
+            | (CAP_STRUCTURED if info.supports_structured_output else 0)
+        )
+        object.__setattr__(self, "caps", caps)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,14 +16,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
 from ethen.gateway.errors import GatewayConfigError, ModelNotFoundError, NoSmartRouteCandidateError
 
 from . import reasons as r
 from .canary import CanaryEvaluation, apply_canary
-from .candidates import CanaryTarget, Candidate, ProjectPolicy
-from .filter import Rejection, check_candidate, failing_providers
+from .candidates import CAP_STRUCTURED, CAP_TOOLS, CAP_VISION, CanaryTarget, Candidate, ProjectPolicy
+from .filter import Rejection, check_candidate
 from .policy import ALIASES, CONCRETE_PROFILE, FAILING_MIN_SAMPLES, POLICY_VERSION, AliasProfile, weights_for
 from .receipt import Receipt
 from .requirements import Requirements, parse_requirements
@@ -34,6 +35,8 @@ __all__ = ["ALIAS_PREFIX", "Decision", "RoutingContext", "decide", "resolve_pool
 
 ALIAS_PREFIX = "ethen/"
 _HIGH_RELIABILITY = 0.9
+_new = tuple.__new__
+_by_score = itemgetter(1)  # ScoredCandidate.score
 _MIN_SAMPLES_FOR_HIGH = 3
 
 
@@ -120,9 +123,12 @@ def _hard_requirement_names(req: Requirements, profile: AliasProfile) -> tuple[s
     return tuple(names)
 
 
-def _rank_key(sc: ScoredCandidate) -> tuple[float, str, str]:
-    c = sc.candidate
-    return (-sc.score, c.provider, c.model)
+def _rejection_key(rj: Rejection) -> tuple[str, str]:
+    return (rj.provider, rj.model)
+
+
+def _by_key(sc: ScoredCandidate) -> tuple[str, str]:
+    return sc.candidate.key
 
 
 def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
@@ -134,7 +140,7 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
     telemetry = ctx.telemetry
     stats_map = telemetry.stats
     totals = telemetry.provider_totals
-    failing = failing_providers(totals) if totals else frozenset()
+    failing = telemetry.failing_providers
     weights = weights_for(profile, req.latency_target)
     gates = profile.gates
     qfactor = profile.non_reasoning_quality_factor
@@ -148,9 +154,11 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
     max_out = req.max_output_tokens
     min_window = max(gates.min_context, in_tok + (max_out or 0))
     max_out_needed = max_out or 0
-    need_tools = req.tools or gates.tools
-    need_vision = req.vision or gates.vision
-    need_struct = req.structured_output
+    need_caps = (
+        (CAP_TOOLS if req.tools or gates.tools else 0)
+        | (CAP_VISION if req.vision or gates.vision else 0)
+        | (CAP_STRUCTURED if req.structured_output else 0)
+    )
     ceiling = min(
         math.inf if req.budget_ceiling_usd is None else req.budget_ceiling_usd,
         math.inf if policy.remaining_budget_usd is None else policy.remaining_budget_usd,
@@ -173,14 +181,12 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
         prices = cand.prices
         out_tok = cand.default_output_tokens if max_out is None else max_out
         cost = (in_tok * prices.input_per_mtok + out_tok * prices.output_per_mtok) / 1e6
-        stats = stats_map.get((cand.provider, cand.model), EMPTY_STATS) if stats_map else EMPTY_STATS
+        stats = stats_map.get(cand.key, EMPTY_STATS) if stats_map else EMPTY_STATS
         ok = (
             info.context_window >= min_window
             and info.max_output_tokens >= max_out_needed
             and cost <= ceiling
-            and (not need_tools or info.supports_tools)
-            and (not need_vision or info.supports_vision)
-            and (not need_struct or info.supports_structured_output)
+            and cand.caps & need_caps == need_caps
             and (stats.samples < FAILING_MIN_SAMPLES or stats.successes > 0)
         )
         if ok and restricted:
@@ -193,12 +199,12 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
             )
         if not ok:
             why = check_candidate(cand, req, gates, policy, cost, stats, failing, now)
-            rejected.append(Rejection(cid, cand.provider, cand.model, why))
+            rejected.append(_new(Rejection, (cid, cand.provider, cand.model, why)))
             continue
         pn, ps = totals.get(cand.provider, (0, 0)) if totals else (0, 0)
         feasible.append(score_candidate(cand, qfactor, weights, cost, in_tok + out_tok, stats, pn, ps))
 
-    rejected.sort(key=lambda rj: (rj.provider, rj.model))
+    rejected.sort(key=_rejection_key)
     rejections = tuple(rejected)
     if not feasible:
         raise NoSmartRouteCandidateError(
@@ -206,7 +212,10 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
             f"({len(rejections)} rejected; see 'rejections')",
             rejections,
         )
-    feasible.sort(key=_rank_key)
+    # rank: score desc, then provider id, then model id. Two stable sorts with C-level keys are cheaper than
+    # one sort building a (-score, provider, model) tuple per candidate; reverse=True keeps stability.
+    feasible.sort(key=_by_key)
+    feasible.sort(key=_by_score, reverse=True)
     canary = apply_canary(req.model, feasible, ctx.canaries, telemetry, ctx.request_id)
 
     top = feasible[0]

@@ -15,9 +15,8 @@ Rules where the spec is silent:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import reasons as r
 from .candidates import Candidate, ProjectPolicy
@@ -34,9 +33,9 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    """A filtered-out candidate and all of its reason codes."""
+class Rejection(NamedTuple):
+    """A filtered-out candidate and all of its reason codes (immutable; a NamedTuple because one is built
+    per rejected candidate on the hot path)."""
 
     candidate_id: str
     provider: str

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
+from .policy import FAILING_MIN_SAMPLES
+
 __all__ = [
     "EMPTY_STATS",
     "LATENCY_PRIOR_WEIGHT",
@@ -75,15 +77,17 @@ EMPTY_STATS: Final = CandidateStats()
 class TelemetrySnapshot:
     """Per (provider, model) recent stats. Missing keys mean "no recent evidence".
 
-    ``provider_totals`` (provider -> (samples, successes) summed over all its models) is computed once when
-    the snapshot is built, so each decision reads it instead of re-summing. Build a new snapshot when the
-    telemetry changes; do not mutate ``stats`` afterwards.
+    ``provider_totals`` (provider -> (samples, successes) summed over all its models) and
+    ``failing_providers`` (0 successes over >= 3 samples) are computed once when the snapshot is built, so
+    each decision reads them instead of re-summing. Build a new snapshot when the telemetry changes; do not
+    mutate ``stats`` afterwards.
     """
 
     stats: Mapping[tuple[str, str], CandidateStats] = field(default_factory=lambda: MappingProxyType({}))
     window_seconds: float = RECENT_WINDOW_SECONDS
     max_outcomes: int = RECENT_MAX_OUTCOMES
     provider_totals: Mapping[str, tuple[int, int]] = field(init=False, compare=False, repr=False)
+    failing_providers: frozenset[str] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         totals: dict[str, tuple[int, int]] = {}
@@ -91,6 +95,8 @@ class TelemetrySnapshot:
             n, s = totals.get(provider, (0, 0))
             totals[provider] = (n + st.samples, s + st.successes)
         object.__setattr__(self, "provider_totals", MappingProxyType(totals))
+        failing = frozenset(p for p, (n, s) in totals.items() if n >= FAILING_MIN_SAMPLES and s == 0)
+        object.__setattr__(self, "failing_providers", failing)
 
     def get(self, provider: str, model: str) -> CandidateStats:
         return self.stats.get((provider, model), EMPTY_STATS)
