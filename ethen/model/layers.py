@@ -99,8 +99,8 @@ def block(x: F32, w: LayerWeights, cos: F32, sin: F32, segments: Sequence[Attent
     eps = np.float32(cfg.rms_eps)
     a = rms_norm(x, w.attn_norm, eps)  # [N, d]
     qkv = a @ w.wqkv  # [N, qd + 2 kvd]  one matmul for the whole batch
-    q = apply_rope(qkv[:, :qd].reshape(n, h, hd), cos, sin)  # [N, H, hd]
-    k = apply_rope(qkv[:, qd:qd + kvd].reshape(n, hkv, hd), cos, sin)  # [N, Hkv, hd]
+    qk = apply_rope(qkv[:, :qd + kvd].reshape(n, h + hkv, hd), cos, sin)  # [N, H+Hkv, hd] one call
+    q, k = qk[:, :h], qk[:, h:]  # [N, H, hd], [N, Hkv, hd]
     v = qkv[:, qd + kvd:].reshape(n, hkv, hd)  # [N, Hkv, hd]
     att = np.empty((n, qd), dtype=np.float32)  # [N, H*hd]
     for seg in segments:  # attention per session, over its own cache
