@@ -148,3 +148,19 @@ def test_mesh_documents_name_the_bad_entry():
         node_states_from_json({"states": []})
     with pytest.raises(ValueError, match="must be a list of objects, got str"):
         node_states_from_json("nope")
+
+
+def test_a_hop_term_that_overflows_is_refused():
+    with pytest.raises(ValueError, match=r"weight hop .* makes the hop term overflow"):
+        score_route(RoutingRequest(), [NodeState("n", 1, 0, 1, [(0, 1)])], RouteWeights(hop=1.5e307))
+
+
+def test_huge_layer_numbers_cost_nothing_extra():
+    """The DP visits only boundaries where fragments start, never every layer number of the window."""
+    from ethen.mesh import NoRouteAvailable
+
+    with pytest.raises(NoRouteAvailable, match=r"layers 0-1000000000000000: .* up to layer 3") as info:
+        score_route(RoutingRequest((0, 10**15)), [NodeState("a", 1, 0, 1, [(0, 3)])])
+    assert info.value.reached == 4
+    far = NodeState("far", 1, 0, 1, [(10**12, 10**12 + 3), (10**12 + 4, 10**13)])
+    assert score_route(RoutingRequest(), [far]).window == (10**12, 10**13)

@@ -158,21 +158,23 @@ def score_route(
         first, last = min(starts), top
     else:
         raise NoRouteAvailable(None, "no live node serves any layer")
-    width = last - first + 1
 
     if costs and max(costs) == math.inf:
         worst = used[costs.index(math.inf)].node_id
         raise InvalidMeshInput(f"node {worst!r}: stage cost overflows a float with these weights")
+    if weights.hop_cost() == math.inf:
+        raise InvalidMeshInput(f"weight hop {weights.hop!r} makes the hop term overflow a float")
     exact, hop = _exact_ints(costs, weights.hop_cost())
 
-    # labels[b - first][m]: best chain ending at boundary b whose current stage runs node m.
-    labels: list[dict[int, _Label] | None] = [None] * (width + 1)
-    labels[0] = {-1: (0, 0, -1, first, None)}
-    for b in range(first, last + 1):
-        here = labels[b - first]
-        frags = starts.get(b)
-        if here is None or frags is None:
+    # labels[b][m]: best chain ending at boundary b whose current stage runs node m. Only boundaries where
+    # some fragment starts can be left, so only those are visited (in ascending order): the work never
+    # depends on how large the layer numbers are.
+    labels: dict[int, dict[int, _Label]] = {first: {-1: (0, 0, -1, first, None)}}
+    for b in sorted(starts):
+        here = labels.get(b)
+        if here is None:
             continue
+        frags = starts[b]
         src: _Label | None = None
         for lab in here.values():
             if src is None or lab[0] < src[0] or (lab[0] == src[0] and _before(lab, src, used)):
@@ -197,9 +199,9 @@ def score_route(
                 ):
                     cand = (cost, stages, m, b, src)
             assert cand is not None
-            slot = labels[end - first]
+            slot = labels.get(end)
             if slot is None:
-                labels[end - first] = {m: cand}
+                labels[end] = {m: cand}
             else:
                 old = slot.get(m)
                 if (
@@ -209,16 +211,16 @@ def score_route(
                 ):
                     slot[m] = cand
 
-    final = labels[width]
-    if not final:
-        reached = max(b for b in range(width + 1) if labels[b])
+    final = labels.get(last + 1)
+    if final is None:
+        reached = max(labels)
         raise NoRouteAvailable(
             (first, last),
-            f"whole fragments of live nodes cover only up to layer {first + reached - 1}; no usable fragment "
-            f"starts at layer {first + reached}"
-            if reached
+            f"whole fragments of live nodes cover only up to layer {reached - 1}; no usable fragment "
+            f"starts at layer {reached}"
+            if reached > first
             else f"no live node has a fragment starting at layer {first} that ends inside the window",
-            reached=first + reached,
+            reached=reached,
         )
     best: _Label | None = None
     for lab in final.values():
