@@ -21,12 +21,11 @@ from typing import Any
 
 from ethen.gateway.errors import GatewayConfigError, ModelNotFoundError, NoSmartRouteCandidateError
 
-from . import reasons as r
 from .canary import CanaryEvaluation, apply_canary
 from .candidates import CAP_STRUCTURED, CAP_TOOLS, CAP_VISION, CanaryTarget, Candidate, ProjectPolicy
 from .filter import Rejection, check_candidate
-from .policy import ALIASES, CONCRETE_PROFILE, FAILING_MIN_SAMPLES, POLICY_VERSION, AliasProfile, weights_for
-from .receipt import Receipt
+from .policy import ALIASES, CONCRETE_PROFILE, FAILING_MIN_SAMPLES, AliasProfile, weights_for
+from .receipt import Receipt, build_receipt
 from .requirements import Requirements, parse_requirements
 from .score import ScoredCandidate, score_candidate
 from .telemetry import EMPTY_STATS, TelemetrySnapshot
@@ -34,10 +33,9 @@ from .telemetry import EMPTY_STATS, TelemetrySnapshot
 __all__ = ["ALIAS_PREFIX", "Decision", "RoutingContext", "decide", "resolve_pool"]
 
 ALIAS_PREFIX = "ethen/"
-_HIGH_RELIABILITY = 0.9
 _new = tuple.__new__
 _by_score = itemgetter(1)  # ScoredCandidate.score
-_MIN_SAMPLES_FOR_HIGH = 3
+_ZERO = (0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,25 +102,6 @@ def resolve_pool(model: str, pool: tuple[Candidate, ...]) -> tuple[AliasProfile,
     return CONCRETE_PROFILE, sub, True
 
 
-def _hard_requirement_names(req: Requirements, profile: AliasProfile) -> tuple[str, ...]:
-    g = profile.gates
-    names = [
-        name
-        for name, on in (
-            ("tools", req.tools or g.tools),
-            ("vision", req.vision or g.vision),
-            ("structured_output", req.structured_output),
-            ("max_output", req.max_output_tokens is not None),
-            ("budget_ceiling", req.budget_ceiling_usd is not None),
-            ("live_certification", req.certification_live),
-            ("provider_restriction", req.only_providers is not None),
-        )
-        if on
-    ]
-    names.insert(0, "context")
-    return tuple(names)
-
-
 def _rejection_key(rj: Rejection) -> tuple[str, str]:
     return (rj.provider, rj.model)
 
@@ -136,7 +115,30 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
     ``NoSmartRouteCandidateError`` or ``GatewayConfigError`` (all ``GatewayError``)."""
     req = parse_requirements(body)
     profile, pool, concrete = resolve_pool(req.model, ctx.pool)
+    feasible, rejected = _filter_and_score(pool, req, profile, ctx)
+    rejected.sort(key=_rejection_key)
+    rejections = tuple(rejected)
+    if not feasible:
+        raise NoSmartRouteCandidateError(
+            f"no candidate for {req.model!r} satisfies the request "
+            f"({len(rejections)} rejected; see 'rejections')",
+            rejections,
+        )
+    # rank: score desc, then provider id, then model id. Two stable sorts with C-level keys are cheaper than
+    # one sort building a (-score, provider, model) tuple per candidate; reverse=True keeps stability.
+    feasible.sort(key=_by_key)
+    feasible.sort(key=_by_score, reverse=True)
+    canary = apply_canary(req.model, feasible, ctx.canaries, ctx.telemetry, ctx.request_id)
+    chain = tuple(feasible)
+    receipt = build_receipt(req, profile, chain, rejections, canary, concrete, ctx.policy)
+    return Decision(chain, rejections, receipt, req, profile, canary)
 
+
+def _filter_and_score(
+    pool: tuple[Candidate, ...], req: Requirements, profile: AliasProfile, ctx: RoutingContext
+) -> tuple[list[ScoredCandidate], list[Rejection]]:
+    """One pass over the pool: a fast feasibility check per candidate, then either the full reason codes
+    (``filter.check_candidate``, only for rejected ones) or the score (``score.score_candidate``)."""
     telemetry = ctx.telemetry
     stats_map = telemetry.stats
     totals = telemetry.provider_totals
@@ -147,9 +149,8 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
     policy = ctx.policy
     now = ctx.now
 
-    # Request-level constants for the fast feasibility check. It must agree with filter.check_candidate,
-    # which stays the single source of reason codes (called only for rejected candidates); the property
-    # tests check both against an independent oracle.
+    # Request-level constants for the fast check. It must agree with filter.check_candidate, the single
+    # source of reason codes; the property tests check both against an independent oracle.
     in_tok = req.input_tokens
     max_out = req.max_output_tokens
     min_window = max(gates.min_context, in_tok + (max_out or 0))
@@ -201,53 +202,6 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
             why = check_candidate(cand, req, gates, policy, cost, stats, failing, now)
             rejected.append(_new(Rejection, (cid, cand.provider, cand.model, why)))
             continue
-        pn, ps = totals.get(cand.provider, (0, 0)) if totals else (0, 0)
+        pn, ps = totals.get(cand.provider, _ZERO) if totals else _ZERO
         feasible.append(score_candidate(cand, qfactor, weights, cost, in_tok + out_tok, stats, pn, ps))
-
-    rejected.sort(key=_rejection_key)
-    rejections = tuple(rejected)
-    if not feasible:
-        raise NoSmartRouteCandidateError(
-            f"no candidate for {req.model!r} satisfies the request "
-            f"({len(rejections)} rejected; see 'rejections')",
-            rejections,
-        )
-    # rank: score desc, then provider id, then model id. Two stable sorts with C-level keys are cheaper than
-    # one sort building a (-score, provider, model) tuple per candidate; reverse=True keeps stability.
-    feasible.sort(key=_by_key)
-    feasible.sort(key=_by_score, reverse=True)
-    canary = apply_canary(req.model, feasible, ctx.canaries, telemetry, ctx.request_id)
-
-    top = feasible[0]
-    codes = [r.SUPPORTS_REQUIRED_CAPABILITIES]
-    if req.budget_ceiling_usd is not None or policy.remaining_budget_usd is not None:
-        codes.append(r.WITHIN_BUDGET)
-    if top.telemetry_samples >= _MIN_SAMPLES_FOR_HIGH and top.components.reliability >= _HIGH_RELIABILITY:
-        codes.append(r.HIGH_RECENT_RELIABILITY)
-    codes.append(r.TELEMETRY_INFORMED if top.telemetry_samples > 0 else r.PRIOR_ONLY)
-    if canary is not None and canary.promoted:
-        codes.append(r.CANARY_PROMOTED)
-    else:
-        codes.append(r.HIGHEST_SCORE)
-    if concrete:
-        codes.append(r.CONCRETE_MODEL)
-
-    chain = tuple(feasible)
-    receipt = Receipt(
-        requested_model=req.model,
-        selected_model=top.candidate.model,
-        selected_provider=top.candidate.provider,
-        reason_codes=tuple(codes),
-        routing_policy_version=POLICY_VERSION,
-        candidate_count=len(chain),
-        rejected_count=len(rejections),
-        score_components=top.components,
-        score=top.score,
-        alias_profile=profile.alias,
-        estimated_cost_usd=top.estimated_cost_usd,
-        hard_requirements=_hard_requirement_names(req, profile),
-        chain=tuple(sc.id for sc in chain),
-        rejected=rejections,
-        canary=canary,
-    )
-    return Decision(chain, rejections, receipt, req, profile, canary)
+    return feasible, rejected

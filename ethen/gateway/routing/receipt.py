@@ -16,11 +16,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from . import reasons as r
 from .canary import CanaryEvaluation
+from .candidates import ProjectPolicy
 from .filter import Rejection
-from .score import ScoreComponents
+from .policy import POLICY_VERSION, AliasProfile
+from .requirements import Requirements
+from .score import ScoreComponents, ScoredCandidate
 
-__all__ = ["Receipt"]
+__all__ = ["HIGH_RELIABILITY", "Receipt", "build_receipt", "hard_requirement_names"]
+
+#: ``high_recent_reliability``: smoothed reliability at least this, over at least 3 recent samples.
+HIGH_RELIABILITY = 0.9
+_MIN_SAMPLES_FOR_HIGH = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,3 +69,57 @@ class Receipt:
         if self.canary is not None:
             out["canary"] = self.canary.to_dict()
         return out
+
+
+def hard_requirement_names(req: Requirements, profile: AliasProfile) -> tuple[str, ...]:
+    """Names of the hard requirements in force (request + alias gates); ``context`` always applies."""
+    g = profile.gates
+    flags = (
+        ("tools", req.tools or g.tools),
+        ("vision", req.vision or g.vision),
+        ("structured_output", req.structured_output),
+        ("max_output", req.max_output_tokens is not None),
+        ("budget_ceiling", req.budget_ceiling_usd is not None),
+        ("live_certification", req.certification_live),
+        ("provider_restriction", req.only_providers is not None),
+    )
+    return ("context", *(name for name, on in flags if on))
+
+
+def build_receipt(
+    req: Requirements,
+    profile: AliasProfile,
+    chain: tuple[ScoredCandidate, ...],
+    rejections: tuple[Rejection, ...],
+    canary: CanaryEvaluation | None,
+    concrete: bool,
+    policy: ProjectPolicy,
+) -> Receipt:
+    """The receipt of a decision whose ranked chain (after the canary gate) is ``chain``."""
+    top = chain[0]
+    codes = [r.SUPPORTS_REQUIRED_CAPABILITIES]
+    if req.budget_ceiling_usd is not None or policy.remaining_budget_usd is not None:
+        codes.append(r.WITHIN_BUDGET)
+    if top.telemetry_samples >= _MIN_SAMPLES_FOR_HIGH and top.components.reliability >= HIGH_RELIABILITY:
+        codes.append(r.HIGH_RECENT_RELIABILITY)
+    codes.append(r.TELEMETRY_INFORMED if top.telemetry_samples > 0 else r.PRIOR_ONLY)
+    codes.append(r.CANARY_PROMOTED if canary is not None and canary.promoted else r.HIGHEST_SCORE)
+    if concrete:
+        codes.append(r.CONCRETE_MODEL)
+    return Receipt(
+        requested_model=req.model,
+        selected_model=top.candidate.model,
+        selected_provider=top.candidate.provider,
+        reason_codes=tuple(codes),
+        routing_policy_version=POLICY_VERSION,
+        candidate_count=len(chain),
+        rejected_count=len(rejections),
+        score_components=top.components,
+        score=top.score,
+        alias_profile=profile.alias,
+        estimated_cost_usd=top.estimated_cost_usd,
+        hard_requirements=hard_requirement_names(req, profile),
+        chain=tuple(sc.candidate.id for sc in chain),
+        rejected=rejections,
+        canary=canary,
+    )
