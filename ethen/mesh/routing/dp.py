@@ -7,7 +7,9 @@ again. The DP state is therefore ``(boundary, node running the current stage)``:
 node costs nothing, switching to node ``m`` costs ``cost(m)`` plus the hop term (no hop before the first
 stage). Only the best label of a boundary can win a switch: if the best label already runs node ``m``,
 continuing it beats any switch into ``m`` (all terms are ``>= 0``, and the best label has the lowest cost and
-then the fewest stages). So each fragment is relaxed in O(1) and a call is O(nodes + fragments + layers).
+then the fewest stages). Besides that best label, a boundary keeps the label of node ``m`` only if ``m`` has
+a fragment starting there (no other label can ever be extended). So each fragment is relaxed in O(1) and a
+call is O(nodes + fragments + distinct start layers * log).
 
 Order of routes (total, so the result never depends on the order of ``states``):
 
@@ -120,6 +122,7 @@ def score_route(
     starts: dict[int, list[int]] = {}
     used: list[NodeState] = []
     costs: list[float] = []
+    node_starts: list[list[int]] = []
     dead: list[str] = []
     outside: list[str] = []
     seen: set[str] = set()
@@ -142,6 +145,9 @@ def score_route(
                     k = len(used)
                     used.append(s)
                     costs.append(node_cost(s))
+                    node_starts.append([a])
+                else:
+                    node_starts[k].append(a)
                 bucket = starts.get(a)
                 if bucket is None:
                     starts[a] = [b + 1, k]
@@ -166,54 +172,52 @@ def score_route(
         raise InvalidMeshInput(f"weight hop {weights.hop!r} makes the hop term overflow a float")
     exact, hop = _exact_ints(costs, weights.hop_cost())
 
-    # labels[b][m]: best chain ending at boundary b whose current stage runs node m. Only boundaries where
-    # some fragment starts can be left, so only those are visited (in ascending order): the work never
-    # depends on how large the layer numbers are.
-    labels: dict[int, dict[int, _Label]] = {first: {-1: (0, 0, -1, first, None)}}
+    # best[b]: best chain ending at boundary b; keep[b][m]: best chain ending at b whose current stage runs
+    # node m, for the nodes m with a fragment starting at b. Only boundaries where some fragment starts can
+    # be left, so only those are visited (ascending): the work never depends on how large layer numbers are.
+    root: _Label = (0, 0, -1, first, None)
+    best: dict[int, _Label] = {first: root}
+    keep: dict[int, dict[int, _Label]] = {}
     for b in sorted(starts):
-        here = labels.get(b)
-        if here is None:
+        src = best.get(b)
+        if src is None:
             continue
-        frags = starts[b]
-        src: _Label | None = None
-        for lab in here.values():
-            if src is None or lab[0] < src[0] or (lab[0] == src[0] and _before(lab, src, used)):
-                src = lab
-        assert src is not None
-        pairs = iter(frags)
+        here = keep.get(b)
+        pairs = iter(starts[b])
         for end, m in zip(pairs, pairs, strict=True):
-            cand = here.get(m)  # continue the current stage: same label, no extra cost
-            if src[2] != m:  # else continuing `src` itself is best
-                cost = src[0] + exact[m] + (hop if src[1] else 0)
-                stages = src[1] + 1
-                if (
-                    cand is None
-                    or cost < cand[0]
-                    or (
-                        cost == cand[0]
-                        and (
-                            stages < cand[1]
-                            or (stages == cand[1] and _before((cost, stages, m, b, src), cand, used))
-                        )
-                    )
-                ):
-                    cand = (cost, stages, m, b, src)
-            assert cand is not None
-            slot = labels.get(end)
-            if slot is None:
-                labels[end] = {m: cand}
+            if src[2] == m:
+                cand = src  # the best label at b already runs m: continuing it beats any switch into m
             else:
-                old = slot.get(m)
-                if (
-                    old is None
-                    or cand[0] < old[0]
-                    or (cand[0] == old[0] and old is not cand and _before(cand, old, used))
+                cost = src[0] + exact[m] + (hop if src[1] else 0)
+                cand = (cost, src[1] + 1, m, b, src)
+                cont = here.get(m) if here is not None else None
+                if cont is not None and (
+                    cont[0] < cost or (cont[0] == cost and _before(cont, cand, used))
                 ):
-                    slot[m] = cand
+                    cand = cont
+            old = best.get(end)
+            if (
+                old is None
+                or cand[0] < old[0]
+                or (cand[0] == old[0] and old is not cand and _before(cand, old, used))
+            ):
+                best[end] = cand
+            if end in node_starts[m]:  # m can continue at `end`: keep its own best label there
+                slot = keep.get(end)
+                if slot is None:
+                    keep[end] = {m: cand}
+                else:
+                    old = slot.get(m)
+                    if (
+                        old is None
+                        or cand[0] < old[0]
+                        or (cand[0] == old[0] and old is not cand and _before(cand, old, used))
+                    ):
+                        slot[m] = cand
 
-    final = labels.get(last + 1)
+    final = best.get(last + 1)
     if final is None:
-        reached = max(labels)
+        reached = max(best)
         raise NoRouteAvailable(
             (first, last),
             f"whole fragments of live nodes cover only up to layer {reached - 1}; no usable fragment "
@@ -222,16 +226,11 @@ def score_route(
             else f"no live node has a fragment starting at layer {first} that ends inside the window",
             reached=reached,
         )
-    best: _Label | None = None
-    for lab in final.values():
-        if best is None or _before(lab, best, used):
-            best = lab
-    assert best is not None
 
     segments: list[tuple[str, int, int]] = []
     node_costs: list[float] = []
     end = last + 1
-    step: _Label | None = best
+    step: _Label | None = final
     while step is not None and step[2] >= 0:
         segments.append((used[step[2]].node_id, step[3], end - 1))
         node_costs.append(costs[step[2]])
