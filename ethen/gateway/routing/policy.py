@@ -154,15 +154,15 @@ AUTO_ALIAS: Final = "ethen/auto"
 #: Profile used for a concrete model id: the ``ethen/auto`` weights, no alias gate.
 CONCRETE_PROFILE: Final = ALIASES[AUTO_ALIAS]
 
-_WEIGHTS_CACHE: dict[tuple[AliasProfile, str | None], tuple[float, ...]] = {}
+_WEIGHTS_CACHE: dict[tuple[str, str | None], tuple[AliasProfile, tuple[float, ...]]] = {}
 
 
 def weights_for(profile: AliasProfile, latency_target: str | None) -> tuple[float, ...]:
     """The profile's weights shifted by ``latency_target`` (validated by the requirements parser)."""
-    key = (profile, latency_target)
+    key = (profile.alias, latency_target)  # str keys hash fast; the identity check guards other profiles
     cached = _WEIGHTS_CACHE.get(key)
-    if cached is not None:
-        return cached
+    if cached is not None and cached[0] is profile:
+        return cached[1]
     factor = 1.0 if latency_target is None else LATENCY_TARGETS[latency_target]
     raw = [
         w * factor if name in ("latency", "ttft") else w
@@ -170,5 +170,5 @@ def weights_for(profile: AliasProfile, latency_target: str | None) -> tuple[floa
     ]
     total = sum(raw)
     shifted = tuple(w / total for w in raw) if total > 0 else tuple(profile.weights)
-    _WEIGHTS_CACHE[key] = shifted
+    _WEIGHTS_CACHE[key] = (profile, shifted)
     return shifted

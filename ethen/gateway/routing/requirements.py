@@ -106,7 +106,7 @@ def _json_bytes(value: object) -> int:
     """Approximate compact-JSON byte size of a parsed JSON value (strings by UTF-8 bytes)."""
     if isinstance(value, str):
         return _str_bytes(value) + 2
-    if isinstance(value, Mapping):
+    if isinstance(value, dict | Mapping):
         return sum(_str_bytes(str(k)) + 4 + _json_bytes(v) for k, v in value.items()) + 2
     if isinstance(value, list | tuple):
         return sum(_json_bytes(v) + 1 for v in value) + 2
@@ -135,7 +135,7 @@ def _parse_messages(messages: object) -> tuple[int, int]:
     images = 0
     for i, msg in enumerate(messages):
         where = f"messages[{i}]"
-        if not isinstance(msg, Mapping):
+        if not isinstance(msg, dict | Mapping):
             raise _bad(where, f"{where} must be an object, got {_type_name(msg)}", "invalid_type")
         role = msg.get("role")
         if not isinstance(role, str) or not role:

@@ -27,6 +27,9 @@ __all__ = ["ScoreComponents", "ScoredCandidate", "score_candidate"]
 _A, _B = RELIABILITY_PRIOR
 _AB = _A + _B
 _K = LATENCY_PRIOR_WEIGHT
+_COST_REF = COST_REF_USD_PER_MTOK
+_LAT_REF = LATENCY_REF_MS
+_TTFT_REF = TTFT_REF_MS
 _new = tuple.__new__
 
 
@@ -48,17 +51,29 @@ class ScoreComponents(NamedTuple):
 
 
 class ScoredCandidate(NamedTuple):
-    """A feasible candidate with its total score, components and estimated request cost."""
+    """A feasible candidate with its total score, estimated request cost and the eight components (flat
+    fields, so one tuple per candidate is built on the hot path; :attr:`components` groups them)."""
 
     candidate: Candidate
     score: float
-    components: ScoreComponents
     estimated_cost_usd: float
     telemetry_samples: int
+    quality: float
+    cost: float
+    latency: float
+    ttft: float
+    reliability: float
+    health: float
+    context: float
+    tools: float
 
     @property
     def id(self) -> str:
         return self.candidate.id
+
+    @property
+    def components(self) -> ScoreComponents:
+        return _new(ScoreComponents, self[4:])
 
 
 def score_candidate(
@@ -73,19 +88,20 @@ def score_candidate(
 ) -> ScoredCandidate:
     info = cand.info
     quality = info.quality if info.supports_reasoning else info.quality * non_reasoning_quality_factor
-    per_mtok = cost_usd * 1e6 / total_tokens if total_tokens > 0 else 0.0
+    c_cost = _COST_REF / (_COST_REF + cost_usd * 1e6 / total_tokens) if total_tokens > 0 else 1.0
     n = stats.successes
     latency = info.latency_ms
     ttft = info.ttft_ms
     if n > 0:  # prior-weighted blend (telemetry.blend), inlined
-        if stats.latency_ms_mean is not None:
-            latency = (_K * latency + n * stats.latency_ms_mean) / (_K + n)
-        if stats.ttft_ms_mean is not None:
-            ttft = (_K * ttft + n * stats.ttft_ms_mean) / (_K + n)
-    c_cost = COST_REF_USD_PER_MTOK / (COST_REF_USD_PER_MTOK + per_mtok)
-    c_lat = LATENCY_REF_MS / (LATENCY_REF_MS + latency)
-    c_ttft = TTFT_REF_MS / (TTFT_REF_MS + ttft)
-    c_rel = (stats.successes + _A) / (stats.samples + _AB)  # telemetry.smoothed_success, inlined
+        mean = stats.latency_ms_mean
+        if mean is not None:
+            latency = (_K * latency + n * mean) / (_K + n)
+        mean = stats.ttft_ms_mean
+        if mean is not None:
+            ttft = (_K * ttft + n * mean) / (_K + n)
+    c_lat = _LAT_REF / (_LAT_REF + latency)
+    c_ttft = _TTFT_REF / (_TTFT_REF + ttft)
+    c_rel = (n + _A) / (stats.samples + _AB)  # telemetry.smoothed_success, inlined
     c_health = (provider_successes + _A) / (provider_samples + _AB)
     c_ctx = cand.context_score
     c_tools = cand.tools_score
@@ -94,6 +110,9 @@ def score_candidate(
         w0 * quality + w1 * c_cost + w2 * c_lat + w3 * c_ttft
         + w4 * c_rel + w5 * c_health + w6 * c_ctx + w7 * c_tools
     )
-    # tuple.__new__ skips the NamedTuple's Python-level __new__ (same object, ~2x cheaper on the hot path)
-    comps = _new(ScoreComponents, (quality, c_cost, c_lat, c_ttft, c_rel, c_health, c_ctx, c_tools))
-    return _new(ScoredCandidate, (cand, total, comps, cost_usd, stats.samples))
+    # tuple.__new__ skips the NamedTuple's Python-level __new__ (same object, cheaper on the hot path)
+    return _new(
+        ScoredCandidate,
+        (cand, total, cost_usd, stats.samples, quality, c_cost, c_lat, c_ttft, c_rel, c_health, c_ctx,
+         c_tools),
+    )
