@@ -66,13 +66,13 @@ class _Strict(BaseModel):
 
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)
+    port: int = Field(default=8080, ge=0, le=65535)
 
 
 class TimeoutsConfig(_Strict):
-    connect_s: float = Field(5.0, gt=0)
-    first_byte_s: float = Field(60.0, gt=0)
-    total_s: float = Field(300.0, gt=0)
+    connect_s: float = Field(default=5.0, gt=0)
+    first_byte_s: float = Field(default=60.0, gt=0)
+    total_s: float = Field(default=300.0, gt=0)
 
     @field_validator("connect_s", "first_byte_s", "total_s", mode="before")
     @classmethod
@@ -84,24 +84,24 @@ class ProviderConfig(_Strict):
     id: str = Field(pattern=_ID)
     kind: Literal["openai_compat", "anthropic"]
     base_url: str = Field(pattern=r"^https?://[^\s]+$")
-    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     headers: dict[str, str] = Field(default_factory=dict)
-    max_connections: int = Field(100, ge=1, le=10_000)
+    max_connections: int = Field(default=100, ge=1, le=10_000)
     timeouts: TimeoutsConfig = Field(default_factory=lambda: TimeoutsConfig())
 
 
 class InfoOverrides(_Strict):
     """Any :class:`~ethen.gateway.routing.ModelInfo` field; unset fields come from the catalog."""
 
-    context_window: int | None = Field(None, gt=0)
-    max_output_tokens: int | None = Field(None, gt=0)
+    context_window: int | None = Field(default=None, gt=0)
+    max_output_tokens: int | None = Field(default=None, gt=0)
     supports_tools: bool | None = None
     supports_vision: bool | None = None
     supports_structured_output: bool | None = None
     supports_reasoning: bool | None = None
-    quality: float | None = Field(None, ge=0, le=1)
-    latency_ms: float | None = Field(None, ge=0)
-    ttft_ms: float | None = Field(None, ge=0)
+    quality: float | None = Field(default=None, ge=0, le=1)
+    latency_ms: float | None = Field(default=None, ge=0)
+    ttft_ms: float | None = Field(default=None, ge=0)
 
     @field_validator("quality", "latency_ms", "ttft_ms", mode="before")
     @classmethod
@@ -110,8 +110,8 @@ class InfoOverrides(_Strict):
 
 
 class PricesOverrides(_Strict):
-    input_per_mtok: float | None = Field(None, ge=0)
-    output_per_mtok: float | None = Field(None, ge=0)
+    input_per_mtok: float | None = Field(default=None, ge=0)
+    output_per_mtok: float | None = Field(default=None, ge=0)
 
     @field_validator("input_per_mtok", "output_per_mtok", mode="before")
     @classmethod
@@ -146,8 +146,8 @@ class CanaryConfig(_Strict):
     alias: str = Field(pattern=r"^ethen/")
     candidate: str = Field(pattern=r"^[^/]+/.+$")
     percent: int
-    min_success_rate: float = Field(0.95, ge=0, le=1)
-    min_samples: int = Field(20, ge=0)
+    min_success_rate: float = Field(default=0.95, ge=0, le=1)
+    min_samples: int = Field(default=20, ge=0)
 
     @field_validator("min_success_rate", mode="before")
     @classmethod
@@ -165,7 +165,7 @@ class CanaryConfig(_Strict):
 class PolicyConfig(_Strict):
     allowed_providers: list[str] | None = None
     allowed_models: list[str] | None = None
-    remaining_budget_usd: float | None = Field(None, ge=0)
+    remaining_budget_usd: float | None = Field(default=None, ge=0)
 
     @field_validator("remaining_budget_usd", mode="before")
     @classmethod

@@ -278,6 +278,11 @@ def from_anthropic(msg: Mapping[str, Any], model: str) -> dict[str, Any]:
     return out
 
 
+def _obj(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = parent.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
 class _AnthropicStream(ProviderStream):
     def __init__(
         self, provider: str, response: StreamingResponse, deadline: float, model: str, secret: str | None
@@ -311,14 +316,14 @@ class _AnthropicStream(ProviderStream):
     def _translate(self, ev: Mapping[str, Any]) -> bytes | None:
         kind = ev.get("type")
         if kind == "message_start":
-            msg = ev.get("message") if isinstance(ev.get("message"), Mapping) else {}
+            msg = _obj(ev, "message")
             self._id = str(msg.get("id", self._id))
             self._model = str(msg.get("model", self._model))
-            u = msg.get("usage") if isinstance(msg.get("usage"), Mapping) else {}
+            u = _obj(msg, "usage")
             self._input_tokens = (_usage({**u, "output_tokens": 0}) or Usage(0, 0)).prompt_tokens
             return self._chunk({"role": "assistant", "content": ""})
         if kind == "content_block_start":
-            block = ev.get("content_block") if isinstance(ev.get("content_block"), Mapping) else {}
+            block = _obj(ev, "content_block")
             if block.get("type") == "tool_use":
                 idx = self._tool_index.setdefault(int(ev.get("index", 0)), len(self._tool_index))
                 call = {
@@ -330,7 +335,7 @@ class _AnthropicStream(ProviderStream):
                 return self._chunk({"tool_calls": [call]})
             return None
         if kind == "content_block_delta":
-            delta = ev.get("delta") if isinstance(ev.get("delta"), Mapping) else {}
+            delta = _obj(ev, "delta")
             if delta.get("type") == "text_delta":
                 return self._chunk({"content": str(delta.get("text", ""))})
             if delta.get("type") == "input_json_delta":
@@ -339,10 +344,10 @@ class _AnthropicStream(ProviderStream):
                 return self._chunk({"tool_calls": [{"index": idx, "function": {"arguments": part}}]})
             return None
         if kind == "message_delta":
-            delta = ev.get("delta") if isinstance(ev.get("delta"), Mapping) else {}
-            u = ev.get("usage") if isinstance(ev.get("usage"), Mapping) else {}
-            if isinstance(u.get("output_tokens"), int):
-                self.usage = Usage(self._input_tokens, int(u["output_tokens"]))
+            delta = _obj(ev, "delta")
+            out_tokens = _obj(ev, "usage").get("output_tokens")
+            if isinstance(out_tokens, int):
+                self.usage = Usage(self._input_tokens, out_tokens)
             stop = delta.get("stop_reason")
             if stop is not None:
                 return self._chunk({}, _STOP.get(str(stop), "stop"))
