@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from ethen.gateway.errors import GatewayConfigError, ModelNotFoundError, NoSmartRouteCandidateError
@@ -34,7 +34,9 @@ __all__ = ["ALIAS_PREFIX", "Decision", "RoutingContext", "decide", "resolve_pool
 
 ALIAS_PREFIX = "ethen/"
 _new = tuple.__new__
-_by_score = itemgetter(1)  # ScoredCandidate.score
+_by_score = itemgetter(1)  # ScoredCandidate.score (C-level key functions: no Python call per element)
+_by_key = attrgetter("candidate.key")  # (provider, model)
+_rejection_key = itemgetter(1, 2)  # Rejection (provider, model)
 _ZERO = (0, 0)
 
 
@@ -100,14 +102,6 @@ def resolve_pool(model: str, pool: tuple[Candidate, ...]) -> tuple[AliasProfile,
     if not sub:
         raise ModelNotFoundError(model)
     return CONCRETE_PROFILE, sub, True
-
-
-def _rejection_key(rj: Rejection) -> tuple[str, str]:
-    return (rj.provider, rj.model)
-
-
-def _by_key(sc: ScoredCandidate) -> tuple[str, str]:
-    return sc.candidate.key
 
 
 def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:

@@ -45,9 +45,14 @@ class Receipt:
     alias_profile: str
     estimated_cost_usd: float
     hard_requirements: tuple[str, ...]
-    chain: tuple[str, ...]
+    ranked: tuple[ScoredCandidate, ...]
     rejected: tuple[Rejection, ...]
     canary: CanaryEvaluation | None = None
+
+    @property
+    def chain(self) -> tuple[str, ...]:
+        """Ranked candidate ids (``provider/model``): the fallback chain."""
+        return tuple(sc.candidate.id for sc in self.ranked)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -63,7 +68,7 @@ class Receipt:
             "alias_profile": self.alias_profile,
             "estimated_cost_usd": self.estimated_cost_usd,
             "hard_requirements": list(self.hard_requirements),
-            "chain": list(self.chain),
+            "chain": [sc.candidate.id for sc in self.ranked],
             "rejected": [rj.to_dict() for rj in self.rejected],
         }
         if self.canary is not None:
@@ -119,7 +124,7 @@ def build_receipt(
         alias_profile=profile.alias,
         estimated_cost_usd=top.estimated_cost_usd,
         hard_requirements=hard_requirement_names(req, profile),
-        chain=tuple(sc.candidate.id for sc in chain),
+        ranked=chain,
         rejected=rejections,
         canary=canary,
     )
