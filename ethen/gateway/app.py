@@ -49,7 +49,13 @@ from ethen.gateway.config import (
     build_pool,
     resolve_secret,
 )
-from ethen.gateway.errors import GatewayError, InvalidRequestError, UpstreamError, http_status
+from ethen.gateway.errors import (
+    GatewayError,
+    InvalidRequestError,
+    RequestTooLargeError,
+    UpstreamError,
+    http_status,
+)
 from ethen.gateway.execute import Attempt, Executor, RouteTarget, StreamRun, chunk_meta, upstream_payload
 from ethen.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from ethen.gateway.providers.base import Provider, Timeouts
@@ -63,6 +69,8 @@ PREFIX = "/api/gateway/v1"
 log = logging.getLogger("ethen.gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _JSON = "application/json"
+#: Largest accepted request body (a base64 image-heavy request stays well below it).
+MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 def build_providers(cfg: GatewayConfig, env: Mapping[str, str] | None = None) -> dict[str, Provider]:
@@ -89,6 +97,22 @@ def build_providers(cfg: GatewayConfig, env: Mapping[str, str] | None = None) ->
 
 def _error_response(err: GatewayError, request_id: str) -> Response:
     return Response(dumps(err.to_dict()), http_status(err), {"x-request-id": request_id}, media_type=_JSON)
+
+
+async def _read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request body, refusing more than ``limit`` bytes without reading them all."""
+    too_large = f"The request body is larger than the gateway's limit of {limit} bytes."
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestTooLargeError(too_large)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestTooLargeError(too_large)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _parse_body(raw: bytes) -> dict[str, Any]:
@@ -237,7 +261,7 @@ def create_app(
         stream = False
         try:
             gw.keyring.authenticate(request.headers.get("authorization"))
-            body = _parse_body(await request.body())
+            body = _parse_body(await _read_body(request))
             stream, include_usage = _stream_options(body)
             decision = decide(body, gw.context(rid))
             payload = upstream_payload(body)
@@ -323,7 +347,7 @@ def create_app(
         rid = _request_id(request)
         try:
             gw.keyring.authenticate(request.headers.get("authorization"))
-            body = _parse_body(await request.body())
+            body = _parse_body(await _read_body(request))
             decision = decide(body, gw.context(rid))
         except GatewayError as err:
             return _error_response(err, rid)

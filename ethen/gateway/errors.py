@@ -135,6 +135,12 @@ class AuthenticationError(GatewayError):
     default_type = "invalid_request_error"
 
 
+class RequestTooLargeError(InvalidRequestError):
+    """The request body exceeds the gateway's size limit."""
+
+    default_code = "request_too_large"
+
+
 class UpstreamError(GatewayError):
     """A provider call failed. ``provider`` is the provider id; ``upstream_status`` the upstream HTTP status
     when there was one. Messages never contain credentials."""
@@ -229,6 +235,7 @@ class FallbackExhaustedError(GatewayError):
 HTTP_STATUS.update(
     {
         AuthenticationError: 401,
+        RequestTooLargeError: 413,
         UpstreamError: 502,
         UpstreamTimeoutError: 504,
         UpstreamRateLimitError: 429,
@@ -239,6 +246,7 @@ HTTP_STATUS.update(
 __all__ += [
     "AuthenticationError",
     "FallbackExhaustedError",
+    "RequestTooLargeError",
     "UpstreamBadRequestError",
     "UpstreamConnectionError",
     "UpstreamError",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import openai
 import pytest
@@ -264,3 +266,29 @@ def test_healthz_metrics_and_unknown_paths(lv: Live) -> None:
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     r = httpx.get(f"{lv.base_url}/chat/completions")
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_oversized_body_is_413(lv: Live) -> None:
+    from ethen.gateway.app import MAX_BODY_BYTES
+
+    head = b'{"model": "ethen/auto", "messages": [{"role": "user", "content": "'
+    big = head + b"x" * MAX_BODY_BYTES + b'"}]}'
+    r = httpx.post(
+        f"{lv.base_url}/chat/completions",
+        content=big,
+        headers={"authorization": f"Bearer {CLIENT_KEY}", "content-type": "application/json"},
+        timeout=30,
+    )
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+    def chunked() -> Iterator[bytes]:  # no content-length: the limit is enforced while reading
+        yield big[: MAX_BODY_BYTES // 2]
+        yield big[MAX_BODY_BYTES // 2 :]
+
+    r = httpx.post(
+        f"{lv.base_url}/chat/completions",
+        content=chunked(),
+        headers={"authorization": f"Bearer {CLIENT_KEY}", "content-type": "application/json"},
+        timeout=30,
+    )
+    assert r.status_code == 413
