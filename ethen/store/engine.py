@@ -1,0 +1,99 @@
+"""Engine set-up and the one error boundary from SQLAlchemy/driver errors to :mod:`ethen.store.errors`.
+
+URLs: ``sqlite:///path.db`` (or ``sqlite+aiosqlite://``) and ``postgresql://...`` (or
+``postgresql+asyncpg://``); the async driver is filled in when the URL names none.
+
+SQLite choices:
+- ``journal_mode=WAL`` (readers never block the writer) and ``synchronous=FULL``: in WAL mode ``NORMAL``
+  survives a process crash (kill -9) but may lose the last commits on power loss/OS crash. The ledger is
+  money, and a settled entry must survive whatever happened after the client got its answer, so we pay one
+  fsync per commit. ``busy_timeout=10000`` ms, ``foreign_keys=ON``.
+- Transactions start with ``BEGIN IMMEDIATE`` (pysqlite's implicit BEGIN is disabled): every write
+  transaction takes SQLite's write lock up front, so "read the window's spend, then insert a reservation" is
+  atomic across connections *and processes*, with no upgrade deadlock.
+
+Postgres: read-committed transactions; budget admission locks the project row (``SELECT ... FOR UPDATE``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import event, exc
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from .errors import StoreConflictError, StoreError, StoreInvalidError, StoreUnavailableError
+
+__all__ = ["boundary", "make_engine", "normalize_url", "redact_url"]
+
+
+def normalize_url(url: str) -> str:
+    try:
+        u = make_url(url)
+    except exc.ArgumentError:
+        raise StoreInvalidError(f"store url {redact_url(url)!r}: not a database URL") from None
+    backend = u.get_backend_name()
+    if backend == "sqlite":
+        u = u.set(drivername="sqlite+aiosqlite")
+    elif backend == "postgresql":
+        u = u.set(drivername="postgresql+asyncpg")
+    else:
+        raise StoreInvalidError(
+            f"store url {redact_url(url)!r}: unsupported backend {backend!r} (use sqlite or postgresql)"
+        )
+    return u.render_as_string(hide_password=False)
+
+
+def redact_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except exc.ArgumentError:
+        return "<unparseable url>"
+
+
+def _sqlite_hooks(engine: AsyncEngine) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=FULL")
+        cur.execute("PRAGMA busy_timeout=10000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
+    full = normalize_url(url)
+    kwargs: dict[str, Any] = {}
+    if full.startswith("postgresql"):
+        kwargs = {"pool_size": pool_size, "max_overflow": pool_size, "pool_pre_ping": True}
+    try:
+        engine = create_async_engine(full, **kwargs)
+    except (exc.ArgumentError, ImportError) as e:
+        raise StoreInvalidError(f"store url {redact_url(url)!r}: {type(e).__name__}") from None
+    if engine.dialect.name == "sqlite":
+        _sqlite_hooks(engine)
+    return engine
+
+
+@contextlib.contextmanager
+def boundary(what: str) -> Iterator[None]:
+    """Map SQLAlchemy and driver errors raised inside to the store's exception tree."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except exc.IntegrityError as e:
+        raise StoreConflictError(f"{what}: conflicts with existing data ({type(e.orig).__name__})") from None
+    except (exc.DBAPIError, exc.SQLAlchemyError, OSError, ConnectionError) as e:
+        orig = getattr(e, "orig", None)
+        detail = type(orig).__name__ if orig is not None else type(e).__name__
+        raise StoreUnavailableError(f"{what}: database error ({detail})") from None

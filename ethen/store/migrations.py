@@ -1,0 +1,61 @@
+"""Ordered, recorded schema migrations: simple named migrations in the ``ethen_migrations`` table.
+
+Why not Alembic: the schema is small, the gateway must migrate itself at start on SQLite and Postgres alike,
+and Alembic would add a second config system and a script directory. Each migration has a unique, ordered
+name (``0001_initial``) and a function of a SQLAlchemy connection; applied names are recorded with their time.
+
+Robustness: all pending migrations run in **one transaction** together with the bookkeeping rows, so a crash
+leaves either the old or the new schema. Concurrent starters are serialized: Postgres takes a transaction-
+scoped advisory lock, SQLite's ``BEGIN IMMEDIATE`` (see :mod:`ethen.store.engine`) takes the write lock; the
+second starter then sees the recorded names and does nothing (idempotent). A database recording a migration
+this code does not know (a newer version) is refused rather than silently run against.
+
+Rule for future migrations: append, never edit an applied one. ``0001_initial`` creates the tables as they
+are defined in :mod:`ethen.store.schema` at that version; later schema changes must come as new migrations
+with explicit DDL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from sqlalchemy import Connection, select, text
+
+from . import schema as s
+from .errors import StoreError
+
+__all__ = ["MIGRATIONS", "applied", "migrate_sync"]
+
+_INITIAL = [s.projects, s.api_keys, s.ledger, s.reservations, s.certifications]
+
+
+def _initial(conn: Connection) -> None:
+    s.metadata.create_all(conn, tables=_INITIAL)
+
+
+MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (("0001_initial", _initial),)
+
+
+def applied(conn: Connection) -> list[str]:
+    s.migrations.create(conn, checkfirst=True)
+    return [r[0] for r in conn.execute(select(s.migrations.c.name).order_by(s.migrations.c.name))]
+
+
+def migrate_sync(conn: Connection) -> list[str]:
+    """Apply the pending migrations inside the caller's transaction; return the names applied now."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(7319001)"))
+    done = applied(conn)
+    known = [name for name, _ in MIGRATIONS]
+    unknown = [n for n in done if n not in known]
+    if unknown:
+        raise StoreError(f"database has migrations this version does not know: {unknown} (newer ethen?)")
+    ran: list[str] = []
+    for name, fn in MIGRATIONS:
+        if name in done:
+            continue
+        fn(conn)
+        conn.execute(s.migrations.insert().values(name=name, applied_at=datetime.now(UTC)))
+        ran.append(name)
+    return ran

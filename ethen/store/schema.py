@@ -1,0 +1,100 @@
+"""Table definitions (SQLAlchemy Core). Money columns are integer nano-USD (see :mod:`ethen.store.values`);
+datetimes are stored timezone-aware (``DateTime(timezone=True)``; SQLite keeps ISO text, read back as UTC by
+the store). Policy lists are JSON arrays (``NULL`` = unrestricted)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+)
+
+__all__ = ["api_keys", "certifications", "ledger", "metadata", "migrations", "projects", "reservations"]
+
+metadata = MetaData()
+
+migrations = Table(
+    "ethen_migrations",
+    metadata,
+    Column("name", String(100), primary_key=True),
+    Column("applied_at", DateTime(timezone=True), nullable=False),
+)
+
+projects = Table(
+    "projects",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(100), nullable=False, unique=True),
+    Column("allowed_providers", JSON, nullable=True),
+    Column("allowed_models", JSON, nullable=True),
+    Column("budget_nano", BigInteger, nullable=True),
+    Column("budget_window", String(10), nullable=False, default="month"),
+    Column("default_alias", String(100), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("key_id", String(12), nullable=False, unique=True),
+    Column("project_id", Integer, ForeignKey("projects.id"), nullable=False),
+    Column("name", String(100), nullable=True),
+    Column("salt", LargeBinary(16), nullable=False),
+    Column("digest", LargeBinary(32), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("revoked_at", DateTime(timezone=True), nullable=True),
+    Column("last_used_at", DateTime(timezone=True), nullable=True),
+)
+
+ledger = Table(
+    "ledger",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("request_id", String(128), nullable=False),
+    Column("project_id", Integer, ForeignKey("projects.id"), nullable=False),
+    Column("key_id", String(12), nullable=True),
+    Column("provider", String(100), nullable=False),
+    Column("model", String(200), nullable=False),
+    Column("prompt_tokens", BigInteger, nullable=False),
+    Column("completion_tokens", BigInteger, nullable=False),
+    Column("cost_nano", BigInteger, nullable=False),
+    Column("estimated", Integer, nullable=False, default=0),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Index("ix_ledger_project_at", "project_id", "at"),
+)
+
+reservations = Table(
+    "reservations",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("request_id", String(128), nullable=False),
+    Column("project_id", Integer, ForeignKey("projects.id"), nullable=False),
+    Column("key_id", String(12), nullable=True),
+    Column("amount_nano", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Index("ix_reservations_project", "project_id"),
+)
+
+certifications = Table(
+    "certifications",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("receipt_id", String(40), nullable=False, unique=True),
+    Column("provider", String(100), nullable=False),
+    Column("model", String(200), nullable=False),
+    Column("certified_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("probe", JSON, nullable=False),
+    Index("ix_cert_target", "provider", "model", "expires_at"),
+)

@@ -1,0 +1,50 @@
+"""Pure value helpers: money in integer nano-USD, budget windows, time.
+
+Choices where the spec is silent:
+- Money is stored as integer **nano-USD** (1e-9 USD) in ``BIGINT`` columns, so sums are exact on SQLite and
+  Postgres alike (a token at $0.05/Mtok is 50 nano-USD). Conversion rounds costs **up** (``ceil``) so rounding
+  can never make the ledger under-count spend.
+- Budget windows are **calendar windows in UTC**: ``day`` starts at 00:00 UTC, ``month`` on the 1st at 00:00
+  UTC. A calendar window is what operators budget against (invoices); a rolling window would make the
+  remaining budget creep back minute by minute.
+- All datetimes are timezone-aware UTC; naive datetimes are rejected.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Final, Literal
+
+__all__ = ["NANO", "WINDOWS", "Window", "aware", "from_nano", "to_nano", "window_start"]
+
+NANO: Final = 1_000_000_000
+Window = Literal["day", "month"]
+WINDOWS: Final = ("day", "month")
+
+
+def to_nano(usd: float) -> int:
+    """USD -> nano-USD, rounded up. Rejects negative or non-finite values."""
+    if not (isinstance(usd, int | float) and not isinstance(usd, bool) and math.isfinite(usd) and usd >= 0):
+        raise ValueError(f"amount must be a finite number >= 0 USD, got {usd!r}")
+    return math.ceil(round(usd * NANO, 3))
+
+
+def from_nano(nano: int) -> float:
+    return nano / NANO
+
+
+def aware(dt: datetime, name: str = "datetime") -> datetime:
+    if dt.tzinfo is None:
+        raise ValueError(f"{name} must be timezone-aware, got {dt.isoformat()}")
+    return dt.astimezone(UTC)
+
+
+def window_start(window: Window, now: datetime) -> datetime:
+    """Start of the calendar window (UTC) containing ``now``."""
+    n = aware(now, "now")
+    if window == "day":
+        return n.replace(hour=0, minute=0, second=0, microsecond=0)
+    if window == "month":
+        return n.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    raise ValueError(f"budget window must be one of {', '.join(WINDOWS)}, got {window!r}")
