@@ -27,8 +27,9 @@ layers are replicated many times), a quarter of them at random layers; 10 % of n
 1-60 ms, load 0-1, capacity score 0.5-30. The first nodes form one guaranteed covering chain.
 
 The timings of a size take turns (ours, then each baseline) so that a busy shared machine slows them
-alike; the clock is this process's CPU time by default (``--clock wall`` for wall time), so waiting for a
-core does not count; the load average is printed with the figures.
+alike; the process's long-lived objects (meshes, prebuilt graphs) are frozen out of the garbage collector
+and each timed call starts right after a collection. The clock is this process's CPU time by default
+(``--clock wall`` for wall time), so waiting for a core does not count; the load average is printed.
 
 Run: ``.venv/bin/python bench/mesh_route.py`` (``--quick`` for fewer repeats).
 """
@@ -36,6 +37,7 @@ Run: ``.venv/bin/python bench/mesh_route.py`` (``--quick`` for fewer repeats).
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import math
 import os
@@ -151,6 +153,7 @@ def interleaved_medians(
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
         for fn, out in zip(fns, times, strict=True):
+            gc.collect()  # every call starts from the same collector state
             start = clock()
             fn()
             out.append(clock() - start)
@@ -195,7 +198,10 @@ def main() -> int:
             fns.append(lambda build=build, states=states: solve(build(states, weights)))
             fns.append(lambda g=graphs[name]: solve(g))
         repeats = (3 if args.quick else 9) if n < 10_000 else (3 if args.quick else 5)
+        gc.collect()
+        gc.freeze()  # the prebuilt graphs and meshes are not the timed calls' garbage: keep them out of GC
         times = interleaved_medians(fns, repeats, CLOCKS[args.clock])
+        gc.unfreeze()
         ours = times[0]
         ours_by_size[n], frags_by_size[n] = ours, fragments
         hub_by_size[n] = times[-2]  # hub graph, build + solve

@@ -122,7 +122,6 @@ def score_route(
     starts: dict[int, list[int]] = {}
     used: list[NodeState] = []
     costs: list[float] = []
-    node_starts: list[list[int]] = []
     dead: list[str] = []
     outside: list[str] = []
     seen: set[str] = set()
@@ -145,9 +144,6 @@ def score_route(
                     k = len(used)
                     used.append(s)
                     costs.append(node_cost(s))
-                    node_starts.append([a])
-                else:
-                    node_starts[k].append(a)
                 bucket = starts.get(a)
                 if bucket is None:
                     starts[a] = [b + 1, k]
@@ -202,7 +198,7 @@ def score_route(
                 or (cand[0] == old[0] and old is not cand and _before(cand, old, used))
             ):
                 best[end] = cand
-            if end in node_starts[m]:  # m can continue at `end`: keep its own best label there
+            if end in used[m]._starts:  # m can continue at `end`: keep its own best label there
                 slot = keep.get(end)
                 if slot is None:
                     keep[end] = {m: cand}

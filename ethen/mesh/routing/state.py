@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ethen.mesh.routing._checks import check_bool, check_count, check_layer_pair, check_number
@@ -43,6 +43,8 @@ class NodeState:
     capacity_score: float
     served_layers: Sequence[tuple[int, int]]
     alive: bool = True
+    _starts: frozenset[int] = field(init=False, repr=False, compare=False)
+    """First layers of the fragments, precomputed once for the router's DP."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not self.node_id.strip():
@@ -68,6 +70,7 @@ class NodeState:
             "served_layers",
             tuple(check_layer_pair(f"{who}: served_layers[{i}]", pair) for i, pair in enumerate(layers)),
         )
+        object.__setattr__(self, "_starts", frozenset(a for a, _ in self.served_layers))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NodeState:
