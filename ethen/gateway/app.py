@@ -25,6 +25,7 @@ Choices where the issue is silent:
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import re
@@ -386,6 +387,10 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Everything loaded so far (catalog, price tables, modules) lives for the whole process: move it out
+        # of the collector's generations so full collections do not rescan it on the request path.
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
