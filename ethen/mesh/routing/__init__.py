@@ -1,6 +1,13 @@
 """The pure mesh routing core: cost model, route choice (``score_route``) and ``failover``.
 
 No I/O, no clock, no randomness: every decision is a deterministic function of its arguments.
+
+- ``state``: ``NodeState`` (telemetry, §7 health JSON) and ``RoutingRequest``
+- ``weights``: ``RouteWeights`` and the §2 cost terms
+- ``route``: the decision, ``Route`` of ``Stage`` s with the per-stage cost breakdown and ``Rejections``
+- ``dp``: ``score_route``, the §3 DP over fragment boundaries
+- ``failover``: §6 recomposition after a node failure
+- ``errors``: the exception tree (``MeshRoutingError``)
 """
 
 from ethen.mesh.routing.dp import DEFAULT_MODEL, score_route
