@@ -131,7 +131,11 @@ class Store:
     async def open(cls, url: str, *, migrate: bool = True) -> Store:
         store = cls(make_engine(url))
         if migrate:
-            await store.migrate()
+            try:
+                await store.migrate()
+            except BaseException:
+                await store.aclose()
+                raise
         return store
 
     async def aclose(self) -> None:
