@@ -71,6 +71,9 @@ class Tokenizer:
         self.im_end_id: int = im_end
         #: Generation stops when one of these is sampled (``<|im_end|>``, and ``<|endoftext|>`` = EOS).
         self.stop_token_ids: frozenset[int] = frozenset(i for i in (im_end, eot) if i is not None)
+        #: Ids of the special (GGUF CONTROL) tokens.
+        self.special_ids: frozenset[int] = frozenset(
+            int(i) for i, t in hf.get_added_tokens_decoder().items() if t.special)
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
@@ -98,9 +101,4 @@ class Tokenizer:
         return None if result is None else str(result)
 
     def is_special(self, token_id: int) -> bool:
-        token = self.hf.id_to_token(int(token_id))
-        return token is not None and token in self._special_tokens
-
-    @property
-    def _special_tokens(self) -> frozenset[str]:
-        return frozenset(t.content for t in self.hf.get_added_tokens_decoder().values() if t.special)
+        return int(token_id) in self.special_ids

@@ -54,6 +54,7 @@ def test_control_tokens_are_single_special_ids(tok: Tokenizer) -> None:
         assert tok.encode(name) == [i]
         assert tok.is_special(i)
     assert not tok.is_special(tok.encode("Hello")[0])
+    assert tok.special_ids == frozenset(range(17))
     ids = tok.encode("<|im_start|>user\nhi<|im_end|>")
     assert ids[0] == 1 and ids[-1] == 2
     assert tok.decode(ids, skip_special_tokens=True) == "user\nhi"
