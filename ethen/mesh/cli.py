@@ -104,14 +104,24 @@ def _table(route: Route) -> Table:
 
 @app.command("route")
 def route_command(
-    states_file: Annotated[Path, typer.Argument(help="Mesh JSON: list of health objects or {nodes: [...]}.")],
-    layers: Annotated[str | None, typer.Option("--layers", help="Window FIRST-LAST (default: all).")] = None,
-    prompt_tokens: Annotated[str, typer.Option("--prompt-tokens", help="Prompt size in tokens.")] = "0",
+    states_file: Annotated[
+        Path, typer.Argument(metavar="STATES.json", help="Mesh JSON: health objects, or {nodes: [...]}.")
+    ],
+    layers: Annotated[
+        str | None, typer.Option("--layers", metavar="FIRST-LAST", help="Layer window (default: all).")
+    ] = None,
+    prompt_tokens: Annotated[
+        str, typer.Option("--prompt-tokens", metavar="N", help="Prompt size in tokens.")
+    ] = "0",
     weight: Annotated[
         list[str] | None,
-        typer.Option("--weight", help="NAME=VALUE; names: latency, load, capacity, hop, prompt. Repeatable."),
+        typer.Option(
+            "--weight", metavar="NAME=VALUE", help="Names: latency, load, capacity, hop, prompt. Repeatable."
+        ),
     ] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Model name put on the route.")] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", metavar="NAME", help="Model name put on the route.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the route as JSON.")] = False,
 ) -> None:
     """Choose the cheapest chain of whole fragments covering the layers, and explain its cost."""
