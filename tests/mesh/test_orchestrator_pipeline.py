@@ -128,12 +128,14 @@ def test_concurrent_sessions_each_get_their_own_output(model: Model, mesh3: Orch
     def run(i: int) -> None:
         results[i] = mesh3.generate(jobs[i], GREEDY).result().token_ids
 
+    mesh3.rounds.sizes.clear()
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert [results[i] for i in range(len(jobs))] == refs
+    assert max(mesh3.rounds.sizes) > 1, mesh3.rounds.sizes  # decode steps were combined into rounds
 
 
 def test_sessions_are_closed_on_the_workers_after_generation(model: Model, mesh3: Orchestrator) -> None:

@@ -175,15 +175,17 @@ def test_memory_cap_refuses_with_resource_exhausted_and_keeps_serving() -> None:
 
 
 def test_session_count_cap_and_idle_ttl() -> None:
-    w = Worker([(0, 9)], max_sessions=2, session_ttl_s=0.3)
+    w = Worker([(0, 9)], max_sessions=2, session_ttl_s=1.0)
     try:
+        w.forward("warm-up", 0, 9, _hidden(1))  # pages the weights in
+        w.stub.CloseSession(mesh_pb2.CloseSessionRequest(session_id="warm-up"), timeout=5)
         w.forward("a", 0, 9, _hidden(1))
         w.forward("b", 0, 9, _hidden(1))
         with pytest.raises(grpc.RpcError) as excinfo:
             w.forward("c", 0, 9, _hidden(1))
         assert _code(excinfo) == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "max_sessions=2" in excinfo.value.details()
-        time.sleep(0.5)
+        time.sleep(1.3)
         with pytest.raises(grpc.RpcError) as excinfo:  # expired
             w.forward("a", 0, 9, _hidden(1), start=1)
         assert _code(excinfo) == grpc.StatusCode.NOT_FOUND
@@ -226,6 +228,26 @@ def test_concurrent_decode_steps_are_batched_and_match_unbatched(worker: Worker)
     assert max(batch_sizes) > 1, batch_sizes
     for i in range(n):
         np.testing.assert_allclose(outs[i], expected[i], rtol=1e-4, atol=1e-4)
+
+
+def test_forward_batch_answers_each_item_on_its_own(worker: Worker) -> None:
+    worker.forward("fb-a", 0, 19, _hidden(2))
+    worker.forward("fb-b", 0, 19, _hidden(2))
+    steps = {"fb-a": _hidden(1), "fb-b": _hidden(1)}
+
+    def item(sid: str, start: int, dtype: str = "float32") -> Any:
+        h = steps.get(sid, _hidden(1))
+        return mesh_pb2.ForwardRequest(session_id=sid, first_layer=0, last_layer=19, positions=[start],
+                                       hidden=mesh_pb2.Tensor(data=h.tobytes(), shape=[1, D], dtype=dtype))
+
+    items = [item("fb-a", 2), item("fb-missing", 4), item("fb-b", 2), item("fb-bad", 0, dtype="bf16")]
+    reply = worker.stub.ForwardBatch(mesh_pb2.ForwardBatchRequest(items=items), timeout=30)
+    codes = [i.code for i in reply.items]
+    assert codes == [0, grpc.StatusCode.NOT_FOUND.value[0], 0, grpc.StatusCode.INVALID_ARGUMENT.value[0]]
+    assert "fb-missing" in reply.items[1].message and "bf16" in reply.items[3].message
+    assert reply.items[0].reply.batch_size >= 2  # the decode steps ran as one batched step
+    assert list(reply.items[0].reply.hidden.shape) == [1, D]
+    worker.forward("fb-a", 0, 19, _hidden(1), start=3)  # both sessions advanced by exactly one position
 
 
 def test_parse_fragments() -> None:

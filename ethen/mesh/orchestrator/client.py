@@ -1,5 +1,8 @@
 """A persistent gRPC channel to one worker: Forward / Health / CloseSession with raw float32 bytes.
 
+:meth:`WorkerClient.forward_many` sends several sessions' steps for one node in a single ``ForwardBatch``
+RPC (the orchestrator's decode rounds use it: B sessions cost one RPC per stage per token).
+
 Every ``grpc.RpcError`` is turned into the mesh exception tree here (via
 :func:`~ethen.mesh.orchestrator.errors.from_grpc`), so nothing above this module sees gRPC.
 """
@@ -12,7 +15,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from ethen.mesh.orchestrator.errors import NodeUnavailable, from_grpc
+from ethen.mesh.orchestrator.errors import NodeError, NodeUnavailable, from_grpc, from_status
 from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
 
 __all__ = ["ForwardResult", "WorkerClient"]
@@ -50,23 +53,56 @@ class WorkerClient:
         self._channel = grpc.insecure_channel(address, options=_OPTIONS)
         self._stub: Any = mesh_pb2_grpc.MeshWorkerStub(self._channel)  # type: ignore[no-untyped-call]
 
-    def forward(self, session_id: str, first: int, last: int, hidden: F32, start: int) -> ForwardResult:
-        """Run layers ``first..last`` on ``hidden`` [T, d] at positions ``start .. start+T-1``."""
-        data = np.ascontiguousarray(hidden, dtype="<f4")
+    @staticmethod
+    def _request(session_id: str, first: int, last: int, data: F32, start: int) -> mesh_pb2.ForwardRequest:
         t = int(data.shape[0])
-        request = mesh_pb2.ForwardRequest(
+        return mesh_pb2.ForwardRequest(
             session_id=session_id, first_layer=first, last_layer=last, positions=range(start, start + t),
             hidden=mesh_pb2.Tensor(data=data.tobytes(), shape=data.shape, dtype="float32"))
-        try:
-            reply = self._stub.Forward(request, timeout=self.forward_timeout_s)
-        except grpc.RpcError as exc:
-            raise from_grpc(self.node_id, exc) from None
-        shape = tuple(reply.hidden.shape)
-        if reply.hidden.dtype != "float32" or shape != data.shape or len(reply.hidden.data) != data.nbytes:
-            raise NodeUnavailable(self.node_id, f"malformed Forward reply: shape {list(shape)} dtype "
+
+    def _check(self, reply: mesh_pb2.ForwardResponse, shape: tuple[int, ...]) -> F32:
+        got = tuple(reply.hidden.shape)
+        nbytes = 4 * int(np.prod(shape))
+        if reply.hidden.dtype != "float32" or got != shape or len(reply.hidden.data) != nbytes:
+            raise NodeUnavailable(self.node_id, f"malformed Forward reply: shape {list(got)} dtype "
                                                 f"{reply.hidden.dtype!r} ({len(reply.hidden.data)} bytes)")
         out: F32 = np.frombuffer(reply.hidden.data, dtype="<f4").reshape(shape)
-        return ForwardResult(out, reply.compute_ms, reply.queue_ms, reply.batch_size)
+        return out
+
+    def forward_many(self, items: list[tuple[str, int, int, F32, int]]) -> list[ForwardResult | NodeError]:
+        """Several ``(session_id, first, last, hidden, start)`` steps in one ``ForwardBatch`` RPC; each item
+        gets its result or its own error (a failed RPC fails every item)."""
+        request = mesh_pb2.ForwardBatchRequest(items=[self._request(*item) for item in items])
+        try:
+            reply = self._stub.ForwardBatch(request, timeout=self.forward_timeout_s)
+        except grpc.RpcError as exc:
+            return [from_grpc(self.node_id, exc) for _ in items]
+        if len(reply.items) != len(items):
+            text = f"ForwardBatch answered {len(reply.items)} of {len(items)} items"
+            return [NodeUnavailable(self.node_id, text) for _ in items]
+        out: list[ForwardResult | NodeError] = []
+        for (_, _, _, hidden, _), item in zip(items, reply.items, strict=True):
+            if item.code:
+                out.append(from_status(self.node_id, item.code, item.message))
+                continue
+            try:
+                r = item.reply
+                out.append(ForwardResult(self._check(r, tuple(hidden.shape)), r.compute_ms, r.queue_ms,
+                                         r.batch_size))
+            except NodeUnavailable as exc:
+                out.append(exc)
+        return out
+
+    def forward(self, session_id: str, first: int, last: int, hidden: F32, start: int) -> ForwardResult:
+        """Run layers ``first..last`` on ``hidden`` [T, d] at positions ``start .. start+T-1``."""
+        data: F32 = np.ascontiguousarray(hidden, dtype="<f4")
+        try:
+            reply = self._stub.Forward(self._request(session_id, first, last, data, start),
+                                       timeout=self.forward_timeout_s)
+        except grpc.RpcError as exc:
+            raise from_grpc(self.node_id, exc) from None
+        return ForwardResult(self._check(reply, tuple(data.shape)), reply.compute_ms, reply.queue_ms,
+                             reply.batch_size)
 
     def health(self) -> mesh_pb2.HealthResponse:
         try:

@@ -34,6 +34,7 @@ __all__ = [
     "NodeUnavailable",
     "SessionLost",
     "from_grpc",
+    "from_status",
 ]
 
 
@@ -85,10 +86,23 @@ _UNAVAILABLE = {
 }
 
 
+def from_status(node_id: str, code_value: int, message: str) -> NodeError:
+    """The mesh error for one failed ``ForwardBatch`` item (``code_value`` is a ``grpc.StatusCode`` value)."""
+    code = _BY_VALUE.get(code_value, grpc.StatusCode.UNKNOWN)
+    return _classify(node_id, code, message)
+
+
 def from_grpc(node_id: str, exc: Any) -> NodeError:
     """The mesh error for a ``grpc.RpcError`` raised by a call to ``node_id``."""
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
+    return _classify(node_id, code, details)
+
+
+_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def _classify(node_id: str, code: Any, details: str) -> NodeError:
     text = f"{getattr(code, 'name', code)}: {details}"
     if code == grpc.StatusCode.NOT_FOUND:
         return SessionLost(node_id, text)

@@ -26,6 +26,7 @@ import numpy.typing as npt
 from ethen.mesh.orchestrator.backoff import Backoff
 from ethen.mesh.orchestrator.client import WorkerClient
 from ethen.mesh.orchestrator.planning import plan_route, recompose
+from ethen.mesh.orchestrator.rounds import DecodeRounds
 from ethen.mesh.orchestrator.session import MeshSession
 from ethen.mesh.orchestrator.telemetry import HealthMonitor
 from ethen.mesh.routing import NodeState, Route, RouteWeights
@@ -159,7 +160,9 @@ class Orchestrator:
         self.clients = {node: WorkerClient(node, addr, forward_timeout_s=forward_timeout_s)
                         for node, addr in workers.items()}
         self.monitor = HealthMonitor(self.clients, backoff or Backoff(), interval_s=health_interval_s)
-        self._head = StepBatcher(self._head_batch, max_batch=32, window_s=0.0005, name="ethen-head")
+        self._head = StepBatcher(self._head_batch, max_batch=64, window_s=0.002, active_horizon_s=0.5,
+                                 name="ethen-head")
+        self.rounds = DecodeRounds(self.clients, self.ends.logits)
 
     @classmethod
     def load(cls, workers: Mapping[str, str], store: WeightStore | None = None,
@@ -197,7 +200,7 @@ class Orchestrator:
     def head(self, hidden: F32, session_id: str = "") -> F32:
         """Final norm + head of ``hidden`` [1, d] -> logits [1, V], batched with concurrent sessions."""
         job = Job(session_id=session_id, first_layer=-1, last_layer=-1, positions=[0], hidden=hidden)
-        return self._head.submit(job).result()[0]
+        return self._head.run(job)[0]
 
     def states(self) -> tuple[NodeState, ...]:
         return self.monitor.states()
@@ -214,7 +217,8 @@ class Orchestrator:
     def open_session(self, prompt_tokens: int, route: Route | None = None) -> MeshSession:
         chosen = route if route is not None else self.route_for(prompt_tokens)
         session = MeshSession(chosen, self.clients, self.ends.embed, lambda h: self.head(h),
-                              self._recompose, self.monitor.mark_failed, exact_replay=self.exact_replay)
+                              self._recompose, self.monitor.mark_failed, exact_replay=self.exact_replay,
+                              rounds=self.rounds)
         return session
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:

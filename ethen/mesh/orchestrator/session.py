@@ -34,6 +34,7 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +42,9 @@ import numpy.typing as npt
 from ethen.mesh.orchestrator.client import WorkerClient
 from ethen.mesh.orchestrator.errors import MeshRuntimeError, NodeError, NodeUnavailable
 from ethen.mesh.routing import Route, Stage
+
+if TYPE_CHECKING:
+    from ethen.mesh.orchestrator.rounds import DecodeRounds
 
 __all__ = ["FailoverEvent", "MeshSession"]
 
@@ -78,6 +82,7 @@ class MeshSession:
         exact_replay: bool = True,
         max_failovers: int = 4,
         session_id: str | None = None,
+        rounds: DecodeRounds | None = None,
     ) -> None:
         self.id = session_id or uuid.uuid4().hex
         self.route = route
@@ -97,15 +102,43 @@ class MeshSession:
         self._opened: set[tuple[str, int]] = set()  # (node, first layer) with a worker session
         self._step_out: dict[_Key, F32] = {}  # outputs of stages that already ran the current step
         self.replayed_positions = 0
+        self._rounds = rounds
+        self._pending: dict[int, F32] = {}  # boundary inputs of the step in progress (decode rounds)
 
     def _wsid(self, stage: Stage) -> str:
-        return f"{self.id}@{stage.first}"
+        return self.worker_session(stage.first)
+
+    def worker_session(self, first: int) -> str:
+        """The worker-side session id of this session's stage starting at layer ``first``."""
+        return f"{self.id}@{first}"
+
+    def _warm(self) -> bool:
+        """Every stage's worker holds exactly the positions so far, and the boundary history is complete."""
+        return all(self._ready.get((s.node_id, s.first, s.last)) == self.length
+                   and (self.length == 0 or s.first in self._hist) for s in self.route.stages)
+
+    def record_stage(self, node: str, first: int, last: int, inputs: F32, outputs: F32) -> None:
+        """A decode round ran this session's stage ``first..last`` on ``node``: keep the bookkeeping."""
+        past = self._hist.get(first)
+        self._pending[first] = inputs if past is None else np.concatenate([past, inputs], axis=0)
+        key = (node, first, last)
+        self._ready[key] = self.length + int(inputs.shape[0])
+        self._step_out[key] = outputs
+        self._opened.add((node, first))
 
     # ---- one step ---------------------------------------------------------------------------------------
 
     def step(self, token_ids: Sequence[int]) -> F32:
         """Feed ``token_ids`` after everything fed so far; logits ``[V]`` of the last one."""
         x = self._embed(list(token_ids))  # [T, d]
+        if x.shape[0] == 1 and self._rounds is not None and self._warm():
+            self._pending = {}
+            try:
+                row = self._rounds.step(self, x)  # [V]
+                self._commit(x.shape[0], self._pending)
+                return row
+            except NodeUnavailable as exc:
+                self._fail(exc)  # then run the step alone below (stages done in the round are kept)
         while True:
             try:
                 h, pending = self._run_stages(x)
@@ -115,12 +148,15 @@ class MeshSession:
                 self._step_out.clear()
             except NodeUnavailable as exc:
                 self._fail(exc)
-        self._hist = pending
-        self.length += x.shape[0]
-        self.chunks.append(int(x.shape[0]))
-        self._step_out.clear()
+        self._commit(x.shape[0], pending)
         logits: F32 = self._head(h[-1:])[0]  # [V]
         return logits
+
+    def _commit(self, tokens: int, pending: dict[int, F32]) -> None:
+        self._hist = pending
+        self.length += tokens
+        self.chunks.append(tokens)
+        self._step_out.clear()
 
     def _fail(self, exc: NodeError) -> None:
         node = exc.node_id

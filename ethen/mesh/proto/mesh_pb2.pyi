@@ -42,6 +42,28 @@ class ForwardResponse(_message.Message):
     batch_size: int
     def __init__(self, hidden: _Optional[_Union[Tensor, _Mapping]] = ..., compute_ms: _Optional[float] = ..., queue_ms: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
+class ForwardBatchRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[ForwardRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[ForwardRequest, _Mapping]]] = ...) -> None: ...
+
+class ForwardItemResult(_message.Message):
+    __slots__ = ("reply", "code", "message")
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    reply: ForwardResponse
+    code: int
+    message: str
+    def __init__(self, reply: _Optional[_Union[ForwardResponse, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ForwardBatchResponse(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[ForwardItemResult]
+    def __init__(self, items: _Optional[_Iterable[_Union[ForwardItemResult, _Mapping]]] = ...) -> None: ...
+
 class HealthRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -39,6 +39,11 @@ class MeshWorkerStub:
                 request_serializer=mesh__pb2.ForwardRequest.SerializeToString,
                 response_deserializer=mesh__pb2.ForwardResponse.FromString,
                 _registered_method=True)
+        self.ForwardBatch = channel.unary_unary(
+                '/ethen.mesh.v1.MeshWorker/ForwardBatch',
+                request_serializer=mesh__pb2.ForwardBatchRequest.SerializeToString,
+                response_deserializer=mesh__pb2.ForwardBatchResponse.FromString,
+                _registered_method=True)
         self.Health = channel.unary_unary(
                 '/ethen.mesh.v1.MeshWorker/Health',
                 request_serializer=mesh__pb2.HealthRequest.SerializeToString,
@@ -55,6 +60,12 @@ class MeshWorkerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Forward(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForwardBatch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -79,6 +90,11 @@ def add_MeshWorkerServicer_to_server(servicer, server):
                     servicer.Forward,
                     request_deserializer=mesh__pb2.ForwardRequest.FromString,
                     response_serializer=mesh__pb2.ForwardResponse.SerializeToString,
+            ),
+            'ForwardBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForwardBatch,
+                    request_deserializer=mesh__pb2.ForwardBatchRequest.FromString,
+                    response_serializer=mesh__pb2.ForwardBatchResponse.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
@@ -118,6 +134,33 @@ class MeshWorker:
             '/ethen.mesh.v1.MeshWorker/Forward',
             mesh__pb2.ForwardRequest.SerializeToString,
             mesh__pb2.ForwardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForwardBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ethen.mesh.v1.MeshWorker/ForwardBatch',
+            mesh__pb2.ForwardBatchRequest.SerializeToString,
+            mesh__pb2.ForwardBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

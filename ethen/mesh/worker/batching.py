@@ -1,29 +1,30 @@
-"""One compute thread per worker that batches concurrent sessions' decode steps.
+"""Batch concurrent sessions' decode steps on a worker, without a hand-off thread (flat combining).
 
-Every ``Forward`` becomes a :class:`Job` on a queue; a single compute thread takes jobs in arrival order.
-A job that is a *decode step* (one token) gathers every other queued decode step for the same layer span from
-other sessions, and the whole group runs as one batched step (one matmul per weight for all of them, see
-:meth:`ethen.mesh.worker.backend.FragmentBackend.forward_batch`).  Prefill jobs (several tokens) run alone.
+Every ``Forward`` calls :meth:`StepBatcher.run` on its own gRPC thread. The first caller that finds the
+batcher idle becomes the *leader*: it takes the queued jobs in arrival order and computes them, while later
+callers wait. A job that is a *decode step* (one token) gathers every other queued decode step for the
+same layer span from other sessions, and the whole group runs as one batched step (one matmul per weight for
+all of them, see :meth:`ethen.mesh.worker.backend.FragmentBackend.forward_batch`). Prefill jobs (several
+tokens) run alone. When its own job is done the leader hands over: a waiter whose job is still queued takes
+the lead. So a lone session pays no thread hand-off at all (its own thread computes), and under load the
+queueing while one step computes fills the next batch.
 
 Collection window (the spec is silent): when fewer decode steps are queued than the number of sessions that
-sent a decode step recently (within ``active_horizon_s``), the thread waits up to ``window_s`` (default 1 ms)
-for the others to arrive.  With a single active session it never waits, so one session pays no batching
-latency, and
-under load the natural queueing while a step computes fills the next batch.
+sent a decode step recently (within ``active_horizon_s``), the leader waits up to ``window_s`` (default
+1 ms) for the others to arrive. With a single active session it never waits.
 
-Serialising all compute on one thread also serialises every access to the session store and KV caches, so
-they need no further locking.
+Only the leader computes, so compute is serialised: every access to the session store and the KV caches
+happens on one thread at a time.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -33,7 +34,7 @@ __all__ = ["BatchRunner", "Job", "StepBatcher"]
 F32 = npt.NDArray[np.float32]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Job:
     session_id: str
     first_layer: int
@@ -41,7 +42,12 @@ class Job:
     positions: list[int]
     hidden: F32  # [T, d]
     enqueued: float = field(default_factory=time.perf_counter)
-    future: Future[tuple[F32, float, float, int]] = field(default_factory=Future)
+    result: F32 | BaseException | None = None
+    queue_ms: float = 0.0
+    compute_ms: float = 0.0
+    batch_size: int = 0
+    done: bool = False
+    owner: Any = None  # whatever the submitter needs its runner to see (the orchestrator's session)
 
     @property
     def is_decode(self) -> bool:
@@ -57,7 +63,7 @@ BatchRunner = Callable[[list[Job]], list[F32 | BaseException]]
 
 
 class StepBatcher:
-    """Queue + single compute thread. ``submit`` returns a future of (hidden, queue_ms, compute_ms, batch)."""
+    """Leader/follower batching; :meth:`run` returns (hidden, queue_ms, compute_ms, batch size)."""
 
     def __init__(
         self,
@@ -68,92 +74,93 @@ class StepBatcher:
         on_step: Callable[[float, float], None] | None = None,
         name: str = "ethen-compute",
     ) -> None:
-        self._run = run
+        self._runner = run
         self._max_batch = max_batch
         self._window_s = window_s
         self._horizon = active_horizon_s
         self._on_step = on_step
-        self._queue: queue.Queue[Job | None] = queue.Queue()
-        self._held: deque[Job] = deque()  # taken from the queue but not batchable with the current step
+        self.name = name
+        self._cond = threading.Condition()
+        self._queue: deque[Job] = deque()
+        self._busy = False
         self._recent: dict[str, float] = {}  # session -> last decode-step arrival
-        self._stopped = False
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, job: Job) -> Future[tuple[F32, float, float, int]]:
-        if self._stopped:
-            raise RuntimeError("batcher is stopped")
-        self._queue.put(job)
-        return job.future
 
     def stop(self) -> None:
-        self._stopped = True
-        self._queue.put(None)
-        self._thread.join(timeout=5)
-
-    def _next(self, timeout: float | None) -> Job | None:
-        if self._held:
-            return self._held.popleft()
-        try:
-            if timeout is None or timeout > 0:
-                return self._queue.get(timeout=timeout)
-            return self._queue.get_nowait()
-        except queue.Empty:
-            return None
+        """Nothing to stop (no thread of its own); kept so owners can shut down uniformly."""
 
     def _expected(self, now: float) -> int:
         for sid in [s for s, t in self._recent.items() if now - t > self._horizon]:
             del self._recent[sid]
         return len(self._recent)
 
-    def _collect(self, first: Job) -> list[Job]:
-        batch = [first]
+    def _take(self) -> list[Job]:
+        """Under the lock: the next batch (first queued job + compatible decode steps)."""
+        first = self._queue[0]
         if not first.is_decode:
-            return batch
-        sessions = {first.session_id}
-        self._recent[first.session_id] = time.perf_counter()
+            return [self._queue.popleft()]
         deadline = time.perf_counter() + self._window_s
-        skipped: list[Job] = []
-        while len(batch) < self._max_batch:
+        while True:
+            batch: list[Job] = []
+            sessions: set[str] = set()
+            for job in self._queue:
+                if job.is_decode and job.span == first.span and job.session_id not in sessions:
+                    batch.append(job)
+                    sessions.add(job.session_id)
+                    if len(batch) >= self._max_batch:
+                        break
             now = time.perf_counter()
-            waiting = len(batch) < self._expected(now) and now < deadline
-            try:
-                job = self._queue.get(timeout=deadline - now) if waiting else self._queue.get_nowait()
-            except queue.Empty:
+            if len(batch) >= min(self._max_batch, self._expected(now)) or now >= deadline:
                 break
-            if job is None:
-                self._queue.put(None)
-                break
-            if job.is_decode:
-                self._recent[job.session_id] = time.perf_counter()
-            if job.is_decode and job.span == first.span and job.session_id not in sessions:
-                batch.append(job)
-                sessions.add(job.session_id)
-            else:
-                skipped.append(job)
-        self._held.extend(skipped)
+            self._cond.wait(deadline - now)  # let the other sessions' steps arrive
+        for job in batch:
+            self._queue.remove(job)
         return batch
 
-    def _loop(self) -> None:
-        while True:
-            job = self._next(None)
-            if job is None:
-                if self._stopped:
-                    return
-                continue
-            batch = self._collect(job)
+    def run(self, job: Job) -> tuple[F32, float, float, int]:
+        """Compute one job (batched with whatever else is queued); raises the job's error."""
+        self.run_many([job])
+        if isinstance(job.result, BaseException):
+            raise job.result
+        assert job.result is not None
+        return job.result, job.queue_ms, job.compute_ms, job.batch_size
+
+    def run_many(self, jobs: list[Job]) -> None:
+        """Compute several jobs that arrived together; each gets ``result`` (an output or an exception)."""
+        with self._cond:
+            for job in jobs:
+                self._queue.append(job)
+                if job.is_decode:
+                    self._recent[job.session_id] = job.enqueued
+            self._cond.notify_all()
+            while not all(j.done for j in jobs) and self._busy:
+                self._cond.wait()
+            if all(j.done for j in jobs):
+                return
+            self._busy = True  # this thread leads until its own jobs are done
+        try:
+            self._lead(jobs)
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def _lead(self, own: list[Job]) -> None:
+        while not all(j.done for j in own):
+            with self._cond:
+                batch = self._take()
             start = time.perf_counter()
             try:
-                results = self._run(batch)
+                results = self._runner(batch)
             except BaseException as exc:  # the runner failed as a whole: every job gets the error
                 results = [exc] * len(batch)
             end = time.perf_counter()
-            compute_ms = (end - start) * 1000.0
             if self._on_step is not None:
                 self._on_step(end, end - start)
-            for item, result in zip(batch, results, strict=True):
-                queue_ms = (start - item.enqueued) * 1000.0
-                if isinstance(result, BaseException):
-                    item.future.set_exception(result)
-                else:
-                    item.future.set_result((result, queue_ms, compute_ms, len(batch)))
+            with self._cond:
+                for item, result in zip(batch, results, strict=True):
+                    item.result = result
+                    item.queue_ms = (start - item.enqueued) * 1000.0
+                    item.compute_ms = (end - start) * 1000.0
+                    item.batch_size = len(batch)
+                    item.done = True
+                self._cond.notify_all()

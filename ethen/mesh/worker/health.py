@@ -5,8 +5,8 @@ Choices where the spec is silent:
 - ``latency_ms`` is an exponentially weighted moving average (alpha 0.2) of *queue + compute* time per
   ``Forward`` as the worker itself measured it (wire time is not included: the spec's §8 says the router
   models the worker's own EWMA). It starts at 0 until the first request.
-- ``load`` is the busy fraction of the compute thread over the last ``window_s`` seconds (default 5 s),
-  in [0, 1].
+- ``load`` is the busy fraction of compute (the batch leader) over the last ``window_s`` seconds
+  (default 5 s), in [0, 1].
 - ``failed_requests`` counts Forward calls that ended in an error of any kind (bad input included).
 
 Time is always an argument (``now``, seconds on a monotonic clock), so this module is deterministic.
@@ -59,7 +59,7 @@ class HealthTracker:
                 self._failed += 1
 
     def record_busy(self, end: float, busy_s: float) -> None:
-        """The compute thread was busy for ``busy_s`` seconds ending at ``end``."""
+        """Compute was busy for ``busy_s`` seconds ending at ``end``."""
         with self._lock:
             self._busy.append((end, busy_s))
 

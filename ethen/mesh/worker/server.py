@@ -1,4 +1,4 @@
-"""The worker's gRPC shell: validates ``Forward`` input, hands it to the batching compute thread, reports
+"""The worker's gRPC shell: validates ``Forward`` input, runs it through the step batcher, reports
 health.
 
 Error mapping (the one boundary between worker errors and gRPC status codes):
@@ -127,7 +127,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         self.health = HealthTracker()
         self.store: SessionStore[KVCache] = SessionStore(
             backend.new_cache, config.max_cache_bytes, config.session_ttl_s, config.max_sessions)
-        self._lock = threading.Lock()  # guards self.store between the compute thread and Close/Health
+        self._lock = threading.Lock()  # guards self.store between the batch leader and Close/Health
         self.batcher = StepBatcher(
             self._run, max_batch=config.max_batch, window_s=config.batch_window_s,
             on_step=self.health.record_busy,
@@ -179,7 +179,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         return Job(session_id=request.session_id, first_layer=first, last_layer=last, positions=positions,
                    hidden=hidden)
 
-    # ---- compute thread -----------------------------------------------------------------------------------
+    # ---- compute (batch leader) ----------------------------------------------------------------------
 
     def _fragments(self, job: Job) -> list[int]:
         return [first for first, last in self.config.fragments
@@ -247,7 +247,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         t0 = time.perf_counter()
         try:
             job = self._job(request)
-            out, queue_ms, compute_ms, batch = self.batcher.submit(job).result()
+            out, queue_ms, compute_ms, batch = self.batcher.run(job)
         except WorkerError as exc:
             self.health.record_request((time.perf_counter() - t0) * 1000.0, ok=False)
             context.abort(_STATUS.get(type(exc), grpc.StatusCode.INVALID_ARGUMENT), str(exc))
@@ -258,6 +258,46 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
             raise AssertionError("unreachable") from exc
         self.health.record_request(queue_ms + compute_ms, ok=True)
+        return self._reply(out, queue_ms, compute_ms, batch)
+
+    def ForwardBatch(
+        self, request: mesh_pb2.ForwardBatchRequest, context: Any
+    ) -> mesh_pb2.ForwardBatchResponse:
+        t0 = time.perf_counter()
+        results: list[mesh_pb2.ForwardItemResult | None] = []
+        jobs: list[tuple[int, Job]] = []
+        for i, item in enumerate(request.items):
+            try:
+                jobs.append((i, self._job(item)))
+                results.append(None)
+            except WorkerError as exc:
+                results.append(self._error_item(exc))
+        self.batcher.run_many([job for _, job in jobs])
+        for i, job in jobs:
+            if isinstance(job.result, BaseException):
+                results[i] = self._error_item(job.result)
+            else:
+                assert job.result is not None
+                results[i] = mesh_pb2.ForwardItemResult(reply=self._reply(
+                    job.result, job.queue_ms, job.compute_ms, job.batch_size))
+        items = [r for r in results if r is not None]
+        for r in items:
+            failed_ms = (time.perf_counter() - t0) * 1000.0
+            ok = r.code == 0
+            self.health.record_request(r.reply.queue_ms + r.reply.compute_ms if ok else failed_ms, ok=ok)
+        return mesh_pb2.ForwardBatchResponse(items=items)
+
+    def _error_item(self, exc: BaseException) -> mesh_pb2.ForwardItemResult:
+        if isinstance(exc, WorkerError):
+            code = _STATUS.get(type(exc), grpc.StatusCode.INVALID_ARGUMENT)
+            message = str(exc)
+        else:
+            log.error("ForwardBatch item failed: %s: %s", type(exc).__name__, exc)
+            code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+        return mesh_pb2.ForwardItemResult(code=code.value[0], message=message)
+
+    @staticmethod
+    def _reply(out: F32, queue_ms: float, compute_ms: float, batch: int) -> mesh_pb2.ForwardResponse:
         data = np.ascontiguousarray(out, dtype="<f4")
         return mesh_pb2.ForwardResponse(
             hidden=mesh_pb2.Tensor(data=data.tobytes(), shape=list(data.shape), dtype="float32"),

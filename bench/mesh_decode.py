@@ -1,0 +1,180 @@
+"""Mesh decode benchmark: single process vs a 3-worker gRPC pipeline on loopback, in one run.
+
+    .venv/bin/python bench/mesh_decode.py [--tokens 48] [--rounds 3]
+
+Measures (medians over rounds; every figure is printed next to its single-process baseline):
+
+- decode tokens/s of one session: single process vs pipeline (workers 0-9 | 10-19 | 20-29, orchestrator
+  holding embeddings + head), and their ratio (target >= 90 %);
+- per-hop overhead in ms: (pipeline step - single-process step) / stages, and, directly, the RPC round trip
+  minus the worker's own queue + compute time (target <= 1 ms);
+- prefill tokens/s (a ~200-token prompt) for both;
+- aggregate decode tokens/s through the pipeline with 1, 4 and 8 concurrent sessions (target: 8 >= 3x 1).
+
+BLAS runs single-threaded everywhere (set below, before NumPy loads) so the comparison is fair and the worker
+processes do not fight over the cores with BLAS thread pools.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Iterable  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from ethen.mesh.orchestrator import Orchestrator  # noqa: E402
+from ethen.mesh.worker.launch import WorkerProcess, spawn_worker  # noqa: E402
+from ethen.model import GenerationChunk, Model, SamplingParams, generate_stream, load_model, model_step  # noqa: E402
+
+LAYOUT = {"w0": "0-9", "w1": "10-19", "w2": "20-29"}
+PROMPT = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper and a storm."}]
+_FOX = "Summarise this: the quick brown fox jumps over the lazy dog."
+LONG_PROMPT = [{"role": "user", "content": " ".join([_FOX] * 16)}]
+
+
+def timed(chunks: Iterable[GenerationChunk]) -> tuple[float, list[float], int]:
+    """(time to first token, per-token decode intervals, tokens)."""
+    t0 = time.perf_counter()
+    last = t0
+    first = 0.0
+    steps: list[float] = []
+    n = 0
+    for chunk in chunks:
+        now = time.perf_counter()
+        if chunk.token_id is None:
+            continue
+        if n == 0:
+            first = now - t0
+        else:
+            steps.append(now - last)
+        last = now
+        n += 1
+    return first, steps, n
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def run_single(model: Model, ids: list[int], params: SamplingParams) -> tuple[float, list[float], int]:
+    ctx = model.config.context_length
+    return timed(generate_stream(model_step(model), model.tokenizer, ids, params, ctx))
+
+
+def run_mesh(orch: Orchestrator, ids: list[int], params: SamplingParams) -> tuple[float, list[float], int]:
+    return timed(orch.generate(ids, params))
+
+
+def aggregate(orch: Orchestrator, ids: list[int], sessions: int, tokens: int) -> float:
+    params = SamplingParams(temperature=0.0, max_tokens=tokens)
+    counts = [0] * sessions
+    barrier = threading.Barrier(sessions)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        counts[i] = len(orch.generate(ids, params).result().token_ids)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(sessions)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def rpc_overhead(orch: Orchestrator, ids: list[int], steps: int) -> list[float]:
+    """Per RPC: client round trip minus the worker's own queue + compute time, in ms."""
+    session = orch.open_session(len(ids))
+    try:
+        x = orch.ends.embed(ids)
+        out: list[float] = []
+        pos = 0
+        for i in range(steps + 1):
+            h = x if i == 0 else orch.ends.embed([ids[-1]])
+            for stage in session.route.stages:
+                client = orch.clients[stage.node_id]
+                t0 = time.perf_counter()
+                res = client.forward(f"{session.id}@{stage.first}", stage.first, stage.last, h, pos)
+                rtt = (time.perf_counter() - t0) * 1000
+                if i > 0:
+                    out.append(rtt - res.compute_ms - res.queue_ms)
+                h = res.hidden
+            pos += 1 if i else len(ids)
+        return out
+    finally:
+        for stage in session.route.stages:
+            orch.clients[stage.node_id].close_session(f"{session.id}@{stage.first}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=48, help="decode tokens per measured generation")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
+    args = ap.parse_args()
+
+    print(f"starting {len(LAYOUT)} workers {LAYOUT} on 127.0.0.1 ...", flush=True)
+    workers: dict[str, WorkerProcess] = {n: spawn_worker(n, layers) for n, layers in LAYOUT.items()}
+    try:
+        model = load_model()
+        tok = model.tokenizer
+        ids = tok.encode(model.chat_template.render(PROMPT, add_generation_prompt=True))
+        long_ids = tok.encode(model.chat_template.render(LONG_PROMPT, add_generation_prompt=True))
+        params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
+        prefill_params = SamplingParams(temperature=0.0, max_tokens=1)
+        with Orchestrator.load({n: w.address for n, w in workers.items()}) as orch:
+            route = orch.route_for(len(ids))
+            stages = len(route.stages)
+            print(f"pipeline route: {' -> '.join(f'{s.node_id} {s.first}-{s.last}' for s in route.stages)}")
+            run_single(model, ids, prefill_params)  # warm both paths (page in the weights)
+            run_mesh(orch, ids, prefill_params)
+            single_steps: list[float] = []
+            mesh_steps: list[float] = []
+            single_prefill: list[float] = []
+            mesh_prefill: list[float] = []
+            for _ in range(args.rounds):
+                _, s, _ = run_single(model, ids, params)
+                single_steps.append(median(s))
+                _, m, _ = run_mesh(orch, ids, params)
+                mesh_steps.append(median(m))
+                first, _, _ = run_single(model, long_ids, prefill_params)
+                single_prefill.append(len(long_ids) / first)
+                first, _, _ = run_mesh(orch, long_ids, prefill_params)
+                mesh_prefill.append(len(long_ids) / first)
+            s_step, m_step = median(single_steps), median(mesh_steps)
+            hop = (m_step - s_step) * 1000 / stages
+            rpc = rpc_overhead(orch, ids, args.tokens)
+            agg = {n: median([aggregate(orch, ids, n, args.tokens) for _ in range(max(1, args.rounds - 1))])
+                   for n in (1, 4, 8)}
+
+        print()
+        print(f"{'metric':44} {'single-process':>15} {'3-worker mesh':>15} {'ratio':>8}")
+        print(f"{'decode tokens/s (1 session, median step)':44} {1 / s_step:15.1f} {1 / m_step:15.1f} "
+              f"{s_step / m_step:8.1%}   target >= 90%")
+        print(f"{'decode step ms':44} {s_step * 1000:15.2f} {m_step * 1000:15.2f}")
+        print(f"{'prefill tokens/s (' + str(len(long_ids)) + '-token prompt)':44} "
+              f"{median(single_prefill):15.1f} {median(mesh_prefill):15.1f} "
+              f"{median(mesh_prefill) / median(single_prefill):8.1%}")
+        print(f"{'per-hop overhead ms ((mesh-single)/stages)':44} {'':15} {hop:15.2f} {'':8}"
+              "   target <= 1 ms")
+        print(f"{'per-RPC overhead ms (rtt - worker time)':44} {'':15} {median(rpc):15.2f} "
+              f"{'':8}   p90 {float(np.percentile(rpc, 90)):.2f}")
+        for n in (1, 4, 8):
+            label = f"aggregate decode tokens/s, {n} sessions"
+            print(f"{label:44} {'':15} {agg[n]:15.1f} {agg[n] / agg[1]:8.2f}x"
+                  + ("   target >= 3x" if n == 8 else ""))
+    finally:
+        for w in workers.values():
+            w.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Decode rounds: concurrent sessions' decode steps advance together, one ``ForwardBatch`` RPC per stage.
+
+Each generation runs on its own thread and calls ``MeshSession.step`` once per token. A decode step (one
+token) of a session whose stages are all warm joins a *round* through a
+:class:`~ethen.mesh.worker.batching.StepBatcher` (leader/follower): the first thread to arrive leads, waits up
+to ``window_s`` (default 2 ms) for the other active sessions' steps, then runs the whole round for all of
+them: per stage one ``ForwardBatch`` carrying every session on that stage (the worker computes them as one
+batched step), then one ``[B, d] x [d, V]`` head matmul. B sessions thus cost one RPC per stage per token
+instead of B, and stay in lock-step, so the next round forms again. A lone session never waits.
+
+A session whose stage fails in a round gets the error back on its own thread, where
+:class:`~ethen.mesh.orchestrator.session.MeshSession` fails over and replays as usual (the stages that
+already ran in the round keep their result).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from ethen.mesh.orchestrator.client import WorkerClient
+from ethen.mesh.orchestrator.errors import NodeError
+from ethen.mesh.worker.batching import Job, StepBatcher
+
+if TYPE_CHECKING:
+    from ethen.mesh.orchestrator.session import MeshSession
+
+__all__ = ["DecodeRounds"]
+
+F32 = npt.NDArray[np.float32]
+
+
+class DecodeRounds:
+    def __init__(self, clients: Mapping[str, WorkerClient], head: Callable[[F32], F32],
+                 window_s: float = 0.002, active_horizon_s: float = 0.5) -> None:
+        self.clients = clients
+        self._head = head
+        self.sizes: Counter[int] = Counter()  # sessions per round -> rounds run (diagnostics)
+        self._batcher = StepBatcher(self._round, max_batch=64, window_s=window_s,
+                                    active_horizon_s=active_horizon_s, name="ethen-rounds")
+
+    def step(self, session: MeshSession, hidden: F32) -> F32:
+        """One decode step of ``session`` (``hidden`` [1, d] embedded token) -> logits [V]."""
+        job = Job(session_id=session.id, first_layer=-1, last_layer=-1, positions=[session.length],
+                  hidden=hidden, owner=session)
+        logits, _, _, _ = self._batcher.run(job)
+        row: F32 = logits[0]
+        return row
+
+    def _round(self, jobs: list[Job]) -> list[F32 | BaseException]:
+        sessions: list[MeshSession] = [j.owner for j in jobs]
+        self.sizes[len(jobs)] += 1
+        results: list[F32 | BaseException | None] = [None] * len(jobs)
+        cur = [j.hidden for j in jobs]  # [1, d] each: the input of each session's next stage
+        nxt = [0] * len(jobs)  # index of each session's next stage
+        while True:
+            groups: dict[tuple[str, int, int], list[int]] = {}
+            for i, s in enumerate(sessions):
+                if results[i] is None and nxt[i] < len(s.route.stages):
+                    st = s.route.stages[nxt[i]]
+                    groups.setdefault((st.node_id, st.first, st.last), []).append(i)
+            if not groups:
+                break
+            for (node, first, last), members in groups.items():
+                items = [(sessions[i].worker_session(first), first, last, cur[i], sessions[i].length)
+                         for i in members]
+                for i, out in zip(members, self.clients[node].forward_many(items), strict=True):
+                    if isinstance(out, NodeError):
+                        results[i] = out
+                        continue
+                    sessions[i].record_stage(node, first, last, cur[i], out.hidden)
+                    cur[i] = out.hidden
+                    nxt[i] += 1
+        ok = [i for i in range(len(jobs)) if results[i] is None]
+        if ok:
+            logits = self._head(np.concatenate([cur[i] for i in ok], axis=0))  # [B, V]
+            for row, i in enumerate(ok):
+                results[i] = logits[row : row + 1]
+        missing = RuntimeError("a decode round left a session without a result")
+        return [r if r is not None else missing for r in results]
