@@ -41,6 +41,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from ethen.admin.accounts import Accounts, Hold, StoreUnavailableError, accounts_for
+from ethen.admin.http import admin_routes
 from ethen.gateway.auth import KeyRing
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.config import (
@@ -60,7 +62,7 @@ from ethen.gateway.errors import (
 from ethen.gateway.execute import Attempt, Executor, RouteTarget, StreamRun, chunk_meta, upstream_payload
 from ethen.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from ethen.gateway.providers.base import Provider, Timeouts
-from ethen.gateway.routing import ALIASES, Decision, RoutingContext, decide
+from ethen.gateway.routing import ALIASES, Decision, RoutingContext
 from ethen.gateway.sse import DONE_FRAME, dumps, encode_data, encode_error, encode_json
 from ethen.gateway.telemetry_store import TelemetryStore
 
@@ -183,6 +185,7 @@ class Gateway:
         self.policy = build_policy(cfg)
         self.canaries = build_canaries(cfg)
         self.keyring = KeyRing(cfg.api_keys)
+        self.accounts = Accounts(self.keyring)  # create_app sets the store-backed one (ethen.admin)
         self.providers = dict(providers)
         self.store = store or TelemetryStore()
         self.metrics = GatewayMetrics()
@@ -253,6 +256,7 @@ def create_app(
     """Build the gateway app. ``providers`` defaults to :func:`build_providers` (secrets from ``env``);
     ``catalog`` (model intelligence + prices) defaults to none: routes then carry their own limits/prices."""
     gw = Gateway(cfg, providers=providers or build_providers(cfg, env), catalog=catalog, store=store)
+    gw.accounts = acc = accounts_for(cfg, gw.keyring, env)
     m = gw.metrics
 
     async def chat(request: Request) -> Response:
@@ -261,15 +265,17 @@ def create_app(
         body: dict[str, Any] | None = None
         stream = False
         try:
-            gw.keyring.authenticate(request.headers.get("authorization"))
+            access = await acc.authenticate(request.headers.get("authorization"))
             body = _parse_body(await _read_body(request))
             stream, include_usage = _stream_options(body)
-            decision = decide(body, gw.context(rid))
+            decision = acc.decide(body, await acc.prepare(access, body, gw.context(rid)), access)
             payload = upstream_payload(body)
+            hold = await acc.admit(access, decision, rid)  # reserves the estimated cost (project budget)
             if stream:
-                run = await gw.executor.open_stream(decision, payload, rid)
-                return _stream_response(decision, run, include_usage, rid, t0, gw.label(body))
-            res = await gw.executor.run_buffered(decision, payload, rid)
+                run = await hold.guard(gw.executor.open_stream(decision, payload, rid))
+                return _stream_response(decision, run, include_usage, rid, t0, gw.label(body), hold)
+            res = await hold.guard(gw.executor.run_buffered(decision, payload, rid))
+            await hold.settle(res.target.candidate, res.usage)  # before the answer leaves: durable spend
             out = res.body
             out["ethen"] = {"routing": routing_receipt(decision, res.attempts, res.target, res.receipt_extra)}
             content = dumps(out)
@@ -288,7 +294,7 @@ def create_app(
             return _error_response(err, rid)
 
     def _stream_response(
-        decision: Decision, run: StreamRun, include_usage: bool, rid: str, t0: float, label: str
+        decision: Decision, run: StreamRun, include_usage: bool, rid: str, t0: float, label: str, hold: Hold
     ) -> Response:
         opened = time.perf_counter()
         overhead_at_open = max(0.0, opened - t0 - run.upstream_s)
@@ -304,6 +310,7 @@ def create_app(
                         yield encode_data(payload)
                 except UpstreamError as err:
                     run.finish(err)
+                    await hold.settle_or_log(run.target.candidate, run.stream.usage)
                     env = err.to_dict()
                     env["ethen"] = {"routing": routing_receipt(decision, run.attempts, run.target)}
                     done = True
@@ -312,6 +319,11 @@ def create_app(
                     yield encode_error(env)
                     return
                 run.finish(None)
+                if not await hold.settle_or_log(run.target.candidate, run.stream.usage):
+                    done = True
+                    err = StoreUnavailableError("The gateway could not record the request's spend.")
+                    yield encode_error(err.to_dict())
+                    return
                 end = time.perf_counter()
                 upstream = run.upstream_s + (end - upstream_after_first)
                 routing = routing_receipt(decision, run.attempts, run.target, run.stream.receipt_extra)
@@ -333,6 +345,7 @@ def create_app(
             finally:
                 if not done:
                     run.finish(None, client_gone=True)
+                    await hold.settle_or_log(run.target.candidate, run.stream.usage)
                     m.requests.labels(label, "true", "client_closed").inc()
                 with contextlib.suppress(Exception):
                     await run.stream.aclose()
@@ -347,9 +360,9 @@ def create_app(
     async def explain(request: Request) -> Response:
         rid = _request_id(request)
         try:
-            gw.keyring.authenticate(request.headers.get("authorization"))
+            access = await acc.authenticate(request.headers.get("authorization"))
             body = _parse_body(await _read_body(request))
-            decision = decide(body, gw.context(rid))
+            decision = acc.decide(body, await acc.prepare(access, body, gw.context(rid)), access)
         except GatewayError as err:
             return _error_response(err, rid)
         return Response(dumps(decision.to_dict()), 200, {"x-request-id": rid}, media_type=_JSON)
@@ -357,7 +370,7 @@ def create_app(
     async def models(request: Request) -> Response:
         rid = _request_id(request)
         try:
-            gw.keyring.authenticate(request.headers.get("authorization"))
+            await acc.authenticate(request.headers.get("authorization"))
         except GatewayError as err:
             return _error_response(err, rid)
         return Response(gw.models_body, 200, media_type=_JSON)
@@ -391,9 +404,11 @@ def create_app(
         # of the collector's generations so full collections do not rescan it on the request path.
         gc.collect()
         gc.freeze()
+        await acc.start()  # opens/migrates the store, releases dangling reservations
         try:
             yield
         finally:
+            await acc.aclose()
             await gw.aclose()
 
     app = Starlette(
@@ -403,6 +418,7 @@ def create_app(
             Route(f"{PREFIX}/models", models, methods=["GET"]),
             Route(f"{PREFIX}/healthz", healthz, methods=["GET"]),
             Route(f"{PREFIX}/metrics", metrics, methods=["GET"]),
+            *admin_routes(acc, cfg.store.admin_key_sha256 if cfg.store else None),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,

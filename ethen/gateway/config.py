@@ -12,6 +12,8 @@ Layout (see ``examples/gateway.toml``)::
     [[api_keys]]        name, sha256 (hex SHA-256 of the full key; keys start with "ethen")
     [[canaries]]        alias, candidate ("provider/model"), percent, min_success_rate, min_samples
     [policy]            allowed_providers, allowed_models, remaining_budget_usd
+    [store]             url or url_env (SQLAlchemy URL: sqlite:///ethen.db, postgresql://...),
+                        admin_key_sha256, reservation_ttl_s, release_dangling (see ethen.admin, ethen.store)
 
 Choices where the issue is silent:
 - TOML only (the issue allows YAML or TOML; TOML needs no extra dependency).
@@ -47,6 +49,7 @@ __all__ = [
     "ProviderConfig",
     "RouteConfig",
     "ServerConfig",
+    "StoreConfig",
     "TimeoutsConfig",
     "build_canaries",
     "build_candidate",
@@ -55,6 +58,7 @@ __all__ = [
     "load_config",
     "parse_config",
     "resolve_secret",
+    "store_url",
 ]
 
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -173,13 +177,30 @@ class PolicyConfig(_Strict):
         return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
 
+class StoreConfig(_Strict):
+    """Durable projects/keys/budgets/receipts (``ethen.store``). ``url_env`` names an environment variable
+    holding the URL (use it when the URL has a password). ``admin_key_sha256`` enables the admin API."""
+
+    url: str | None = Field(None, min_length=1)
+    url_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    admin_key_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    reservation_ttl_s: float = Field(900.0, gt=0)
+    release_dangling: bool = True
+
+    @field_validator("reservation_ttl_s", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
 class GatewayConfig(_Strict):
     server: ServerConfig = Field(default_factory=lambda: ServerConfig())
     providers: list[ProviderConfig] = Field(min_length=1)
     routes: list[RouteConfig] = Field(min_length=1)
-    api_keys: list[ApiKeyConfig] = Field(min_length=1)
+    api_keys: list[ApiKeyConfig]
     canaries: list[CanaryConfig] = Field(default_factory=list)
     policy: PolicyConfig = Field(default_factory=lambda: PolicyConfig())
+    store: StoreConfig | None = None
 
     def provider(self, provider_id: str) -> ProviderConfig:
         for p in self.providers:
@@ -224,6 +245,10 @@ def _cross_check(cfg: GatewayConfig) -> None:
                 f"routes[{i}].model = {r.model!r}: the ethen/ prefix is reserved for aliases"
             )
         routes[cid] = i
+    if not cfg.api_keys and cfg.store is None:
+        raise GatewayConfigError("api_keys = []: at least one key is required when no [store] is configured")
+    if cfg.store is not None and (cfg.store.url is None) == (cfg.store.url_env is None):
+        raise GatewayConfigError("store: set exactly one of store.url and store.url_env")
     hashes: set[str] = set()
     for i, k in enumerate(cfg.api_keys):
         if k.sha256 in hashes:
@@ -284,6 +309,18 @@ def resolve_secret(provider: ProviderConfig, env: Mapping[str, str] | None = Non
         raise GatewayConfigError(
             f"providers[id={provider.id!r}].api_key_env = {provider.api_key_env!r}: variable is not set"
         )
+    return value
+
+
+def store_url(cfg: GatewayConfig, env: Mapping[str, str] | None = None) -> str | None:
+    """The store's database URL (``None`` without ``[store]``); a missing ``url_env`` variable is an error."""
+    if cfg.store is None:
+        return None
+    if cfg.store.url is not None:
+        return cfg.store.url
+    value = (os.environ if env is None else env).get(cfg.store.url_env or "")
+    if not value:
+        raise GatewayConfigError(f"store.url_env = {cfg.store.url_env!r}: variable is not set")
     return value
 
 

@@ -119,6 +119,7 @@ class BufferedRun:
     attempts: list[Attempt]
     upstream_s: float
     receipt_extra: Mapping[str, Any]
+    usage: Usage | None = None  # the serving attempt's usage (for spend settlement)
 
 
 @dataclass(slots=True)
@@ -254,7 +255,9 @@ class Executor:
             run.upstream_s += dt
             run.attempts.append(Attempt(sc.id, "ok", dt * 1000))
             self.record(target, dt, True, None, comp.usage, i > 0, stream=False)
-            return BufferedRun(comp.body, target, run.attempts, run.upstream_s, comp.receipt_extra)
+            return BufferedRun(
+                comp.body, target, run.attempts, run.upstream_s, comp.receipt_extra, comp.usage
+            )
         raise self._exhausted(run, last)
 
     async def open_stream(self, decision: Decision, payload: Mapping[str, Any], request_id: str) -> StreamRun:

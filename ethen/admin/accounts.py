@@ -1,0 +1,362 @@
+"""Projects, keys and budgets on the gateway's request path (the shell between the HTTP app and the store).
+
+Per request: :meth:`Accounts.authenticate` (config keys first, then store keys) -> :meth:`Accounts.prepare`
+(the project's effective policy and remaining window budget, its default alias, live certification receipts
+into the routing context) -> ``decide`` through :meth:`Accounts.decide` -> :meth:`Accounts.admit` (reserve the
+estimated cost) -> execution -> :meth:`Hold.settle` (actual cost into the ledger, reservation released) or
+:meth:`Hold.release` (nothing was served).
+
+Choices where the spec is silent:
+- **Config keys keep working** and act for no project: the config's ``[policy]`` applies, no budget, no
+  ledger. Store keys act for their project only; the project's policy is intersected with the config's
+  ``[policy]`` (allowed sets intersect, budgets take the smaller).
+- **Default alias**: applied when the body has no ``model`` key at all.
+- **Reserved amount**: the largest estimated cost over the decision's whole fallback chain (any of them may
+  end up serving), so a fallback can never spend more than was admitted.
+- **Budget errors**: HTTP **402** with code ``budget_exceeded`` (type ``insufficient_quota``): 429 would make
+  OpenAI SDKs retry automatically, which cannot help until the window rolls over or the budget is raised.
+  It is used both when the reservation loses a race and when ``decide`` rejects every candidate *only*
+  because of the remaining window budget (then the rejections are attached, as for
+  ``no_smart_route_candidate``).
+- **Actual cost** = upstream usage x the served candidate's prices. When the upstream reports no usage (e.g.
+  a stream cut before its usage chunk), the served candidate's *estimated* cost is settled and the ledger row
+  is flagged ``estimated``.
+- A store failure is a 503 ``store_unavailable``; the message names no key, URL or password.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import anyio
+
+from ethen.gateway.auth import KeyRing
+from ethen.gateway.config import GatewayConfig, store_url
+from ethen.gateway.errors import (
+    HTTP_STATUS,
+    AuthenticationError,
+    GatewayError,
+    NoSmartRouteCandidateError,
+)
+from ethen.gateway.providers.base import Usage
+from ethen.gateway.routing import (
+    Candidate,
+    Decision,
+    LiveCertification,
+    ProjectPolicy,
+    RoutingContext,
+    decide,
+)
+from ethen.gateway.routing.reasons import OVER_PROJECT_BUDGET
+from ethen.store import CertificationReceipt, Principal, Project, Store, StoreError, parse_key
+
+__all__ = [
+    "Access",
+    "Accounts",
+    "BudgetExceededError",
+    "Hold",
+    "StoreUnavailableError",
+    "with_certifications",
+]
+
+log = logging.getLogger("ethen.accounts")
+T = TypeVar("T")
+
+
+class BudgetExceededError(GatewayError):
+    """The project's remaining window budget cannot cover the request's estimated cost."""
+
+    default_code = "budget_exceeded"
+    default_type = "insufficient_quota"
+
+    def __init__(self, message: str, rejections: tuple[Any, ...] = ()) -> None:
+        super().__init__(message)
+        self.rejections = rejections
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        if self.rejections:
+            body["error"]["rejections"] = [r.to_dict() for r in self.rejections]
+        return body
+
+
+class StoreUnavailableError(GatewayError):
+    """The gateway's database failed; the request was not served."""
+
+    default_code = "store_unavailable"
+    default_type = "api_error"
+
+
+HTTP_STATUS.update({BudgetExceededError: 402, StoreUnavailableError: 503})
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """Who a request acts for: a config key (``principal`` is ``None``) or a store key of one project."""
+
+    name: str
+    principal: Principal | None = None
+
+    @property
+    def project(self) -> Project | None:
+        return self.principal.project if self.principal is not None else None
+
+
+def _intersect(a: frozenset[str] | None, b: tuple[str, ...] | None) -> frozenset[str] | None:
+    if b is None:
+        return a
+    return frozenset(b) if a is None else a & frozenset(b)
+
+
+def _wants_live(body: Mapping[str, Any]) -> bool:
+    meta = body.get("metadata")
+    routing = meta.get("routing") if isinstance(meta, Mapping) else None
+    return isinstance(routing, Mapping) and routing.get("certification_level") == "live"
+
+
+def with_certifications(
+    pool: tuple[Candidate, ...], receipts: list[CertificationReceipt]
+) -> tuple[Candidate, ...]:
+    """The pool with each candidate's newest receipt attached (candidates without one are unchanged)."""
+    newest: dict[tuple[str, str], CertificationReceipt] = {}
+    for r in receipts:
+        cur = newest.get((r.provider, r.model))
+        if cur is None or r.expires_at > cur.expires_at:
+            newest[(r.provider, r.model)] = r
+    out = []
+    for c in pool:
+        got = newest.get((c.provider, c.model))
+        if got is not None:
+            c = dataclasses.replace(
+                c, certification=LiveCertification(got.receipt_id, got.certified_at, got.expires_at)
+            )
+        out.append(c)
+    return tuple(out)
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, key = authorization.partition(" ")
+    return key.strip() if scheme.lower() == "bearer" else None
+
+
+class Hold:
+    """One admitted request's budget hold: settle it (served) or release it (not served), exactly once.
+    Both run shielded from cancellation (a client that disconnects must not leave the ledger behind)."""
+
+    def __init__(
+        self,
+        store: Store | None,
+        access: Access,
+        decision: Decision | None,
+        request_id: str,
+        reservation: int | None,
+    ) -> None:
+        self._store = store
+        self._access = access
+        self._decision = decision
+        self._rid = request_id
+        self._reservation = reservation
+        self._done = store is None or access.principal is None
+
+    async def guard(self, work: Awaitable[T]) -> T:
+        """Await ``work``; if it fails (or is cancelled), release the hold and re-raise."""
+        try:
+            return await work
+        except BaseException:
+            await self.release()
+            raise
+
+    async def settle_or_log(self, candidate: Candidate, usage: Usage | None) -> bool:
+        """:meth:`settle`, for places that cannot answer with an error status any more (a started stream)."""
+        try:
+            await self.settle(candidate, usage)
+        except StoreUnavailableError:
+            return False
+        return True
+
+    async def settle(self, candidate: Candidate, usage: Usage | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        with anyio.CancelScope(shield=True):
+            await self._settle(candidate, usage)
+
+    async def _settle(self, candidate: Candidate, usage: Usage | None) -> None:
+        assert self._store is not None and self._access.principal is not None
+        if usage is not None:
+            p = candidate.prices
+            cost = (
+                usage.prompt_tokens * p.input_per_mtok + usage.completion_tokens * p.output_per_mtok
+            ) / 1e6
+        else:
+            chain = self._decision.chain if self._decision is not None else ()
+            cost = next((sc.estimated_cost_usd for sc in chain if sc.candidate.id == candidate.id), 0.0)
+        try:
+            await self._store.settle(
+                self._access.principal.project,
+                reservation_id=self._reservation,
+                request_id=self._rid,
+                key_id=self._access.principal.key_id,
+                provider=candidate.provider,
+                model=candidate.model,
+                prompt_tokens=usage.prompt_tokens if usage else 0,
+                completion_tokens=usage.completion_tokens if usage else 0,
+                cost_usd=cost,
+                estimated=usage is None,
+            )
+        except StoreError as exc:
+            log.error("request %s: settling spend failed: %s", self._rid, exc.message)
+            raise StoreUnavailableError("The gateway could not record the request's spend.") from None
+
+    async def release(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        if self._reservation is None or self._store is None:
+            return
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._store.release(self._reservation)
+        except StoreError as exc:  # the reservation expires on its own (ttl)
+            log.error("request %s: releasing reservation failed: %s", self._rid, exc.message)
+
+
+class Accounts:
+    """Authentication, project policy and budget admission. Without a store URL only config keys exist."""
+
+    def __init__(
+        self,
+        keyring: KeyRing,
+        *,
+        store_url: str | None = None,
+        reservation_ttl: timedelta = timedelta(minutes=15),
+        release_dangling: bool = True,
+    ) -> None:
+        self.keyring = keyring
+        self.store_url = store_url
+        self.store: Store | None = None
+        self.ttl = reservation_ttl
+        self.release_dangling = release_dangling
+
+    async def start(self) -> None:
+        if self.store_url is None or self.store is not None:
+            return
+        self.store = await Store.open(self.store_url)
+        if self.release_dangling:
+            n = await self.store.release_all()
+            if n:
+                log.warning("released %d dangling budget reservation(s) left by a previous process", n)
+
+    async def aclose(self) -> None:
+        if self.store is not None:
+            await self.store.aclose()
+            self.store = None
+
+    async def authenticate(self, authorization: str | None) -> Access:
+        try:
+            return Access(self.keyring.authenticate(authorization))
+        except AuthenticationError as err:
+            if self.store is None:
+                raise
+            key = _bearer(authorization)
+            if key is None or parse_key(key) is None:
+                raise err from None
+            try:
+                principal = await self.store.authenticate(key)
+            except StoreError as exc:
+                log.error("key lookup failed: %s", exc.message)
+                raise StoreUnavailableError("The gateway could not check the API key.") from None
+            if principal is None:
+                raise AuthenticationError("Incorrect API key provided (unknown or revoked).") from None
+            return Access(principal.project.name, principal)
+
+    async def prepare(self, access: Access, body: dict[str, Any], ctx: RoutingContext) -> RoutingContext:
+        """The routing context for this access: project policy + remaining budget, live receipts. Applies the
+        project's default alias to ``body`` when it has no ``model``."""
+        project = access.project
+        live = self.store is not None and _wants_live(body)
+        if project is None and not live:
+            return ctx
+        policy, pool = ctx.policy, ctx.pool
+        try:
+            if project is not None:
+                assert self.store is not None
+                if "model" not in body and project.default_alias is not None:
+                    body["model"] = project.default_alias
+                remaining = policy.remaining_budget_usd
+                if project.budget_usd is not None:
+                    spend = await self.store.spend(project, now=ctx.now)
+                    left = spend.remaining_usd
+                    remaining = left if remaining is None or left is None else min(remaining, left)
+                policy = ProjectPolicy(
+                    allowed_providers=_intersect(policy.allowed_providers, project.allowed_providers),
+                    allowed_models=_intersect(policy.allowed_models, project.allowed_models),
+                    remaining_budget_usd=remaining,
+                )
+            if live:
+                assert self.store is not None
+                pool = with_certifications(pool, await self.store.certifications(valid_at=ctx.now))
+        except StoreError as exc:
+            log.error("reading project state failed: %s", exc.message)
+            raise StoreUnavailableError("The gateway could not read the project's budget.") from None
+        return dataclasses.replace(ctx, policy=policy, pool=pool)
+
+    def decide(self, body: Mapping[str, Any], ctx: RoutingContext, access: Access) -> Decision:
+        """``decide``, with "every candidate was rejected only for the project budget" as a budget error."""
+        try:
+            return decide(body, ctx)
+        except NoSmartRouteCandidateError as err:
+            rej = err.rejections
+            if access.project is not None and rej and all(OVER_PROJECT_BUDGET in r.reasons for r in rej):
+                raise BudgetExceededError(
+                    f"Project {access.project.name!r} has not enough budget left in this "
+                    f"{access.project.budget_window} for this request's estimated cost.",
+                    rej,
+                ) from None
+            raise
+
+    async def admit(self, access: Access, decision: Decision, request_id: str) -> Hold:
+        """Reserve the request's estimated cost against its project's window budget."""
+        project = access.project
+        if project is None or self.store is None:
+            return Hold(None, access, None, request_id, None)
+        reservation = None
+        if project.budget_usd is not None:
+            amount = max(sc.estimated_cost_usd for sc in decision.chain)
+            try:
+                reservation = await self.store.reserve(
+                    project,
+                    amount,
+                    request_id=request_id,
+                    key_id=access.principal.key_id if access.principal else None,
+                    ttl=self.ttl,
+                )
+            except StoreError as exc:
+                log.error("request %s: reserving budget failed: %s", request_id, exc.message)
+                raise StoreUnavailableError("The gateway could not reserve the project's budget.") from None
+            if reservation is None:
+                raise BudgetExceededError(
+                    f"Project {project.name!r} has not enough budget left in this {project.budget_window}: "
+                    f"the request's estimated cost is ${amount:.6f}."
+                )
+        return Hold(self.store, access, decision, request_id, reservation)
+
+
+def accounts_for(cfg: GatewayConfig, keyring: KeyRing, env: Mapping[str, str] | None = None) -> Accounts:
+    """The accounts of a gateway config (store-backed when it has a ``[store]`` section)."""
+    sc = cfg.store
+    if sc is None:
+        return Accounts(keyring)
+    return Accounts(
+        keyring,
+        store_url=store_url(cfg, env),
+        reservation_ttl=timedelta(seconds=sc.reservation_ttl_s),
+        release_dangling=sc.release_dangling,
+    )

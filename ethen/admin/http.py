@@ -1,0 +1,229 @@
+"""The admin HTTP API under ``/api/admin/v1``, behind the admin key (``[store] admin_key_sha256``).
+
+Endpoints (JSON in and out, OpenAI-style error envelopes)::
+
+    GET    /projects                      list projects
+    POST   /projects                      create {name, allowed_providers, allowed_models, budget_usd,
+                                          budget_window, default_alias}
+    GET    /projects/{name}               the project and its current window spend
+    PATCH  /projects/{name}               change policy fields (null clears a restriction / the budget)
+    GET    /projects/{name}/keys          the project's keys (public data only)
+    POST   /projects/{name}/keys          create a key {name}: the full key is in this answer only
+    DELETE /keys/{key_id}                 revoke a key
+    GET    /usage?project=&since=&until=  settled usage per project, key, model (ISO-8601 times, UTC if naive)
+    GET    /certifications                live-certification receipts
+
+The admin key is compared as SHA-256 digests with :func:`hmac.compare_digest`; it is a separate secret from
+client keys (a project key gets 401 here). The routes exist only when a store and an admin key are configured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ethen.gateway.errors import AuthenticationError, GatewayError, InvalidRequestError, http_status
+from ethen.store import (
+    UNSET,
+    Store,
+    StoreConflictError,
+    StoreError,
+    StoreInvalidError,
+    StoreNotFoundError,
+)
+
+from .accounts import Accounts, StoreUnavailableError
+
+__all__ = ["ADMIN_PREFIX", "admin_routes"]
+
+ADMIN_PREFIX = "/api/admin/v1"
+_JSON = "application/json"
+_PROJECT_FIELDS = ("allowed_providers", "allowed_models", "budget_usd", "budget_window", "default_alias")
+Handler = Callable[[Request, Store], Awaitable[Response]]
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(json.dumps(obj, separators=(",", ":")), status, media_type=_JSON)
+
+
+def _error(err: GatewayError, status: int | None = None) -> Response:
+    return _json(err.to_dict(), status or http_status(err))
+
+
+def _store_error(exc: StoreError) -> Response:
+    if isinstance(exc, StoreInvalidError):
+        return _error(InvalidRequestError(exc.message, code="invalid_value"), 400)
+    if isinstance(exc, StoreNotFoundError):
+        return _error(GatewayError(exc.message, code="not_found", type="invalid_request_error"), 404)
+    if isinstance(exc, StoreConflictError):
+        return _error(GatewayError(exc.message, code="conflict", type="invalid_request_error"), 409)
+    return _error(StoreUnavailableError("The gateway's store is unavailable."))
+
+
+async def _body(request: Request, allowed: tuple[str, ...]) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except ValueError:
+        raise InvalidRequestError("The body must be a JSON object.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise InvalidRequestError("The body must be a JSON object.", code="invalid_type")
+    for k in body:
+        if k not in allowed:
+            raise InvalidRequestError(
+                f"Unknown field {k!r} (allowed: {', '.join(allowed)}).", code="invalid_value", param=k
+            )
+    for k in ("allowed_providers", "allowed_models"):
+        v = body.get(k)
+        if v is not None and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+            raise InvalidRequestError(
+                f"{k!r} must be a list of strings or null.", code="invalid_type", param=k
+            )
+    for k in ("name", "budget_window", "default_alias"):
+        v = body.get(k)
+        if v is not None and not isinstance(v, str):
+            raise InvalidRequestError(f"{k!r} must be a string.", code="invalid_type", param=k)
+    b = body.get("budget_usd")
+    if b is not None and (isinstance(b, bool) or not isinstance(b, int | float)):
+        raise InvalidRequestError(
+            "'budget_usd' must be a number or null.", code="invalid_type", param="budget_usd"
+        )
+    return body
+
+
+def _time(request: Request, name: str) -> datetime | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    try:
+        t = datetime.fromisoformat(raw)
+    except ValueError:
+        raise InvalidRequestError(
+            f"{name} = {raw!r}: not an ISO-8601 date or time.", code="invalid_value", param=name
+        ) from None
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t
+
+
+async def _list_projects(request: Request, st: Store) -> Response:
+    return _json({"object": "list", "data": [p.to_dict() for p in await st.list_projects()]})
+
+
+async def _create_project(request: Request, st: Store) -> Response:
+    body = await _body(request, ("name", *_PROJECT_FIELDS))
+    if "name" not in body:
+        raise InvalidRequestError("'name' is required.", code="missing_required_parameter", param="name")
+    p = await st.create_project(
+        body["name"],
+        allowed_providers=body.get("allowed_providers"),
+        allowed_models=body.get("allowed_models"),
+        budget_usd=body.get("budget_usd"),
+        budget_window=body.get("budget_window") or "month",
+        default_alias=body.get("default_alias"),
+    )
+    return _json(p.to_dict(), 201)
+
+
+async def _project_view(st: Store, name: str) -> dict[str, Any]:
+    p = await st.get_project(name)
+    spend = await st.spend(p)
+    return {
+        **p.to_dict(),
+        "window": {
+            "start": spend.window_start.isoformat(),
+            "settled_usd": spend.settled_usd,
+            "reserved_usd": spend.reserved_usd,
+            "remaining_usd": spend.remaining_usd,
+        },
+    }
+
+
+async def _get_project(request: Request, st: Store) -> Response:
+    return _json(await _project_view(st, request.path_params["name"]))
+
+
+async def _patch_project(request: Request, st: Store) -> Response:
+    body = await _body(request, _PROJECT_FIELDS)
+    if "budget_window" in body and body["budget_window"] is None:
+        raise InvalidRequestError(
+            "'budget_window' cannot be null.", code="invalid_value", param="budget_window"
+        )
+    name = request.path_params["name"]
+    await st.update_project(name, **{k: body.get(k, UNSET) for k in _PROJECT_FIELDS})
+    return _json(await _project_view(st, name))
+
+
+async def _list_keys(request: Request, st: Store) -> Response:
+    name = request.path_params["name"]
+    await st.get_project(name)
+    return _json({"object": "list", "data": [k.to_dict() for k in await st.list_keys(name)]})
+
+
+async def _create_key(request: Request, st: Store) -> Response:
+    body = await _body(request, ("name",))
+    key, info = await st.create_key(request.path_params["name"], name=body.get("name"))
+    return _json({**info.to_dict(), "key": key}, 201)
+
+
+async def _revoke_key(request: Request, st: Store) -> Response:
+    return _json((await st.revoke_key(request.path_params["key_id"])).to_dict())
+
+
+async def _usage(request: Request, st: Store) -> Response:
+    rows = await st.usage(
+        project=request.query_params.get("project"),
+        since=_time(request, "since"),
+        until=_time(request, "until"),
+    )
+    total = sum(r.cost_usd for r in rows)
+    return _json({"object": "list", "data": [r.to_dict() for r in rows], "total_cost_usd": total})
+
+
+async def _certifications(request: Request, st: Store) -> Response:
+    return _json({"object": "list", "data": [c.to_dict() for c in await st.certifications()]})
+
+
+def admin_routes(accounts: Accounts, admin_key_sha256: str | None) -> list[Route]:
+    """The admin routes (none when no admin key is configured)."""
+    if admin_key_sha256 is None or accounts.store_url is None:
+        return []
+    expected = bytes.fromhex(admin_key_sha256)
+
+    def wrap(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            scheme, _, key = (request.headers.get("authorization") or "").partition(" ")
+            given = hashlib.sha256(key.strip().encode()).digest()
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given, expected):
+                return _error(
+                    AuthenticationError("A valid admin key is required: 'Authorization: Bearer <admin key>'.")
+                )
+            st = accounts.store
+            if st is None:
+                return _error(StoreUnavailableError("The gateway's store is not open."))
+            try:
+                return await handler(request, st)
+            except GatewayError as err:
+                return _error(err)
+            except StoreError as exc:
+                return _store_error(exc)
+
+        return endpoint
+
+    p = ADMIN_PREFIX
+    return [
+        Route(f"{p}/projects", wrap(_list_projects), methods=["GET"]),
+        Route(f"{p}/projects", wrap(_create_project), methods=["POST"]),
+        Route(f"{p}/projects/{{name}}", wrap(_get_project), methods=["GET"]),
+        Route(f"{p}/projects/{{name}}", wrap(_patch_project), methods=["PATCH"]),
+        Route(f"{p}/projects/{{name}}/keys", wrap(_list_keys), methods=["GET"]),
+        Route(f"{p}/projects/{{name}}/keys", wrap(_create_key), methods=["POST"]),
+        Route(f"{p}/keys/{{key_id}}", wrap(_revoke_key), methods=["DELETE"]),
+        Route(f"{p}/usage", wrap(_usage), methods=["GET"]),
+        Route(f"{p}/certifications", wrap(_certifications), methods=["GET"]),
+    ]
