@@ -70,6 +70,23 @@ def test_rule2_without_a_node_state_the_layers_come_from_the_redundancy_map_clip
     assert "held layers 4-7 of window 0-7 per the redundancy map" in new.reason  # 8-9 clipped away
 
 
+def test_rule2_layers_the_failed_node_holds_but_another_stage_runs_keep_their_stage():
+    # gpu holds 0-3 and 8-11, but the route runs 8-11 on laptop: only 0-3 needs a substitute.
+    states = [node("gpu", 1, (0, 3), (8, 11)), node("mini", 1, (0, 3), (4, 7)), node("laptop", 1, (8, 11)),
+              node("spare", 3, (0, 3))]  # fmt: skip
+    route = Route(
+        stages=score_route(RoutingRequest((0, 3)), [states[0]], LATENCY_ONLY).stages
+        + score_route(RoutingRequest((4, 11)), states[1:3], LATENCY_ONLY).stages,
+        model="m",
+        window=(0, 11),
+    )
+    assert segments(route) == [("gpu", 0, 3), ("mini", 4, 7), ("laptop", 8, 11)]
+    new = failover(route, redundancy_map_from_states(states), "gpu", states, LATENCY_ONLY)
+    assert "held layers 0-3, 8-11 of window 0-11 per its telemetry" in new.reason
+    assert "layers 0-3 moved to mini" in new.reason
+    assert segments(new) == [("mini", 0, 7), ("laptop", 8, 11)]  # laptop keeps 8-11
+
+
 def test_rule3_the_cheapest_live_holder_takes_the_failed_nodes_place():
     states = [
         node("head", 1, (0, 3)), node("mid", 1, (4, 7)), node("tail", 1, (8, 11)),
