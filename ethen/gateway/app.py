@@ -321,8 +321,8 @@ def create_app(
                 run.finish(None)
                 if not await hold.settle_or_log(run.target.candidate, run.stream.usage):
                     done = True
-                    err = StoreUnavailableError("The gateway could not record the request's spend.")
-                    yield encode_error(err.to_dict())
+                    lost = StoreUnavailableError("The gateway could not record the request's spend.")
+                    yield encode_error(lost.to_dict())
                     return
                 end = time.perf_counter()
                 upstream = run.upstream_s + (end - upstream_after_first)
