@@ -27,7 +27,7 @@ from .filter import Rejection, check_candidate
 from .policy import ALIASES, CONCRETE_PROFILE, FAILING_MIN_SAMPLES, AliasProfile, weights_for
 from .receipt import Receipt, build_receipt
 from .requirements import Requirements, parse_requirements
-from .score import ScoredCandidate, score_candidate, telemetry_components
+from .score import ScoredCandidate, score_candidate
 from .telemetry import EMPTY_STATS, TelemetrySnapshot
 
 __all__ = ["ALIAS_PREFIX", "Decision", "RoutingContext", "decide", "resolve_pool"]
@@ -135,7 +135,6 @@ def _filter_and_score(
     (``filter.check_candidate``, only for rejected ones) or the score (``score.score_candidate``)."""
     telemetry = ctx.telemetry
     stats_map = telemetry.stats
-    derived = telemetry.derived
     totals = telemetry.provider_totals
     failing = telemetry.failing_providers
     weights = weights_for(profile, req.latency_target)
@@ -177,23 +176,13 @@ def _filter_and_score(
         prices = cand.prices
         out_tok = cand.default_output_tokens if max_out is None else max_out
         cost = (in_tok * prices.input_per_mtok + out_tok * prices.output_per_mtok) / 1e6
-        memo = derived.get(id(cand))
-        if memo is None or memo[0] is not cand:  # once per (snapshot, candidate)
-            stats = stats_map.get(cand.key, EMPTY_STATS) if stats_map else EMPTY_STATS
-            pn, ps = totals.get(cand.provider, _ZERO) if totals else _ZERO
-            memo = (
-                cand,
-                telemetry_components(cand, stats, pn, ps),
-                stats.samples,
-                stats.samples >= FAILING_MIN_SAMPLES and stats.successes == 0,
-            )
-            derived[id(cand)] = memo
+        stats = stats_map.get(cand.key, EMPTY_STATS) if stats_map else EMPTY_STATS
         ok = (
             info.context_window >= min_window
             and info.max_output_tokens >= max_out_needed
             and cost <= ceiling
             and cand.caps & need_caps == need_caps
-            and not memo[3]
+            and (stats.samples < FAILING_MIN_SAMPLES or stats.successes > 0)
         )
         if ok and restricted:
             ok = (
@@ -204,9 +193,9 @@ def _filter_and_score(
                 and (not live or (cand.certification is not None and cand.certification.valid_at(now)))
             )
         if not ok:
-            stats = stats_map.get(cand.key, EMPTY_STATS) if stats_map else EMPTY_STATS
             why = check_candidate(cand, req, gates, policy, cost, stats, failing, now)
             rejected.append(_new(Rejection, (cid, cand.provider, cand.model, why)))
             continue
-        feasible.append(score_candidate(cand, qfactor, weights, cost, in_tok + out_tok, memo[1], memo[2]))
+        pn, ps = totals.get(cand.provider, _ZERO) if totals else _ZERO
+        feasible.append(score_candidate(cand, qfactor, weights, cost, in_tok + out_tok, stats, pn, ps))
     return feasible, rejected

@@ -22,7 +22,7 @@ from .candidates import Candidate
 from .policy import COMPONENTS, COST_REF_USD_PER_MTOK, LATENCY_REF_MS, TTFT_REF_MS
 from .telemetry import LATENCY_PRIOR_WEIGHT, RELIABILITY_PRIOR, CandidateStats
 
-__all__ = ["ScoreComponents", "ScoredCandidate", "score_candidate", "telemetry_components"]
+__all__ = ["ScoreComponents", "ScoredCandidate", "score_candidate"]
 
 _A, _B = RELIABILITY_PRIOR
 _AB = _A + _B
@@ -76,11 +76,19 @@ class ScoredCandidate(NamedTuple):
         return _new(ScoreComponents, self[4:])
 
 
-def telemetry_components(
-    cand: Candidate, stats: CandidateStats, provider_samples: int, provider_successes: int
-) -> tuple[float, float, float, float]:
-    """(latency, ttft, reliability, health) components: priors smoothed with the recent telemetry."""
+def score_candidate(
+    cand: Candidate,
+    non_reasoning_quality_factor: float,
+    weights: tuple[float, ...],
+    cost_usd: float,
+    total_tokens: int,
+    stats: CandidateStats,
+    provider_samples: int,
+    provider_successes: int,
+) -> ScoredCandidate:
     info = cand.info
+    quality = info.quality if info.supports_reasoning else info.quality * non_reasoning_quality_factor
+    c_cost = _COST_REF / (_COST_REF + cost_usd * 1e6 / total_tokens) if total_tokens > 0 else 1.0
     n = stats.successes
     latency = info.latency_ms
     ttft = info.ttft_ms
@@ -91,28 +99,10 @@ def telemetry_components(
         mean = stats.ttft_ms_mean
         if mean is not None:
             ttft = (_K * ttft + n * mean) / (_K + n)
-    return (
-        _LAT_REF / (_LAT_REF + latency),
-        _TTFT_REF / (_TTFT_REF + ttft),
-        (n + _A) / (stats.samples + _AB),  # telemetry.smoothed_success, inlined
-        (provider_successes + _A) / (provider_samples + _AB),
-    )
-
-
-def score_candidate(
-    cand: Candidate,
-    non_reasoning_quality_factor: float,
-    weights: tuple[float, ...],
-    cost_usd: float,
-    total_tokens: int,
-    telemetry: tuple[float, float, float, float],
-    telemetry_samples: int,
-) -> ScoredCandidate:
-    """Score a feasible candidate; ``telemetry`` is :func:`telemetry_components` (memoized per snapshot)."""
-    info = cand.info
-    quality = info.quality if info.supports_reasoning else info.quality * non_reasoning_quality_factor
-    c_cost = _COST_REF / (_COST_REF + cost_usd * 1e6 / total_tokens) if total_tokens > 0 else 1.0
-    c_lat, c_ttft, c_rel, c_health = telemetry
+    c_lat = _LAT_REF / (_LAT_REF + latency)
+    c_ttft = _TTFT_REF / (_TTFT_REF + ttft)
+    c_rel = (n + _A) / (stats.samples + _AB)  # telemetry.smoothed_success, inlined
+    c_health = (provider_successes + _A) / (provider_samples + _AB)
     c_ctx = cand.context_score
     c_tools = cand.tools_score
     w0, w1, w2, w3, w4, w5, w6, w7 = weights
@@ -123,6 +113,6 @@ def score_candidate(
     # tuple.__new__ skips the NamedTuple's Python-level __new__ (same object, cheaper on the hot path)
     return _new(
         ScoredCandidate,
-        (cand, total, cost_usd, telemetry_samples, quality, c_cost, c_lat, c_ttft, c_rel, c_health, c_ctx,
+        (cand, total, cost_usd, stats.samples, quality, c_cost, c_lat, c_ttft, c_rel, c_health, c_ctx,
          c_tools),
     )

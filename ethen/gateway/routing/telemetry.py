@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Final
 
 from .policy import FAILING_MIN_SAMPLES
 
@@ -88,10 +88,6 @@ class TelemetrySnapshot:
     max_outcomes: int = RECENT_MAX_OUTCOMES
     provider_totals: Mapping[str, tuple[int, int]] = field(init=False, compare=False, repr=False)
     failing_providers: frozenset[str] = field(init=False, compare=False, repr=False)
-    #: Memo of per-candidate values derived from this snapshot (telemetry score components), filled lazily
-    #: by the scorer: ``id(candidate) -> (candidate, ...)``. Holding the candidate keeps its id unique while
-    #: the entry lives; the memo dies with the snapshot. A deterministic cache: results never depend on it.
-    derived: dict[int, Any] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         totals: dict[str, tuple[int, int]] = {}
@@ -101,7 +97,6 @@ class TelemetrySnapshot:
         object.__setattr__(self, "provider_totals", MappingProxyType(totals))
         failing = frozenset(p for p, (n, s) in totals.items() if n >= FAILING_MIN_SAMPLES and s == 0)
         object.__setattr__(self, "failing_providers", failing)
-        object.__setattr__(self, "derived", {})
 
     def get(self, provider: str, model: str) -> CandidateStats:
         return self.stats.get((provider, model), EMPTY_STATS)
