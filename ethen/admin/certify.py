@@ -21,7 +21,7 @@ from ethen.gateway.errors import GatewayError
 from ethen.gateway.providers.base import UpstreamCall
 from ethen.store import CertificationReceipt, Store
 
-__all__ = ["CertificationError", "certify", "parse_duration"]
+__all__ = ["CertificationError", "UnknownTargetError", "certify", "parse_duration"]
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -29,6 +29,10 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 class CertificationError(Exception):
     """The probe could not run or failed (message names the target, never a secret)."""
+
+
+class UnknownTargetError(CertificationError):
+    """PROVIDER/MODEL is not a route of the config."""
 
 
 def parse_duration(text: str) -> timedelta:
@@ -54,7 +58,7 @@ async def certify(
     route = next((r for r in cfg.routes if r.provider == provider_id and r.model == model), None)
     if not sep or route is None:
         known = ", ".join(f"{r.provider}/{r.model}" for r in cfg.routes)
-        raise CertificationError(
+        raise UnknownTargetError(
             f"target = {target!r}: no such provider/model route in the config (known: {known})"
         )
     try:

@@ -217,7 +217,7 @@ def certify_command(
     db: str | None = _DB,
 ) -> None:
     """Send a live probe through the configured provider and store a dated certification receipt."""
-    from ethen.admin.certify import CertificationError, certify, parse_duration
+    from ethen.admin.certify import CertificationError, UnknownTargetError, certify, parse_duration
     from ethen.gateway.config import load_config
 
     try:
@@ -231,5 +231,5 @@ def certify_command(
     try:
         receipt = _run(db, config, lambda st: certify(cfg, st, target, valid_for=ttl))
     except CertificationError as exc:
-        raise _fail(str(exc), 1) from None
+        raise _fail(str(exc), 2 if isinstance(exc, UnknownTargetError) else 1) from None
     _print(receipt.to_dict())

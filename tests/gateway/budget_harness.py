@@ -1,0 +1,57 @@
+"""Set-up shared by the store-backed gateway tests: a live gateway with a ``[store]`` (SQLite file or the
+Postgres of ``ETHEN_TEST_PG_URL``), an admin client, and a store opened from the test side."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import httpx
+from service_harness import Live, live
+from upstream import Behavior
+
+from ethen.store import Store
+
+T = TypeVar("T")
+ADMIN_KEY = "admin-7d1e0c4b9a8f7e6d5c4b3a291807f6e5"
+ADMIN_PREFIX = "/api/admin/v1"
+
+
+def store_cfg(url: str) -> dict[str, Any]:
+    return {"url": url, "admin_key_sha256": hashlib.sha256(ADMIN_KEY.encode()).hexdigest()}
+
+
+@contextmanager
+def live_store(url: str, behaviors: dict[str, Behavior] | None = None, **overrides: Any) -> Iterator[Live]:
+    with live(behaviors, store=store_cfg(url), **overrides) as lv:
+        yield lv
+
+
+def admin(lv: Live, key: str = ADMIN_KEY) -> httpx.Client:
+    return httpx.Client(
+        base_url=f"{lv.gateway.url}{ADMIN_PREFIX}", headers={"authorization": f"Bearer {key}"}, timeout=10
+    )
+
+
+def with_store(url: str, fn: Callable[[Store], Awaitable[T]]) -> T:
+    async def main() -> T:
+        st = await Store.open(url)
+        try:
+            return await fn(st)
+        finally:
+            await st.aclose()
+
+    return asyncio.run(main())
+
+
+def new_project_key(lv: Live, name: str, **policy: Any) -> str:
+    with admin(lv) as a:
+        r = a.post("/projects", json={"name": name, **policy})
+        assert r.status_code == 201, r.text
+        r = a.post(f"/projects/{name}/keys", json={"name": f"{name}-key"})
+        assert r.status_code == 201, r.text
+        key: str = r.json()["key"]
+        return key
