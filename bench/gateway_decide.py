@@ -12,9 +12,13 @@ What is timed, per call (median over many calls, GC paused for both sides):
   deployments in one model group, with ``routing_strategy="latency-based-routing"``. For a like-for-like
   comparison its latency store is seeded with the same telemetry our snapshot holds (5 streamed successes
   per deployment at the snapshot's mean latency / TTFT, through LiteLLM's own ``log_success_event``), so it
-  ranks by real latency data as ``decide`` does. ``"simple-shuffle"`` (LiteLLM's default: a weighted random
-  pick, no per-deployment scoring) is printed for reference. LiteLLM is a bench-only dependency (not a
-  runtime one); ``LITELLM_LOCAL_MODEL_COST_MAP=True`` keeps it off the network.
+  ranks by real latency data as ``decide`` does. Deployments carry the same model info (context window,
+  max output, prices, tools, vision). Also printed, for reference: the same router with
+  ``enable_pre_call_checks=True`` (LiteLLM's context-window filtering, the nearest thing it has to our
+  capability filter; it counts the prompt's tokens), and ``"simple-shuffle"`` (LiteLLM's default: a
+  weighted random pick, no per-deployment filtering or scoring). The target is checked against the plain
+  latency-based router, the fastest LiteLLM configuration that ranks deployments. LiteLLM is a bench-only
+  dependency (not a runtime one); ``LITELLM_LOCAL_MODEL_COST_MAP=True`` keeps it off the network.
 
 Targets (issue 3): >= 10x faster than the LiteLLM Router; time growing at most linearly with the pool
 (``growth exponent`` = log(t_200 / t_10) / log(20) should be <= 1).
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
+import logging
 import math
 import os
 import random
@@ -142,7 +147,10 @@ def _seed_latency(router: Any, ctx: RoutingContext) -> None:
 
 
 def litellm_router(
-    pool: tuple[Candidate, ...], strategy: str, ctx: RoutingContext | None = None
+    pool: tuple[Candidate, ...],
+    strategy: str,
+    ctx: RoutingContext | None = None,
+    pre_call_checks: bool = False,
 ) -> Callable[[], object]:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
@@ -150,6 +158,7 @@ def litellm_router(
 
     litellm.telemetry = False
     litellm.suppress_debug_info = True
+    logging.getLogger("LiteLLM").setLevel(logging.ERROR)
     model_list = [
         {
             "model_name": "ethen/auto",
@@ -158,11 +167,19 @@ def litellm_router(
                 "api_key": "sk-bench-not-used",
                 "api_base": f"http://127.0.0.1:9/{c.provider}/v1",
             },
-            "model_info": {"id": c.id},
+            "model_info": {  # the same model intelligence decide() sees
+                "id": c.id,
+                "max_input_tokens": c.info.context_window,
+                "max_output_tokens": c.info.max_output_tokens,
+                "input_cost_per_token": c.prices.input_per_mtok / 1e6,
+                "output_cost_per_token": c.prices.output_per_mtok / 1e6,
+                "supports_function_calling": c.info.supports_tools,
+                "supports_vision": c.info.supports_vision,
+            },
         }
         for c in pool
     ]
-    router = Router(model_list=model_list, routing_strategy=strategy)
+    router = Router(model_list=model_list, routing_strategy=strategy, enable_pre_call_checks=pre_call_checks)
     if ctx is not None:
         _seed_latency(router, ctx)
     messages = BODY["messages"]
@@ -189,31 +206,34 @@ def main() -> int:
         decision = decide(BODY, ctx)
         assert decision.chain, "bench pool must route"
         ours = median_us(lambda ctx=ctx: decide(BODY, ctx), args.calls)
-        lat = shuffle = math.nan
+        lat = checked = shuffle = math.nan
         if have_litellm:
             lite_calls = max(50, args.calls // 10)
             lat = median_us(litellm_router(pool, "latency-based-routing", ctx), lite_calls)
+            checked = median_us(litellm_router(pool, "latency-based-routing", ctx, pre_call_checks=True), 30)
             shuffle = median_us(litellm_router(pool, "simple-shuffle"), lite_calls)
-        rows.append((n, ours, lat, shuffle, len(decision.chain)))
+        rows.append((n, len(decision.chain), ours, lat, checked, shuffle))
 
-    print(f"python {sys.version.split()[0]}; median microseconds per decision (lower is better)")
+    print(f"python {sys.version.split()[0]}; median microseconds per decision (lower is better); "
+          "x = LiteLLM time / ethen time")
     print(
         f"{'pool':>5} {'chain':>5} {'ethen decide':>13} {'us/cand':>8}"
-        f" {'litellm latency':>16} {'x faster':>9} {'litellm shuffle':>16} {'x faster':>9}"
+        f" {'litellm latency':>16} {'x':>5} {'+pre-call checks':>17} {'x':>6} {'simple-shuffle':>15} {'x':>5}"
     )
-    for n, ours, lat, shuffle, chain in rows:
-        print(f"{n:>5} {chain:>5} {ours:>13.1f} {ours / n:>8.2f} {lat:>16.1f} {lat / ours:>9.1f}"
-              f" {shuffle:>16.1f} {shuffle / ours:>9.1f}")
+    for n, chain, ours, lat, checked, shuffle in rows:
+        print(
+            f"{n:>5} {chain:>5} {ours:>13.1f} {ours / n:>8.2f} {lat:>16.1f} {lat / ours:>5.1f}"
+            f" {checked:>17.1f} {checked / ours:>6.1f} {shuffle:>15.1f} {shuffle / ours:>5.1f}"
+        )
     if len(rows) >= 2:
-        (n0, t0, *_), (n1, t1, *_) = rows[0], rows[-1]
+        (n0, _, t0, l0, *_), (n1, _, t1, l1, *_) = rows[0], rows[-1]
         exponent = math.log(t1 / t0) / math.log(n1 / n0)
         print(f"growth exponent ethen {n0}->{n1}: {exponent:.2f} (1.0 = linear)")
         if have_litellm:
-            l0, l1 = rows[0][2], rows[-1][2]
             lexp = math.log(l1 / l0) / math.log(n1 / n0)
             print(f"growth exponent litellm latency-based {n0}->{n1}: {lexp:.2f}")
     if have_litellm:
-        worst = min(lat / ours for _, ours, lat, _, _ in rows)
+        worst = min(lat / ours for _, _, ours, lat, _, _ in rows)
         print(f"target >= 10x vs LiteLLM latency-based routing: {'met' if worst >= 10 else 'NOT met'} "
               f"(worst {worst:.1f}x)")
     return 0
