@@ -7,8 +7,10 @@ reason codes of each rejected candidate) and ``canary`` when a target exists for
 ``candidate_count`` is the number of feasible, ranked candidates (the chain length); ``rejected_count`` the
 number filtered out; their sum is the pool considered.
 
-It never holds endpoints, credentials, project/tenant ids, the request id, or telemetry internals (sample
-counts, success rates, latency means): only reason codes and [0, 1] score components derived from them.
+``to_dict()`` never holds endpoints, credentials, project/tenant ids, the request id, or telemetry internals
+(sample counts, success rates, latency means): only reason codes and [0, 1] score components derived from
+them. (The Python object keeps the ranked ``ScoredCandidate`` s in ``ranked`` for the shell; ``chain`` gives
+their ids.)
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ _MIN_SAMPLES_FOR_HIGH = 3
 
 @dataclass(frozen=True, slots=True)
 class Receipt:
+    """Why this candidate was chosen; ``to_dict()`` is the ``ethen.routing`` JSON object."""
+
     requested_model: str
     selected_model: str
     selected_provider: str
