@@ -9,6 +9,7 @@ from ethen.mesh import NodeState, RouteWeights, RoutingFailure, failover, redund
 from ethen.mesh.orchestrator import (
     Backoff,
     DegradedRoute,
+    HealthMonitor,
     NodeOverloaded,
     NodeRejected,
     NodeUnavailable,
@@ -37,6 +38,17 @@ def test_backoff_grows_exponentially_and_resets_on_success() -> None:
     assert not b.blocked("n", 17.5) and b.failures("n") == 0
     with pytest.raises(ValueError, match="base_s"):
         Backoff(base_s=0)
+
+
+def test_concurrent_failure_reports_of_one_crash_count_once() -> None:
+    now = [100.0]
+    monitor = HealthMonitor({}, Backoff(base_s=1.0), clock=lambda: now[0])
+    for _ in range(5):  # five sessions hit the same dead node in one round
+        monitor.mark_failed("n")
+    assert monitor.backoff.failures("n") == 1 and monitor.backoff.blocked("n", 100.5)
+    now[0] = 101.5
+    monitor.mark_failed("n")  # a new failure after the back-off ended: the next, longer one
+    assert monitor.backoff.failures("n") == 2 and monitor.backoff.blocked("n", 103.0)
 
 
 def _s(node: str, layers: list[tuple[int, int]], latency: float = 5.0, alive: bool = True) -> NodeState:

@@ -98,10 +98,12 @@ class HealthMonitor:
             self._thread.join(timeout=2)
 
     def mark_failed(self, node_id: str) -> None:
-        """A request to ``node_id`` failed: back it off and forget its last good poll."""
+        """A request to ``node_id`` failed: back it off and forget its last good poll. Failures reported
+        while the node is already backed off (other sessions hitting the same crash) count once."""
         now = self.clock()
         with self._lock:
-            self.backoff.record_failure(node_id, now)
+            if not self.backoff.blocked(node_id, now):
+                self.backoff.record_failure(node_id, now)
             self._last[node_id] = NodeHealth(node_id, now, None, "request failed")
 
     def mark_ok(self, node_id: str) -> None:
