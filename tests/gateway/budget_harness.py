@@ -5,19 +5,51 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import pytest
 from service_harness import Live, live
+from sqlalchemy import text
 from upstream import Behavior
 
 from ethen.store import Store
+from ethen.store.engine import make_engine
 
 T = TypeVar("T")
 ADMIN_KEY = "admin-7d1e0c4b9a8f7e6d5c4b3a291807f6e5"
 ADMIN_PREFIX = "/api/admin/v1"
+PG_ENV = "ETHEN_TEST_PG_URL"
+
+
+def reset_postgres(url: str) -> None:
+    async def main() -> None:
+        engine = make_engine(url)
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(text("DROP SCHEMA public CASCADE"))
+                await conn.execute(text("CREATE SCHEMA public"))
+        finally:
+            await engine.dispose()
+
+    asyncio.run(main())
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database: a SQLite file, or the (emptied) Postgres of ``ETHEN_TEST_PG_URL``."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'gw.db'}"
+        return
+    url = os.environ.get(PG_ENV)
+    if not url:
+        pytest.skip(f"{PG_ENV} is not set (bash .ci/postgres.sh starts a local server and prints the URL)")
+    reset_postgres(url)
+    yield url
 
 
 def store_cfg(url: str) -> dict[str, Any]:

@@ -8,49 +8,21 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from budget_harness import ADMIN_KEY, admin, live_store, new_project_key, with_store
+from budget_harness import ADMIN_KEY, admin, db_url, live_store, new_project_key, with_store
 from service_harness import CLIENT_KEY, ENV, PROVIDER_KEY, config_dict
 from test_service_cli import write_toml
 from upstream import Behavior
 
 from ethen.store import Store
 
+__all__ = ["db_url"]  # the fixture, imported from budget_harness
 MSG = [{"role": "user", "content": "hi"}]
-PG_ENV = "ETHEN_TEST_PG_URL"
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'gw.db'}"
-        return
-    url = os.environ.get(PG_ENV)
-    if not url:
-        pytest.skip(f"{PG_ENV} is not set (bash .ci/postgres.sh starts a local server and prints the URL)")
-
-    async def reset(st: Store) -> None:
-        from sqlalchemy import text
-
-        async with st.engine.begin() as conn:
-            await conn.execute(text("DROP SCHEMA public CASCADE"))
-            await conn.execute(text("CREATE SCHEMA public"))
-
-    async def main() -> None:
-        st = Store(__import__("ethen.store.engine", fromlist=["make_engine"]).make_engine(url))
-        try:
-            await reset(st)
-        finally:
-            await st.aclose()
-
-    asyncio.run(main())
-    yield url
 
 
 def _post(lv: Any, key: str | None, body: dict[str, Any]) -> httpx.Response:
