@@ -285,5 +285,7 @@ def open_weight_store(gguf_path: str | Path | None = None,
                 if not (target / "meta.json").is_file():
                     _build_cache(path, target)
         except OSError as exc:
-            raise WeightsNotFoundError(f"cannot write the weight cache under {root}: {exc}") from exc
+            raise WeightsNotFoundError(
+                f"cannot write the weight cache under {root} (set ETHEN_CACHE_DIR to a writable directory): "
+                f"{exc}") from exc
     return WeightStore(target)

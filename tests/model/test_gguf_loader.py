@@ -80,3 +80,10 @@ def test_layers_are_memory_mapped(store: WeightStore) -> None:
     assert w.wo.shape == (576, 576) and w.w_down.shape == (1536, 576)
     with pytest.raises(ModelInputError, match="outside"):
         store.load_layer(30)
+
+
+def test_unwritable_cache_root_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(WeightsNotFoundError, match="ETHEN_CACHE_DIR"):
+        open_weight_store(find_gguf_path(), cache_root=blocker / "cache")
