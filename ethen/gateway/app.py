@@ -120,7 +120,7 @@ async def _read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
 
 def _parse_body(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
+        body = json.loads(raw.decode())  # decoding first skips json's encoding sniffing
     except (ValueError, RecursionError):
         raise InvalidRequestError(
             "We could not parse the JSON body of your request. The body must be a JSON object.",

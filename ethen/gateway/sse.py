@@ -46,9 +46,12 @@ def encode_error(error: Mapping[str, Any]) -> bytes:
     return b"event: error\n" + encode_data(dumps(error))
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def dumps(obj: Any) -> bytes:
     """Compact JSON bytes (the one serializer used for every body and frame the gateway writes)."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    return _ENCODER.encode(obj).encode()
 
 
 async def iter_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[SSEEvent]:

@@ -63,9 +63,14 @@ class TelemetryStore:
         self.max_outcomes = int(max_outcomes)
         self.max_keys = int(max_keys)
         self._records: OrderedDict[tuple[str, str], deque[AttemptRecord]] = OrderedDict()
+        # Per-key cache: stats over the key's recent records, valid until ``_until[key]`` (when its oldest
+        # counted record leaves the window, or a record stamped after the computation time starts to count).
+        self._stats: dict[tuple[str, str], CandidateStats] = {}
+        self._until: dict[tuple[str, str], float] = {}
+        self._dirty: set[tuple[str, str]] = set()
         self._cached: TelemetrySnapshot | None = None
         self._cached_at = 0.0
-        self._cached_expiry = float("inf")  # when the oldest record counted in the cache leaves the window
+        self._cached_until = float("inf")
 
     def record(self, rec: AttemptRecord) -> None:
         key = (rec.provider, rec.model)
@@ -73,11 +78,15 @@ class TelemetryStore:
         if ring is None:
             ring = self._records[key] = deque(maxlen=self.max_outcomes)
             if len(self._records) > self.max_keys:
-                self._records.popitem(last=False)
+                old, _ = self._records.popitem(last=False)
+                self._stats.pop(old, None)
+                self._until.pop(old, None)
+                self._dirty.discard(old)
+                self._cached = None
         else:
             self._records.move_to_end(key)
         ring.append(rec)
-        self._cached = None
+        self._dirty.add(key)
 
     def records(self, provider: str, model: str) -> tuple[AttemptRecord, ...]:
         """The kept records of one (provider, model), oldest first."""
@@ -86,41 +95,62 @@ class TelemetryStore:
     def __len__(self) -> int:
         return sum(len(r) for r in self._records.values())
 
+    def _refresh(self, key: tuple[str, str], now: float) -> None:
+        horizon = now - self.window_seconds
+        samples = successes = ttft_n = 0
+        lat_sum = ttft_sum = 0.0
+        oldest = nxt = float("inf")
+        for rec in self._records.get(key, ()):
+            at = rec.at
+            if at > now:
+                nxt = min(nxt, at)
+                continue
+            if at <= horizon:
+                continue
+            if at < oldest:
+                oldest = at
+            samples += 1
+            if rec.success:
+                successes += 1
+                lat_sum += rec.latency_ms
+                if rec.ttft_ms is not None:
+                    ttft_sum += rec.ttft_ms
+                    ttft_n += 1
+        if samples:
+            self._stats[key] = CandidateStats(
+                samples=samples,
+                successes=successes,
+                latency_ms_mean=lat_sum / successes if successes else None,
+                ttft_ms_mean=ttft_sum / ttft_n if ttft_n else None,
+            )
+        else:
+            self._stats.pop(key, None)
+        until = min(oldest + self.window_seconds, nxt)
+        if until == float("inf"):
+            self._until.pop(key, None)
+        else:
+            self._until[key] = until
+
     def snapshot(self, now: float | None = None) -> TelemetrySnapshot:
-        """Stats over the records that finished within the window before ``now``."""
+        """Stats over the records that finished within the window before ``now``. Only keys written since
+        the last snapshot, or whose window moved past a record, are recomputed."""
         if now is None:
             now = time.monotonic()
-        if self._cached is not None and self._cached_at <= now < self._cached_expiry:
+        if self._cached is not None and not self._dirty and self._cached_at <= now < self._cached_until:
             return self._cached
-        horizon = now - self.window_seconds
-        stats: dict[tuple[str, str], CandidateStats] = {}
-        oldest = float("inf")
-        for key, ring in self._records.items():
-            samples = successes = 0
-            lat_sum = ttft_sum = 0.0
-            ttft_n = 0
-            for rec in ring:
-                if rec.at <= horizon or rec.at > now:
-                    continue
-                oldest = min(oldest, rec.at)
-                samples += 1
-                if rec.success:
-                    successes += 1
-                    lat_sum += rec.latency_ms
-                    if rec.ttft_ms is not None:
-                        ttft_sum += rec.ttft_ms
-                        ttft_n += 1
-            if samples:
-                stats[key] = CandidateStats(
-                    samples=samples,
-                    successes=successes,
-                    latency_ms_mean=lat_sum / successes if successes else None,
-                    ttft_ms_mean=ttft_sum / ttft_n if ttft_n else None,
-                )
+        if now < self._cached_at:  # time went backwards (explicit ``now``): recompute everything
+            stale: set[tuple[str, str]] = set(self._records)
+        else:
+            stale = self._dirty | {k for k, until in self._until.items() if until <= now}
+        for key in stale:
+            self._refresh(key, now)
+        self._dirty.clear()
         snap = TelemetrySnapshot(
-            stats=MappingProxyType(stats), window_seconds=self.window_seconds, max_outcomes=self.max_outcomes
+            stats=MappingProxyType(dict(self._stats)),
+            window_seconds=self.window_seconds,
+            max_outcomes=self.max_outcomes,
         )
         self._cached = snap
         self._cached_at = now
-        self._cached_expiry = oldest + self.window_seconds
+        self._cached_until = min(self._until.values(), default=float("inf"))
         return snap
