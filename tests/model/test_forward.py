@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 
@@ -237,3 +239,26 @@ def test_load_layer_stack_rejects_bad_ranges(store: WeightStore) -> None:
         load_layer_stack(25, 30, store)
     with pytest.raises(ModelInputError, match="0 <= start <= end <= 29"):
         load_layer_stack(5, 4, store)
+
+
+def test_greedy_generation_is_identical_for_every_split(model: Model, store: WeightStore) -> None:
+    from ethen.model import SamplingParams, generate, model_step
+
+    chat = [{"role": "user", "content": "Name two planets."}]
+    ids = model.tokenizer.encode(model.chat_template.render(chat))
+    greedy = SamplingParams(temperature=0.0, max_tokens=16)
+    reference = generate(model_step(model), model.tokenizer, ids, greedy)
+    assert reference.completion_tokens >= 3
+    for ranges in ("0-14,15-29", "0-9,10-19,20-29"):
+        stacks = load_layer_stacks(ranges, store)
+        kvs = [s.new_kv_cache() for s in stacks]
+
+        def step(token_ids: Sequence[int], stacks: list[LayerStack] = stacks,
+                 kvs: list[KVCache] = kvs) -> np.ndarray:
+            h = model.ends.embed(token_ids)
+            pos = np.arange(kvs[0].length, kvs[0].length + len(token_ids))
+            for s, kv in zip(stacks, kvs, strict=True):
+                h = s.forward(h, pos, kv)
+            return model.ends.logits(h[-1:])[0]
+
+        assert generate(step, model.tokenizer, ids, greedy) == reference
