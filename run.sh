@@ -28,7 +28,7 @@ case "$cmd" in
     test)
         install dev
         "$VENV/bin/ruff" check ethen tests bench
-        "$VENV/bin/mypy" --strict ethen/mesh ethen/gateway/routing
+        "$VENV/bin/mypy" --strict ethen/mesh ethen/gateway/routing ethen/store
         exec "$VENV/bin/python" -m pytest "$@"
         ;;
     *)
