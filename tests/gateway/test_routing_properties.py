@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 
 from ethen.gateway.errors import ModelNotFoundError, NoSmartRouteCandidateError
 from ethen.gateway.routing import (
+    CANARY_PERCENTS,
     COMPONENTS,
+    CanaryTarget,
     Candidate,
     CandidateStats,
     LiveCertification,
@@ -30,6 +32,7 @@ from ethen.gateway.routing import (
     ProjectPolicy,
     RoutingContext,
     TelemetrySnapshot,
+    bucket,
     decide,
 )
 from ethen.gateway.routing.policy import weights_for
@@ -157,6 +160,17 @@ def bodies(draw: st.DrawFn, pool: tuple[Candidate, ...]) -> dict[str, Any]:
     return body
 
 
+@st.composite
+def canaries(draw: st.DrawFn, pool: tuple[Candidate, ...], model: str) -> tuple[CanaryTarget, ...]:
+    ids = [c.id for c in pool] + ["alpha/not-in-pool"]
+    aliases = st.sampled_from([model, model, model, *ALIAS_CHOICES])  # mostly the requested model itself
+    percents = st.sampled_from([*CANARY_PERCENTS, 50, 100, 100])  # every allowed value, high ones likelier
+    return tuple(
+        CanaryTarget(draw(aliases), draw(st.sampled_from(ids)), draw(percents))
+        for _ in range(draw(st.integers(0, 2)))
+    )
+
+
 policies = st.builds(
     ProjectPolicy,
     allowed_providers=st.one_of(st.none(), st.none(), st.frozensets(st.sampled_from(PROVIDERS))),
@@ -168,15 +182,16 @@ policies = st.builds(
 @st.composite
 def scenarios(draw: st.DrawFn) -> tuple[dict[str, Any], RoutingContext]:
     pool = draw(pools())
+    body = draw(bodies(pool))
     ctx = RoutingContext(
         pool=pool,
         policy=draw(policies),
         telemetry=draw(telemetries(pool)),
-        canaries=(),
+        canaries=draw(canaries(pool, body["model"])),
         now=NOW,
         request_id=draw(st.text(min_size=1, max_size=12)),
     )
-    return draw(bodies(pool)), ctx
+    return body, ctx
 
 
 def _outcome(body: dict[str, Any], ctx: RoutingContext) -> Any:
@@ -233,7 +248,18 @@ def test_decision_matches_oracle(scenario: tuple[dict[str, Any], RoutingContext]
         comps = sc.components.as_tuple()
         assert len(comps) == len(COMPONENTS) and all(0.0 <= v <= 1.0 for v in comps)
         assert sc.score == pytest.approx(sum(w * v for w, v in zip(weights, comps, strict=True)))
-    assert oracle.ranked_ok([(sc.score, sc.candidate.provider, sc.candidate.model) for sc in out.chain])
+    ranked = list(out.chain)
+    if out.canary is not None and out.canary.promoted:  # canary: promoted to rank 1 only if hit and feasible
+        assert out.canary.hit and out.canary.eligible and ranked[0].id == out.canary.target.candidate
+        assert "canary_promoted" in out.receipt.reason_codes
+        event("canary promoted")
+        ranked = ranked[1:]
+    else:
+        for t in ctx.canaries:
+            if t.alias == body["model"]:
+                hit = bucket(t.alias, t.candidate, ctx.request_id) < t.percent
+                assert not (hit and t.candidate in ids)  # a hit on a feasible target must be promoted
+    assert oracle.ranked_ok([(sc.score, sc.candidate.provider, sc.candidate.model) for sc in ranked])
     receipt = out.receipt
     top = out.chain[0].candidate
     assert (receipt.selected_provider, receipt.selected_model) == (top.provider, top.model)
@@ -241,7 +267,9 @@ def test_decision_matches_oracle(scenario: tuple[dict[str, Any], RoutingContext]
     # 2. permutation invariance
     shuffled = list(ctx.pool)
     rnd.shuffle(shuffled)
-    permuted = RoutingContext(tuple(shuffled), ctx.policy, ctx.telemetry, (), ctx.now, ctx.request_id)
+    permuted = RoutingContext(
+        tuple(shuffled), ctx.policy, ctx.telemetry, ctx.canaries, ctx.now, ctx.request_id
+    )
     other = decide(body, permuted)
     assert [sc.id for sc in other.chain] == ids
     assert other.receipt.to_dict() == receipt.to_dict()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from .candidates import CanaryTarget
@@ -24,6 +25,10 @@ from .score import ScoredCandidate
 from .telemetry import TelemetrySnapshot
 
 __all__ = ["CanaryEvaluation", "apply_canary", "bucket", "canary_acceptance"]
+
+
+_chain_id = attrgetter("candidate.id")
+_by_candidate = attrgetter("candidate")
 
 
 def bucket(alias: str, candidate_id: str, request_id: str) -> int:
@@ -71,19 +76,23 @@ def apply_canary(
     request_id: str,
 ) -> CanaryEvaluation | None:
     """Evaluate the alias's targets; promote in place (``chain`` is reordered). Return the reported one."""
-    mine = sorted((t for t in targets if t.alias == alias), key=lambda t: t.candidate)
+    if not targets:
+        return None
+    mine = sorted((t for t in targets if t.alias == alias), key=_by_candidate)
     if not mine:
         return None
     reported: CanaryEvaluation | None = None
     promoted_done = False
+    ids = list(map(_chain_id, chain))  # C-level scan; the chain can hold hundreds of candidates
     for t in mine:
         b = bucket(alias, t.candidate, request_id)
         hit = b < t.percent
-        idx = next((i for i, sc in enumerate(chain) if sc.candidate.id == t.candidate), -1)
+        idx = ids.index(t.candidate) if t.candidate in ids else -1
         eligible = idx >= 0
         promote = hit and eligible and not promoted_done
         if promote:
             chain.insert(0, chain.pop(idx))
+            ids.insert(0, ids.pop(idx))
             promoted_done = True
         ev = CanaryEvaluation(t, b, hit, eligible, promote, canary_acceptance(t, telemetry))
         if promote or reported is None:
