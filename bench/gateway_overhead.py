@@ -73,6 +73,23 @@ def wait_ready(
     raise RuntimeError(f"{url} not ready after {timeout} s")
 
 
+def settle(t: Target, max_wait: float = 120.0) -> bool:
+    """Wait until ``t`` answers one request with 200 within 1 s (an overloaded server drains its backlog)."""
+    deadline = time.monotonic() + max_wait
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        try:
+            r = httpx.post(
+                t.url, content=t.body, headers={**t.headers, "content-type": "application/json"}, timeout=5
+            )
+            if r.status_code == 200 and time.monotonic() - started < 1.0:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    return False
+
+
 def ensure_litellm(cli: str) -> bool:
     """Install ``litellm[proxy]`` into its own venv (the one ``cli`` lives in) when it is missing."""
     path = Path(cli)
@@ -150,7 +167,7 @@ def run_open_loop(t: Target, rate: int, duration: float) -> Result:
         lat: list[float] = []
         ok = 0
         timeout = aiohttp.ClientTimeout(total=10)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as s:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2000), timeout=timeout) as s:
             clock = time.perf_counter  # uvloop's loop.time() has 1 ms resolution
 
             async def one(intended: float) -> None:
@@ -421,35 +438,46 @@ def main() -> None:
             flush=True,
         )
 
-        table: dict[int, dict[str, Result]] = {}
-        for rate in rates:
-            table[rate] = {}
-            for t in targets:
-                r = measure(t, rate, args.duration)
-                table[rate][t.name] = r
-                print(
-                    f"  rate {rate:5d} {t.name:8s} sent {r.sent:6d} ok {r.ok:6d} got {r.achieved:7.1f}/s "
-                    f"p50 {r.p50_ms:7.2f} ms  p99 {r.p99_ms:7.2f} ms",
-                    flush=True,
-                )
-        self_p50, self_p99, self_n = ethen_overhead_quantiles(f"{gw}/metrics")
+        def show(label: str, name: str, rate: int, r: Result) -> None:
+            print(
+                f"  {label:6s} {name:8s} {rate:5d}/s: ok {r.ok:6d}/{r.sent:6d} got {r.achieved:7.1f}/s "
+                f"p50 {r.p50_ms:8.2f} ms  p99 {r.p99_ms:8.2f} ms  "
+                f"{'sustained' if r.sustained else 'NOT sustained'}",
+                flush=True,
+            )
 
-        max_rate: dict[str, int] = {}
-        for t in targets:
-            if t.name == "direct":
-                continue
+        def ladder_for(t: Target) -> int:
             best = 0
             for rate in ladder:
+                settle(t)
                 r = measure(t, rate, args.ladder_duration)
-                print(
-                    f"  ladder {t.name:8s} {rate:5d}/s -> ok {r.ok}/{r.sent}, achieved {r.achieved:.0f}/s, "
-                    f"p99 {r.p99_ms:.1f} ms: {'sustained' if r.sustained else 'NOT sustained'}",
-                    flush=True,
-                )
+                show("ladder", t.name, rate, r)
                 if not r.sustained:
                     break
                 best = rate
-            max_rate[t.name] = best
+            return best
+
+        # Phases, so that one target's backlog never runs during another's measurement: direct + ethen at the
+        # table rates, ethen's ladder, then LiteLLM (ladder first, from low rates up, then the table rates),
+        # with a settle step (the target answers one request within 1 s again) before every measurement.
+        table: dict[int, dict[str, Result]] = {rate: {} for rate in rates}
+        by_name = {t.name: t for t in targets}
+        for rate in rates:
+            for name in ("direct", "ethen"):
+                settle(by_name[name])
+                r = table[rate][name] = measure(by_name[name], rate, args.duration)
+                show("rate", name, rate, r)
+        self_p50, self_p99, self_n = ethen_overhead_quantiles(f"{gw}/metrics")
+        max_rate = {"ethen": ladder_for(by_name["ethen"])}
+        if "litellm" in by_name:
+            ll = by_name["litellm"]
+            max_rate["litellm"] = ladder_for(ll)
+            for rate in rates:
+                recovered = settle(ll, 180)
+                r = table[rate]["litellm"] = measure(ll, rate, args.duration)
+                show("rate", "litellm", rate, r)
+                if not recovered:
+                    print("  (litellm had not recovered from the previous step within 180 s)", flush=True)
 
         print("\n== overhead = gateway percentile - direct-upstream percentile, same offered rate ==")
         print(
@@ -474,15 +502,15 @@ def main() -> None:
                 "ethen_errors": e.sent - e.ok,
             }
             if "litellm" in row:
-                ll = row["litellm"]
-                lo50, lo99 = ll.p50_ms - d.p50_ms, ll.p99_ms - d.p99_ms
+                lr = row["litellm"]
+                lo50, lo99 = lr.p50_ms - d.p50_ms, lr.p99_ms - d.p99_ms
                 ratio = lo50 / eo50 if eo50 > 0 else float("inf")
                 cells += f" {lo50:9.2f}/{lo99:9.2f} | {ratio:8.1f}x"
                 entry.update(
                     {
                         "litellm_overhead_p50_ms": lo50,
                         "litellm_overhead_p99_ms": lo99,
-                        "litellm_errors": ll.sent - ll.ok,
+                        "litellm_errors": lr.sent - lr.ok,
                         "p50_overhead_ratio": ratio,
                     }
                 )
