@@ -8,9 +8,11 @@ SQLite choices:
   survives a process crash (kill -9) but may lose the last commits on power loss/OS crash. The ledger is
   money, and a settled entry must survive whatever happened after the client got its answer, so we pay one
   fsync per commit. ``busy_timeout=10000`` ms, ``foreign_keys=ON``.
-- Transactions start with ``BEGIN IMMEDIATE`` (pysqlite's implicit BEGIN is disabled): every write
-  transaction takes SQLite's write lock up front, so "read the window's spend, then insert a reservation" is
-  atomic across connections *and processes*, with no upgrade deadlock.
+- Write transactions (the store runs them on ``engine.execution_options(ethen_write=True)``) start with
+  ``BEGIN IMMEDIATE`` (pysqlite's implicit BEGIN is disabled): they take SQLite's write lock up front, so
+  "read the window's spend, then insert a reservation" is atomic across connections *and processes*, with no
+  lock-upgrade deadlock. Read-only work starts with a plain (deferred) ``BEGIN`` and, in WAL mode, runs
+  concurrently with the writer.
 
 Postgres: read-committed transactions; budget admission locks the project row (``SELECT ... FOR UPDATE``).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, exc
@@ -27,7 +30,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from .errors import StoreConflictError, StoreError, StoreInvalidError, StoreUnavailableError
 
-__all__ = ["boundary", "make_engine", "normalize_url", "redact_url"]
+__all__ = ["WRITE_OPTION", "boundary", "make_engine", "normalize_url", "redact_url"]
+
+WRITE_OPTION = "ethen_write"
 
 
 def normalize_url(url: str) -> str:
@@ -67,7 +72,7 @@ def _sqlite_hooks(engine: AsyncEngine) -> None:
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(WRITE_OPTION) else "BEGIN")
 
 
 def make_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
@@ -80,6 +85,11 @@ def make_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
     except (exc.ArgumentError, ImportError) as e:
         raise StoreInvalidError(f"store url {redact_url(url)!r}: {type(e).__name__}") from None
     if engine.dialect.name == "sqlite":
+        db = engine.url.database
+        if db and db != ":memory:" and not db.startswith("file:") and not Path(db).parent.is_dir():
+            raise StoreInvalidError(
+                f"store url {redact_url(url)!r}: directory {str(Path(db).parent)!r} does not exist"
+            )
         _sqlite_hooks(engine)
     return engine
 

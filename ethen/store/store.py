@@ -32,15 +32,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from ethen.gateway.routing import ALIASES
 
 from . import schema as s
-from .engine import boundary, make_engine
+from .engine import WRITE_OPTION, boundary, make_engine
 from .errors import StoreInvalidError, StoreNotFoundError
 from .keys import generate_key, parse_key, verify
 from .migrations import applied, migrate_sync
 from .models import CertificationReceipt, KeyInfo, Principal, Project, Spend, UsageRow
 from .values import WINDOWS, Window, aware, from_nano, to_nano, window_start
 
-__all__ = ["UNSET", "Store"]
+__all__ = ["LAST_USED_GRANULARITY", "UNSET", "Store"]
 
+#: ``last_used_at`` is refreshed when it is at least this old.
+LAST_USED_GRANULARITY = timedelta(seconds=60)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -126,6 +128,7 @@ class Store:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
+        self.writer = engine.execution_options(**{WRITE_OPTION: True})  # same pool; see engine.py
 
     @classmethod
     async def open(cls, url: str, *, migrate: bool = True) -> Store:
@@ -148,12 +151,12 @@ class Store:
     # -- migrations ------------------------------------------------------------------------------------
     async def migrate(self) -> list[str]:
         with boundary("migrate"):
-            async with self.engine.begin() as conn:
+            async with self.writer.begin() as conn:
                 return await conn.run_sync(migrate_sync)
 
     async def applied_migrations(self) -> list[str]:
         with boundary("list migrations"):
-            async with self.engine.begin() as conn:
+            async with self.writer.begin() as conn:
                 return await conn.run_sync(applied)
 
     # -- projects --------------------------------------------------------------------------------------
@@ -180,7 +183,7 @@ class Store:
             "created_at": _now(now),
         }
         with boundary(f"create project {name!r}"):
-            async with self.engine.begin() as conn:
+            async with self.writer.begin() as conn:
                 await conn.execute(s.projects.insert().values(**values))
                 return await self._project(conn, name)
 
@@ -224,7 +227,7 @@ class Store:
         if default_alias is not UNSET:
             values["default_alias"] = _alias(default_alias)
         with boundary(f"update project {name!r}"):
-            async with self.engine.begin() as conn:
+            async with self.writer.begin() as conn:
                 if values:
                     res = await conn.execute(
                         update(s.projects).where(s.projects.c.name == name).values(**values)
@@ -241,7 +244,7 @@ class Store:
         new = generate_key()
         at = _now(now)
         with boundary(f"create key for project {project!r}"):
-            async with self.engine.begin() as conn:
+            async with self.writer.begin() as conn:
                 p = await self._project(conn, project)
                 await conn.execute(
                     s.api_keys.insert().values(
@@ -283,7 +286,7 @@ class Store:
 
     async def revoke_key(self, key_id: str, *, now: datetime | None = None) -> KeyInfo:
         with boundary("revoke key"):
-            async with self.engine.begin() as conn:
+            async with self.writer.begin() as conn:
                 await conn.execute(
                     update(s.api_keys)
                     .where(s.api_keys.c.key_id == key_id, s.api_keys.c.revoked_at.is_(None))
@@ -292,7 +295,8 @@ class Store:
         return await self.get_key(key_id)
 
     async def authenticate(self, key: str, *, now: datetime | None = None) -> Principal | None:
-        """The principal of a valid, unrevoked store key (and record ``last_used_at``), else ``None``."""
+        """The principal of a valid, unrevoked store key, else ``None``. Records ``last_used_at`` with
+        :data:`LAST_USED_GRANULARITY` (one write per key per minute at most, not one per request)."""
         parsed = parse_key(key)
         if parsed is None:
             return None
@@ -301,17 +305,20 @@ class Store:
             async with self.engine.connect() as conn:
                 r = (
                     await conn.execute(
-                        select(k.salt, k.digest, k.revoked_at, s.projects)
+                        select(k.salt, k.digest, k.revoked_at, k.last_used_at, s.projects)
                         .join(s.projects, s.projects.c.id == k.project_id)
                         .where(k.key_id == parsed.key_id)
                     )
                 ).first()
             if r is None or not verify(parsed.secret, bytes(r[0]), bytes(r[1])) or r[2] is not None:
                 return None
-            async with self.engine.begin() as conn:
-                await conn.execute(
-                    update(s.api_keys).where(k.key_id == parsed.key_id).values(last_used_at=_now(now))
-                )
+            at = _now(now)
+            last = _utc(r[3])
+            if last is None or at - last >= LAST_USED_GRANULARITY:
+                async with self.writer.begin() as conn:
+                    await conn.execute(
+                        update(s.api_keys).where(k.key_id == parsed.key_id).values(last_used_at=at)
+                    )
         return Principal(parsed.key_id, _project(r))
 
     # -- spend -----------------------------------------------------------------------------------------
@@ -353,7 +360,7 @@ class Store:
         amount = _budget(amount_usd) or 0
         at = _now(now)
         with boundary("reserve budget"):
-            async with self.engine.begin() as conn:
+            async with self.writer.begin() as conn:
                 row = (
                     await conn.execute(
                         select(s.projects.c.budget_nano, s.projects.c.budget_window)
@@ -399,7 +406,7 @@ class Store:
         """Append the actual cost to the ledger and release the reservation, in one transaction."""
         cost = to_nano(cost_usd)
         with boundary("settle spend"):
-            async with self.engine.begin() as conn:
+            async with self.writer.begin() as conn:
                 await conn.execute(
                     s.ledger.insert().values(
                         request_id=request_id,
@@ -420,13 +427,13 @@ class Store:
     async def release(self, reservation_id: int) -> None:
         """Drop a reservation without spending (the request failed before any upstream usage)."""
         with boundary("release reservation"):
-            async with self.engine.begin() as conn:
+            async with self.writer.begin() as conn:
                 await conn.execute(delete(s.reservations).where(s.reservations.c.id == reservation_id))
 
     async def release_all(self) -> int:
         """Drop every reservation (at start: reservations of a crashed process). Returns how many."""
         with boundary("release dangling reservations"):
-            async with self.engine.begin() as conn:
+            async with self.writer.begin() as conn:
                 res = await conn.execute(delete(s.reservations))
                 return int(res.rowcount or 0)
 
@@ -492,7 +499,7 @@ class Store:
             raise StoreInvalidError(f"expires_at = {end.isoformat()}: must be after certified_at")
         rid = f"cert_{secrets.token_hex(12)}"
         with boundary("store certification receipt"):
-            async with self.engine.begin() as conn:
+            async with self.writer.begin() as conn:
                 await conn.execute(
                     s.certifications.insert().values(
                         receipt_id=rid,

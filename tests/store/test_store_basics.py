@@ -120,6 +120,10 @@ def test_keys_create_authenticate_revoke_last_used(store_url: str) -> None:
         before = await st.get_key(info.key_id)
         principal = await st.authenticate(key, now=NOW + timedelta(minutes=5))
         after = await st.get_key(info.key_id)
+        await st.authenticate(key, now=NOW + timedelta(minutes=5, seconds=30))  # within the granularity
+        assert (await st.get_key(info.key_id)).last_used_at == NOW + timedelta(minutes=5)
+        await st.authenticate(key, now=NOW + timedelta(minutes=7))
+        assert (await st.get_key(info.key_id)).last_used_at == NOW + timedelta(minutes=7)
         parsed = parse_key(key)
         assert parsed is not None
         wrong = await st.authenticate(f"ethen_{parsed.key_id}_{'A' * 43}")
@@ -291,5 +295,44 @@ def test_driver_errors_map_to_store_errors(tmp_path: Any) -> None:
     with pytest.raises(StoreUnavailableError) as ei:
         asyncio.run(Store.open("postgresql://u:hunter2@127.0.0.1:1/nodb"))
     assert "hunter2" not in str(ei.value)
-    with pytest.raises(StoreUnavailableError):
+    with pytest.raises(StoreInvalidError, match="missing-dir"):
         asyncio.run(Store.open(f"sqlite:///{tmp_path}/missing-dir/x.db"))
+    (tmp_path / "not-a-db").write_bytes(b"garbage " * 512)
+    with pytest.raises(StoreUnavailableError, match="database error"):
+        asyncio.run(Store.open(f"sqlite:///{tmp_path}/not-a-db"))
+
+
+def test_sqlite_write_transactions_take_the_write_lock_up_front(tmp_path: Any) -> None:
+    import sqlite3
+
+    from sqlalchemy import text
+
+    path = tmp_path / "lock.db"
+
+    def try_write() -> bool:
+        raw = sqlite3.connect(path, timeout=0, isolation_level=None)
+        try:
+            raw.execute("BEGIN IMMEDIATE")
+            raw.execute("ROLLBACK")
+            return True
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            raw.close()
+
+    async def main() -> tuple[bool, bool, str]:
+        st = await Store.open(f"sqlite:///{path}")
+        try:
+            async with st.engine.connect() as conn:  # a read: deferred, does not block writers
+                await conn.execute(select(s.projects))
+                reader_blocks = not try_write()
+            async with st.writer.begin() as conn:  # a write: the lock is held from BEGIN on
+                await conn.execute(select(s.projects))
+                writer_blocks = not try_write()
+                mode = (await conn.execute(text("PRAGMA journal_mode"))).scalar_one()
+            return reader_blocks, writer_blocks, mode
+        finally:
+            await st.aclose()
+
+    reader_blocks, writer_blocks, mode = asyncio.run(main())
+    assert (reader_blocks, writer_blocks, mode) == (False, True, "wal")
