@@ -11,18 +11,35 @@
 * tools: mean of tool support and structured-output support (tool-use readiness; precomputed).
 
 ``ScoreComponents`` and ``ScoredCandidate`` are ``NamedTuple`` s: immutable like frozen dataclasses, and
-cheap to build on the hot path (one per feasible candidate per request).
+cheap to build on the hot path (one per feasible candidate per request). :func:`score_pool` is that hot
+path: filter and score in one pass, with these formulas inlined (measured ~7% faster than one function call
+per candidate).
 """
 
 from __future__ import annotations
 
+import math
+from datetime import datetime
+from operator import attrgetter
 from typing import NamedTuple
 
-from .candidates import Candidate
-from .policy import COMPONENTS, COST_REF_USD_PER_MTOK, LATENCY_REF_MS, TTFT_REF_MS
-from .telemetry import LATENCY_PRIOR_WEIGHT, RELIABILITY_PRIOR, CandidateStats
+from ethen.gateway.errors import GatewayConfigError
 
-__all__ = ["ScoreComponents", "ScoredCandidate", "score_candidate"]
+from .candidates import CAP_STRUCTURED, CAP_TOOLS, CAP_VISION, Candidate, ProjectPolicy
+from .filter import Rejection, check_candidate
+from .policy import (
+    COMPONENTS,
+    COST_REF_USD_PER_MTOK,
+    FAILING_MIN_SAMPLES,
+    LATENCY_REF_MS,
+    TTFT_REF_MS,
+    AliasProfile,
+    weights_for,
+)
+from .requirements import Requirements
+from .telemetry import EMPTY_STATS, LATENCY_PRIOR_WEIGHT, RELIABILITY_PRIOR, TelemetrySnapshot
+
+__all__ = ["ScoreComponents", "ScoredCandidate", "score_pool"]
 
 _A, _B = RELIABILITY_PRIOR
 _AB = _A + _B
@@ -31,6 +48,8 @@ _COST_REF = COST_REF_USD_PER_MTOK
 _LAT_REF = LATENCY_REF_MS
 _TTFT_REF = TTFT_REF_MS
 _new = tuple.__new__
+_get_id = attrgetter("id")
+_ZERO = (0, 0)
 
 
 class ScoreComponents(NamedTuple):
@@ -76,43 +95,107 @@ class ScoredCandidate(NamedTuple):
         return _new(ScoreComponents, self[4:])
 
 
-def score_candidate(
-    cand: Candidate,
-    non_reasoning_quality_factor: float,
-    weights: tuple[float, ...],
-    cost_usd: float,
-    total_tokens: int,
-    stats: CandidateStats,
-    provider_samples: int,
-    provider_successes: int,
-) -> ScoredCandidate:
-    info = cand.info
-    quality = info.quality if info.supports_reasoning else info.quality * non_reasoning_quality_factor
-    c_cost = _COST_REF / (_COST_REF + cost_usd * 1e6 / total_tokens) if total_tokens > 0 else 1.0
-    n = stats.successes
-    latency = info.latency_ms
-    ttft = info.ttft_ms
-    if n > 0:  # prior-weighted blend (telemetry.blend), inlined
-        mean = stats.latency_ms_mean
-        if mean is not None:
-            latency = (_K * latency + n * mean) / (_K + n)
-        mean = stats.ttft_ms_mean
-        if mean is not None:
-            ttft = (_K * ttft + n * mean) / (_K + n)
-    c_lat = _LAT_REF / (_LAT_REF + latency)
-    c_ttft = _TTFT_REF / (_TTFT_REF + ttft)
-    c_rel = (n + _A) / (stats.samples + _AB)  # telemetry.smoothed_success, inlined
-    c_health = (provider_successes + _A) / (provider_samples + _AB)
-    c_ctx = cand.context_score
-    c_tools = cand.tools_score
-    w0, w1, w2, w3, w4, w5, w6, w7 = weights
-    total = (
-        w0 * quality + w1 * c_cost + w2 * c_lat + w3 * c_ttft
-        + w4 * c_rel + w5 * c_health + w6 * c_ctx + w7 * c_tools
+def score_pool(
+    pool: tuple[Candidate, ...],
+    req: Requirements,
+    profile: AliasProfile,
+    policy: ProjectPolicy,
+    telemetry: TelemetrySnapshot,
+    now: datetime,
+) -> tuple[list[ScoredCandidate], list[Rejection]]:
+    """One pass over the pool (the hot loop of a decision): a fast feasibility check per candidate, then
+    either all its reason codes (:func:`.filter.check_candidate`, the single source of reason codes, called
+    only for rejected candidates) or its score. The component formulas (module docstring) are inlined here,
+    their one implementation. Raises ``GatewayConfigError`` on duplicate candidate ids."""
+    if len(set(map(_get_id, pool))) != len(pool):
+        seen: set[str] = set()
+        dup = next(c.id for c in pool if c.id in seen or seen.add(c.id))  # type: ignore[func-returns-value]
+        raise GatewayConfigError(f"duplicate candidate id in the pool: {dup!r}")
+    stats_map = telemetry.stats
+    totals = telemetry.provider_totals
+    failing = telemetry.failing_providers
+    w0, w1, w2, w3, w4, w5, w6, w7 = weights_for(profile, req.latency_target)
+    gates = profile.gates
+    qfactor = profile.non_reasoning_quality_factor
+
+    # Request-level constants of the fast check. It must agree with filter.check_candidate; the property
+    # tests check both against an independent oracle.
+    in_tok = req.input_tokens
+    max_out = req.max_output_tokens
+    min_window = max(gates.min_context, in_tok + (max_out or 0))
+    max_out_needed = max_out or 0
+    need_caps = (
+        (CAP_TOOLS if req.tools or gates.tools else 0)
+        | (CAP_VISION if req.vision or gates.vision else 0)
+        | (CAP_STRUCTURED if req.structured_output else 0)
     )
-    # tuple.__new__ skips the NamedTuple's Python-level __new__ (same object, cheaper on the hot path)
-    return _new(
-        ScoredCandidate,
-        (cand, total, cost_usd, stats.samples, quality, c_cost, c_lat, c_ttft, c_rel, c_health, c_ctx,
-         c_tools),
+    ceiling = min(
+        math.inf if req.budget_ceiling_usd is None else req.budget_ceiling_usd,
+        math.inf if policy.remaining_budget_usd is None else policy.remaining_budget_usd,
     )
+    allowed_p = policy.allowed_providers
+    allowed_m = policy.allowed_models
+    only = req.only_providers
+    live = req.certification_live
+    restricted = allowed_p is not None or allowed_m is not None or only is not None or live or bool(failing)
+
+    feasible: list[ScoredCandidate] = []
+    rejected: list[Rejection] = []
+    for cand in pool:
+        info = cand.info
+        prices = cand.prices
+        out_tok = cand.default_output_tokens if max_out is None else max_out
+        cost = (in_tok * prices.input_per_mtok + out_tok * prices.output_per_mtok) / 1e6
+        stats = stats_map.get(cand.key, EMPTY_STATS) if stats_map else EMPTY_STATS
+        ok = (
+            info.context_window >= min_window
+            and info.max_output_tokens >= max_out_needed
+            and cost <= ceiling
+            and cand.caps & need_caps == need_caps
+            and (stats.samples < FAILING_MIN_SAMPLES or stats.successes > 0)
+        )
+        if ok and restricted:
+            ok = (
+                (allowed_p is None or cand.provider in allowed_p)
+                and (allowed_m is None or cand.model in allowed_m or cand.id in allowed_m)
+                and (only is None or cand.provider in only)
+                and cand.provider not in failing
+                and (not live or (cand.certification is not None and cand.certification.valid_at(now)))
+            )
+        if not ok:
+            why = check_candidate(cand, req, gates, policy, cost, stats, failing, now)
+            rejected.append(_new(Rejection, (cand.id, cand.provider, cand.model, why)))
+            continue
+
+        # --- components, each in [0, 1] ---
+        quality = info.quality if info.supports_reasoning else info.quality * qfactor
+        tokens = in_tok + out_tok
+        c_cost = _COST_REF / (_COST_REF + cost * 1e6 / tokens) if tokens > 0 else 1.0
+        n = stats.successes
+        latency = info.latency_ms
+        ttft = info.ttft_ms
+        if n > 0:  # prior-weighted blend (telemetry.blend)
+            mean = stats.latency_ms_mean
+            if mean is not None:
+                latency = (_K * latency + n * mean) / (_K + n)
+            mean = stats.ttft_ms_mean
+            if mean is not None:
+                ttft = (_K * ttft + n * mean) / (_K + n)
+        c_lat = _LAT_REF / (_LAT_REF + latency)
+        c_ttft = _TTFT_REF / (_TTFT_REF + ttft)
+        c_rel = (n + _A) / (stats.samples + _AB)  # telemetry.smoothed_success
+        pn, ps = totals.get(cand.provider, _ZERO) if totals else _ZERO
+        c_health = (ps + _A) / (pn + _AB)
+        c_ctx = cand.context_score
+        c_tools = cand.tools_score
+        total = (
+            w0 * quality + w1 * c_cost + w2 * c_lat + w3 * c_ttft
+            + w4 * c_rel + w5 * c_health + w6 * c_ctx + w7 * c_tools
+        )
+        # tuple.__new__ skips the NamedTuple's Python-level __new__ (same object, cheaper on the hot path)
+        fields = (
+            cand, total, cost, stats.samples,
+            quality, c_cost, c_lat, c_ttft, c_rel, c_health, c_ctx, c_tools,
+        )  # fmt: skip
+        feasible.append(_new(ScoredCandidate, fields))
+    return feasible, rejected
