@@ -34,7 +34,24 @@ def _initial(conn: Connection) -> None:
     s.metadata.create_all(conn, tables=_INITIAL)
 
 
-MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (("0001_initial", _initial),)
+def _daily_spend(conn: Connection) -> None:
+    """Per-day settled totals, backfilled from the ledger (aggregated in Python: portable date handling)."""
+    s.daily_spend.create(conn)
+    totals: dict[tuple[int, str], int] = {}
+    for pid, at, cost in conn.execute(select(s.ledger.c.project_id, s.ledger.c.at, s.ledger.c.cost_nano)):
+        day = (at if at.tzinfo is None else at.astimezone(UTC)).date().isoformat()
+        totals[(pid, day)] = totals.get((pid, day), 0) + int(cost)
+    if totals:
+        conn.execute(
+            s.daily_spend.insert(),
+            [{"project_id": p, "day": d, "settled_nano": n} for (p, d), n in totals.items()],
+        )
+
+
+MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
+    ("0001_initial", _initial),
+    ("0002_daily_spend", _daily_spend),
+)
 
 
 def applied(conn: Connection) -> list[str]:

@@ -18,7 +18,16 @@ from sqlalchemy import (
     Table,
 )
 
-__all__ = ["api_keys", "certifications", "ledger", "metadata", "migrations", "projects", "reservations"]
+__all__ = [
+    "api_keys",
+    "certifications",
+    "daily_spend",
+    "ledger",
+    "metadata",
+    "migrations",
+    "projects",
+    "reservations",
+]
 
 metadata = MetaData()
 
@@ -97,4 +106,14 @@ certifications = Table(
     Column("expires_at", DateTime(timezone=True), nullable=False),
     Column("probe", JSON, nullable=False),
     Index("ix_cert_target", "provider", "model", "expires_at"),
+)
+
+#: Settled spend per project and UTC day (``YYYY-MM-DD``), maintained in the same transaction as each ledger
+#: insert, so a window's settled spend is a sum over at most 31 rows instead of a scan of the ledger.
+daily_spend = Table(
+    "daily_spend",
+    metadata,
+    Column("project_id", Integer, ForeignKey("projects.id"), primary_key=True),
+    Column("day", String(10), primary_key=True),
+    Column("settled_nano", BigInteger, nullable=False),
 )

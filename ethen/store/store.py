@@ -27,6 +27,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Row, and_, delete, func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ethen.gateway.routing import ALIASES
@@ -131,8 +133,8 @@ class Store:
         self.writer = engine.execution_options(**{WRITE_OPTION: True})  # same pool; see engine.py
 
     @classmethod
-    async def open(cls, url: str, *, migrate: bool = True) -> Store:
-        store = cls(make_engine(url))
+    async def open(cls, url: str, *, migrate: bool = True, sqlite_synchronous: str = "FULL") -> Store:
+        store = cls(make_engine(url, sqlite_synchronous=sqlite_synchronous))
         if migrate:
             try:
                 await store.migrate()
@@ -326,8 +328,8 @@ class Store:
         self, conn: AsyncConnection, project_id: int, start: datetime, now: datetime
     ) -> tuple[int, int]:
         settled = await conn.scalar(
-            select(func.coalesce(func.sum(s.ledger.c.cost_nano), 0)).where(
-                s.ledger.c.project_id == project_id, s.ledger.c.at >= start
+            select(func.coalesce(func.sum(s.daily_spend.c.settled_nano), 0)).where(
+                s.daily_spend.c.project_id == project_id, s.daily_spend.c.day >= start.date().isoformat()
             )
         )
         reserved = await conn.scalar(
@@ -405,8 +407,19 @@ class Store:
     ) -> None:
         """Append the actual cost to the ledger and release the reservation, in one transaction."""
         cost = to_nano(cost_usd)
+        at = _now(now)
         with boundary("settle spend"):
             async with self.writer.begin() as conn:
+                ins = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+                day = ins(s.daily_spend).values(
+                    project_id=project.id, day=at.date().isoformat(), settled_nano=cost
+                )
+                await conn.execute(
+                    day.on_conflict_do_update(
+                        index_elements=["project_id", "day"],
+                        set_={"settled_nano": s.daily_spend.c.settled_nano + cost},
+                    )
+                )
                 await conn.execute(
                     s.ledger.insert().values(
                         request_id=request_id,
@@ -418,7 +431,7 @@ class Store:
                         completion_tokens=max(0, int(completion_tokens)),
                         cost_nano=cost,
                         estimated=int(estimated),
-                        at=_now(now),
+                        at=at,
                     )
                 )
                 if reservation_id is not None:

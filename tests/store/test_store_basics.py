@@ -336,3 +336,32 @@ def test_sqlite_write_transactions_take_the_write_lock_up_front(tmp_path: Any) -
 
     reader_blocks, writer_blocks, mode = asyncio.run(main())
     assert (reader_blocks, writer_blocks, mode) == (False, True, "wal")
+
+
+def test_daily_spend_migration_backfills_from_the_ledger(store_url: str) -> None:
+    async def fn(st: Store) -> Any:
+        p = await st.create_project("p", budget_usd=1.0, budget_window="month")
+        for i, at in enumerate([NOW, NOW, NOW - timedelta(days=1), NOW - timedelta(days=40)]):
+            await st.settle(
+                p,
+                reservation_id=None,
+                request_id=f"r{i}",
+                key_id=None,
+                provider="a",
+                model="m",
+                prompt_tokens=1,
+                completion_tokens=1,
+                cost_usd=0.01,
+                now=at,
+            )
+        before = await st.spend(p, now=NOW)
+        # roll back to the state before 0002 (table gone, record gone), then migrate again
+        async with st.writer.begin() as conn:
+            await conn.run_sync(lambda c: s.daily_spend.drop(c))
+            await conn.execute(s.migrations.delete().where(s.migrations.c.name == "0002_daily_spend"))
+        ran = await st.migrate()
+        return before, ran, await st.spend(p, now=NOW)
+
+    before, ran, after = run(store_url, fn)
+    assert ran == ["0002_daily_spend"]
+    assert before.settled_usd == pytest.approx(0.03) == after.settled_usd  # 40 days ago is last month

@@ -1,0 +1,106 @@
+"""Benchmark: the per-request database work of a store-backed gateway request, and what durability costs.
+
+    .venv/bin/python bench/store_admission.py                       # SQLite file in a temp dir
+    .venv/bin/python bench/store_admission.py --pg URL              # also a PostgreSQL server
+
+One "request" is what ``ethen.admin.accounts`` does per chat completion with a project key that has a
+budget: authenticate (key lookup + salted-hash check), read the window spend (for ``decide``), reserve the
+estimate (locked write transaction), settle (ledger insert + reservation delete, one transaction).
+
+Measured: median and p99 milliseconds per request, sequential, and requests/second with 32 concurrent
+requests (one event loop, like one gateway process). Baseline in the same run: the same work on SQLite with
+``synchronous=NORMAL`` (durable across a process crash but not across power loss), to show what the
+shipped ``synchronous=FULL`` choice costs. No target is set by the issue; these figures document the cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ethen.store import Store
+
+
+async def one(st: Store, key: str, i: int) -> None:
+    principal = await st.authenticate(key)
+    assert principal is not None
+    p = principal.project
+    await st.spend(p)
+    rid = await st.reserve(p, 0.0001, request_id=f"b{i}", key_id=principal.key_id)
+    assert rid is not None
+    await st.settle(
+        p,
+        reservation_id=rid,
+        request_id=f"b{i}",
+        key_id=principal.key_id,
+        provider="bench",
+        model="m",
+        prompt_tokens=20,
+        completion_tokens=10,
+        cost_usd=0.00005,
+    )
+
+
+async def measure(url: str, sync: str, n: int, conc: int) -> tuple[float, float, float]:
+    st = await Store.open(url, sqlite_synchronous=sync)
+    try:
+        name = f"bench{time.monotonic_ns()}"
+        await st.create_project(name, budget_usd=1e6, budget_window="day")
+        key, _ = await st.create_key(name)
+        for i in range(20):  # warm-up: pool, statement caches
+            await one(st, key, -i - 1)
+        times = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            await one(st, key, i)
+            times.append((time.perf_counter() - t0) * 1000)
+        times.sort()
+        sem = asyncio.Semaphore(conc)
+
+        async def bounded(i: int) -> None:
+            async with sem:
+                await one(st, key, n + i)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(bounded(i) for i in range(n)))
+        rps = n / (time.perf_counter() - t0)
+        return statistics.median(times), times[int(0.99 * (len(times) - 1))], rps
+    finally:
+        await st.aclose()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=300, help="requests per measurement")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--pg", help="PostgreSQL URL (optional)")
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        for label, sync in (
+            ("sqlite synchronous=NORMAL (baseline)", "NORMAL"),
+            ("sqlite synchronous=FULL", "FULL"),
+        ):
+            url = f"sqlite:///{d}/{sync}.db"
+            rows.append((label, *asyncio.run(measure(url, sync, args.n, args.concurrency))))
+    if args.pg:
+        rows.append(("postgresql", *asyncio.run(measure(args.pg, "FULL", args.n, args.concurrency))))
+    base = rows[0]
+    print(
+        f"per-request store work (auth + spend + reserve + settle), n={args.n}, "
+        f"concurrency={args.concurrency}"
+    )
+    print(f"{'backend':40} {'median ms':>10} {'p99 ms':>8} {'req/s':>8} {'median vs base':>15}")
+    for label, med, p99, rps in rows:
+        print(f"{label:40} {med:10.3f} {p99:8.3f} {rps:8.0f} {med / base[1]:14.2f}x")
+
+
+if __name__ == "__main__":
+    main()
