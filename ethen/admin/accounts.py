@@ -40,6 +40,7 @@ from ethen.gateway.config import GatewayConfig, store_url
 from ethen.gateway.errors import (
     HTTP_STATUS,
     AuthenticationError,
+    GatewayConfigError,
     GatewayError,
     NoSmartRouteCandidateError,
 )
@@ -54,6 +55,7 @@ from ethen.gateway.routing import (
 )
 from ethen.gateway.routing.reasons import OVER_PROJECT_BUDGET
 from ethen.store import CertificationReceipt, Principal, Project, Store, StoreError, parse_key
+from ethen.store.engine import normalize_url
 
 __all__ = [
     "Access",
@@ -248,7 +250,11 @@ class Accounts:
     async def start(self) -> None:
         if self.store_url is None or self.store is not None:
             return
-        self.store = await Store.open(self.store_url)
+        try:
+            self.store = await Store.open(self.store_url)
+        except StoreError as exc:
+            log.error("cannot open the store: %s", exc.message)
+            raise GatewayConfigError(f"store: {exc.message}") from None
         if self.release_dangling:
             n = await self.store.release_all()
             if n:
@@ -354,9 +360,15 @@ def accounts_for(cfg: GatewayConfig, keyring: KeyRing, env: Mapping[str, str] | 
     sc = cfg.store
     if sc is None:
         return Accounts(keyring)
+    url = store_url(cfg, env)
+    assert url is not None
+    try:
+        normalize_url(url)
+    except StoreError as exc:
+        raise GatewayConfigError(f"store.url: {exc.message}") from None
     return Accounts(
         keyring,
-        store_url=store_url(cfg, env),
+        store_url=url,
         reservation_ttl=timedelta(seconds=sc.reservation_ttl_s),
         release_dangling=sc.release_dangling,
     )

@@ -277,3 +277,22 @@ def test_no_key_material_in_logs_receipts_or_errors(db_url: str, caplog: pytest.
     for secret in (key, key.rsplit("_", 1)[1], key2.rsplit("_", 1)[1], ADMIN_KEY, PROVIDER_KEY):
         assert secret not in blob
     assert "budget_exceeded" in texts[0] and "invalid_api_key" in texts[1]
+
+
+def test_bad_store_config_names_the_key(tmp_path: Path) -> None:
+    from ethen.gateway.app import create_app
+    from ethen.gateway.config import parse_config
+    from ethen.gateway.errors import GatewayConfigError
+
+    base = config_dict("http://127.0.0.1:9")
+    with pytest.raises(GatewayConfigError, match=r"store\.url: .*unsupported backend 'mysql'"):
+        create_app(parse_config({**base, "store": {"url": "mysql://u:pw@h/db"}}), env=ENV)
+    with pytest.raises(GatewayConfigError, match=r"store: set exactly one of store\.url and store\.url_env"):
+        parse_config({**base, "store": {}})
+    with pytest.raises(GatewayConfigError, match="'NO_SUCH_VAR': variable is not set"):
+        create_app(parse_config({**base, "store": {"url_env": "NO_SUCH_VAR"}}), env=ENV)
+    with pytest.raises(GatewayConfigError, match="api_keys = \\[\\]"):
+        parse_config({**base, "api_keys": []})
+    # with a store, config keys are optional (project keys come from the database)
+    cfg = parse_config({**base, "api_keys": [], "store": {"url": f"sqlite:///{tmp_path}/x.db"}})
+    assert cfg.store is not None and cfg.api_keys == []
