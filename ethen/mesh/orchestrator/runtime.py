@@ -146,6 +146,7 @@ class Orchestrator:
         exact_replay: bool = True,
         health_interval_s: float = 0.25,
         forward_timeout_s: float = 60.0,
+        round_lanes: int = 1,
     ) -> None:
         if not workers:
             raise ValueError("an orchestrator needs at least one worker (node_id -> host:port)")
@@ -162,7 +163,7 @@ class Orchestrator:
         self.monitor = HealthMonitor(self.clients, backoff or Backoff(), interval_s=health_interval_s)
         self._head = StepBatcher(self._head_batch, max_batch=64, window_s=0.002, active_horizon_s=0.5,
                                  name="ethen-head")
-        self.rounds = DecodeRounds(self.clients, self.ends.logits)
+        self.rounds = DecodeRounds(self.clients, self.ends.logits, lanes=round_lanes)
 
     @classmethod
     def load(cls, workers: Mapping[str, str], store: WeightStore | None = None,

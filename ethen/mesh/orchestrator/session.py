@@ -235,6 +235,8 @@ class MeshSession:
 
     def close(self) -> None:
         """Free this session's caches on every worker it used (best effort)."""
+        if self._rounds is not None:
+            self._rounds.forget(self.id)
         for node, first in sorted(self._opened):
             client = self.clients.get(node)
             if client is None:
