@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -296,3 +297,32 @@ def test_bad_store_config_names_the_key(tmp_path: Path) -> None:
     # with a store, config keys are optional (project keys come from the database)
     cfg = parse_config({**base, "api_keys": [], "store": {"url": f"sqlite:///{tmp_path}/x.db"}})
     assert cfg.store is not None and cfg.api_keys == []
+
+
+def test_client_gone_mid_stream_settles_the_estimate_and_releases(db_url: str) -> None:
+    with live_store(db_url, {"up-beta-small": Behavior(chunk_delay_s=0.3, pieces=("a",) * 20)}) as lv:
+        key = new_project_key(lv, "gone", budget_usd=1.0)
+        body = {"model": "beta-small", "messages": MSG, "stream": True}
+        with (
+            httpx.Client(timeout=10) as c,
+            c.stream(
+                "POST",
+                f"{lv.base_url}/chat/completions",
+                json=body,
+                headers={"authorization": f"Bearer {key}"},
+            ) as r,
+        ):
+            assert r.status_code == 200
+            next(r.iter_lines())  # the first chunk, then hang up
+
+        async def check(st: Store) -> tuple[list[Any], int]:
+            return await st.usage(project="gone"), await st.count_reservations()
+
+        deadline = time.monotonic() + 10
+        while True:
+            rows, left = with_store(db_url, check)
+            if rows or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert [(x.model, x.requests) for x in rows] == [("beta-small", 1)] and rows[0].cost_usd > 0
+        assert left == 0
