@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from .candidates import CanaryTarget
 from .score import ScoredCandidate
@@ -36,8 +35,9 @@ def bucket(alias: str, candidate_id: str, request_id: str) -> int:
     return int.from_bytes(digest, "big") % 100
 
 
-@dataclass(frozen=True, slots=True)
-class CanaryEvaluation:
+class CanaryEvaluation(NamedTuple):
+    """The canary gate's outcome for one target (immutable)."""
+
     target: CanaryTarget
     bucket: int
     hit: bool

@@ -35,23 +35,48 @@ _MIN_SAMPLES_FOR_HIGH = 3
 
 @dataclass(frozen=True, slots=True)
 class Receipt:
-    """Why this candidate was chosen; ``to_dict()`` is the ``ethen.routing`` JSON object."""
+    """Why this candidate was chosen; ``to_dict()`` is the ``ethen.routing`` JSON object.
+
+    Stored: what is not derivable from the ranked chain. The selection, its score/components/cost and the
+    counts are properties over ``ranked`` / ``rejected`` (one source of truth, fewer fields to build).
+    """
 
     requested_model: str
-    selected_model: str
-    selected_provider: str
     reason_codes: tuple[str, ...]
     routing_policy_version: str
-    candidate_count: int
-    rejected_count: int
-    score_components: ScoreComponents
-    score: float
     alias_profile: str
-    estimated_cost_usd: float
     hard_requirements: tuple[str, ...]
     ranked: tuple[ScoredCandidate, ...]
     rejected: tuple[Rejection, ...]
     canary: CanaryEvaluation | None = None
+
+    @property
+    def selected_model(self) -> str:
+        return self.ranked[0].candidate.model
+
+    @property
+    def selected_provider(self) -> str:
+        return self.ranked[0].candidate.provider
+
+    @property
+    def score(self) -> float:
+        return self.ranked[0].score
+
+    @property
+    def score_components(self) -> ScoreComponents:
+        return self.ranked[0].components
+
+    @property
+    def estimated_cost_usd(self) -> float:
+        return self.ranked[0].estimated_cost_usd
+
+    @property
+    def candidate_count(self) -> int:
+        return len(self.ranked)
+
+    @property
+    def rejected_count(self) -> int:
+        return len(self.rejected)
 
     @property
     def chain(self) -> tuple[str, ...]:
@@ -59,18 +84,19 @@ class Receipt:
         return tuple(sc.candidate.id for sc in self.ranked)
 
     def to_dict(self) -> dict[str, Any]:
+        top = self.ranked[0]
         out: dict[str, Any] = {
             "requested_model": self.requested_model,
-            "selected_model": self.selected_model,
-            "selected_provider": self.selected_provider,
+            "selected_model": top.candidate.model,
+            "selected_provider": top.candidate.provider,
             "reason_codes": list(self.reason_codes),
             "routing_policy_version": self.routing_policy_version,
-            "candidate_count": self.candidate_count,
-            "rejected_count": self.rejected_count,
-            "score_components": self.score_components.to_dict(),
-            "score": round(self.score, 4),
+            "candidate_count": len(self.ranked),
+            "rejected_count": len(self.rejected),
+            "score_components": top.components.to_dict(),
+            "score": round(top.score, 4),
             "alias_profile": self.alias_profile,
-            "estimated_cost_usd": self.estimated_cost_usd,
+            "estimated_cost_usd": top.estimated_cost_usd,
             "hard_requirements": list(self.hard_requirements),
             "chain": [sc.candidate.id for sc in self.ranked],
             "rejected": [rj.to_dict() for rj in self.rejected],
@@ -109,7 +135,7 @@ def build_receipt(
     codes = [r.SUPPORTS_REQUIRED_CAPABILITIES]
     if req.budget_ceiling_usd is not None or policy.remaining_budget_usd is not None:
         codes.append(r.WITHIN_BUDGET)
-    if top.telemetry_samples >= _MIN_SAMPLES_FOR_HIGH and top.components.reliability >= HIGH_RELIABILITY:
+    if top.telemetry_samples >= _MIN_SAMPLES_FOR_HIGH and top.reliability >= HIGH_RELIABILITY:
         codes.append(r.HIGH_RECENT_RELIABILITY)
     codes.append(r.TELEMETRY_INFORMED if top.telemetry_samples > 0 else r.PRIOR_ONLY)
     codes.append(r.CANARY_PROMOTED if canary is not None and canary.promoted else r.HIGHEST_SCORE)
@@ -117,16 +143,9 @@ def build_receipt(
         codes.append(r.CONCRETE_MODEL)
     return Receipt(
         requested_model=req.model,
-        selected_model=top.candidate.model,
-        selected_provider=top.candidate.provider,
         reason_codes=tuple(codes),
         routing_policy_version=POLICY_VERSION,
-        candidate_count=len(chain),
-        rejected_count=len(rejections),
-        score_components=top.components,
-        score=top.score,
         alias_profile=profile.alias,
-        estimated_cost_usd=top.estimated_cost_usd,
         hard_requirements=hard_requirement_names(req, profile),
         ranked=chain,
         rejected=rejections,
