@@ -3,16 +3,17 @@
     .venv/bin/python bench/gateway_decide.py                  # pools of 10, 50, 200 candidates
     .venv/bin/python bench/gateway_decide.py --install        # pip-installs litellm first if missing
 
-What is timed, per call (median over many calls, GC paused for both sides):
+What is timed, per call (median CPU time over batches of calls, GC paused, same method for both sides):
 
 * ours: ``ethen.gateway.routing.decide(body, ctx)`` - parse and validate the raw body, filter every
   candidate (with reasons), score, rank, canary gate, receipt - over a pool of N candidates with a
   telemetry snapshot entry for each and one canary target.
 * baseline: ``litellm.Router.get_available_deployment(model=..., messages=...)`` over the same N
   deployments in one model group, with ``routing_strategy="latency-based-routing"``. For a like-for-like
-  comparison its latency store is seeded with the same telemetry our snapshot holds (5 streamed successes
-  per deployment at the snapshot's mean latency / TTFT, through LiteLLM's own ``log_success_event``), so it
-  ranks by real latency data as ``decide`` does. Deployments carry the same model info (context window,
+  comparison its latency store is seeded with the same telemetry our snapshot holds: per deployment, as many
+  streamed successes as the snapshot counts (capped at LiteLLM's own ``max_latency_list_size`` of 10) at the
+  snapshot's mean latency / TTFT, through LiteLLM's own ``log_success_event``; so it ranks by the same
+  latency data ``decide`` sees. Deployments carry the same model info (context window,
   max output, prices, tools, vision). Also printed, for reference: the same router with
   ``enable_pre_call_checks=True`` (LiteLLM's context-window filtering, the nearest thing it has to our
   capability filter; it counts the prompt's tokens), and ``"simple-shuffle"`` (LiteLLM's default: a
@@ -96,20 +97,31 @@ def make_ctx(pool: tuple[Candidate, ...], seed: int = 0) -> RoutingContext:
 
 
 def median_us(fn: Callable[[], object], calls: int) -> float:
+    """Median CPU microseconds per call. Calls run in batches of about 2 ms of CPU each; each batch gives
+    one sample (its CPU time / its calls). CPU time (``time.process_time``), not wall time: on a shared
+    machine wall time also counts the time the process waits for a core. Same method for every contender."""
     for _ in range(min(50, calls)):
         fn()  # warm-up
+    clock = time.process_time
+    t0 = clock()
+    probe = 0
+    while clock() - t0 < 0.01:
+        fn()
+        probe += 1
+    per_call = (clock() - t0) / probe
+    batch = max(1, min(calls, int(0.002 / per_call)))
     samples = []
-    perf = time.perf_counter_ns
     gc.collect()
     gc.disable()
     try:
-        for _ in range(calls):
-            t0 = perf()
-            fn()
-            samples.append(perf() - t0)
+        for _ in range(max(15, calls // batch)):
+            t0 = clock()
+            for _ in range(batch):
+                fn()
+            samples.append((clock() - t0) / batch)
     finally:
         gc.enable()
-    return statistics.median(samples) / 1000.0
+    return statistics.median(samples) * 1e6
 
 
 def ensure_litellm(install: bool) -> bool:
@@ -142,7 +154,8 @@ def _seed_latency(router: Any, ctx: RoutingContext) -> None:
             "stream": True,
             "completion_start_time": start + timedelta(milliseconds=ttft),
         }
-        for _ in range(5):
+        # as many successes as our snapshot counts, up to LiteLLM's own list cap (max_latency_list_size=10)
+        for _ in range(min(st.successes, 10)):
             handler.log_success_event(kwargs, None, start, start + timedelta(milliseconds=latency))
 
 
