@@ -27,6 +27,7 @@ Choices where the spec is silent:
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
@@ -313,6 +314,22 @@ class Accounts:
             log.error("reading project state failed: %s", exc.message)
             raise StoreUnavailableError("The gateway could not read the project's budget.") from None
         return dataclasses.replace(ctx, policy=policy, pool=pool)
+
+    def models_for(self, access: Access, models_body: bytes, pool: tuple[Candidate, ...]) -> bytes:
+        """``GET /models`` for this access: a project restricted to some providers/models sees only the
+        concrete models it may use (and every alias); others get the full list unchanged."""
+        project = access.project
+        if project is None or (project.allowed_providers is None and project.allowed_models is None):
+            return models_body
+        ap, am = project.allowed_providers, project.allowed_models
+        usable = {
+            c.model
+            for c in pool
+            if (ap is None or c.provider in ap) and (am is None or c.model in am or c.id in am)
+        }
+        listing = json.loads(models_body)
+        listing["data"] = [m for m in listing["data"] if m["id"] in usable or m["owned_by"] == "ethen"]
+        return json.dumps(listing, separators=(",", ":")).encode()
 
     def decide(self, body: Mapping[str, Any], ctx: RoutingContext, access: Access) -> Decision:
         """``decide``, with "every candidate was rejected only for the project budget" as a budget error."""

@@ -370,10 +370,10 @@ def create_app(
     async def models(request: Request) -> Response:
         rid = _request_id(request)
         try:
-            await acc.authenticate(request.headers.get("authorization"))
+            access = await acc.authenticate(request.headers.get("authorization"))
         except GatewayError as err:
             return _error_response(err, rid)
-        return Response(gw.models_body, 200, media_type=_JSON)
+        return Response(acc.models_for(access, gw.models_body, gw.pool), 200, media_type=_JSON)
 
     async def healthz(request: Request) -> Response:
         return Response(b'{"status":"ok"}', 200, media_type=_JSON)

@@ -63,6 +63,9 @@ def test_project_policy_and_default_alias(db_url: str) -> None:
         assert r.status_code == 200, r.text
         routing = r.json()["ethen"]["routing"]
         assert routing["requested_model"] == "ethen/cheap" and routing["selected_provider"] == "beta"
+        ids = [m.id for m in lv.client(key).models.list().data]
+        assert "beta-small" in ids and "ethen/cheap" in ids and "alpha-large" not in ids
+        assert "alpha-large" in [m.id for m in lv.client(CLIENT_KEY).models.list().data]
         r = _post(lv, key, {"model": "alpha-large", "messages": MSG})
         assert r.status_code == 422
         reasons = {x["candidate"]: x["reasons"] for x in r.json()["error"]["rejections"]}
