@@ -297,7 +297,7 @@ litellm_settings:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    ap.add_argument("--rates", default="100,500,1000", help="offered rates (RPS) for the overhead table")
+    ap.add_argument("--rates", default="20,100,500,1000", help="offered rates (RPS) for the overhead table")
     ap.add_argument(
         "--ladder", default="20,50,100,250,500,750,1000,1500,2000", help="rates for the max-rate search"
     )
