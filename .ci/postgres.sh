@@ -32,6 +32,8 @@ fi
 PSQL=("$BIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -v ON_ERROR_STOP=1 -qtA)
 "${PSQL[@]}" -c "SELECT 1 FROM pg_roles WHERE rolname='$USER_'" | grep -q 1 \
     || "${PSQL[@]}" -c "CREATE ROLE $USER_ LOGIN PASSWORD '$PASS'" >&2
+# CREATEDB: each test creates (and drops) its own database, so concurrent test runs cannot collide.
+"${PSQL[@]}" -c "ALTER ROLE $USER_ CREATEDB" >&2
 "${PSQL[@]}" -c "SELECT 1 FROM pg_database WHERE datname='$DB'" | grep -q 1 \
     || "${PSQL[@]}" -c "CREATE DATABASE $DB OWNER $USER_" >&2
 echo "postgresql://$USER_:$PASS@127.0.0.1:$PORT/$DB"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,11 +15,10 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 from service_harness import Live, live
-from sqlalchemy import text
+from sqlalchemy.engine import make_url
 from upstream import Behavior
 
 from ethen.store import Store
-from ethen.store.engine import make_engine
 
 T = TypeVar("T")
 ADMIN_KEY = "admin-7d1e0c4b9a8f7e6d5c4b3a291807f6e5"
@@ -26,30 +26,42 @@ ADMIN_PREFIX = "/api/admin/v1"
 PG_ENV = "ETHEN_TEST_PG_URL"
 
 
-def reset_postgres(url: str) -> None:
-    async def main() -> None:
-        engine = make_engine(url)
-        try:
-            async with engine.begin() as conn:
-                await conn.execute(text("DROP SCHEMA public CASCADE"))
-                await conn.execute(text("CREATE SCHEMA public"))
-        finally:
-            await engine.dispose()
+def _plain(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
-    asyncio.run(main())
+
+@contextmanager
+def fresh_pg_database(url: str) -> Iterator[str]:
+    """A new, empty database on ``url``'s server (dropped afterwards): concurrent runs never share one."""
+    import asyncpg
+
+    name = f"ethen_t_{uuid.uuid4().hex[:12]}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(_plain(url))
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh database: a SQLite file, or the (emptied) Postgres of ``ETHEN_TEST_PG_URL``."""
+    """A fresh database: a SQLite file, or a new database on the Postgres server of ``ETHEN_TEST_PG_URL``."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'gw.db'}"
         return
     url = os.environ.get(PG_ENV)
     if not url:
         pytest.skip(f"{PG_ENV} is not set (bash .ci/postgres.sh starts a local server and prints the URL)")
-    reset_postgres(url)
-    yield url
+    with fresh_pg_database(url) as fresh:
+        yield fresh
 
 
 def store_cfg(url: str) -> dict[str, Any]:
