@@ -22,6 +22,10 @@ Choices where the spec is silent:
   a stream cut before its usage chunk), the served candidate's *estimated* cost is settled and the ledger row
   is flagged ``estimated``.
 - A store failure is a 503 ``store_unavailable``; the message names no key, URL or password.
+- Settling and releasing are shielded from cancellation, so a client hanging up mid-stream still settles.
+  Known gap: a client that hangs up after the upstream stream opened but before the response body starts
+  leaves its reservation until it expires (``reservation_ttl_s``) or the gateway restarts; it never leads to
+  overspend, only to budget held back for that long.
 """
 
 from __future__ import annotations
