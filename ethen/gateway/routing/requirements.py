@@ -49,6 +49,7 @@ __all__ = [
 ]
 
 BYTES_PER_TOKEN: Final = 3
+_MAPPING: Final = (dict, Mapping)  # dict first: the common case skips the ABC check
 IMAGE_TOKENS: Final = 1600
 TOKENS_PER_MESSAGE: Final = 4
 TOKENS_REPLY_PRIMER: Final = 3
@@ -105,7 +106,7 @@ def _json_bytes(value: object) -> int:
     """Approximate compact-JSON byte size of a parsed JSON value (strings by UTF-8 bytes)."""
     if isinstance(value, str):
         return _str_bytes(value) + 2
-    if isinstance(value, dict | Mapping):
+    if isinstance(value, _MAPPING):
         return sum(_str_bytes(str(k)) + 4 + _json_bytes(v) for k, v in value.items()) + 2
     if isinstance(value, list | tuple):
         return sum(_json_bytes(v) + 1 for v in value) + 2
@@ -134,7 +135,7 @@ def _parse_messages(messages: object) -> tuple[int, int]:
     images = 0
     for i, msg in enumerate(messages):
         where = f"messages[{i}]"
-        if not isinstance(msg, dict | Mapping):
+        if not isinstance(msg, _MAPPING):
             raise _bad(where, f"{where} must be an object, got {_type_name(msg)}", "invalid_type")
         role = msg.get("role")
         if not isinstance(role, str) or not role:
@@ -158,7 +159,7 @@ def _parse_messages(messages: object) -> tuple[int, int]:
             )
         for j, part in enumerate(content):
             pwhere = f"{where}.content[{j}]"
-            if not isinstance(part, Mapping):
+            if not isinstance(part, _MAPPING):
                 raise _bad(pwhere, f"{pwhere} must be an object, got {_type_name(part)}", "invalid_type")
             ptype = part.get("type")
             if not isinstance(ptype, str) or not ptype:
@@ -184,12 +185,12 @@ def _positive_int(body: Mapping[str, Any], key: str) -> int | None:
 def _parse_routing(metadata: object) -> tuple[float | None, str | None, bool]:
     if metadata is None:
         return None, None, False
-    if not isinstance(metadata, Mapping):
+    if not isinstance(metadata, _MAPPING):
         raise _bad("metadata", f"'metadata' must be an object, got {_type_name(metadata)}", "invalid_type")
     routing = metadata.get("routing")
     if routing is None:
         return None, None, False
-    if not isinstance(routing, Mapping):
+    if not isinstance(routing, _MAPPING):
         raise _bad(
             "metadata.routing",
             f"'metadata.routing' must be an object, got {_type_name(routing)}",
@@ -236,12 +237,12 @@ def _parse_only(body: Mapping[str, Any]) -> frozenset[str] | None:
     options = body.get("providerOptions")
     if options is None:
         return None
-    if not isinstance(options, Mapping):
+    if not isinstance(options, _MAPPING):
         raise _bad("providerOptions", "'providerOptions' must be an object", "invalid_type")
     gateway = options.get("gateway")
     if gateway is None:
         return None
-    if not isinstance(gateway, Mapping):
+    if not isinstance(gateway, _MAPPING):
         raise _bad("providerOptions.gateway", "'providerOptions.gateway' must be an object", "invalid_type")
     only = gateway.get("only")
     if only is None:
@@ -265,7 +266,7 @@ def _parse_tools(body: Mapping[str, Any], key: str) -> tuple[bool, int]:
     if not isinstance(tools, list):
         raise _bad(key, f"'{key}' must be an array, got {_type_name(tools)}", "invalid_type")
     for i, tool in enumerate(tools):
-        if not isinstance(tool, Mapping):
+        if not isinstance(tool, _MAPPING):
             raise _bad(
                 f"{key}[{i}]", f"'{key}[{i}]' must be an object, got {_type_name(tool)}", "invalid_type"
             )
@@ -274,7 +275,7 @@ def _parse_tools(body: Mapping[str, Any], key: str) -> tuple[bool, int]:
 
 def parse_requirements(body: Mapping[str, Any]) -> Requirements:
     """Parse and validate the body once; raise ``InvalidRequestError`` naming the first malformed field."""
-    if not isinstance(body, Mapping):
+    if not isinstance(body, _MAPPING):
         raise _bad("", f"the request body must be a JSON object, got {_type_name(body)}", "invalid_type")
     model = body.get("model")
     if model is None:
@@ -289,7 +290,7 @@ def parse_requirements(body: Mapping[str, Any]) -> Requirements:
     structured = False
     fmt = body.get("response_format")
     if fmt is not None:
-        if not isinstance(fmt, Mapping):
+        if not isinstance(fmt, _MAPPING):
             raise _bad("response_format", "'response_format' must be an object", "invalid_type")
         ftype = fmt.get("type")
         if ftype not in RESPONSE_FORMATS:
