@@ -124,6 +124,9 @@ def up(
     import logging
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ethen.mesh.worker.cli import one_blas_thread
+
+    one_blas_thread()  # the orchestrator's head matmul shares the cores with the workers
     workers_spec = load_layout(layout)
     key, key_source = api_key()
     t0 = time.perf_counter()

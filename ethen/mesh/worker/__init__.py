@@ -1,11 +1,13 @@
-"""The mesh data plane: a gRPC worker serving whole fragments of the model's layers (``ethen worker``)."""
+"""The mesh data plane: a gRPC worker serving whole fragments of the model's layers (``ethen worker``).
 
-from ethen.mesh.worker.backend import FragmentBackend, ModelBackend
-from ethen.mesh.worker.batching import StepBatcher
-from ethen.mesh.worker.errors import SessionCapacityError, SessionNotFoundError, WorkerError, WorkerInputError
-from ethen.mesh.worker.health import HealthSnapshot, HealthTracker
-from ethen.mesh.worker.server import WorkerConfig, WorkerService, parse_fragments, serve
-from ethen.mesh.worker.sessions import SessionStore
+The names below load lazily (PEP 562), so importing the ``ethen worker`` command does not import NumPy before
+it has set its BLAS thread defaults (see :mod:`ethen.mesh.worker.cli`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = [
     "FragmentBackend",
@@ -23,3 +25,26 @@ __all__ = [
     "parse_fragments",
     "serve",
 ]
+
+_HOME = {
+    "FragmentBackend": "backend",
+    "ModelBackend": "backend",
+    "StepBatcher": "batching",
+    "SessionCapacityError": "errors",
+    "SessionNotFoundError": "errors",
+    "WorkerError": "errors",
+    "WorkerInputError": "errors",
+    "HealthSnapshot": "health",
+    "HealthTracker": "health",
+    "WorkerConfig": "server",
+    "WorkerService": "server",
+    "parse_fragments": "server",
+    "serve": "server",
+    "SessionStore": "sessions",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)

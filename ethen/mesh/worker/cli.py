@@ -4,27 +4,42 @@ Prints ``READY <host>:<port>`` on stdout (flushed) once the layers are loaded an
 parent process (``ethen up``, tests, benchmarks) can wait for it; ``--port 0`` binds a free port and reports
 it there.
 SIGINT / SIGTERM stop it within a second.
+
+BLAS runs single-threaded unless ``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` are set:
+a decode step is a chain of small matmuls and several mesh processes share the cores (see
+:mod:`ethen.mesh.worker.launch`). NumPy is imported only inside the command, after these defaults are set.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
 import time
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import typer
 
-from ethen.mesh.worker.backend import ModelBackend
-from ethen.mesh.worker.server import WorkerConfig, WorkerService, parse_fragments, serve
+if TYPE_CHECKING:
+    from ethen.mesh.worker.server import WorkerConfig
 
-__all__ = ["run_worker", "worker"]
+__all__ = ["one_blas_thread", "run_worker", "worker"]
+
+
+def one_blas_thread() -> None:
+    """Default BLAS to one thread (effective only before NumPy is first imported)."""
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
 
 
 def run_worker(config: WorkerConfig, host: str, port: int) -> None:
     """Load the layers, serve until SIGINT/SIGTERM."""
+    from ethen.mesh.worker.backend import ModelBackend
+    from ethen.mesh.worker.server import WorkerService, serve
+
     t0 = time.perf_counter()
     backend = ModelBackend.load(config.fragments)
     service = WorkerService(config, backend)
@@ -58,6 +73,9 @@ def worker(
 ) -> None:
     """Serve fragments of the model's layers to the mesh over gRPC."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    one_blas_thread()
+    from ethen.mesh.worker.server import WorkerConfig, parse_fragments
+
     try:
         fragments = parse_fragments(layers)
         config = WorkerConfig(node_id, fragments, capacity_score=capacity_score,
