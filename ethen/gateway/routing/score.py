@@ -49,7 +49,7 @@ _LAT_REF = LATENCY_REF_MS
 _TTFT_REF = TTFT_REF_MS
 _new = tuple.__new__
 _get_id = attrgetter("id")
-_ZERO = (0, 0)
+_PRIOR_MEAN = _A / _AB  # health of a provider without recent telemetry
 
 
 class ScoreComponents(NamedTuple):
@@ -112,7 +112,7 @@ def score_pool(
         dup = next(c.id for c in pool if c.id in seen or seen.add(c.id))  # type: ignore[func-returns-value]
         raise GatewayConfigError(f"duplicate candidate id in the pool: {dup!r}")
     stats_map = telemetry.stats
-    totals = telemetry.provider_totals
+    health = telemetry.provider_health
     failing = telemetry.failing_providers
     w0, w1, w2, w3, w4, w5, w6, w7 = weights_for(profile, req.latency_target)
     gates = profile.gates
@@ -184,8 +184,7 @@ def score_pool(
         c_lat = _LAT_REF / (_LAT_REF + latency)
         c_ttft = _TTFT_REF / (_TTFT_REF + ttft)
         c_rel = (n + _A) / (stats.samples + _AB)  # telemetry.smoothed_success
-        pn, ps = totals.get(cand.provider, _ZERO) if totals else _ZERO
-        c_health = (ps + _A) / (pn + _AB)
+        c_health = health.get(cand.provider, _PRIOR_MEAN)
         c_ctx = cand.context_score
         c_tools = cand.tools_score
         total = (

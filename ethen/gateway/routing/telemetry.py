@@ -77,8 +77,8 @@ EMPTY_STATS: Final = CandidateStats()
 class TelemetrySnapshot:
     """Per (provider, model) recent stats. Missing keys mean "no recent evidence".
 
-    ``provider_totals`` (provider -> (samples, successes) summed over all its models) and
-    ``failing_providers`` (0 successes over >= 3 samples) are computed once when the snapshot is built, so
+    ``provider_totals`` (provider -> (samples, successes) summed over all its models), ``failing_providers``
+    (0 successes over >= 3 samples) and ``provider_health`` are computed once when the snapshot is built, so
     each decision reads them instead of re-summing. Build a new snapshot when the telemetry changes; do not
     mutate ``stats`` afterwards.
     """
@@ -88,6 +88,8 @@ class TelemetrySnapshot:
     max_outcomes: int = RECENT_MAX_OUTCOMES
     provider_totals: Mapping[str, tuple[int, int]] = field(init=False, compare=False, repr=False)
     failing_providers: frozenset[str] = field(init=False, compare=False, repr=False)
+    #: provider -> health component (Beta-smoothed success rate over all its models); absent -> prior mean
+    provider_health: Mapping[str, float] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         totals: dict[str, tuple[int, int]] = {}
@@ -97,6 +99,8 @@ class TelemetrySnapshot:
         object.__setattr__(self, "provider_totals", MappingProxyType(totals))
         failing = frozenset(p for p, (n, s) in totals.items() if n >= FAILING_MIN_SAMPLES and s == 0)
         object.__setattr__(self, "failing_providers", failing)
+        health = {p: smoothed_success(n, s) for p, (n, s) in totals.items()}
+        object.__setattr__(self, "provider_health", MappingProxyType(health))
 
     def get(self, provider: str, model: str) -> CandidateStats:
         return self.stats.get((provider, model), EMPTY_STATS)
