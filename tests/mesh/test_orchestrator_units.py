@@ -126,3 +126,25 @@ def test_grpc_errors_map_to_the_mesh_tree(code: grpc.StatusCode, kind: type[Exce
     err = from_grpc("n1", _Err(code))
     assert type(err) is kind
     assert "n1" in str(err) and code.name in str(err) and "boom" in str(err)
+
+
+def test_a_leader_waits_for_active_sessions_but_not_for_ended_ones() -> None:
+    import time as _time
+
+    import numpy as np
+
+    from ethen.mesh.worker.batching import Job, StepBatcher
+
+    batcher = StepBatcher(lambda jobs: [j.hidden for j in jobs], window_s=0.05, active_horizon_s=10.0)
+
+    def step(sid: str) -> float:
+        t0 = _time.perf_counter()
+        batcher.run(Job(session_id=sid, first_layer=0, last_layer=0, positions=[0],
+                        hidden=np.zeros((1, 2), np.float32)))
+        return _time.perf_counter() - t0
+
+    step("a")
+    step("b")  # two sessions are active now: a lone step waits the window for the other one
+    assert step("a") >= 0.04
+    batcher.forget("b")  # b ended
+    assert step("a") < 0.04

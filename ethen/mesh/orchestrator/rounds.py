@@ -65,7 +65,9 @@ class DecodeRounds:
     def forget(self, session_id: str) -> None:
         """The session ended: free its lane slot."""
         with self._lock:
-            self._lane_of.pop(session_id, None)
+            lane = self._lane_of.pop(session_id, None)
+        if lane is not None:
+            self._lanes[lane].forget(session_id)
 
     def step(self, session: MeshSession, hidden: F32) -> F32:
         """One decode step of ``session`` (``hidden`` [1, d] embedded token) -> logits [V]."""

@@ -85,6 +85,11 @@ class StepBatcher:
         self._busy = False
         self._recent: dict[str, float] = {}  # session -> last decode-step arrival
 
+    def forget(self, session_id: str) -> None:
+        """The session ended: stop counting it among the active ones (so no leader waits for it)."""
+        with self._cond:
+            self._recent.pop(session_id, None)
+
     def stop(self) -> None:
         """Nothing to stop (no thread of its own); kept so owners can shut down uniformly."""
 

@@ -320,6 +320,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
     ) -> mesh_pb2.CloseSessionResponse:
         with self._lock:
             closed = self.store.close(request.session_id)
+        self.batcher.forget(request.session_id)
         return mesh_pb2.CloseSessionResponse(closed=closed)
 
     def stop(self) -> None:
