@@ -142,7 +142,9 @@ def test_keys_create_authenticate_revoke_last_used(store_url: str) -> None:
     assert principal is not None and principal.project.name == "p" and principal.key_id == info.key_id
     assert after.last_used_at == NOW + timedelta(minutes=5)
     assert wrong is None and malformed is None
-    secret = key.rsplit("_", 1)[1]
+    parsed = parse_key(key)
+    assert parsed is not None and len(parsed.secret) == 43
+    secret = parsed.secret
     (row,) = stored
     # Only the key id, salt and digest are stored: the secret is in no column.
     assert all(secret.encode() not in (v if isinstance(v, bytes) else str(v).encode()) for v in row)
