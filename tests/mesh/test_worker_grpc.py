@@ -253,5 +253,5 @@ def test_forward_batch_answers_each_item_on_its_own(worker: Worker) -> None:
 def test_parse_fragments() -> None:
     assert parse_fragments("10-19, 0-9,25") == [(0, 9), (10, 19), (25, 25)]
     for bad in ("", "0-9,", "a-b", "9-0", "0-9,5-12"):
-        with pytest.raises(ValueError, match="layers"):
+        with pytest.raises(ValueError, match="layer"):
             parse_fragments(bad)

@@ -48,6 +48,7 @@ from ethen.mesh.worker.health import HealthTracker
 from ethen.mesh.worker.sessions import SessionStore
 from ethen.model.errors import ModelInputError
 from ethen.model.kv_cache import KVCache
+from ethen.model.model import parse_layer_ranges
 
 __all__ = ["WorkerConfig", "WorkerService", "parse_fragments", "serve"]
 
@@ -63,22 +64,9 @@ _STATUS: dict[type[WorkerError], grpc.StatusCode] = {
 
 
 def parse_fragments(text: str) -> list[tuple[int, int]]:
-    """``"0-9,10-19"`` -> ``[(0, 9), (10, 19)]`` (a single layer may be written ``"7"``)."""
-    out: list[tuple[int, int]] = []
-    for raw in text.split(","):
-        part = raw.strip()
-        if not part:
-            raise ValueError(f"layers {text!r}: empty fragment")
-        first_s, sep, last_s = part.partition("-")
-        try:
-            first = int(first_s)
-            last = int(last_s) if sep else first
-        except ValueError:
-            raise ValueError(f"layers {text!r}: fragment {part!r} is not FIRST-LAST") from None
-        if first < 0 or last < first:
-            raise ValueError(f"layers {text!r}: fragment {part!r} needs 0 <= FIRST <= LAST")
-        out.append((first, last))
-    out.sort()
+    """``"0-9,10-19"`` -> ``[(0, 9), (10, 19)]`` (sorted; a single layer may be written ``"7"``); overlapping
+    fragments are refused. Raises ``ValueError`` naming the text."""
+    out = sorted(parse_layer_ranges(text))
     for (_, a_last), (b_first, _) in itertools.pairwise(out):
         if b_first <= a_last:
             raise ValueError(f"layers {text!r}: fragments overlap")
