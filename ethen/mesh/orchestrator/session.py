@@ -6,7 +6,9 @@ session exactly like the single-process model: same sampling, stop handling and 
 
 How a step runs: the orchestrator embeds the tokens, sends the hidden states through the route's stages in
 order (one ``Forward`` per stage, star topology: each reply comes back to the orchestrator), and applies the
-final norm and head to the last row.
+final norm and head to the last row. A decode step of a session whose stages are all warm goes through a
+decode round instead (:mod:`~ethen.mesh.orchestrator.rounds`): the same stages, but one ``ForwardBatch`` per
+stage for every concurrent session.
 
 Failover and replay (Petals-style):
 

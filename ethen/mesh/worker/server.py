@@ -11,6 +11,8 @@ any other exception            ``INTERNAL`` (logged)
 =============================  ======================
 
 Every error is answered with a message naming the field and value, and the worker keeps serving.
+``ForwardBatch`` answers each item on its own (a status code and message per item, same mapping), so one
+session's bad step never fails the others in its batch.
 
 Choices where the spec is silent:
 
