@@ -66,6 +66,32 @@ class FailoverEvent:
     route: Route
 
 
+class _Rows:
+    """A growable ``[n, d]`` float32 row buffer: appending a step is amortised O(T), not O(n)."""
+
+    __slots__ = ("_buf", "n")
+
+    def __init__(self, rows: F32) -> None:
+        self._buf: F32 = np.array(rows, dtype=np.float32, copy=True)
+        self.n = int(rows.shape[0])
+
+    def append(self, rows: F32) -> None:
+        need = self.n + int(rows.shape[0])
+        if need > self._buf.shape[0]:
+            grown = np.empty((max(need, 2 * self._buf.shape[0]), self._buf.shape[1]), np.float32)
+            grown[: self.n] = self._buf[: self.n]
+            self._buf = grown
+        self._buf[self.n : need] = rows
+        self.n = need
+
+    def view(self) -> F32:
+        return self._buf[: self.n]
+
+
+# A step's record for one boundary: (True, all inputs [P+T, d]) after a replay, else (False, new rows [T, d]).
+_Pending = dict[int, tuple[bool, F32]]
+
+
 class _HistoryMissing(Exception):
     """A cold stage starts at a boundary the session has no history for: replay the whole route."""
 
@@ -99,13 +125,13 @@ class MeshSession:
         self.max_failovers = max_failovers
         self.length = 0  # positions fed so far
         self.chunks: list[int] = []  # sizes of the steps taken, in order
-        self._hist: dict[int, F32] = {}  # boundary (a stage's first layer) -> inputs [length, d]
+        self._hist: dict[int, _Rows] = {}  # boundary (a stage's first layer) -> inputs [length, d]
         self._ready: dict[_Key, int] = {}  # stage -> positions its worker cache holds
         self._opened: set[tuple[str, int]] = set()  # (node, first layer) with a worker session
         self._step_out: dict[_Key, F32] = {}  # outputs of stages that already ran the current step
         self.replayed_positions = 0
         self._rounds = rounds
-        self._pending: dict[int, F32] = {}  # boundary inputs of the step in progress (decode rounds)
+        self._pending: _Pending = {}  # boundary inputs of the step in progress (decode rounds)
 
     def _wsid(self, stage: Stage) -> str:
         return self.worker_session(stage.first)
@@ -121,8 +147,7 @@ class MeshSession:
 
     def record_stage(self, node: str, first: int, last: int, inputs: F32, outputs: F32) -> None:
         """A decode round ran this session's stage ``first..last`` on ``node``: keep the bookkeeping."""
-        past = self._hist.get(first)
-        self._pending[first] = inputs if past is None else np.concatenate([past, inputs], axis=0)
+        self._pending[first] = (False, inputs)
         key = (node, first, last)
         self._ready[key] = self.length + int(inputs.shape[0])
         self._step_out[key] = outputs
@@ -145,7 +170,10 @@ class MeshSession:
             try:
                 h, pending = self._run_stages(x)
                 break
-            except _HistoryMissing:
+            except _HistoryMissing:  # rebuild every stage from the token embeddings at boundary 0
+                if not self._ready and not self._step_out:
+                    raise MeshRuntimeError(f"session {self.id}: no input history at the route's first "
+                                           f"layer, cannot replay") from None
                 self._ready.clear()
                 self._step_out.clear()
             except NodeUnavailable as exc:
@@ -154,8 +182,16 @@ class MeshSession:
         logits: F32 = self._head(h[-1:])[0]  # [V]
         return logits
 
-    def _commit(self, tokens: int, pending: dict[int, F32]) -> None:
-        self._hist = pending
+    def _commit(self, tokens: int, pending: _Pending) -> None:
+        hist: dict[int, _Rows] = {}
+        for boundary, (complete, rows) in pending.items():
+            buf = self._hist.get(boundary)
+            if complete or buf is None:
+                hist[boundary] = _Rows(rows)
+            else:
+                buf.append(rows)
+                hist[boundary] = buf
+        self._hist = hist  # boundaries no longer in the route are dropped
         self.length += tokens
         self.chunks.append(tokens)
         self._step_out.clear()
@@ -175,21 +211,18 @@ class MeshSession:
         self.routes.append(self.route)
         self.failovers.append(FailoverEvent(node, str(exc), self.length, self.route))
 
-    def _run_stages(self, x: F32) -> tuple[F32, dict[int, F32]]:
+    def _run_stages(self, x: F32) -> tuple[F32, _Pending]:
         p, t = self.length, int(x.shape[0])
-        pending: dict[int, F32] = {}
+        pending: _Pending = {}
         cur = x  # [T, d] this step's input at the current boundary
-        full: F32 | None = None  # [P+T, d] all inputs at the current boundary, when already known
+        full: F32 | None = None  # [P+T, d] all inputs at the current boundary, when a replay produced them
         for stage in self.route.stages:
             key = (stage.node_id, stage.first, stage.last)
-            if full is None:
-                past = self._hist.get(stage.first)
-                if past is None and p > 0:
-                    full = None
-                else:
-                    full = cur if past is None else np.concatenate([past, cur], axis=0)
+            past = self._hist.get(stage.first)
             if full is not None:
-                pending[stage.first] = full
+                pending[stage.first] = (True, full)
+            elif past is not None or p == 0:
+                pending[stage.first] = (False, cur)
             done = self._step_out.get(key)
             full_out: F32 | None = None
             if done is not None:
@@ -198,7 +231,9 @@ class MeshSession:
                 out = self._forward(stage, cur, p)
             else:  # a cold stage (new in the route, or its cache is unknown): rebuild it
                 if full is None:
-                    raise _HistoryMissing
+                    if past is None and p > 0:
+                        raise _HistoryMissing
+                    full = cur if past is None else np.concatenate([past.view(), cur], axis=0)
                 full_out = self._replay(stage, full)
                 out = full_out[p:]
             self._ready[key] = p + t
