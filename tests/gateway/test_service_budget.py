@@ -156,6 +156,7 @@ def test_100_concurrent_requests_never_overspend(db_url: str) -> None:
             return spend.settled_usd, sum(u.requests for u in rows), await st.count_reservations()
 
         settled, entries, left = with_store(db_url, check)
+        print(f"race: {len(ok)}/100 admitted, settled ${settled:.6f} of a ${budget:.6f} budget")
         assert settled <= budget
         assert entries == len(ok) and left == 0
         assert settled == pytest.approx(len(ok) * est, rel=1e-6)
