@@ -183,6 +183,9 @@ Ctrl-C stops the gateway and the {len(started)} workers.""", flush=True)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
                                                access_log=False, lifespan="on"))
         server.run()
+    except (TimeoutError, RuntimeError, OSError) as exc:  # a worker did not start, a port was taken, ...
+        _say(f"error: {exc}")
+        raise typer.Exit(1) from None
     finally:
         _say("stopping ...")
         if orch is not None:

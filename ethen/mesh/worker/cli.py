@@ -83,4 +83,10 @@ def worker(
                               max_sessions=max_sessions, batch_window_s=batch_window_ms / 1000.0)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    run_worker(config, host, port)
+    from ethen.model.errors import ModelError
+
+    try:
+        run_worker(config, host, port)
+    except ModelError as exc:  # a layer the model does not have, weights not installed, ...
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise typer.Exit(2) from None
