@@ -21,25 +21,25 @@ expiry instead, ``release_dangling=false``).
 from __future__ import annotations
 
 import re
-import secrets
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Row, and_, delete, func, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import Row, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ethen.gateway.routing import ALIASES
 
 from . import schema as s
+from ._common import budget_nano, now_utc, utc
 from .engine import WRITE_OPTION, boundary, make_engine
 from .errors import StoreInvalidError, StoreNotFoundError
 from .keys import generate_key, parse_key, verify
 from .migrations import applied, migrate_sync
-from .models import CertificationReceipt, KeyInfo, Principal, Project, Spend, UsageRow
-from .values import WINDOWS, Window, aware, from_nano, to_nano, window_start
+from .models import KeyInfo, Principal, Project
+from .receipts import Receipts
+from .spending import SpendLedger
+from .values import WINDOWS, Window, from_nano
 
 __all__ = ["LAST_USED_GRANULARITY", "UNSET", "Store"]
 
@@ -56,16 +56,6 @@ class _Unset:
 UNSET: Any = _Unset()
 
 
-def _utc(dt: datetime | None) -> datetime | None:
-    if dt is None:
-        return None
-    return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
-
-
-def _now(now: datetime | None) -> datetime:
-    return datetime.now(UTC) if now is None else aware(now, "now")
-
-
 def _names(field: str, values: Sequence[str] | None) -> list[str] | None:
     if values is None:
         return None
@@ -75,15 +65,6 @@ def _names(field: str, values: Sequence[str] | None) -> list[str] | None:
             raise StoreInvalidError(f"{field}[{i}] = {v!r}: must be a non-empty string (<= 200 chars)")
         out.append(v)
     return sorted(set(out))
-
-
-def _budget(value: float | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return to_nano(value)
-    except ValueError:
-        raise StoreInvalidError(f"budget_usd = {value!r}: must be a finite number >= 0") from None
 
 
 def _window(value: str) -> Window:
@@ -108,23 +89,11 @@ def _project(r: Row[Any]) -> Project:
         budget_usd=from_nano(m["budget_nano"]) if m["budget_nano"] is not None else None,
         budget_window=m["budget_window"],
         default_alias=m["default_alias"],
-        created_at=_utc(m["created_at"]) or datetime.now(UTC),
+        created_at=utc(m["created_at"]) or datetime.now(UTC),
     )
 
 
-def _receipt(r: Row[Any]) -> CertificationReceipt:
-    m = r._mapping
-    return CertificationReceipt(
-        m["receipt_id"],
-        m["provider"],
-        m["model"],
-        _utc(m["certified_at"]) or datetime.now(UTC),
-        _utc(m["expires_at"]) or datetime.now(UTC),
-        dict(m["probe"]),
-    )
-
-
-class Store:
+class Store(SpendLedger, Receipts):
     """Async access to the gateway's durable state. Create with :meth:`open` (migrates), close with
     :meth:`aclose`."""
 
@@ -179,10 +148,10 @@ class Store:
             "name": name,
             "allowed_providers": _names("allowed_providers", allowed_providers),
             "allowed_models": _names("allowed_models", allowed_models),
-            "budget_nano": _budget(budget_usd),
+            "budget_nano": budget_nano(budget_usd),
             "budget_window": _window(budget_window),
             "default_alias": _alias(default_alias),
-            "created_at": _now(now),
+            "created_at": now_utc(now),
         }
         with boundary(f"create project {name!r}"):
             async with self.writer.begin() as conn:
@@ -223,7 +192,7 @@ class Store:
         if allowed_models is not UNSET:
             values["allowed_models"] = _names("allowed_models", allowed_models)
         if budget_usd is not UNSET:
-            values["budget_nano"] = _budget(budget_usd)
+            values["budget_nano"] = budget_nano(budget_usd)
         if budget_window is not UNSET:
             values["budget_window"] = _window(budget_window)
         if default_alias is not UNSET:
@@ -244,7 +213,7 @@ class Store:
     ) -> tuple[str, KeyInfo]:
         """A new key for ``project``: ``(full key, shown once; public info)``."""
         new = generate_key()
-        at = _now(now)
+        at = now_utc(now)
         with boundary(f"create key for project {project!r}"):
             async with self.writer.begin() as conn:
                 p = await self._project(conn, project)
@@ -268,7 +237,7 @@ class Store:
 
     @staticmethod
     def _keyinfo(r: Any) -> KeyInfo:
-        return KeyInfo(r[0], r[1], r[2], _utc(r[3]) or datetime.now(UTC), _utc(r[4]), _utc(r[5]))
+        return KeyInfo(r[0], r[1], r[2], utc(r[3]) or datetime.now(UTC), utc(r[4]), utc(r[5]))
 
     async def list_keys(self, project: str | None = None) -> list[KeyInfo]:
         q = self._keys_query().order_by(s.api_keys.c.created_at, s.api_keys.c.key_id)
@@ -292,7 +261,7 @@ class Store:
                 await conn.execute(
                     update(s.api_keys)
                     .where(s.api_keys.c.key_id == key_id, s.api_keys.c.revoked_at.is_(None))
-                    .values(revoked_at=_now(now))
+                    .values(revoked_at=now_utc(now))
                 )
         return await self.get_key(key_id)
 
@@ -314,224 +283,11 @@ class Store:
                 ).first()
             if r is None or not verify(parsed.secret, bytes(r[0]), bytes(r[1])) or r[2] is not None:
                 return None
-            at = _now(now)
-            last = _utc(r[3])
+            at = now_utc(now)
+            last = utc(r[3])
             if last is None or at - last >= LAST_USED_GRANULARITY:
                 async with self.writer.begin() as conn:
                     await conn.execute(
                         update(s.api_keys).where(k.key_id == parsed.key_id).values(last_used_at=at)
                     )
         return Principal(parsed.key_id, _project(r))
-
-    # -- spend -----------------------------------------------------------------------------------------
-    async def _sums(
-        self, conn: AsyncConnection, project_id: int, start: datetime, now: datetime
-    ) -> tuple[int, int]:
-        settled = await conn.scalar(
-            select(func.coalesce(func.sum(s.daily_spend.c.settled_nano), 0)).where(
-                s.daily_spend.c.project_id == project_id, s.daily_spend.c.day >= start.date().isoformat()
-            )
-        )
-        reserved = await conn.scalar(
-            select(func.coalesce(func.sum(s.reservations.c.amount_nano), 0)).where(
-                s.reservations.c.project_id == project_id, s.reservations.c.expires_at > now
-            )
-        )
-        return int(settled or 0), int(reserved or 0)
-
-    async def spend(self, project: Project, *, now: datetime | None = None) -> Spend:
-        at = _now(now)
-        start = window_start(project.budget_window, at)
-        with boundary("read spend"):
-            async with self.engine.connect() as conn:
-                settled, reserved = await self._sums(conn, project.id, start, at)
-        return Spend(project.budget_usd, from_nano(settled), from_nano(reserved), start)
-
-    async def reserve(
-        self,
-        project: Project,
-        amount_usd: float,
-        *,
-        request_id: str,
-        key_id: str | None = None,
-        ttl: timedelta = timedelta(minutes=15),
-        now: datetime | None = None,
-    ) -> int | None:
-        """Atomically reserve ``amount_usd`` of the project's window budget: the reservation id, or ``None``
-        when the remaining budget is smaller (nothing is written then)."""
-        amount = _budget(amount_usd) or 0
-        at = _now(now)
-        with boundary("reserve budget"):
-            async with self.writer.begin() as conn:
-                row = (
-                    await conn.execute(
-                        select(s.projects.c.budget_nano, s.projects.c.budget_window)
-                        .where(s.projects.c.id == project.id)
-                        .with_for_update()
-                    )
-                ).first()
-                if row is None:
-                    raise StoreNotFoundError(f"project = {project.name!r}: no such project")
-                budget, window = row
-                if budget is not None:
-                    settled, reserved = await self._sums(conn, project.id, window_start(window, at), at)
-                    if settled + reserved + amount > budget:
-                        return None
-                res = await conn.execute(
-                    s.reservations.insert().values(
-                        request_id=request_id,
-                        project_id=project.id,
-                        key_id=key_id,
-                        amount_nano=amount,
-                        created_at=at,
-                        expires_at=at + ttl,
-                    )
-                )
-                pk = res.inserted_primary_key
-                return int(pk[0]) if pk is not None else None
-
-    async def settle(
-        self,
-        project: Project,
-        *,
-        reservation_id: int | None,
-        request_id: str,
-        key_id: str | None,
-        provider: str,
-        model: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-        cost_usd: float,
-        estimated: bool = False,
-        now: datetime | None = None,
-    ) -> None:
-        """Append the actual cost to the ledger and release the reservation, in one transaction."""
-        cost = to_nano(cost_usd)
-        at = _now(now)
-        with boundary("settle spend"):
-            async with self.writer.begin() as conn:
-                ins = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-                day = ins(s.daily_spend).values(
-                    project_id=project.id, day=at.date().isoformat(), settled_nano=cost
-                )
-                await conn.execute(
-                    day.on_conflict_do_update(
-                        index_elements=["project_id", "day"],
-                        set_={"settled_nano": s.daily_spend.c.settled_nano + cost},
-                    )
-                )
-                await conn.execute(
-                    s.ledger.insert().values(
-                        request_id=request_id,
-                        project_id=project.id,
-                        key_id=key_id,
-                        provider=provider,
-                        model=model,
-                        prompt_tokens=max(0, int(prompt_tokens)),
-                        completion_tokens=max(0, int(completion_tokens)),
-                        cost_nano=cost,
-                        estimated=int(estimated),
-                        at=at,
-                    )
-                )
-                if reservation_id is not None:
-                    await conn.execute(delete(s.reservations).where(s.reservations.c.id == reservation_id))
-
-    async def release(self, reservation_id: int) -> None:
-        """Drop a reservation without spending (the request failed before any upstream usage)."""
-        with boundary("release reservation"):
-            async with self.writer.begin() as conn:
-                await conn.execute(delete(s.reservations).where(s.reservations.c.id == reservation_id))
-
-    async def release_all(self) -> int:
-        """Drop every reservation (at start: reservations of a crashed process). Returns how many."""
-        with boundary("release dangling reservations"):
-            async with self.writer.begin() as conn:
-                res = await conn.execute(delete(s.reservations))
-                return int(res.rowcount or 0)
-
-    async def count_reservations(self) -> int:
-        with boundary("count reservations"):
-            async with self.engine.connect() as conn:
-                return int(await conn.scalar(select(func.count()).select_from(s.reservations)) or 0)
-
-    async def usage(
-        self,
-        *,
-        project: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-    ) -> list[UsageRow]:
-        """Settled usage on ``[since, until)`` grouped by project, key, model and provider."""
-        lc = s.ledger.c
-        conds = []
-        if project is not None:
-            conds.append(s.projects.c.name == project)
-        if since is not None:
-            conds.append(lc.at >= aware(since, "since"))
-        if until is not None:
-            conds.append(lc.at < aware(until, "until"))
-        q = (
-            select(
-                s.projects.c.name,
-                lc.key_id,
-                lc.model,
-                lc.provider,
-                func.count(),
-                func.sum(lc.prompt_tokens),
-                func.sum(lc.completion_tokens),
-                func.sum(lc.cost_nano),
-            )
-            .join(s.projects, s.projects.c.id == lc.project_id)
-            .where(and_(True, *conds))
-            .group_by(s.projects.c.name, lc.key_id, lc.model, lc.provider)
-            .order_by(s.projects.c.name, lc.key_id, lc.model, lc.provider)
-        )
-        with boundary("usage report"):
-            async with self.engine.connect() as conn:
-                rows = list(await conn.execute(q))
-        return [
-            UsageRow(
-                r[0], r[1], r[2], r[3], int(r[4]), int(r[5] or 0), int(r[6] or 0), from_nano(int(r[7] or 0))
-            )
-            for r in rows
-        ]
-
-    # -- certification receipts ------------------------------------------------------------------------
-    async def add_certification(
-        self,
-        provider: str,
-        model: str,
-        *,
-        certified_at: datetime,
-        expires_at: datetime,
-        probe: dict[str, Any],
-    ) -> CertificationReceipt:
-        start, end = aware(certified_at, "certified_at"), aware(expires_at, "expires_at")
-        if end <= start:
-            raise StoreInvalidError(f"expires_at = {end.isoformat()}: must be after certified_at")
-        rid = f"cert_{secrets.token_hex(12)}"
-        with boundary("store certification receipt"):
-            async with self.writer.begin() as conn:
-                await conn.execute(
-                    s.certifications.insert().values(
-                        receipt_id=rid,
-                        provider=provider,
-                        model=model,
-                        certified_at=start,
-                        expires_at=end,
-                        probe=probe,
-                    )
-                )
-        return CertificationReceipt(rid, provider, model, start, end, probe)
-
-    async def certifications(self, *, valid_at: datetime | None = None) -> list[CertificationReceipt]:
-        """Receipts, newest first; with ``valid_at`` only those valid then."""
-        c = s.certifications.c
-        q = select(s.certifications).order_by(c.certified_at.desc(), c.receipt_id)
-        if valid_at is not None:
-            t = aware(valid_at, "valid_at")
-            q = q.where(c.certified_at <= t, c.expires_at > t)
-        with boundary("read certification receipts"):
-            async with self.engine.connect() as conn:
-                return [_receipt(r) for r in await conn.execute(q)]

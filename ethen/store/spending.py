@@ -1,0 +1,197 @@
+"""Spend: window totals, budget reservations, settlement into the ledger, usage reports (see
+:mod:`ethen.store.store` for the admission/settlement protocol)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import and_, delete, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from . import schema as s
+from ._common import EngineBase, budget_nano, now_utc
+from .engine import boundary
+from .errors import StoreNotFoundError
+from .models import Project, Spend, UsageRow
+from .values import aware, from_nano, to_nano, window_start
+
+__all__ = ["SpendLedger"]
+
+
+class SpendLedger(EngineBase):
+    """Window spend, reservations, settlement and usage (mixed into :class:`ethen.store.Store`)."""
+
+    async def _sums(
+        self, conn: AsyncConnection, project_id: int, start: datetime, now: datetime
+    ) -> tuple[int, int]:
+        settled = await conn.scalar(
+            select(func.coalesce(func.sum(s.daily_spend.c.settled_nano), 0)).where(
+                s.daily_spend.c.project_id == project_id, s.daily_spend.c.day >= start.date().isoformat()
+            )
+        )
+        reserved = await conn.scalar(
+            select(func.coalesce(func.sum(s.reservations.c.amount_nano), 0)).where(
+                s.reservations.c.project_id == project_id, s.reservations.c.expires_at > now
+            )
+        )
+        return int(settled or 0), int(reserved or 0)
+
+    async def spend(self, project: Project, *, now: datetime | None = None) -> Spend:
+        at = now_utc(now)
+        start = window_start(project.budget_window, at)
+        with boundary("read spend"):
+            async with self.engine.connect() as conn:
+                settled, reserved = await self._sums(conn, project.id, start, at)
+        return Spend(project.budget_usd, from_nano(settled), from_nano(reserved), start)
+
+    async def reserve(
+        self,
+        project: Project,
+        amount_usd: float,
+        *,
+        request_id: str,
+        key_id: str | None = None,
+        ttl: timedelta = timedelta(minutes=15),
+        now: datetime | None = None,
+    ) -> int | None:
+        """Atomically reserve ``amount_usd`` of the project's window budget: the reservation id, or ``None``
+        when the remaining budget is smaller (nothing is written then)."""
+        amount = budget_nano(amount_usd) or 0
+        at = now_utc(now)
+        with boundary("reserve budget"):
+            async with self.writer.begin() as conn:
+                row = (
+                    await conn.execute(
+                        select(s.projects.c.budget_nano, s.projects.c.budget_window)
+                        .where(s.projects.c.id == project.id)
+                        .with_for_update()
+                    )
+                ).first()
+                if row is None:
+                    raise StoreNotFoundError(f"project = {project.name!r}: no such project")
+                budget, window = row
+                if budget is not None:
+                    settled, reserved = await self._sums(conn, project.id, window_start(window, at), at)
+                    if settled + reserved + amount > budget:
+                        return None
+                res = await conn.execute(
+                    s.reservations.insert().values(
+                        request_id=request_id,
+                        project_id=project.id,
+                        key_id=key_id,
+                        amount_nano=amount,
+                        created_at=at,
+                        expires_at=at + ttl,
+                    )
+                )
+                pk = res.inserted_primary_key
+                return int(pk[0]) if pk is not None else None
+
+    async def settle(
+        self,
+        project: Project,
+        *,
+        reservation_id: int | None,
+        request_id: str,
+        key_id: str | None,
+        provider: str,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cost_usd: float,
+        estimated: bool = False,
+        now: datetime | None = None,
+    ) -> None:
+        """Append the actual cost to the ledger and release the reservation, in one transaction."""
+        cost = to_nano(cost_usd)
+        at = now_utc(now)
+        with boundary("settle spend"):
+            async with self.writer.begin() as conn:
+                ins = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+                day = ins(s.daily_spend).values(
+                    project_id=project.id, day=at.date().isoformat(), settled_nano=cost
+                )
+                await conn.execute(
+                    day.on_conflict_do_update(
+                        index_elements=["project_id", "day"],
+                        set_={"settled_nano": s.daily_spend.c.settled_nano + cost},
+                    )
+                )
+                await conn.execute(
+                    s.ledger.insert().values(
+                        request_id=request_id,
+                        project_id=project.id,
+                        key_id=key_id,
+                        provider=provider,
+                        model=model,
+                        prompt_tokens=max(0, int(prompt_tokens)),
+                        completion_tokens=max(0, int(completion_tokens)),
+                        cost_nano=cost,
+                        estimated=int(estimated),
+                        at=at,
+                    )
+                )
+                if reservation_id is not None:
+                    await conn.execute(delete(s.reservations).where(s.reservations.c.id == reservation_id))
+
+    async def release(self, reservation_id: int) -> None:
+        """Drop a reservation without spending (the request failed before any upstream usage)."""
+        with boundary("release reservation"):
+            async with self.writer.begin() as conn:
+                await conn.execute(delete(s.reservations).where(s.reservations.c.id == reservation_id))
+
+    async def release_all(self) -> int:
+        """Drop every reservation (at start: reservations of a crashed process). Returns how many."""
+        with boundary("release dangling reservations"):
+            async with self.writer.begin() as conn:
+                res = await conn.execute(delete(s.reservations))
+                return int(res.rowcount or 0)
+
+    async def count_reservations(self) -> int:
+        with boundary("count reservations"):
+            async with self.engine.connect() as conn:
+                return int(await conn.scalar(select(func.count()).select_from(s.reservations)) or 0)
+
+    async def usage(
+        self,
+        *,
+        project: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[UsageRow]:
+        """Settled usage on ``[since, until)`` grouped by project, key, model and provider."""
+        lc = s.ledger.c
+        conds = []
+        if project is not None:
+            conds.append(s.projects.c.name == project)
+        if since is not None:
+            conds.append(lc.at >= aware(since, "since"))
+        if until is not None:
+            conds.append(lc.at < aware(until, "until"))
+        q = (
+            select(
+                s.projects.c.name,
+                lc.key_id,
+                lc.model,
+                lc.provider,
+                func.count(),
+                func.sum(lc.prompt_tokens),
+                func.sum(lc.completion_tokens),
+                func.sum(lc.cost_nano),
+            )
+            .join(s.projects, s.projects.c.id == lc.project_id)
+            .where(and_(True, *conds))
+            .group_by(s.projects.c.name, lc.key_id, lc.model, lc.provider)
+            .order_by(s.projects.c.name, lc.key_id, lc.model, lc.provider)
+        )
+        with boundary("usage report"):
+            async with self.engine.connect() as conn:
+                rows = list(await conn.execute(q))
+        return [
+            UsageRow(
+                r[0], r[1], r[2], r[3], int(r[4]), int(r[5] or 0), int(r[6] or 0), from_nano(int(r[7] or 0))
+            )
+            for r in rows
+        ]
