@@ -74,21 +74,27 @@ def run_mesh(orch: Orchestrator, ids: list[int], params: SamplingParams) -> tupl
 
 
 def aggregate(orch: Orchestrator, ids: list[int], sessions: int, tokens: int) -> float:
+    """Steady-state aggregate decode tokens/s of ``sessions`` concurrent generations: tokens produced while
+    every session is decoding (after the last prefill, before the first session ends), per second."""
     params = SamplingParams(temperature=0.0, max_tokens=tokens)
-    counts = [0] * sessions
+    stamps: list[list[float]] = [[] for _ in range(sessions)]
     barrier = threading.Barrier(sessions)
 
     def run(i: int) -> None:
         barrier.wait()
-        counts[i] = len(orch.generate(ids, params).result().token_ids)
+        for chunk in orch.generate(ids, params):
+            if chunk.token_id is not None:
+                stamps[i].append(time.perf_counter())
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(sessions)]
-    t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return sum(counts) / (time.perf_counter() - t0)
+    start = max(s[0] for s in stamps)
+    end = min(s[-1] for s in stamps)
+    produced = sum(1 for s in stamps for t in s if start < t <= end)
+    return produced / (end - start)
 
 
 def rpc_overhead(orch: Orchestrator, ids: list[int], steps: int) -> list[float]:

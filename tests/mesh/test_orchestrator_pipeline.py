@@ -37,8 +37,15 @@ def _ids(model: Model, i: int) -> list[int]:
     return model.tokenizer.encode(model.chat_template.render(PROMPTS[i], add_generation_prompt=True))
 
 
+_REFS: dict[tuple[tuple[int, ...], SamplingParams], tuple[int, ...]] = {}
+
+
 def _reference(model: Model, ids: list[int], params: SamplingParams) -> tuple[int, ...]:
-    return generate(model_step(model), model.tokenizer, ids, params, model.config.context_length).token_ids
+    key = (tuple(ids), params)
+    if key not in _REFS:
+        ctx = model.config.context_length
+        _REFS[key] = generate(model_step(model), model.tokenizer, ids, params, ctx).token_ids
+    return _REFS[key]
 
 
 class InProcessWorker:
