@@ -20,6 +20,7 @@ Postgres: read-committed transactions; budget admission locks the project row (`
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,14 +60,28 @@ def redact_url(url: str) -> str:
         return "<unparseable url>"
 
 
+def _set_wal(db: str) -> None:
+    """Switch the file to WAL once, before any pooled connection exists.
+
+    WAL is persistent in the file. Doing the switch in every pooled connection's connect hook let concurrent
+    starters deadlock on a brand-new file (seen as "database is locked" after the busy timeout), so it is done
+    here, synchronously, with the same busy timeout.
+    """
+    uri = db.startswith("file:")
+    try:
+        with contextlib.closing(sqlite3.connect(db, timeout=10.0, uri=uri)) as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.Error as e:
+        raise StoreUnavailableError(f"sqlite {db!r}: database error ({e}) while enabling WAL") from None
+
+
 def _sqlite_hooks(engine: AsyncEngine, synchronous: str) -> None:
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute(f"PRAGMA synchronous={synchronous}")
         cur.execute("PRAGMA busy_timeout=10000")
+        cur.execute(f"PRAGMA synchronous={synchronous}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
@@ -93,6 +108,8 @@ def make_engine(url: str, *, pool_size: int = 5, sqlite_synchronous: str = "FULL
             raise StoreInvalidError(
                 f"store url {redact_url(url)!r}: directory {str(Path(db).parent)!r} does not exist"
             )
+        if db and db != ":memory:":
+            _set_wal(db)
         _sqlite_hooks(engine, sqlite_synchronous)
     return engine
 
