@@ -50,7 +50,6 @@ from ethen.gateway.config import (
     build_canaries,
     build_policy,
     build_pool,
-    resolve_secret,
 )
 from ethen.gateway.errors import (
     GatewayError,
@@ -61,7 +60,8 @@ from ethen.gateway.errors import (
 )
 from ethen.gateway.execute import Attempt, Executor, RouteTarget, StreamRun, chunk_meta, upstream_payload
 from ethen.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
-from ethen.gateway.providers.base import Provider, Timeouts
+from ethen.gateway.providers import build_providers
+from ethen.gateway.providers.base import Provider
 from ethen.gateway.routing import ALIASES, Decision, RoutingContext
 from ethen.gateway.sse import DONE_FRAME, dumps, encode_data, encode_error, encode_json
 from ethen.gateway.telemetry_store import TelemetryStore
@@ -74,28 +74,6 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _JSON = "application/json"
 #: Largest accepted request body (a base64 image-heavy request stays well below it).
 MAX_BODY_BYTES = 32 * 1024 * 1024
-
-
-def build_providers(cfg: GatewayConfig, env: Mapping[str, str] | None = None) -> dict[str, Provider]:
-    """One provider instance (one pooled client) per configured provider."""
-    from ethen.gateway.providers.anthropic import AnthropicProvider
-    from ethen.gateway.providers.openai_compat import OpenAICompatProvider
-
-    out: dict[str, Provider] = {}
-    for p in cfg.providers:
-        key = resolve_secret(p, env)
-        t = Timeouts(
-            connect=p.timeouts.connect_s, first_byte=p.timeouts.first_byte_s, total=p.timeouts.total_s
-        )
-        if p.kind == "anthropic":
-            out[p.id] = AnthropicProvider(
-                p.id, p.base_url, key, timeouts=t, max_connections=p.max_connections, headers=p.headers
-            )
-        else:
-            out[p.id] = OpenAICompatProvider(
-                p.id, p.base_url, key, timeouts=t, max_connections=p.max_connections, headers=p.headers
-            )
-    return out
 
 
 def _error_response(err: GatewayError, request_id: str) -> Response:
@@ -253,7 +231,8 @@ def create_app(
     providers: Mapping[str, Provider] | None = None,
     store: TelemetryStore | None = None,
 ) -> Starlette:
-    """Build the gateway app. ``providers`` defaults to :func:`build_providers` (secrets from ``env``);
+    """Build the gateway app. ``providers`` defaults to one per ``[[providers]]`` entry (``build_providers``,
+    secrets from ``env``); each is started in the lifespan start-up and closed at shutdown.
     ``catalog`` (model intelligence + prices) defaults to none: routes then carry their own limits/prices."""
     gw = Gateway(cfg, providers=providers or build_providers(cfg, env), catalog=catalog, store=store)
     gw.accounts = acc = accounts_for(cfg, gw.keyring, env)
@@ -404,8 +383,10 @@ def create_app(
         # of the collector's generations so full collections do not rescan it on the request path.
         gc.collect()
         gc.freeze()
-        await acc.start()  # opens/migrates the store, releases dangling reservations
         try:
+            await acc.start()  # opens/migrates the store, releases dangling reservations
+            for provider in gw.providers.values():
+                await provider.start()  # the mesh loads its orchestrator (logger ethen.gateway.startup)
             yield
         finally:
             await acc.aclose()

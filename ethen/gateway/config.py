@@ -5,6 +5,10 @@ Layout (see ``examples/gateway.toml``)::
     [server]            host, port
     [[providers]]       id, kind ("openai_compat" | "anthropic"), base_url, api_key_env, headers,
                         max_connections, [providers.timeouts] connect_s / first_byte_s / total_s
+    [[providers]]       id, kind = "mesh", [providers.workers] node_id = "host:port" (at least one),
+                        [providers.weights] latency / load / capacity / hop / prompt (route cost weights,
+                        unset = the spec's defaults), fallback_model, health_interval_s, forward_timeout_s,
+                        start_timeout_s (see ``examples/gateway-mesh.toml``)
     [[routes]]          route profiles: model (gateway-visible id), provider, upstream_model (default: model),
                         catalog_model (catalog lookup id, default: upstream_model), catalog_provider
                         (catalog provider id, default: provider),
@@ -21,6 +25,11 @@ Choices where the issue is silent:
   (``api_key_env``); a missing variable is a start-up error naming the variable, never showing a value.
 - Client API keys are stored as SHA-256 hex digests. Keys are random tokens with high entropy, so a fast
   unsalted hash is enough here (no password stretching); ``ethen gateway hash-key`` prints a digest.
+- The mesh provider (``kind = "mesh"``) lists worker addresses, not a layout: each worker reports the layers
+  it serves in its Health replies, so a layout in the gateway config could only disagree with the workers. It
+  serves one model (:data:`MESH_MODEL`); a route on it naming another upstream model is a config error, and
+  its routes look the model up in the catalog under provider ``mesh`` unless ``catalog_provider`` says
+  otherwise. ``health_interval_s`` is capped at 1 s (the orchestrator's node states are never older than 1 s).
 - Every error is a :class:`~ethen.gateway.errors.GatewayConfigError` whose message names the dotted key and
   the offending value, e.g. ``routes[1].provider = 'opneai': unknown provider (known: 'openai')``.
 """
@@ -28,22 +37,35 @@ Choices where the issue is silent:
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
 
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.errors import GatewayConfigError
 from ethen.gateway.routing import ALIASES, CanaryTarget, Candidate, ProjectPolicy
 
 __all__ = [
+    "MESH_MODEL",
+    "AnyProviderConfig",
     "ApiKeyConfig",
     "CanaryConfig",
     "GatewayConfig",
     "InfoOverrides",
+    "MeshProviderConfig",
+    "MeshWeightsConfig",
     "PolicyConfig",
     "PricesOverrides",
     "ProviderConfig",
@@ -62,6 +84,9 @@ __all__ = [
 ]
 
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+#: The one model a ``kind = "mesh"`` provider serves (``ethen.mesh.orchestrator.MODEL_NAME``).
+MESH_MODEL = "smollm2-135m-instruct"
+_ADDRESS = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):([0-9]{1,5})$")
 
 
 class _Strict(BaseModel):
@@ -92,6 +117,59 @@ class ProviderConfig(_Strict):
     headers: dict[str, str] = Field(default_factory=dict)
     max_connections: int = Field(default=100, ge=1, le=10_000)
     timeouts: TimeoutsConfig = Field(default_factory=lambda: TimeoutsConfig())
+
+
+def _address(v: str) -> str:
+    m = _ADDRESS.match(v)
+    if m is None:
+        raise ValueError("must be 'host:port' (e.g. '127.0.0.1:50051' or '[::1]:50051')")
+    if not 1 <= int(m.group(1)) <= 65535:
+        raise ValueError("port must be between 1 and 65535")
+    return v
+
+
+def _float(v: Any) -> Any:
+    return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+class MeshWeightsConfig(_Strict):
+    """Route cost weights (``ethen.mesh.routing.RouteWeights``); an unset weight keeps the spec's default."""
+
+    latency: float | None = Field(default=None, ge=0)
+    load: float | None = Field(default=None, ge=0)
+    capacity: float | None = Field(default=None, ge=0)
+    hop: float | None = Field(default=None, ge=0)
+    prompt: float | None = Field(default=None, ge=0)
+
+    @field_validator("latency", "load", "capacity", "hop", "prompt", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return _float(v)
+
+
+class MeshProviderConfig(_Strict):
+    """The local mesh as a provider: an orchestrator over the listed ``ethen worker`` processes, built when
+    the gateway starts (embeddings + head load then) and closed at shutdown."""
+
+    id: str = Field(pattern=_ID)
+    kind: Literal["mesh"]
+    workers: dict[
+        Annotated[str, StringConstraints(pattern=_ID)], Annotated[str, AfterValidator(_address)]
+    ] = Field(min_length=1)
+    weights: MeshWeightsConfig = Field(default_factory=lambda: MeshWeightsConfig())
+    fallback_model: str | None = Field(default=None, min_length=1)
+    health_interval_s: float = Field(default=0.25, gt=0, le=1.0)
+    forward_timeout_s: float = Field(default=60.0, gt=0)
+    start_timeout_s: float = Field(default=30.0, ge=0)
+
+    @field_validator("health_interval_s", "forward_timeout_s", "start_timeout_s", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return _float(v)
+
+
+AnyProviderConfig = Annotated[ProviderConfig | MeshProviderConfig, Field(discriminator="kind")]
+_KINDS = ("openai_compat", "anthropic", "mesh")
 
 
 class InfoOverrides(_Strict):
@@ -195,14 +273,14 @@ class StoreConfig(_Strict):
 
 class GatewayConfig(_Strict):
     server: ServerConfig = Field(default_factory=lambda: ServerConfig())
-    providers: list[ProviderConfig] = Field(min_length=1)
+    providers: list[AnyProviderConfig] = Field(min_length=1)
     routes: list[RouteConfig] = Field(min_length=1)
     api_keys: list[ApiKeyConfig]
     canaries: list[CanaryConfig] = Field(default_factory=list)
     policy: PolicyConfig = Field(default_factory=lambda: PolicyConfig())
     store: StoreConfig | None = None
 
-    def provider(self, provider_id: str) -> ProviderConfig:
+    def provider(self, provider_id: str) -> ProviderConfig | MeshProviderConfig:
         for p in self.providers:
             if p.id == provider_id:
                 return p
@@ -211,8 +289,12 @@ class GatewayConfig(_Strict):
 
 def _path(loc: tuple[int | str, ...]) -> str:
     out = ""
-    for part in loc:
-        if isinstance(part, int):
+    for k, part in enumerate(loc):
+        if k == 2 and loc[0] == "providers" and part in _KINDS:
+            continue  # the discriminated union's tag, not a key of the file
+        if part == "[key]":
+            out += " (key)"
+        elif isinstance(part, int):
             out += f"[{part}]"
         else:
             out += f".{part}" if out else str(part)
@@ -245,6 +327,12 @@ def _cross_check(cfg: GatewayConfig) -> None:
                 f"routes[{i}].model = {r.model!r}: the ethen/ prefix is reserved for aliases"
             )
         routes[cid] = i
+        prov = cfg.providers[seen[r.provider]]
+        if isinstance(prov, MeshProviderConfig) and r.upstream != MESH_MODEL:
+            raise GatewayConfigError(
+                f"routes[{i}].upstream_model = {r.upstream!r}: provider {r.provider!r} (kind mesh) serves "
+                f"only {MESH_MODEL!r}"
+            )
     if not cfg.api_keys and cfg.store is None:
         raise GatewayConfigError("api_keys = []: at least one key is required when no [store] is configured")
     if cfg.store is not None and (cfg.store.url is None) == (cfg.store.url_env is None):
@@ -276,9 +364,17 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> GatewayC
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = _path(tuple(first["loc"]))
-        if first["type"] == "missing":
-            raise GatewayConfigError(f"{source}: {loc}: required key is missing") from None
-        raise GatewayConfigError(f"{source}: {loc} = {first.get('input')!r}: {first['msg']}") from None
+        if first["type"] in ("missing", "union_tag_not_found"):
+            where = f"{loc}.kind" if first["type"] == "union_tag_not_found" else loc
+            raise GatewayConfigError(f"{source}: {where}: required key is missing") from None
+        if first["type"] == "union_tag_invalid":
+            tag = (first.get("ctx") or {}).get("tag")
+            known = ", ".join(repr(k) for k in _KINDS)
+            raise GatewayConfigError(
+                f"{source}: {loc}.kind = {tag!r}: unknown provider kind (known: {known})"
+            ) from None
+        msg = first["msg"].removeprefix("Value error, ")
+        raise GatewayConfigError(f"{source}: {loc} = {first.get('input')!r}: {msg}") from None
     try:
         _cross_check(cfg)
     except GatewayConfigError as exc:
@@ -300,9 +396,11 @@ def load_config(path: str | Path) -> GatewayConfig:
     return parse_config(data, source=str(p))
 
 
-def resolve_secret(provider: ProviderConfig, env: Mapping[str, str] | None = None) -> str | None:
+def resolve_secret(
+    provider: ProviderConfig | MeshProviderConfig, env: Mapping[str, str] | None = None
+) -> str | None:
     """The provider's API key from the environment variable it names (``None`` when it names none)."""
-    if provider.api_key_env is None:
+    if isinstance(provider, MeshProviderConfig) or provider.api_key_env is None:
         return None
     value = (os.environ if env is None else env).get(provider.api_key_env)
     if not value:
@@ -324,13 +422,16 @@ def store_url(cfg: GatewayConfig, env: Mapping[str, str] | None = None) -> str |
     return value
 
 
-def build_candidate(i: int, route: RouteConfig, catalog: Catalog) -> Candidate:
-    """Join one route profile with the catalog's model intelligence and prices; config overrides win."""
+def build_candidate(
+    i: int, route: RouteConfig, catalog: Catalog, catalog_provider: str | None = None
+) -> Candidate:
+    """Join one route profile with the catalog's model intelligence and prices; config overrides win.
+    The catalog provider is the route's ``catalog_provider``, else ``catalog_provider``, else its provider."""
     overrides: dict[str, Any] = {k: v for k, v in route.info.model_dump().items() if v is not None}
     overrides.update({k: v for k, v in route.prices.model_dump().items() if v is not None})
     try:
         entry = catalog.entry(
-            route.catalog_provider or route.provider,
+            route.catalog_provider or catalog_provider or route.provider,
             route.model,
             lookup_model=route.catalog_id,
             overrides=overrides,
@@ -345,7 +446,11 @@ def build_pool(cfg: GatewayConfig, catalog: Catalog | None = None) -> tuple[Cand
     """The candidate pool of every configured route. Without a catalog, every route must set its limits and
     prices in ``[routes.info]`` / ``[routes.prices]`` (the tests do that to stay hermetic)."""
     cat = catalog if catalog is not None else Catalog({}, use_genai_prices=False)
-    return tuple(build_candidate(i, r, cat) for i, r in enumerate(cfg.routes))
+    kinds = {p.id: p.kind for p in cfg.providers}
+    return tuple(
+        build_candidate(i, r, cat, "mesh" if kinds.get(r.provider) == "mesh" else None)
+        for i, r in enumerate(cfg.routes)
+    )
 
 
 def build_policy(cfg: GatewayConfig) -> ProjectPolicy:

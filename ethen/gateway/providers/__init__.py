@@ -1,10 +1,23 @@
-"""Gateway providers: one interface (:mod:`.base`), one module per upstream API."""
+"""Gateway providers: one interface (:mod:`.base`), one module per upstream API, and the one registry that
+maps a config ``kind`` to the code that builds it (:data:`PROVIDER_KINDS`, :func:`build_providers`).
+
+The mesh module (NumPy, gRPC) is imported only when a config declares a ``kind = "mesh"`` provider.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from .anthropic import AnthropicProvider
 from .base import Completion, Provider, ProviderStream, Timeouts, UpstreamCall, Usage
 from .openai_compat import OpenAICompatProvider
 
+if TYPE_CHECKING:
+    from ethen.gateway.config import GatewayConfig
+
 __all__ = [
+    "PROVIDER_KINDS",
     "AnthropicProvider",
     "Completion",
     "OpenAICompatProvider",
@@ -13,4 +26,52 @@ __all__ = [
     "Timeouts",
     "UpstreamCall",
     "Usage",
+    "build_provider",
+    "build_providers",
 ]
+
+#: ``(provider config, environment) -> Provider``; the config is the ``[[providers]]`` entry of that kind.
+ProviderFactory = Callable[[Any, Mapping[str, str] | None], Provider]
+
+
+def _timeouts(p: Any) -> Timeouts:
+    t = p.timeouts
+    return Timeouts(connect=t.connect_s, first_byte=t.first_byte_s, total=t.total_s)
+
+
+def _openai_compat(p: Any, env: Mapping[str, str] | None) -> Provider:
+    from ethen.gateway.config import resolve_secret
+
+    return OpenAICompatProvider(p.id, p.base_url, resolve_secret(p, env), timeouts=_timeouts(p),
+                                max_connections=p.max_connections, headers=p.headers)
+
+
+def _anthropic(p: Any, env: Mapping[str, str] | None) -> Provider:
+    from ethen.gateway.config import resolve_secret
+
+    return AnthropicProvider(p.id, p.base_url, resolve_secret(p, env), timeouts=_timeouts(p),
+                             max_connections=p.max_connections, headers=p.headers)
+
+
+def _mesh(p: Any, env: Mapping[str, str] | None) -> Provider:
+    from .mesh import MeshProvider
+
+    return MeshProvider.from_config(p)
+
+
+PROVIDER_KINDS: Mapping[str, ProviderFactory] = {
+    "openai_compat": _openai_compat,
+    "anthropic": _anthropic,
+    "mesh": _mesh,
+}
+
+
+def build_provider(p: Any, env: Mapping[str, str] | None = None) -> Provider:
+    """The provider of one ``[[providers]]`` entry (secrets from ``env``, default ``os.environ``)."""
+    return PROVIDER_KINDS[p.kind](p, env)
+
+
+def build_providers(cfg: GatewayConfig, env: Mapping[str, str] | None = None) -> dict[str, Provider]:
+    """One provider instance (one pooled client, or one mesh orchestrator) per configured provider. Nothing is
+    connected or loaded yet: the gateway's lifespan calls :meth:`Provider.start`."""
+    return {p.id: build_provider(p, env) for p in cfg.providers}

@@ -120,6 +120,9 @@ class Provider(abc.ABC):
         """Start a streaming completion. Returns once the upstream accepted the call (status known); the
         first chunk is read by iterating."""
 
+    async def start(self) -> None:  # noqa: B027 - optional hook, a no-op for HTTP providers
+        """Acquire what the provider needs before serving (the gateway's lifespan start-up calls it)."""
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook, a no-op for in-process providers
         """Close pooled connections at shutdown."""
 

@@ -15,26 +15,42 @@ Error mapping: no route / no live replica (``NoRouteAvailable``, ``RoutingFailur
 node failures that failover could not absorb become ``UpstreamConnectionError`` before the first chunk
 (retryable: the gateway may fall back to another provider) or ``UpstreamStreamError`` once chunks were
 sent; bad sampling fields become ``UpstreamBadRequestError``.
+
+Life cycle: built either around a running orchestrator (``MeshProvider(orch)``: the caller owns it) or from
+a ``kind = "mesh"`` config entry (:meth:`MeshProvider.from_config`: the provider owns it). An owned
+orchestrator is loaded by :meth:`start` (the gateway's lifespan start-up: embeddings + final norm + head load,
+Health polling starts, then it waits up to ``start_timeout_s`` for a route covering every layer, logging
+progress on the ``ethen.gateway.startup`` logger) and closed by :meth:`aclose` at shutdown. Choice: a gateway
+whose workers are not up yet still starts (it logs a warning); mesh requests then fail with a retryable
+``UpstreamConnectionError`` until the workers answer Health, so other providers can take the traffic. A
+request reaching a provider nobody started (e.g. ``ethen certify`` outside a server) loads it on first use.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ethen.gateway.errors import UpstreamBadRequestError, UpstreamConnectionError, UpstreamStreamError
 from ethen.gateway.providers.base import Completion, Provider, ProviderStream, UpstreamCall, Usage
 from ethen.gateway.sse import dumps
 from ethen.mesh.orchestrator import MeshGeneration, Orchestrator
+from ethen.mesh.routing import RouteWeights
 from ethen.mesh.routing.errors import MeshRoutingError
 from ethen.model.errors import ModelError
 from ethen.model.generate import GenerationChunk
 from ethen.model.sampling import SamplingParams
 
-__all__ = ["MeshProvider", "sampling_params"]
+if TYPE_CHECKING:
+    from ethen.gateway.config import MeshProviderConfig
+
+__all__ = ["MeshProvider", "messages_of", "sampling_params"]
+
+startup_log = logging.getLogger("ethen.gateway.startup")
 
 _DEFAULT_MAX_TOKENS = 256
 
@@ -91,16 +107,92 @@ def sampling_params(body: Mapping[str, Any]) -> SamplingParams:
 
 
 class MeshProvider(Provider):
-    """Provider ``mesh``: the in-process orchestrator of the local mesh."""
+    """Provider ``mesh``: an in-process orchestrator over the mesh's gRPC workers."""
 
-    def __init__(self, orchestrator: Orchestrator, name: str = "mesh") -> None:
+    def __init__(
+        self,
+        orchestrator: Orchestrator | None = None,
+        name: str = "mesh",
+        *,
+        loader: Callable[[], Orchestrator] | None = None,
+        start_timeout_s: float = 0.0,
+    ) -> None:
+        if (orchestrator is None) == (loader is None):
+            raise ValueError("MeshProvider needs exactly one of an orchestrator and a loader")
         self.name = name
-        self.orchestrator = orchestrator
+        self._orchestrator = orchestrator
+        self._loader = loader
+        self._lock = asyncio.Lock()
+        self.start_timeout_s = start_timeout_s
+
+    @classmethod
+    def from_config(cls, p: MeshProviderConfig) -> MeshProvider:
+        """A provider that loads its own orchestrator over ``p.workers`` at :meth:`start`."""
+        overrides = {k: v for k, v in p.weights.model_dump().items() if v is not None}
+        weights = RouteWeights().with_overrides(overrides)
+        workers = dict(p.workers)
+
+        def load() -> Orchestrator:
+            return Orchestrator.load(
+                workers, weights=weights, fallback_model=p.fallback_model,
+                health_interval_s=p.health_interval_s, forward_timeout_s=p.forward_timeout_s,
+            ).start()
+
+        return cls(name=p.id, loader=load, start_timeout_s=p.start_timeout_s)
+
+    @property
+    def orchestrator(self) -> Orchestrator | None:
+        """The orchestrator (``None`` until an owned one is started)."""
+        return self._orchestrator
+
+    async def start(self) -> None:
+        await self._ready()
+
+    async def _ready(self) -> Orchestrator:
+        orch = self._orchestrator
+        if orch is not None:
+            return orch
+        async with self._lock:
+            if self._orchestrator is None:
+                assert self._loader is not None
+                t0 = time.perf_counter()
+                startup_log.info("mesh %r: loading the embeddings, final norm and head ...", self.name)
+                try:
+                    self._orchestrator = await asyncio.to_thread(self._loader)
+                except (ModelError, OSError, ValueError) as exc:
+                    raise UpstreamConnectionError(f"mesh {self.name!r}: cannot load the model: {exc}",
+                                                  self.name) from None
+                startup_log.info("mesh %r: loaded in %.1fs; polling the health of %d worker(s)", self.name,
+                                 time.perf_counter() - t0, len(self._orchestrator.clients))
+                await self._await_route(self._orchestrator)
+            return self._orchestrator
+
+    async def _await_route(self, orch: Orchestrator) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            try:
+                route = await asyncio.to_thread(orch.route_for, 32)
+            except MeshRoutingError as exc:
+                if time.monotonic() >= deadline:
+                    startup_log.warning("mesh %r: no route over the workers yet (%s); mesh requests fail "
+                                        "over to other providers until the workers answer", self.name, exc)
+                    return
+                await asyncio.sleep(0.2)
+                continue
+            startup_log.info("mesh %r: route now %s (cost %.1f)", self.name,
+                             " -> ".join(f"{s.node_id} {s.first}-{s.last}" for s in route.stages), route.cost)
+            return
+
+    async def aclose(self) -> None:
+        orch = self._orchestrator
+        if self._loader is not None and orch is not None:
+            self._orchestrator = None
+            await asyncio.to_thread(orch.close)
 
     async def _start(self, call: UpstreamCall) -> tuple[MeshGeneration, list[int]]:
         messages = messages_of(call.body)
         params = sampling_params(call.body)
-        o = self.orchestrator
+        o = await self._ready()
         try:
             prompt = await asyncio.to_thread(o.chat_prompt, messages)
             gen = await asyncio.to_thread(o.generate, prompt, params)
