@@ -130,6 +130,12 @@ MALFORMED: list[tuple[dict[str, Any], str]] = [
     (body(providerOptions={"gateway": {"only": "openai"}}), "providerOptions.gateway.only"),
     (body(providerOptions={"gateway": {"only": []}}), "providerOptions.gateway.only"),
     (body(providerOptions={"gateway": {"only": ["openai", ""]}}), "providerOptions.gateway.only"),
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages[0].content[0].image_url"),
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content[0].image_url"),
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": 7}]}]},
+     "messages[0].content[0].image_url"),
 ]
 
 
@@ -140,9 +146,48 @@ def test_malformed_field_is_named(bad: dict[str, Any], param: str) -> None:
     err = info.value
     assert err.param == param
     assert err.type == "invalid_request_error"
-    assert err.code in {"invalid_value", "invalid_type", "missing_required_parameter"}
+    assert err.code in {"invalid_value", "invalid_type", "missing_required_parameter", "unknown_parameter"}
     assert http_status(err) == 400
     assert param.split(".")[-1].split("[")[0] in err.message
+
+
+@pytest.mark.parametrize(
+    ("bad", "code"),
+    [
+        (body(max_tokens="10"), "invalid_type"),
+        (body(max_tokens=True), "invalid_type"),
+        (body(max_completion_tokens=[1]), "invalid_type"),
+        (body(max_tokens=0), "invalid_value"),
+        (body(max_completion_tokens=-5), "invalid_value"),
+        (body(max_tokens=1.5), "invalid_value"),
+        (body(metadata={"routing": {"budget_ceiling_usd": "0.05"}}), "invalid_type"),
+        (body(metadata={"routing": {"budget_ceiling_usd": -1}}), "invalid_value"),
+        (body(metadata={"routing": {"budget_ceiling_usd": float("nan")}}), "invalid_value"),
+        (body(metadata={"routing": {"latency_target": 3}}), "invalid_type"),
+        (body(metadata={"routing": {"latency_target": "ludicrous"}}), "invalid_value"),
+        (body(metadata={"routing": {"certification_level": True}}), "invalid_type"),
+        (body(metadata={"routing": {"certification_level": "gold"}}), "invalid_value"),
+        (body(metadata={"routing": {"budget_ceiling": 1}}), "unknown_parameter"),
+        (body(providerOptions={"gateway": {"only": "openai"}}), "invalid_type"),
+        (body(providerOptions={"gateway": {"only": []}}), "invalid_value"),
+        (body(response_format={"type": 1}), "invalid_type"),
+        (body(response_format={"type": "yaml"}), "invalid_value"),
+        ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+         "missing_required_parameter"),
+        ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": 7}]}]},
+         "invalid_type"),
+    ],
+)
+def test_wrong_type_and_out_of_range_get_distinct_codes(bad: dict[str, Any], code: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        parse_requirements(bad)
+    assert info.value.code == code
+
+
+def test_image_url_may_be_an_object_or_the_url_string() -> None:
+    for image in ({"url": "https://x/y.png", "detail": "low"}, "https://x/y.png"):
+        msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": image}]}]
+        assert parse_requirements({"model": "m", "messages": msgs}).vision
 
 
 def test_non_object_body() -> None:

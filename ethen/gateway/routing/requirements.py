@@ -10,11 +10,19 @@ Choices where the spec is silent:
   ``functions`` array. ``null`` means absent.
 * ``response_format``: ``{"type": "json_object"}`` and ``{"type": "json_schema", ...}`` require structured
   output; ``{"type": "text"}`` is the default behaviour and requires nothing.
-* vision: any content part of type ``image_url`` or ``input_image`` in any message.
+* vision: any content part of type ``image_url`` or ``input_image`` in any message. An ``image_url`` part
+  must carry its image: ``image_url`` is an object with a non-empty string ``url`` (OpenAI's shape) or, as
+  LiteLLM also accepts, the URL string itself; anything else is refused naming
+  ``messages[i].content[j].image_url``.
+* error codes: a value of the wrong JSON type gets ``invalid_type``, a value of the right type outside its
+  range or set gets ``invalid_value``, a missing required field ``missing_required_parameter`` and an unknown
+  key under ``metadata.routing`` ``unknown_parameter``; ``param`` is always the field's dotted path.
 * max output: ``max_completion_tokens`` and ``max_tokens`` (``null`` = absent); when both are given the larger
   one must fit (conservative: providers differ in which one they honour).
 * ``metadata.routing`` is our namespace, so unknown keys in it are rejected (a typo must not silently drop a
-  budget). ``certification_level`` is ``"any"`` (default) or ``"live"``; ``latency_target`` is one of
+  budget; OpenAI likewise refuses unrecognized request arguments, so strictness is what its clients expect).
+  Keys elsewhere in ``metadata`` are the client's own tags and pass through to the upstream untouched.
+  ``certification_level`` is ``"any"`` (default) or ``"live"``; ``latency_target`` is one of
   :data:`~ethen.gateway.routing.policy.LATENCY_TARGETS`.
 * ``providerOptions.gateway.only`` must be a non-empty array of provider ids.
 
@@ -163,8 +171,14 @@ def _parse_messages(messages: object) -> tuple[int, int]:
                 raise _bad(pwhere, f"{pwhere} must be an object, got {_type_name(part)}", "invalid_type")
             ptype = part.get("type")
             if not isinstance(ptype, str) or not ptype:
-                raise _bad(f"{pwhere}.type", f"{pwhere}.type must be a non-empty string, got {ptype!r}")
+                raise _bad(
+                    f"{pwhere}.type",
+                    f"{pwhere}.type must be a non-empty string, got {ptype!r}",
+                    "invalid_value" if isinstance(ptype, str) else "invalid_type",
+                )
             if ptype in IMAGE_PART_TYPES:
+                if ptype == "image_url":
+                    _check_image_url(part.get("image_url"), f"{pwhere}.image_url")
                 images += 1
                 continue
             if ptype == "text" and not isinstance(part.get("text"), str):
@@ -173,11 +187,28 @@ def _parse_messages(messages: object) -> tuple[int, int]:
     return nbytes, images
 
 
+def _check_image_url(value: object, where: str) -> None:
+    url = value.get("url") if isinstance(value, _MAPPING) else value
+    if not isinstance(url, str) or not url:
+        raise _bad(
+            where,
+            f"{where} must be an object with a non-empty string 'url' (or the URL string), got {value!r:.80}",
+            "invalid_type" if value is not None else "missing_required_parameter",
+        )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _positive_int(body: Mapping[str, Any], key: str) -> int | None:
     value = body.get(key)
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not isinstance(value, int) or isinstance(value, bool):
+        code = "invalid_value" if _is_number(value) else "invalid_type"  # 1.5, NaN: a number, not an int
+        raise _bad(key, f"'{key}' must be an integer >= 1, got {value!r}", code)
+    if value < 1:
         raise _bad(key, f"'{key}' must be an integer >= 1, got {value!r}")
     return value
 
@@ -201,23 +232,21 @@ def _parse_routing(metadata: object) -> tuple[float | None, str | None, bool]:
             raise _bad(
                 f"metadata.routing.{key}",
                 f"unknown key 'metadata.routing.{key}'; allowed: {', '.join(sorted(ROUTING_KEYS))}",
+                "unknown_parameter",
             )
     ceiling = routing.get("budget_ceiling_usd")
-    if ceiling is not None and (
-        not isinstance(ceiling, int | float)
-        or isinstance(ceiling, bool)
-        or not math.isfinite(ceiling)
-        or ceiling < 0
-    ):
+    if ceiling is not None and (not _is_number(ceiling) or not math.isfinite(ceiling) or ceiling < 0):
         raise _bad(
             "metadata.routing.budget_ceiling_usd",
             f"'metadata.routing.budget_ceiling_usd' must be a finite number >= 0, got {ceiling!r}",
+            "invalid_value" if _is_number(ceiling) else "invalid_type",
         )
     target = routing.get("latency_target")
     if target is not None and (not isinstance(target, str) or target not in LATENCY_TARGETS):
         raise _bad(
             "metadata.routing.latency_target",
             f"'metadata.routing.latency_target' must be one of {', '.join(LATENCY_TARGETS)}, got {target!r}",
+            "invalid_value" if isinstance(target, str) else "invalid_type",
         )
     level = routing.get("certification_level")
     if level is not None and (not isinstance(level, str) or level not in CERTIFICATION_LEVELS):
@@ -225,6 +254,7 @@ def _parse_routing(metadata: object) -> tuple[float | None, str | None, bool]:
             "metadata.routing.certification_level",
             f"'metadata.routing.certification_level' must be one of {', '.join(CERTIFICATION_LEVELS)}, "
             f"got {level!r}",
+            "invalid_value" if isinstance(level, str) else "invalid_type",
         )
     return (
         float(ceiling) if ceiling is not None else None,
@@ -255,6 +285,7 @@ def _parse_only(body: Mapping[str, Any]) -> frozenset[str] | None:
         raise _bad(
             "providerOptions.gateway.only",
             f"'providerOptions.gateway.only' must be a non-empty array of provider ids, got {only!r}",
+            "invalid_value" if isinstance(only, list) else "invalid_type",
         )
     return frozenset(only)
 
@@ -297,6 +328,7 @@ def parse_requirements(body: Mapping[str, Any]) -> Requirements:
             raise _bad(
                 "response_format.type",
                 f"'response_format.type' must be one of {', '.join(sorted(RESPONSE_FORMATS))}, got {ftype!r}",
+                "invalid_value" if isinstance(ftype, str) else "invalid_type",
             )
         structured = ftype in STRUCTURED_FORMATS
         if structured:

@@ -29,10 +29,10 @@ class NoRouteAvailable(MeshRoutingError):
     def __init__(self, window: tuple[int, int] | None, detail: str, reached: int | None = None) -> None:
         self.window = window
         self.reached = reached
-        where = "no window (no live node serves any layer)" if window is None else (
-            f"layers {window[0]}-{window[1]}"
-        )
-        super().__init__(f"no route covers {where}: {detail}")
+        if window is None:  # nothing to name: say why there is no window instead of repeating the detail
+            super().__init__(f"no route: {detail}, so there is no default window to cover")
+        else:
+            super().__init__(f"no route covers layers {window[0]}-{window[1]}: {detail}")
 
 
 class RoutingFailure(MeshRoutingError):
