@@ -3,25 +3,32 @@
 1. the model's float32 weight cache (built from the GGUF on first run);
 2. three ``ethen worker`` processes with a heterogeneous, partly replicated layout
    (``examples/mesh-layout.toml``, embedded as :data:`DEFAULT_LAYOUT`; ``--layout FILE`` replaces it);
-3. the orchestrator (embeddings + head, Health-fed routing, failover) in this process;
-4. the OpenAI-compatible gateway with the ``mesh`` provider serving ``smollm2-135m-instruct`` (so
-   ``ethen/auto`` routes to it), on ``--port`` (default 8080).
+3. a gateway config with one ``kind = "mesh"`` provider listing those workers' addresses, written to
+   ``<data dir>/up-gateway.toml`` (rewritten on every run: worker ports are picked by the OS);
+4. the gateway from that file, by the same code path as ``ethen gateway --config FILE`` (``load_config`` ->
+   ``create_app`` -> the provider factory; the lifespan start-up loads the mesh orchestrator: embeddings +
+   head, Health polling, a first route), serving ``smollm2-135m-instruct`` (so ``ethen/auto`` routes to it)
+   on ``--port`` (default 8080).
 
-It prints the URL with a curl and an openai-SDK example. The API key comes from ``ETHEN_API_KEY`` when set;
-otherwise one is generated on first run and stored (mode 600) in the local data directory
-(``$ETHEN_DATA_DIR``, else ``$XDG_DATA_HOME/ethen``, else ``~/.local/share/ethen``), and printed.
-Ctrl-C (or SIGTERM) stops the gateway, then every worker it started (SIGTERM, SIGKILL after 3 s).
+It prints the URL with a curl and an openai-SDK example once the server accepts connections. The API key
+comes from ``ETHEN_API_KEY`` when set; otherwise one is generated on first run and stored (mode 600) in the
+local data directory (``$ETHEN_DATA_DIR``, else ``$XDG_DATA_HOME/ethen``, else ``~/.local/share/ethen``), and
+printed. Ctrl-C (or SIGTERM) stops the gateway, then every worker it started (SIGTERM, SIGKILL after 3 s).
 
-Choice: the gateway config's provider entry for ``mesh`` uses the ``openai_compat`` kind with a placeholder
-URL, because the provider instance is supplied in-process (``create_app(providers=...)``), as the gateway's
-in-process provider test does; the config schema has no ``mesh`` kind.
+``--config FILE`` merges a user gateway config into the generated one: its ``[[providers]]``, ``[[routes]]``,
+``[[api_keys]]`` and ``[[canaries]]`` are appended after the mesh's (so cloud providers join the pool and
+``ethen/*`` aliases choose among them and the mesh), and its ``[policy]`` / ``[store]`` are used as given;
+its ``[server]`` is ignored (``--host`` / ``--port`` decide). The merged file is validated like any config.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
+import signal
 import sys
+import threading
 import time
 import tomllib
 from pathlib import Path
@@ -97,73 +104,145 @@ def load_layout(path: Path | None) -> list[tuple[str, str, float]]:
     return out
 
 
-def _gateway_config(host: str, port: int, key: str) -> Any:
+def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
+                     user: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The gateway config ``ethen up`` serves (a TOML document as a dict): the mesh over ``workers``, the
+    local key, and the optional user config's providers, routes, keys, canaries, policy and store."""
     from ethen.gateway.auth import hash_key
-    from ethen.gateway.config import parse_config
 
-    return parse_config({
+    user = dict(user or {})
+    user.pop("server", None)
+    doc: dict[str, Any] = {
         "server": {"host": host, "port": port},
-        "providers": [{"id": "mesh", "kind": "openai_compat", "base_url": "http://127.0.0.1:9/in-process",
-                       "timeouts": {"connect_s": 5.0, "first_byte_s": 120.0, "total_s": 600.0}}],
+        "providers": [{"id": "mesh", "kind": "mesh", "workers": workers, "start_timeout_s": 60.0}],
         "routes": [{"model": MODEL, "provider": "mesh"}],
         "api_keys": [{"name": "local", "sha256": hash_key(key)}],
-    })
+    }
+    for section in ("providers", "routes", "api_keys", "canaries"):
+        extra = user.pop(section, [])
+        merged = [*doc.get(section, []), *(extra if isinstance(extra, list) else [extra])]
+        if merged:
+            doc[section] = merged
+    doc.update(user)  # policy, store, and anything unknown (which validation then names)
+    return doc
+
+
+def _read_user_config(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise typer.BadParameter(f"--config {path}: {exc}") from None
+
+
+def write_config(doc: dict[str, Any], path: Path) -> Path:
+    import tomli_w
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = "# Written by `ethen up` at each start (worker ports change); ethen gateway --config FILE\n"
+    path.write_text(header + tomli_w.dumps(doc), encoding="utf-8")
+    return path
 
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _open_weights() -> Any:
+    """The float32 weight cache, with a spinner and elapsed time while the first run builds it."""
+    from rich.console import Console
+
+    from ethen.model.gguf_loader import open_weight_store
+
+    t0 = time.perf_counter()
+    console = Console(stderr=True)
+    if console.is_terminal:
+        with console.status("      building/opening the cache ...") as status:
+            done = threading.Event()
+
+            def tick() -> None:
+                while not done.wait(0.5):
+                    status.update(f"      building/opening the cache ... {time.perf_counter() - t0:.0f}s")
+
+            ticker = threading.Thread(target=tick, daemon=True)
+            ticker.start()
+            try:
+                store = open_weight_store()
+            finally:
+                done.set()
+    else:
+        store = open_weight_store()
+    _say(f"      ok ({time.perf_counter() - t0:.1f}s)")
+    return store
+
+
+def _startup_logging(level: str) -> None:
+    """Start-up progress (``ethen.gateway.startup``, e.g. the mesh loading) as indented plain lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("      %(message)s"))
+    startup = logging.getLogger("ethen.gateway.startup")
+    startup.addHandler(handler)
+    startup.setLevel(logging.INFO if level != "ERROR" else logging.ERROR)
+    startup.propagate = False
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # uvicorn re-raises the signal after its graceful shutdown: clean up below
+
+
 def up(
     port: int = typer.Option(8080, "--port", help="Gateway port."),
     host: str = typer.Option("127.0.0.1", "--host", help="Gateway bind address."),
     layout: Path = typer.Option(None, "--layout", help="Mesh layout TOML (default: embedded)."),  # noqa: B008
+    config: Path = typer.Option(  # noqa: B008
+        None, "--config", help="Gateway TOML whose providers/routes/keys/canaries/policy/store are merged in."
+    ),
     log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
 ) -> None:
-    """Start a local 3-worker mesh, its orchestrator and the gateway; Ctrl-C stops them all."""
-    import logging
-
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Start a local 3-worker mesh and the gateway serving it; Ctrl-C stops them all."""
+    level = log_level.upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise typer.BadParameter(f"--log-level = {log_level!r}: use debug, info, warning or error")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _startup_logging(level)
     from ethen.mesh.worker.cli import one_blas_thread
 
     one_blas_thread()  # the orchestrator's head matmul shares the cores with the workers
     workers_spec = load_layout(layout)
+    user = _read_user_config(config) if config is not None else None
     key, key_source = api_key()
+    signal.signal(signal.SIGTERM, _on_sigterm)
     t0 = time.perf_counter()
-    _say("[1/4] model weights: opening the float32 cache (the first run builds it from the GGUF) ...")
-    from ethen.model.gguf_loader import open_weight_store
-
-    store = open_weight_store()
-    _say(f"      ok ({time.perf_counter() - t0:.1f}s)")
     from ethen.mesh.worker.launch import WorkerProcess, spawn_worker
 
     started: list[WorkerProcess] = []
-    orch = None
     try:
+        _say("[1/4] model weights: the float32 cache (the first run builds it from the GGUF) ...")
+        _open_weights()
         for i, (node, layers, score) in enumerate(workers_spec, 1):
             _say(f"[2/4] worker {i}/{len(workers_spec)}: {node} layers {layers} ...")
             w = spawn_worker(node, layers, extra_args=["--capacity-score", str(score)])
             started.append(w)
             _say(f"      ready on {w.address} (pid {w.pid})")
-        _say("[3/4] orchestrator: polling worker health, choosing a route ...")
-        from ethen.mesh.orchestrator import Orchestrator
-
-        orch = Orchestrator.load({w.node_id: w.address for w in started}, store=store).start()
-        route = orch.route_for(32)
-        _say("      route now: " + " -> ".join(f"{s.node_id} {s.first}-{s.last}" for s in route.stages)
-             + f" (cost {route.cost:.1f})")
-        _say("[4/4] gateway ...")
         import uvicorn
 
         from ethen.gateway.app import PREFIX, create_app
         from ethen.gateway.catalog import Catalog
-        from ethen.gateway.providers.mesh import MeshProvider
+        from ethen.gateway.config import load_config
+        from ethen.gateway.errors import GatewayConfigError
 
-        cfg = _gateway_config(host, port, key)
-        app = create_app(cfg, catalog=Catalog.load(), providers={"mesh": MeshProvider(orch)})
+        path = write_config(gateway_document(host, port, key, {w.node_id: w.address for w in started}, user),
+                            data_dir() / "up-gateway.toml")
+        _say(f"[3/4] gateway config: {path}")
+        try:
+            cfg = load_config(path)
+            app = create_app(cfg, catalog=Catalog.load())
+        except GatewayConfigError as exc:
+            _say(f"error: {exc.message}")
+            raise typer.Exit(2) from None
+        _say("[4/4] gateway: starting its providers (the mesh loads its head, polls the workers, routes) ...")
         url = f"http://{host}:{port}{PREFIX}"
-        print(f"""
-Ethen is up ({time.perf_counter() - t0:.1f}s): {url}
+        banner = f"""
+Ethen is up: {url}
 API key ({key_source}):
   {key}
 
@@ -179,17 +258,30 @@ print(r.choices[0].message.content)
 print(r.model_extra["ethen"]["routing"]["mesh"]["route"]["nodes"])
 PY
 
-Ctrl-C stops the gateway and the {len(started)} workers.""", flush=True)
+The same gateway, without `ethen up`, while these workers run:  ethen gateway --config {path}
+Ctrl-C stops the gateway and the {len(started)} workers."""
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
                                                access_log=False, lifespan="on"))
+
+        def announce() -> None:
+            while not server.started and not server.should_exit:
+                time.sleep(0.05)
+            if server.started:
+                print(banner.replace("Ethen is up:", f"Ethen is up ({time.perf_counter() - t0:.1f}s):", 1),
+                      flush=True)
+
+        threading.Thread(target=announce, name="ethen-up-banner", daemon=True).start()
         server.run()
+        if not server.started:
+            _say("error: the gateway did not start (see the log above)")
+            raise typer.Exit(1)
+    except KeyboardInterrupt:
+        pass
     except (TimeoutError, RuntimeError, OSError) as exc:  # a worker did not start, a port was taken, ...
         _say(f"error: {exc}")
         raise typer.Exit(1) from None
     finally:
         _say("stopping ...")
-        if orch is not None:
-            orch.close()
         for w in started:
             w.stop(timeout=3.0)
         _say("stopped.")
