@@ -51,6 +51,8 @@ def gateway(
         typer.echo(f"error: --log-level = {log_level!r}: use debug, info, warning or error", err=True)
         raise typer.Exit(2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if level != "ERROR":  # start-up progress (a mesh provider loading its model) shows at the default level
+        logging.getLogger("ethen.gateway.startup").setLevel(logging.INFO)
     try:
         cfg = load_config(config)
         app = create_app(cfg, catalog=Catalog.load())
