@@ -31,28 +31,27 @@ mapping: that of the OpenAI-compatible provider.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ethen.gateway.errors import (
     UpstreamError,
     UpstreamInvalidResponseError,
     UpstreamServerError,
-    UpstreamStreamError,
-    UpstreamTimeoutError,
 )
-from ethen.gateway.providers.base import Completion, Provider, ProviderStream, Timeouts, UpstreamCall, Usage
-from ethen.gateway.providers.http import HttpPool, StreamingResponse
-from ethen.gateway.providers.openai_compat import (
+from ethen.gateway.providers.base import Completion, ProviderStream, UpstreamCall, Usage
+from ethen.gateway.providers.http import (
+    HttpProvider,
+    SSEStream,
+    StreamingResponse,
     error_for_status,
     open_stream,
     redact,
     upstream_message,
 )
-from ethen.gateway.sse import SSEEvent, dumps, iter_events
+from ethen.gateway.sse import dumps
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -283,24 +282,18 @@ def _obj(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-class _AnthropicStream(ProviderStream):
+class _AnthropicStream(SSEStream):
+    end_marker = "message_stop"
+
     def __init__(
         self, provider: str, response: StreamingResponse, deadline: float, model: str, secret: str | None
     ) -> None:
-        self._provider = provider
-        self._secret = secret
-        self._response = response
-        self._deadline = deadline
-        self._events: AsyncIterator[SSEEvent] = iter_events(response.chunks())
-        self._closed = False
+        super().__init__(provider, response, deadline, secret)
         self._id = "chatcmpl-anthropic"
         self._model = model
         self._created = int(time.time())
         self._input_tokens = 0
         self._tool_index: dict[int, int] = {}  # Anthropic block index -> OpenAI tool_calls index
-        self.usage = None
-        self.completed = False
-        self.receipt_extra = {}
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         return dumps(
@@ -361,23 +354,8 @@ class _AnthropicStream(ProviderStream):
         return None  # ping, content_block_stop, thinking deltas
 
     async def __anext__(self) -> bytes:
-        loop = asyncio.get_running_loop()
         while True:
-            if self._closed:
-                raise StopAsyncIteration
-            try:
-                ev = await self._events.__anext__()
-            except StopAsyncIteration:
-                await self.aclose()
-                raise UpstreamStreamError(
-                    f"provider {self._provider!r} closed the stream before message_stop", self._provider
-                ) from None
-            except UpstreamError:
-                await self.aclose()
-                raise
-            if loop.time() > self._deadline:
-                await self.aclose()
-                raise UpstreamTimeoutError(f"provider {self._provider!r} timed out (total)", self._provider)
+            ev = await self._next_event()
             try:
                 obj = json.loads(ev.data)
             except ValueError:
@@ -399,33 +377,15 @@ class _AnthropicStream(ProviderStream):
             if out is not None:
                 return out
 
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            await self._response.aclose()
 
-
-class AnthropicProvider(Provider):
+class AnthropicProvider(HttpProvider):
     """Calls ``{base_url}/messages`` with ``x-api-key`` and ``anthropic-version``."""
 
-    def __init__(
-        self,
-        name: str,
-        base_url: str,
-        api_key: str | None = None,
-        *,
-        timeouts: Timeouts | None = None,
-        max_connections: int = 100,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        self.name = name
-        self.timeouts = timeouts or Timeouts()
-        self._secret = api_key
-        all_headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
-        all_headers.update(headers or {})
-        if api_key:
-            all_headers["x-api-key"] = api_key
-        self._pool = HttpPool(name, base_url, all_headers, self.timeouts, max_connections)
+    def base_headers(self) -> dict[str, str]:
+        return {"anthropic-version": ANTHROPIC_VERSION}
+
+    def credential_headers(self, api_key: str) -> dict[str, str]:
+        return {"x-api-key": api_key}
 
     async def complete(self, call: UpstreamCall) -> Completion:
         status, content = await self._pool.post(
@@ -445,10 +405,7 @@ class AnthropicProvider(Provider):
         return Completion(out, _usage(msg.get("usage")))
 
     async def stream(self, call: UpstreamCall) -> ProviderStream:
-        deadline = asyncio.get_running_loop().time() + self.timeouts.total
+        deadline = self.deadline()
         body = dumps(to_anthropic(call.body, call.upstream_model, stream=True))
         resp = await open_stream(self._pool, "messages", body, self._secret)
         return _AnthropicStream(self.name, resp, deadline, call.upstream_model, self._secret)
-
-    async def aclose(self) -> None:
-        await self._pool.aclose()

@@ -14,24 +14,50 @@ overhead low at hundreds of requests per second on two cores.
   so it bounds the wait for the response head and every idle gap between two reads of a stream; ``total``
   bounds a buffered call (``asyncio.timeout``) and is checked between stream chunks.
 - Streams are read with ``iter_any()``: bytes are handed on as they arrive, never buffered whole.
+
+What every HTTP provider shares also lives here, so a provider module holds only its wire format:
+:class:`HttpProvider` (the pooled client, the credential header, ``aclose``), :class:`SSEStream` (a stream
+read as server-sent events: total deadline, end-of-stream check, close-once), and the status mapping
+:func:`error_for_status` (429 -> rate limited; 5xx and 408 -> server error; 401/403/404 -> rejected,
+operator-side, retried elsewhere; other 4xx -> bad request, request-caused, not retried, upstream message
+passed on). An upstream error message has the provider's credential masked (an upstream may echo it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 
 from ethen.gateway.errors import (
+    UpstreamBadRequestError,
     UpstreamConnectionError,
     UpstreamError,
+    UpstreamInvalidResponseError,
+    UpstreamRateLimitError,
+    UpstreamRejectedError,
+    UpstreamServerError,
     UpstreamStreamError,
     UpstreamTimeoutError,
 )
-from ethen.gateway.providers.base import Timeouts
+from ethen.gateway.providers.base import Provider, ProviderStream, Timeouts
+from ethen.gateway.sse import SSEEvent, iter_events
 
-__all__ = ["HttpPool", "StreamingResponse", "map_transport_error"]
+__all__ = [
+    "HttpPool",
+    "HttpProvider",
+    "SSEStream",
+    "StreamingResponse",
+    "error_for_status",
+    "map_transport_error",
+    "open_stream",
+    "redact",
+    "upstream_message",
+]
+
+_MAX_ERROR_MESSAGE = 500
 
 TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
 
@@ -139,3 +165,139 @@ class HttpPool:
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
+
+
+def upstream_message(content: bytes) -> str:
+    """The ``error.message`` of an upstream error body, or a short prefix of the raw body."""
+    try:
+        obj = json.loads(content)
+    except ValueError:
+        obj = None
+    if isinstance(obj, Mapping):
+        err = obj.get("error")
+        if isinstance(err, Mapping) and isinstance(err.get("message"), str):
+            return str(err["message"])[:_MAX_ERROR_MESSAGE]
+        if isinstance(err, str):
+            return err[:_MAX_ERROR_MESSAGE]
+        if isinstance(obj.get("message"), str):
+            return str(obj["message"])[:_MAX_ERROR_MESSAGE]
+    return content[:200].decode("utf-8", "replace")
+
+
+def redact(content: bytes, secret: str | None) -> bytes:
+    """``content`` with the provider's credential masked (an upstream may echo it in an error message)."""
+    return content.replace(secret.encode(), b"[redacted]") if secret else content
+
+
+def error_for_status(provider: str, status: int, content: bytes, secret: str | None = None) -> UpstreamError:
+    """Map an upstream HTTP error status to the gateway's error tree (``secret`` is masked in messages)."""
+    detail = upstream_message(redact(content, secret))
+    msg = f"provider {provider!r} answered HTTP {status}: {detail}"
+    if status == 429:
+        return UpstreamRateLimitError(msg, provider, status)
+    if status >= 500 or status == 408:
+        return UpstreamServerError(msg, provider, status)
+    if status in (401, 403, 404):
+        return UpstreamRejectedError(msg, provider, status)
+    if 400 <= status < 500:
+        return UpstreamBadRequestError(f"upstream rejected the request: {detail}", provider, status)
+    return UpstreamInvalidResponseError(msg, provider, status)
+
+
+async def open_stream(pool: HttpPool, path: str, body: bytes, secret: str | None) -> StreamingResponse:
+    """POST and wait for the head; an error status is read and raised as ``UpstreamError``."""
+    resp = await pool.stream(path, body)
+    if resp.status >= 400:
+        try:
+            content = await resp.read()
+        except UpstreamError:
+            content = b""
+        raise error_for_status(pool.provider, resp.status, content, secret)
+    return resp
+
+
+class SSEStream(ProviderStream):
+    """A provider stream read as server-sent events. Subclasses implement ``__anext__`` with
+    :meth:`_next_event` and name the event that ends a proper answer in ``end_marker``."""
+
+    end_marker = "its end marker"
+
+    def __init__(
+        self, provider: str, response: StreamingResponse, deadline: float, secret: str | None
+    ) -> None:
+        self._provider = provider
+        self._secret = secret
+        self._response = response
+        self._deadline = deadline
+        self._events: AsyncIterator[SSEEvent] = iter_events(response.chunks())
+        self._closed = False
+        self.usage = None
+        self.completed = False
+        self.receipt_extra = {}
+
+    async def _fail(self, err: UpstreamError) -> UpstreamError:
+        await self.aclose()
+        return err
+
+    async def _next_event(self) -> SSEEvent:
+        """The next event. ``StopAsyncIteration`` once closed; ``UpstreamError`` (the stream closed first)
+        when the transport breaks, the upstream ends before ``end_marker``, or the total deadline passed."""
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            ev = await self._events.__anext__()
+        except StopAsyncIteration:
+            raise await self._fail(
+                UpstreamStreamError(
+                    f"provider {self._provider!r} closed the stream before {self.end_marker}", self._provider
+                )
+            ) from None
+        except UpstreamError as exc:
+            raise await self._fail(exc) from None
+        if asyncio.get_running_loop().time() > self._deadline:
+            raise await self._fail(
+                UpstreamTimeoutError(f"provider {self._provider!r} timed out (total timeout)", self._provider)
+            )
+        return ev
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._response.aclose()
+
+
+class HttpProvider(Provider):
+    """A provider reached over HTTP: one :class:`HttpPool` with the provider's headers and credential."""
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeouts: Timeouts | None = None,
+        max_connections: int = 100,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.timeouts = timeouts or Timeouts()
+        self._secret = api_key
+        all_headers = {"content-type": "application/json", **self.base_headers(), **(headers or {})}
+        if api_key:
+            all_headers.update(self.credential_headers(api_key))
+        self._pool = HttpPool(name, base_url, all_headers, self.timeouts, max_connections)
+
+    def base_headers(self) -> dict[str, str]:
+        """Headers every call carries (the operator's ``headers`` may override them)."""
+        return {}
+
+    def credential_headers(self, api_key: str) -> dict[str, str]:
+        """How the credential travels (set last: never overridden by configured headers)."""
+        return {"authorization": f"Bearer {api_key}"}
+
+    def deadline(self) -> float:
+        """The loop time by which a stream started now must have ended (the total timeout)."""
+        return asyncio.get_running_loop().time() + self.timeouts.total
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
