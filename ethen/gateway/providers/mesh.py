@@ -188,6 +188,7 @@ class MeshProvider(Provider):
         if self._loader is not None and orch is not None:
             self._orchestrator = None
             await asyncio.to_thread(orch.close)
+            startup_log.info("mesh %r: orchestrator closed", self.name)
 
     async def _start(self, call: UpstreamCall) -> tuple[MeshGeneration, list[int]]:
         messages = messages_of(call.body)
