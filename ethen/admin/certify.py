@@ -27,12 +27,18 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-class CertificationError(Exception):
-    """The probe could not run or failed (message names the target, never a secret)."""
+class CertificationError(GatewayError):
+    """The probe could not run or failed (message names the target, never a secret). Part of the gateway's
+    one exception tree, like every error ``ethen.admin`` raises."""
+
+    default_code = "certification_failed"
+    exit_code = 1  # the CLI's exit status: the probe ran and failed
 
 
 class UnknownTargetError(CertificationError):
     """PROVIDER/MODEL is not a route of the config."""
+
+    exit_code = 2  # a usage error
 
 
 def parse_duration(text: str) -> timedelta:

@@ -66,8 +66,8 @@ def _run(db: str | None, config: Path | None, fn: Callable[[Store], Awaitable[T]
         return asyncio.run(main())
     except StoreError as exc:
         raise _fail(exc.message) from None
-    except GatewayError as exc:
-        raise _fail(exc.message) from None
+    except GatewayError as exc:  # a CertificationError carries its own exit status
+        raise _fail(exc.message, getattr(exc, "exit_code", 2)) from None
 
 
 def _print(obj: Any) -> None:
@@ -217,7 +217,7 @@ def certify_command(
     db: str | None = _DB,
 ) -> None:
     """Send a live probe through the configured provider and store a dated certification receipt."""
-    from ethen.admin.certify import CertificationError, UnknownTargetError, certify, parse_duration
+    from ethen.admin.certify import certify, parse_duration
     from ethen.gateway.config import load_config
 
     try:
@@ -228,8 +228,5 @@ def certify_command(
         cfg = load_config(config)
     except GatewayError as exc:
         raise _fail(exc.message) from None
-    try:
-        receipt = _run(db, config, lambda st: certify(cfg, st, target, valid_for=ttl))
-    except CertificationError as exc:
-        raise _fail(str(exc), 2 if isinstance(exc, UnknownTargetError) else 1) from None
+    receipt = _run(db, config, lambda st: certify(cfg, st, target, valid_for=ttl))
     _print(receipt.to_dict())

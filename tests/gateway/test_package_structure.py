@@ -1,0 +1,56 @@
+"""Code-structure rules checked on the packages themselves: an explicit ``__all__`` in every package and
+module, and one exception tree per package (every exception class a package defines derives from its
+one root)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from types import ModuleType
+
+import pytest
+
+from ethen.gateway.errors import GatewayError
+from ethen.mesh.routing.errors import MeshRoutingError
+from ethen.store.errors import StoreError
+
+# package -> the root of its exception tree (ethen.admin maps everything into the gateway's tree)
+ROOTS: dict[str, type[Exception]] = {
+    "ethen.gateway": GatewayError,
+    "ethen.admin": GatewayError,
+    "ethen.store": StoreError,
+    "ethen.mesh.routing": MeshRoutingError,
+}
+
+
+def _modules(package: str) -> list[ModuleType]:
+    pkg = importlib.import_module(package)
+    out = [pkg]
+    for info in pkgutil.walk_packages(pkg.__path__, prefix=f"{package}."):
+        out.append(importlib.import_module(info.name))
+    return out
+
+
+@pytest.mark.parametrize("package", sorted(ROOTS))
+def test_every_module_has_an_explicit_all(package: str) -> None:
+    missing = [
+        m.__name__ for m in _modules(package) if not isinstance(getattr(m, "__all__", None), list | tuple)
+    ]
+    assert not missing, f"modules without __all__: {missing}"
+
+
+@pytest.mark.parametrize("package", sorted(ROOTS))
+def test_one_exception_tree_per_package(package: str) -> None:
+    root = ROOTS[package]
+    strays = [
+        f"{m.__name__}.{name}"
+        for m in _modules(package)
+        for name, cls in vars(m).items()
+        if inspect.isclass(cls)
+        and issubclass(cls, BaseException)
+        and cls.__module__ == m.__name__
+        and not name.startswith("_")
+        and not issubclass(cls, root)
+    ]
+    assert not strays, f"exceptions outside {root.__name__}'s tree: {strays}"
