@@ -186,7 +186,7 @@ def _startup_logging(level: str) -> None:
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # uvicorn re-raises the signal after its graceful shutdown: clean up below
+    raise KeyboardInterrupt  # before the server runs (it handles SIGTERM itself): stop the workers started
 
 
 def up(
@@ -223,12 +223,11 @@ def up(
             w = spawn_worker(node, layers, extra_args=["--capacity-score", str(score)])
             started.append(w)
             _say(f"      ready on {w.address} (pid {w.pid})")
-        import uvicorn
-
         from ethen.gateway.app import PREFIX, create_app
         from ethen.gateway.catalog import Catalog
         from ethen.gateway.config import load_config
         from ethen.gateway.errors import GatewayConfigError
+        from ethen.gateway.serve import serve
 
         path = write_config(gateway_document(host, port, key, {w.node_id: w.address for w in started}, user),
                             data_dir() / "up-gateway.toml")
@@ -260,19 +259,12 @@ PY
 
 The same gateway, without `ethen up`, while these workers run:  ethen gateway --config {path}
 Ctrl-C stops the gateway and the {len(started)} workers."""
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
-                                               access_log=False, lifespan="on"))
 
         def announce() -> None:
-            while not server.started and not server.should_exit:
-                time.sleep(0.05)
-            if server.started:
-                print(banner.replace("Ethen is up:", f"Ethen is up ({time.perf_counter() - t0:.1f}s):", 1),
-                      flush=True)
+            took = f"Ethen is up ({time.perf_counter() - t0:.1f}s):"
+            print(banner.replace("Ethen is up:", took, 1), flush=True)
 
-        threading.Thread(target=announce, name="ethen-up-banner", daemon=True).start()
-        server.run()
-        if not server.started:
+        if not serve(app, host=host, port=port, log_level=log_level, on_started=announce):
             _say("error: the gateway did not start (see the log above)")
             raise typer.Exit(1)
     except KeyboardInterrupt:

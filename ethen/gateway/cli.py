@@ -40,11 +40,10 @@ def gateway(
         typer.echo("error: --config FILE is required", err=True)
         raise typer.Exit(2)
 
-    import uvicorn
-
     from ethen.gateway.app import create_app
     from ethen.gateway.catalog import Catalog
     from ethen.gateway.config import load_config
+    from ethen.gateway.serve import serve
 
     level = log_level.upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -59,11 +58,6 @@ def gateway(
     except GatewayConfigError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(2) from None
-    uvicorn.run(
-        app,
-        host=host or cfg.server.host,
-        port=port if port is not None else cfg.server.port,
-        log_level=log_level.lower(),
-        access_log=level == "DEBUG",
-        lifespan="on",
-    )
+    if not serve(app, host=host or cfg.server.host, port=port if port is not None else cfg.server.port,
+                 log_level=log_level):
+        raise typer.Exit(3)  # the lifespan start-up failed (logged above) or the port was taken

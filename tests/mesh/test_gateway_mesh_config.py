@@ -131,8 +131,7 @@ def test_the_openai_sdk_streams_from_the_config_declared_mesh(gateway: Gateway) 
 
 
 def test_start_up_progress_is_logged_and_sigterm_shuts_down_cleanly(gateway: Gateway) -> None:
-    # uvicorn shuts down gracefully (lifespan: providers closed), then re-raises SIGTERM to exit by it
-    assert gateway.stop() in (0, -signal.SIGTERM)
+    assert gateway.stop() == 0  # a graceful shutdown (lifespan: providers closed), not death by the signal
     log = gateway.log.read_text()
     assert "mesh 'mesh': orchestrator closed" in log
     assert "mesh 'mesh': loading the embeddings, final norm and head" in log
