@@ -88,12 +88,17 @@ def test_coding_gate_tools_and_64k() -> None:
     pool = [
         cand("p", "tools-small", supports_tools=True, context_window=32_000),
         cand("p", "no-tools", supports_tools=False, context_window=200_000),
-        cand("p", "ok", supports_tools=True, context_window=65_536),
+        cand("p", "ok", supports_tools=True, context_window=64_000),
+        cand("p", "just-below", supports_tools=True, context_window=63_999),
     ]
     d = decide(req("ethen/coding"), ctx(pool))
     assert [sc.candidate.model for sc in d.chain] == ["ok"]
     why = {r.model: r.reasons for r in d.rejected}
-    assert why == {"tools-small": ("alias_requires_context",), "no-tools": ("alias_requires_tools",)}
+    assert why == {
+        "tools-small": ("alias_requires_context",),
+        "just-below": ("alias_requires_context",),
+        "no-tools": ("alias_requires_tools",),
+    }
 
 
 def test_vision_gate() -> None:
@@ -104,9 +109,15 @@ def test_vision_gate() -> None:
 
 
 def test_long_context_gate_128k() -> None:
-    pool = [cand("p", "k128", context_window=131_072), cand("p", "k128000", context_window=128_000)]
+    # decimal K, as providers advertise windows: a "128K" model with 128,000 tokens (gpt-4o) qualifies
+    pool = [
+        cand("p", "k131072", context_window=131_072),
+        cand("p", "k128000", context_window=128_000),
+        cand("p", "k127999", context_window=127_999),
+    ]
     d = decide(req("ethen/long-context"), ctx(pool))
-    assert [sc.candidate.model for sc in d.chain] == ["k128"]
+    assert sorted(sc.candidate.model for sc in d.chain) == ["k128000", "k131072"]
+    assert [(r.model, r.reasons) for r in d.rejected] == [("k127999", ("alias_requires_context",))]
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,10 @@ Choices where the spec is silent (all part of v1, change them only with a new ve
 * ``metadata.routing.latency_target`` accepts ``"fast"``, ``"balanced"`` (the default, no change) and
   ``"relaxed"``. It multiplies the latency and TTFT weights by the factor in :data:`LATENCY_TARGETS` (2.0,
   1.0, 0.5) and renormalizes all weights to sum 1. Deterministic: same profile and target, same weights.
+* "64K" and "128K" in the alias gates are decimal (64,000 and 128,000 tokens): that is how providers
+  advertise windows (OpenAI's "128K" models have exactly 128,000), so every model sold as 64K/128K passes,
+  including the binary 65,536/131,072 ones. A stricter binary reading would drop e.g. ``gpt-4o`` from
+  ``ethen/long-context``.
 * A concrete (non-alias) model id is ranked with the ``ethen/auto`` profile and no alias gate.
 * Component scales (hyperbolic ``ref / (ref + x)`` maps to [0, 1]): latency ref 2,000 ms, TTFT ref 500 ms,
   cost ref 1 USD per million tokens of the request's own input/output mix; context is log-scaled between 4K
@@ -138,14 +142,14 @@ ALIASES: Final = MappingProxyType(
         ),
         "ethen/coding": _p(
             "ethen/coding", 0.35, 0.10, 0.10, 0.05, 0.15, 0.10, 0.05, 0.10,
-            gates=HardGates(tools=True, min_context=65_536),
+            gates=HardGates(tools=True, min_context=64_000),
         ),
         "ethen/vision": _p(
             "ethen/vision", 0.30, 0.15, 0.15, 0.10, 0.15, 0.10, 0.05, 0.00, gates=HardGates(vision=True)
         ),
         "ethen/long-context": _p(
             "ethen/long-context", 0.25, 0.15, 0.10, 0.05, 0.15, 0.10, 0.20, 0.00,
-            gates=HardGates(min_context=131_072),
+            gates=HardGates(min_context=128_000),
         ),
     }
 )
