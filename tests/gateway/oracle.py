@@ -48,7 +48,7 @@ def needs_of(body: Mapping[str, Any]) -> Needs:
     only = ((body.get("providerOptions") or {}).get("gateway") or {}).get("only")
     gate_tools = model == "ethen/coding"
     gate_vision = model == "ethen/vision"
-    gate_ctx = {"ethen/coding": 64 * 1024, "ethen/long-context": 128 * 1024}.get(model, 0)
+    gate_ctx = {"ethen/coding": 64_000, "ethen/long-context": 128_000}.get(model, 0)
     return Needs(
         tools=tools,
         vision=vision,

@@ -61,7 +61,9 @@ ALIAS_CHOICES = [
 
 model_infos = st.builds(
     ModelInfo,
-    context_window=st.sampled_from([1024, 8192, 32768, 65536, 128000, 131072, 200000, 1048576]),
+    context_window=st.sampled_from(
+        [1024, 8192, 32768, 63999, 64000, 65536, 127999, 128000, 131072, 200000, 1048576]
+    ),
     max_output_tokens=st.sampled_from([256, 1024, 4096, 8192, 16384, 65536]),
     supports_tools=st.booleans(),
     supports_vision=st.booleans(),
