@@ -102,9 +102,25 @@ def test_openai_sdk_streams_from_the_mesh(up: Up) -> None:
     assert len(pieces) > 2 and "Paris" in "".join(pieces)
 
 
+def test_up_serves_a_written_config_with_a_mesh_provider(up: Up) -> None:
+    import tomllib
+
+    text = "\n".join(up.lines)
+    path = up.data / "up-gateway.toml"
+    assert f"ethen gateway --config {path}" in text
+    doc = tomllib.loads(path.read_text())
+    (mesh,) = doc["providers"]
+    assert mesh["kind"] == "mesh" and "base_url" not in mesh
+    assert set(mesh["workers"]) == {"gpu", "mini", "laptop"} and doc["server"]["port"] == up.port
+    assert "mesh 'mesh': route now " in text  # start-up progress from the gateway's lifespan
+
+
 def test_ctrl_c_stops_every_child_within_seconds(up: Up) -> None:
     took = up.stop()
-    assert up.proc.returncode is not None and took < 10
+    assert up.proc.returncode == 0 and took < 10
+    assert up.proc.stdout is not None
+    rest = up.proc.stdout.read()
+    assert "stopped." in rest and "Traceback" not in rest, rest
     time.sleep(0.2)
     for pid in up.worker_pids:
         with pytest.raises(ProcessLookupError):
