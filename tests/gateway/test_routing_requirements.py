@@ -160,6 +160,9 @@ def test_malformed_field_is_named(bad: dict[str, Any], param: str) -> None:
         (body(max_tokens=0), "invalid_value"),
         (body(max_completion_tokens=-5), "invalid_value"),
         (body(max_tokens=1.5), "invalid_value"),
+        (body(max_tokens=10**400), "invalid_value"),  # would overflow float(): a 500 before
+        (body(max_completion_tokens=2**53), "invalid_value"),
+        (body(metadata={"routing": {"budget_ceiling_usd": 10**400}}), "invalid_value"),
         (body(metadata={"routing": {"budget_ceiling_usd": "0.05"}}), "invalid_type"),
         (body(metadata={"routing": {"budget_ceiling_usd": -1}}), "invalid_value"),
         (body(metadata={"routing": {"budget_ceiling_usd": float("nan")}}), "invalid_value"),
@@ -182,6 +185,12 @@ def test_wrong_type_and_out_of_range_get_distinct_codes(bad: dict[str, Any], cod
     with pytest.raises(InvalidRequestError) as info:
         parse_requirements(bad)
     assert info.value.code == code
+
+
+def test_integer_bounds_are_inclusive() -> None:
+    assert parse_requirements(body(max_tokens=2**53 - 1)).max_output_tokens == 2**53 - 1
+    huge = parse_requirements(body(metadata={"routing": {"budget_ceiling_usd": 2**53 - 1}}))
+    assert huge.budget_ceiling_usd == 2**53 - 1
 
 
 def test_image_url_may_be_an_object_or_the_url_string() -> None:

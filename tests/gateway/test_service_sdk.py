@@ -216,6 +216,12 @@ def test_invalid_field_is_400_naming_the_field(lv: Live) -> None:
         b'{"model": "ethen/auto", "messages": [{"role": "user", "content": "x"}], "tools": "x"}',
         b'{"model": "ethen/auto", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}',
         b'{"model": "ethen/auto", "messages": [{"role": "user", "content": "x"}], "metadata": []}',
+        b'{"model": "ethen/auto", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1'
+        + b"0" * 400
+        + b"}",
+        b'{"model": "ethen/auto", "messages": [{"role": "user", "content": "x"}], "metadata": {"routing": '
+        b'{"budget_ceiling_usd": 1' + b"0" * 400 + b"}}}",
+        b'{"model": "ethen/auto", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}',
         b"\xff\xfe",
         b"[" * 100_000,
     ],

@@ -18,7 +18,10 @@ Choices where the spec is silent:
   range or set gets ``invalid_value``, a missing required field ``missing_required_parameter`` and an unknown
   key under ``metadata.routing`` ``unknown_parameter``; ``param`` is always the field's dotted path.
 * max output: ``max_completion_tokens`` and ``max_tokens`` (``null`` = absent); when both are given the larger
-  one must fit (conservative: providers differ in which one they honour).
+  one must fit (conservative: providers differ in which one they honour). Each must be an integer in
+  ``[1, MAX_SAFE_INTEGER]`` (2^53 - 1, the largest integer every JSON client represents exactly); a larger
+  integer, like a number that is not finite, is refused with ``invalid_value`` (it would not convert to a
+  float for the cost estimate). The same bound applies to an integer ``budget_ceiling_usd``.
 * ``metadata.routing`` is our namespace, so unknown keys in it are rejected (a typo must not silently drop a
   budget; OpenAI likewise refuses unrecognized request arguments, so strictness is what its clients expect).
   Keys elsewhere in ``metadata`` are the client's own tags and pass through to the upstream untouched.
@@ -50,6 +53,7 @@ __all__ = [
     "CERTIFICATION_LEVELS",
     "IMAGE_PART_TYPES",
     "IMAGE_TOKENS",
+    "MAX_SAFE_INTEGER",
     "ROUTING_KEYS",
     "Requirements",
     "estimate_tokens",
@@ -59,6 +63,7 @@ __all__ = [
 BYTES_PER_TOKEN: Final = 3
 _MAPPING: Final = (dict, Mapping)  # dict first: the common case skips the ABC check
 IMAGE_TOKENS: Final = 1600
+MAX_SAFE_INTEGER: Final = 2**53 - 1
 TOKENS_PER_MESSAGE: Final = 4
 TOKENS_REPLY_PRIMER: Final = 3
 IMAGE_PART_TYPES: Final = frozenset({"image_url", "input_image"})
@@ -208,8 +213,9 @@ def _positive_int(body: Mapping[str, Any], key: str) -> int | None:
     if not isinstance(value, int) or isinstance(value, bool):
         code = "invalid_value" if _is_number(value) else "invalid_type"  # 1.5, NaN: a number, not an int
         raise _bad(key, f"'{key}' must be an integer >= 1, got {value!r}", code)
-    if value < 1:
-        raise _bad(key, f"'{key}' must be an integer >= 1, got {value!r}")
+    if not 1 <= value <= MAX_SAFE_INTEGER:
+        shown = repr(value) if value < 10**20 else f"an integer of {len(str(value))} digits"
+        raise _bad(key, f"'{key}' must be an integer between 1 and {MAX_SAFE_INTEGER}, got {shown}")
     return value
 
 
@@ -235,10 +241,16 @@ def _parse_routing(metadata: object) -> tuple[float | None, str | None, bool]:
                 "unknown_parameter",
             )
     ceiling = routing.get("budget_ceiling_usd")
-    if ceiling is not None and (not _is_number(ceiling) or not math.isfinite(ceiling) or ceiling < 0):
+    if ceiling is not None and (
+        not _is_number(ceiling)
+        or (isinstance(ceiling, int) and ceiling > MAX_SAFE_INTEGER)
+        or not math.isfinite(ceiling)
+        or ceiling < 0
+    ):
+        shown = repr(ceiling) if not isinstance(ceiling, int) or ceiling < 10**20 else "a huge integer"
         raise _bad(
             "metadata.routing.budget_ceiling_usd",
-            f"'metadata.routing.budget_ceiling_usd' must be a finite number >= 0, got {ceiling!r}",
+            f"'metadata.routing.budget_ceiling_usd' must be a finite number >= 0, got {shown}",
             "invalid_value" if _is_number(ceiling) else "invalid_type",
         )
     target = routing.get("latency_target")
