@@ -48,6 +48,11 @@ def test_bad_input_errors_are_value_errors_in_the_package_tree():
         ({"node_id": ""}, "node_id must be a non-empty string"),
         ({"node_id": "  "}, "node_id must be a non-empty string"),
         ({"alive": "yes"}, "alive must be true or false"),
+        # ints beyond the float range (JSON allows them): a ValueError, not an OverflowError
+        ({"latency_ms": 10**400}, "latency_ms must be finite, got an integer of 401 digits"),
+        ({"current_load": 10**400}, "current_load must be finite"),
+        ({"capacity_score": 10**400}, "capacity_score must be finite"),
+        ({"served_layers": [(0, 2**63)]}, r"served_layers\[0\] last layer must be <= 9223372036854775807"),
     ],
 )
 def test_node_state_refuses_bad_fields(kwargs, message):
@@ -89,6 +94,26 @@ def test_score_route_refuses_wrong_argument_types():
         score_route(RoutingRequest(), [GOOD])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="request must be a RoutingRequest"):
         score_route((0, 3), [])  # type: ignore[arg-type]
+
+
+def test_huge_integers_are_refused_naming_the_field():
+    with pytest.raises(ValueError, match="weight hop must be finite"):
+        RouteWeights(hop=10**400)
+    with pytest.raises(ValueError, match="prompt_tokens must be <= 9223372036854775807"):
+        RoutingRequest(prompt_tokens=10**400)
+    with pytest.raises(ValueError, match="layer_range last layer must be <= 9223372036854775807"):
+        RoutingRequest((0, 2**63))
+    with pytest.raises(ValueError, match=r"nodes\[0\]: node 'mini': latency_ms must be finite"):
+        node_states_from_json([{**GOOD, "latency_ms": 10**400}])
+    # the bound is inclusive, and a fragment up to it is usable with no window given
+    route = score_route(RoutingRequest(prompt_tokens=2**63 - 1), [NodeState("a", 1, 0, 1, [(0, 2**63 - 1)])])
+    assert route.nodes == ("a",)
+
+
+def test_a_prefill_term_that_overflows_is_refused():
+    states = [NodeState("n", 1, 0, 1, [(0, 1)])]
+    with pytest.raises(ValueError, match=r"weight prompt .* makes the prefill term overflow"):
+        score_route(RoutingRequest(prompt_tokens=2**62), states, RouteWeights(prompt=1e300))
 
 
 def test_a_stage_cost_that_overflows_is_refused():

@@ -166,6 +166,11 @@ def score_route(
         raise InvalidMeshInput(f"node {worst!r}: stage cost overflows a float with these weights")
     if weights.hop_cost() == math.inf:
         raise InvalidMeshInput(f"weight hop {weights.hop!r} makes the hop term overflow a float")
+    if weights.prefill_cost(request.prompt_tokens) == math.inf:
+        raise InvalidMeshInput(
+            f"weight prompt {weights.prompt!r} with prompt_tokens {request.prompt_tokens} makes the prefill "
+            "term overflow a float"
+        )
     exact, hop = _exact_ints(costs, weights.hop_cost())
 
     # best[b]: best chain ending at boundary b; keep[b][m]: best chain ending at b whose current stage runs

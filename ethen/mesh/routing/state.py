@@ -8,7 +8,8 @@ Choices where the spec is silent:
   a load above 1 is allowed (an overcommitted node). ``capacity_score`` must be finite; a value below 0.01,
   negative included, is clamped to 0.01 by the cost formula, as §2.1 says.
 - ``served_layers`` keeps the fragments as given (order, overlaps and duplicates included), as a tuple of
-  ``(first, last)`` int pairs; each must be non-negative and not inverted.
+  ``(first, last)`` int pairs; each must be non-negative, at most ``sys.maxsize``, and not inverted
+  (``prompt_tokens`` has the same bound). A number too large for a float is refused like an infinity.
 - :meth:`NodeState.from_dict` reads the health JSON of §7. ``node_id``, ``latency_ms``, ``capacity_score``
   and ``served_layers`` are required; ``alive`` defaults to ``true``. ``current_load`` falls back to the
   data-plane ``load`` when absent (a worker's ``Health`` reply carries ``load``; §7 says it is aggregated
@@ -24,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ethen.mesh.routing._checks import check_bool, check_count, check_layer_pair, check_number
+from ethen.mesh.routing._checks import MAX_INDEX, check_bool, check_count, check_layer_pair, check_number
 from ethen.mesh.routing.errors import InvalidMeshInput
 
 __all__ = ["NodeState", "RoutingRequest", "node_states_from_json"]
@@ -159,4 +160,4 @@ class RoutingRequest:
     def __post_init__(self) -> None:
         if self.layer_range is not None:
             object.__setattr__(self, "layer_range", check_layer_pair("layer_range", self.layer_range))
-        check_count("prompt_tokens", self.prompt_tokens)
+        check_count("prompt_tokens", self.prompt_tokens, MAX_INDEX)
