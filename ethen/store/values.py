@@ -8,6 +8,8 @@ Choices where the spec is silent:
   UTC. A calendar window is what operators budget against (invoices); a rolling window would make the
   remaining budget creep back minute by minute.
 - All datetimes are timezone-aware UTC; naive datetimes are rejected.
+- The largest amount is :data:`MAX_USD` (9,223,372,036 USD): the most nano-USD a signed 64-bit ``BIGINT``
+  holds. A larger amount (or an integer beyond the float range) is a ``ValueError``, not a database overflow.
 """
 
 from __future__ import annotations
@@ -16,17 +18,25 @@ import math
 from datetime import UTC, datetime
 from typing import Final, Literal
 
-__all__ = ["NANO", "WINDOWS", "Window", "aware", "from_nano", "to_nano", "window_start"]
+__all__ = ["MAX_USD", "NANO", "WINDOWS", "Window", "aware", "from_nano", "to_nano", "window_start"]
 
 NANO: Final = 1_000_000_000
+MAX_USD: Final = (2**63 - 1) // NANO
 Window = Literal["day", "month"]
 WINDOWS: Final = ("day", "month")
 
 
 def to_nano(usd: float) -> int:
-    """USD -> nano-USD, rounded up. Rejects negative or non-finite values."""
-    if not (isinstance(usd, int | float) and not isinstance(usd, bool) and math.isfinite(usd) and usd >= 0):
+    """USD -> nano-USD, rounded up. Rejects negative, non-finite and too large (> ``MAX_USD``) values."""
+    if not (isinstance(usd, int | float) and not isinstance(usd, bool)):
         raise ValueError(f"amount must be a finite number >= 0 USD, got {usd!r}")
+    if isinstance(usd, int) and usd > MAX_USD:  # before isfinite(): a huge int does not convert to float
+        shown = usd if usd < 10**20 else "a huge integer"
+        raise ValueError(f"amount must be at most {MAX_USD} USD, got {shown}")
+    if not (math.isfinite(usd) and usd >= 0):
+        raise ValueError(f"amount must be a finite number >= 0 USD, got {usd!r}")
+    if usd > MAX_USD:
+        raise ValueError(f"amount must be at most {MAX_USD} USD, got {usd!r}")
     return math.ceil(round(usd * NANO, 3))
 
 

@@ -99,6 +99,8 @@ def test_projects_create_update_and_errors(store_url: str) -> None:
             await st.create_project("bad name")
         with pytest.raises(StoreInvalidError, match="budget_usd = -1"):
             await st.update_project("acme", budget_usd=-1)
+        with pytest.raises(StoreInvalidError, match="budget_usd = 1e\\+300"):
+            await st.update_project("acme", budget_usd=1e300)
         with pytest.raises(StoreNotFoundError, match="'ghost'"):
             await st.update_project("ghost", budget_usd=1)
         q = await st.update_project("acme", budget_usd=2.0)
@@ -285,6 +287,12 @@ def test_money_and_windows() -> None:
     assert to_nano(1e-10) == 1  # rounds up: never under-count spend
     with pytest.raises(ValueError, match="amount"):
         to_nano(float("nan"))
+    # the BIGINT of nano-USD bounds every amount; beyond it (or beyond the float range) a ValueError, not an
+    # OverflowError from float() or the database driver
+    assert to_nano(9_223_372_036) == 9_223_372_036 * 10**9 <= 2**63 - 1
+    for too_big in (9_223_372_037, 1e300, 10**400):
+        with pytest.raises(ValueError, match="at most 9223372036 USD"):
+            to_nano(too_big)
     assert window_start("day", NOW) == datetime(2026, 3, 15, tzinfo=UTC)
     assert window_start("month", NOW) == datetime(2026, 3, 1, tzinfo=UTC)
     with pytest.raises(ValueError, match="timezone-aware"):
