@@ -260,6 +260,9 @@ def test_admin_api_validation_and_auth(db_url: str) -> None:
             assert r.status_code == 400 and r.json()["error"]["param"] == "budget_usd"
             r = a.post("/projects", json={"name": "x", "colour": "red"})
             assert r.status_code == 400 and r.json()["error"]["param"] == "colour"
+            for huge in (b"1" + b"0" * 400, b"1e300"):  # beyond the float range / the BIGINT of nano-USD
+                r = a.post("/projects", content=b'{"name": "x", "budget_usd": ' + huge + b"}")
+                assert r.status_code == 400, r.text
             assert a.post("/projects", json={"name": "x"}).status_code == 201
             assert a.post("/projects", json={"name": "x"}).status_code == 409
             assert a.get("/projects/ghost").status_code == 404
