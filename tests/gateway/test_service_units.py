@@ -258,3 +258,15 @@ def test_upstream_payload_strips_gateway_fields_only() -> None:
     body2 = {"model": "m", "metadata": {"routing": {}, "k": "v"}}
     assert upstream_payload(body2) == {"model": "m", "metadata": {"k": "v"}}
     assert body["metadata"] == {"routing": {"x": 1}}  # the client's body is not mutated
+
+
+def test_implausible_upstream_usage_counts_are_ignored() -> None:
+    from ethen.gateway.providers.base import Usage
+
+    assert Usage.from_openai({"prompt_tokens": 11, "completion_tokens": 3}) == Usage(11, 3)
+    for bad in (10**400, -1, True, 2**53, 1.5, None):  # would overflow the cost arithmetic or make no sense
+        assert Usage.from_openai({"prompt_tokens": bad, "completion_tokens": 3}) is None
+        assert Usage.from_openai({"prompt_tokens": 3, "completion_tokens": bad}) is None
+    assert from_anthropic({"id": "m", "type": "message", "role": "assistant", "content": [],
+                           "stop_reason": "end_turn", "usage": {"input_tokens": 10**400, "output_tokens": 1}},
+                          "m").get("usage") in (None, {})

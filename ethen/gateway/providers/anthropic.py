@@ -227,7 +227,7 @@ def _usage(obj: Any) -> Usage | None:
     for extra in ("cache_creation_input_tokens", "cache_read_input_tokens"):
         if isinstance(obj.get(extra), int):
             inp += obj[extra]
-    return Usage(inp, out)
+    return Usage.of(inp, out)
 
 
 def from_anthropic(msg: Mapping[str, Any], model: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +53,25 @@ class Usage:
         }
 
     @staticmethod
+    def of(prompt_tokens: object, completion_tokens: object) -> Usage | None:
+        """Counts reported by an upstream, or ``None`` unless both are plausible: non-negative ints (not
+        bools) up to 2^53 - 1. An upstream's absurd count must not overflow the cost arithmetic (float) or
+        the ledger; it is treated like a missing report."""
+        p, c = prompt_tokens, completion_tokens
+        if _count(p) and _count(c):
+            return Usage(p, c)
+        return None
+
+    @staticmethod
     def from_openai(obj: Any) -> Usage | None:
         """Read an OpenAI ``usage`` object; ``None`` for anything that is not one."""
         if not isinstance(obj, Mapping):
             return None
-        p, c = obj.get("prompt_tokens"), obj.get("completion_tokens")
-        if isinstance(p, int) and isinstance(c, int):
-            return Usage(p, c)
-        return None
+        return Usage.of(obj.get("prompt_tokens"), obj.get("completion_tokens"))
+
+
+def _count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**53 - 1
 
 
 @dataclass(frozen=True, slots=True)
