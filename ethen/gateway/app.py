@@ -341,6 +341,7 @@ def create_app(
         try:
             access = await acc.authenticate(request.headers.get("authorization"))
             body = _parse_body(await _read_body(request))
+            _stream_options(body)  # a body chat would refuse is refused here too
             decision = acc.decide(body, await acc.prepare(access, body, gw.context(rid)), access)
         except GatewayError as err:
             return _error_response(err, rid)

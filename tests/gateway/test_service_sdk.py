@@ -250,6 +250,14 @@ def test_explain_returns_decision_without_calling_providers(lv: Live) -> None:
     assert [c["candidate"] for c in d["chain"]] == d["receipt"]["chain"]
     assert {rj["candidate"] for rj in d["rejected"]} == {"beta/beta-small"}
     assert len(lv.script.calls) == before
+    # explain refuses what chat refuses: same 400, same param
+    for bad in ({"stream": "yes"}, {"stream_options": {"include_usage": True}}):
+        r = httpx.post(
+            f"{lv.base_url}/routing/explain",
+            json={"model": "ethen/auto", "messages": USER, **bad},
+            headers={"authorization": f"Bearer {CLIENT_KEY}"},
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] in {"stream", "stream_options"}, r.text
     r2 = httpx.post(f"{lv.base_url}/routing/explain", json={"model": "ethen/auto", "messages": USER})
     assert r2.status_code == 401
 
