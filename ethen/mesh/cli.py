@@ -21,6 +21,7 @@ from rich.table import Table
 
 from ethen.mesh.routing import (
     DEFAULT_MODEL,
+    InvalidMeshInput,
     MeshRoutingError,
     Route,
     RouteWeights,
@@ -34,8 +35,8 @@ __all__ = ["app", "parse_layers", "parse_weights"]
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 
-class CliInputError(ValueError):
-    """A command-line value is malformed."""
+class CliInputError(InvalidMeshInput):
+    """A command-line value is malformed (a ``ValueError`` in the mesh package's one exception tree)."""
 
 
 def _fail(message: str) -> NoReturn:
@@ -135,7 +136,7 @@ def route_command(
             _parse_count("--prompt-tokens", prompt_tokens),
         )
         route = score_route(request, states, parse_weights(weight or []), model or DEFAULT_MODEL)
-    except (CliInputError, MeshRoutingError) as exc:
+    except MeshRoutingError as exc:  # CliInputError included
         _fail(str(exc))
     if as_json:
         typer.echo(json.dumps(route.to_dict(), indent=2))

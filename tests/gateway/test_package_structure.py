@@ -15,19 +15,20 @@ from ethen.gateway.errors import GatewayError
 from ethen.mesh.routing.errors import MeshRoutingError
 from ethen.store.errors import StoreError
 
-# package -> the root of its exception tree (ethen.admin maps everything into the gateway's tree)
+# package (or module) -> the root of its exception tree (ethen.admin maps everything into the gateway's tree)
 ROOTS: dict[str, type[Exception]] = {
     "ethen.gateway": GatewayError,
     "ethen.admin": GatewayError,
     "ethen.store": StoreError,
     "ethen.mesh.routing": MeshRoutingError,
+    "ethen.mesh.cli": MeshRoutingError,
 }
 
 
 def _modules(package: str) -> list[ModuleType]:
     pkg = importlib.import_module(package)
     out = [pkg]
-    for info in pkgutil.walk_packages(pkg.__path__, prefix=f"{package}."):
+    for info in pkgutil.walk_packages(getattr(pkg, "__path__", []), prefix=f"{package}."):
         out.append(importlib.import_module(info.name))
     return out
 
