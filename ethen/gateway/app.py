@@ -20,6 +20,9 @@ Choices where the issue is silent:
 - A stream that breaks after its first chunk ends with ``event: error`` carrying the OpenAI error envelope
   (plus ``ethen.routing``) and no ``[DONE]``.
 - A provider's ``receipt_extra`` keys are merged into ``ethen.routing`` (never overwriting the core's keys).
+- ``NaN`` / ``Infinity`` literals (which Python's json reads but JSON does not have) and numbers beyond the
+  double range (``1e400``) are refused with 400 ``invalid_value`` naming the field, wherever they are: never
+  forwarded to an upstream as invalid JSON.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import contextlib
 import gc
 import json
 import logging
+import math
 import re
 import time
 import uuid
@@ -96,9 +100,55 @@ async def _read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     return b"".join(chunks)
 
 
+class _NonFinite(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> float:
+    raise _NonFinite(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400: valid JSON syntax, but no double holds it
+        raise _NonFinite(text)
+    return value
+
+
+#: Python's json reads NaN / Infinity / -Infinity and turns 1e400 into inf; RFC 8259 (and OpenAI) have no
+#: such numbers, and forwarding them would hand the upstream invalid JSON. json's C scanner still does the
+#: parsing (the float hook runs per float literal, a handful per body); only a body holding one re-parses.
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
+def _non_finite_path(body: Any) -> str:
+    """Dotted path of the first NaN/Infinity in ``body`` (iterative: any depth json parsed)."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return path
+        if isinstance(value, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    return ""
+
+
 def _parse_body(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw.decode())  # decoding first skips json's encoding sniffing
+        body = _DECODER.decode(raw.decode())  # decoding first skips json's encoding sniffing
+    except _NonFinite as exc:
+        try:
+            path = _non_finite_path(json.loads(raw.decode()))
+        except (ValueError, RecursionError):  # also malformed after the constant: no path to name
+            path = ""
+        raise InvalidRequestError(
+            f"{repr(path) if path else 'The body'} holds {exc}, which is not a finite number "
+            "(JSON has no NaN or Infinity).",
+            code="invalid_value",
+            param=path or None,
+        ) from None
     except (ValueError, RecursionError):
         raise InvalidRequestError(
             "We could not parse the JSON body of your request. The body must be a JSON object.",

@@ -237,6 +237,31 @@ def test_client_mistakes_are_4xx_never_500(lv: Live, content: bytes) -> None:
     assert err["type"] == "invalid_request_error" and err["code"] and err["message"]
 
 
+@pytest.mark.parametrize(
+    ("field", "param"),
+    [
+        (b'"temperature": NaN', "temperature"),
+        (b'"max_tokens": Infinity', "max_tokens"),
+        (b'"top_p": 1e400', "top_p"),
+        (b'"metadata": {"routing": {"budget_ceiling_usd": -Infinity}}',
+         "metadata.routing.budget_ceiling_usd"),
+        (b'"tools": [{"type": "function", "function": {"name": "f", "x": [1, NaN]}}]',
+         "tools[0].function.x[1]"),
+    ],
+)
+def test_nan_and_infinity_are_refused_naming_the_field(lv: Live, field: bytes, param: str) -> None:
+    """Python's json reads them, JSON does not: never forwarded to an upstream as invalid JSON."""
+    before = len(lv.script.calls)
+    r = httpx.post(
+        f"{lv.base_url}/chat/completions",
+        content=b'{"model": "ethen/auto", "messages": [{"role": "user", "content": "x"}], ' + field + b"}",
+        headers={"authorization": f"Bearer {CLIENT_KEY}", "content-type": "application/json"},
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and r.json()["error"]["code"] == "invalid_value"
+    assert len(lv.script.calls) == before
+
+
 def test_explain_returns_decision_without_calling_providers(lv: Live) -> None:
     before = len(lv.script.calls)
     r = httpx.post(
