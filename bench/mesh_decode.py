@@ -127,6 +127,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
     args = ap.parse_args()
 
+    load_before = os.getloadavg()
     print(f"starting {len(LAYOUT)} workers {LAYOUT} on 127.0.0.1 ...", flush=True)
     workers: dict[str, WorkerProcess] = {n: spawn_worker(n, layers) for n, layers in LAYOUT.items()}
     try:
@@ -177,6 +178,9 @@ def main() -> None:
             label = f"aggregate decode tokens/s, {n} sessions"
             print(f"{label:44} {'':15} {agg[n]:15.1f} {agg[n] / agg[1]:8.2f}x"
                   + ("   target >= 3x" if n == 8 else ""))
+        load_after = os.getloadavg()
+        print(f"load average (1/5/15 min) before {' '.join(f'{x:.2f}' for x in load_before)}, "
+              f"after {' '.join(f'{x:.2f}' for x in load_after)} on {os.cpu_count()} CPUs")
     finally:
         for w in workers.values():
             w.stop()

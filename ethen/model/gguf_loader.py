@@ -168,6 +168,26 @@ class WeightStore:
         """``[vocab, d]`` output projection (the embedding table when tied, as in SmolLM2)."""
         return self.load_token_embeddings(mmap) if self.tied_head else self._load("output", mmap)
 
+    def load_output_head_t(self, mmap: bool = True) -> F32:
+        """``[d, vocab]`` C-contiguous transpose of the output head: ``h @ head_t`` is 1.4-1.5x faster than
+        ``h @ head.T`` for 2-8 rows in OpenBLAS here (batched decode) and no slower for one row. Derived
+        from the cached head on first use and written next to it (a unique temporary file renamed into
+        place, so concurrent builders are harmless and readers never see a partial file)."""
+        path = self.directory / "output_head_t.npy"
+        if not path.exists():
+            head_t = np.ascontiguousarray(self.load_output_head(mmap=True).T)  # [d, V]
+            fd, tmp = tempfile.mkstemp(prefix=".output_head_t-", suffix=".npy", dir=self.directory)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    np.save(f, head_t, allow_pickle=False)
+                os.chmod(tmp, 0o644)  # like the rest of the cache (mkstemp makes it 0600)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        return self._load("output_head_t", mmap)
+
     def load_tokenizer(self) -> Tokenizer:
         return Tokenizer.from_file(self.directory / "tokenizer.json")
 

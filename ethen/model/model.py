@@ -179,11 +179,19 @@ class LayerStack:
 class EmbedAndHead:
     """The orchestrator's ends of the model: token embeddings in, final RMSNorm + (tied) head out."""
 
-    def __init__(self, config: ModelConfig, token_embd: F32, output_norm: F32, output_head: F32) -> None:
+    def __init__(self, config: ModelConfig, token_embd: F32, output_norm: F32, output_head: F32,
+                 output_head_t: F32 | None = None) -> None:
         self.config = config
         self.token_embd = token_embd  # [V, d]
         self.output_norm = output_norm  # [d]
         self.output_head = output_head  # [V, d] (the same array as token_embd when tied)
+        # [d, V] C-contiguous: h @ head_t beats h @ head.T by 1.4-1.5x at 2-8 rows (batched decode)
+        self.output_head_t: F32 = (np.ascontiguousarray(output_head.T) if output_head_t is None
+                                   else output_head_t)
+        want = (output_head.shape[1], output_head.shape[0])
+        if self.output_head_t.shape != want:
+            raise ModelInputError(
+                f"output_head_t must have shape {list(want)}, got {list(self.output_head_t.shape)}")
 
     def embed(self, token_ids: Sequence[int] | NDArray[np.integer]) -> F32:
         """``token_ids[T]`` -> ``hidden[T, d]`` float32."""
@@ -205,7 +213,7 @@ class EmbedAndHead:
             shape = list(hidden.shape) if isinstance(hidden, np.ndarray) else type(hidden).__name__
             raise ModelInputError(f"hidden must be float32 [N, {self.config.d_model}], got {shape}")
         h = rms_norm(hidden, self.output_norm, np.float32(self.config.rms_eps))  # [N, d]
-        return h @ self.output_head.T  # [N, V]
+        return h @ self.output_head_t  # [N, V]
 
 
 class Model:
@@ -262,7 +270,8 @@ def load_layer_stacks(ranges: str | Sequence[tuple[int, int]],
 
 def load_embed_and_head(store: WeightStore | None = None) -> EmbedAndHead:
     s = _store(store)
-    return EmbedAndHead(s.config, s.load_token_embeddings(), s.load_output_norm(), s.load_output_head())
+    return EmbedAndHead(s.config, s.load_token_embeddings(), s.load_output_norm(), s.load_output_head(),
+                        s.load_output_head_t())
 
 
 def load_model(store: WeightStore | None = None) -> Model:
