@@ -15,6 +15,7 @@ Layout (see ``examples/gateway.toml``)::
                         [routes.info] ModelInfo overrides, [routes.prices] Prices overrides (USD/Mtok)
     [[api_keys]]        name, sha256 (hex SHA-256 of the full key; keys start with "ethen")
     [[canaries]]        alias, candidate ("provider/model"), percent, min_success_rate, min_samples
+                        (the spec's camelCase minSuccessRate / minSamples are accepted too)
     [policy]            allowed_providers, allowed_models, remaining_budget_usd
     [store]             url or url_env (SQLAlchemy URL: sqlite:///ethen.db, postgresql://...),
                         admin_key_sha256, reservation_ttl_s, release_dangling (see ethen.admin, ethen.store)
@@ -45,6 +46,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -228,8 +230,11 @@ class CanaryConfig(_Strict):
     alias: str = Field(pattern=r"^ethen/")
     candidate: str = Field(pattern=r"^[^/]+/.+$")
     percent: int
-    min_success_rate: float = Field(default=0.95, ge=0, le=1)
-    min_samples: int = Field(default=20, ge=0)
+    # The spec spells these minSuccessRate / minSamples; TOML style is snake_case. Both are accepted.
+    min_success_rate: float = Field(
+        default=0.95, ge=0, le=1, validation_alias=AliasChoices("min_success_rate", "minSuccessRate")
+    )
+    min_samples: int = Field(default=20, ge=0, validation_alias=AliasChoices("min_samples", "minSamples"))
 
     @field_validator("min_success_rate", mode="before")
     @classmethod

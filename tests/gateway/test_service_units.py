@@ -14,7 +14,14 @@ from service_harness import config_dict
 
 from ethen.gateway.auth import KeyRing, hash_key
 from ethen.gateway.catalog import Catalog
-from ethen.gateway.config import ApiKeyConfig, build_pool, load_config, parse_config, resolve_secret
+from ethen.gateway.config import (
+    ApiKeyConfig,
+    build_canaries,
+    build_pool,
+    load_config,
+    parse_config,
+    resolve_secret,
+)
 from ethen.gateway.errors import AuthenticationError, GatewayConfigError
 from ethen.gateway.execute import upstream_payload
 from ethen.gateway.providers.anthropic import from_anthropic, to_anthropic
@@ -270,3 +277,13 @@ def test_implausible_upstream_usage_counts_are_ignored() -> None:
     assert from_anthropic({"id": "m", "type": "message", "role": "assistant", "content": [],
                            "stop_reason": "end_turn", "usage": {"input_tokens": 10**400, "output_tokens": 1}},
                           "m").get("usage") in (None, {})
+
+
+def test_canary_accepts_the_specs_camel_case_names() -> None:
+    base = config_dict("http://127.0.0.1:1")
+    spec_style = {"alias": "ethen/auto", "candidate": "alpha/alpha-large", "percent": 5}
+    camel = parse_config({**base, "canaries": [{**spec_style, "minSuccessRate": 0.8, "minSamples": 7}]})
+    snake = parse_config({**base, "canaries": [{**spec_style, "min_success_rate": 0.8, "min_samples": 7}]})
+    assert build_canaries(camel) == build_canaries(snake)
+    assert build_canaries(camel)[0].min_samples == 7
+    assert build_canaries(camel)[0].min_success_rate == 0.8
