@@ -43,10 +43,10 @@ import anyio
 from ethen.gateway.auth import KeyRing
 from ethen.gateway.config import GatewayConfig, store_url
 from ethen.gateway.errors import (
-    HTTP_STATUS,
+    AccountsUnavailableError,
     AuthenticationError,
+    BudgetExceededError,
     GatewayConfigError,
-    GatewayError,
     NoSmartRouteCandidateError,
 )
 from ethen.gateway.providers.base import Usage
@@ -65,9 +65,9 @@ from ethen.store.engine import normalize_url
 __all__ = [
     "Access",
     "Accounts",
+    "AccountsUnavailableError",
     "BudgetExceededError",
     "Hold",
-    "StoreUnavailableError",
     "with_certifications",
 ]
 
@@ -75,31 +75,7 @@ log = logging.getLogger("ethen.accounts")
 T = TypeVar("T")
 
 
-class BudgetExceededError(GatewayError):
-    """The project's remaining window budget cannot cover the request's estimated cost."""
 
-    default_code = "budget_exceeded"
-    default_type = "insufficient_quota"
-
-    def __init__(self, message: str, rejections: tuple[Any, ...] = ()) -> None:
-        super().__init__(message)
-        self.rejections = rejections
-
-    def to_dict(self) -> dict[str, Any]:
-        body = super().to_dict()
-        if self.rejections:
-            body["error"]["rejections"] = [r.to_dict() for r in self.rejections]
-        return body
-
-
-class StoreUnavailableError(GatewayError):
-    """The gateway's database failed; the request was not served."""
-
-    default_code = "store_unavailable"
-    default_type = "api_error"
-
-
-HTTP_STATUS.update({BudgetExceededError: 402, StoreUnavailableError: 503})
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +160,7 @@ class Hold:
         """:meth:`settle`, for places that cannot answer with an error status any more (a started stream)."""
         try:
             await self.settle(candidate, usage)
-        except StoreUnavailableError:
+        except AccountsUnavailableError:
             return False
         return True
 
@@ -220,7 +196,7 @@ class Hold:
             )
         except StoreError as exc:
             log.error("request %s: settling spend failed: %s", self._rid, exc.message)
-            raise StoreUnavailableError("The gateway could not record the request's spend.") from None
+            raise AccountsUnavailableError("The gateway could not record the request's spend.") from None
 
     async def release(self) -> None:
         if self._done:
@@ -283,7 +259,7 @@ class Accounts:
                 principal = await self.store.authenticate(key)
             except StoreError as exc:
                 log.error("key lookup failed: %s", exc.message)
-                raise StoreUnavailableError("The gateway could not check the API key.") from None
+                raise AccountsUnavailableError("The gateway could not check the API key.") from None
             if principal is None:
                 raise AuthenticationError("Incorrect API key provided (unknown or revoked).") from None
             return Access(principal.project.name, principal)
@@ -316,7 +292,7 @@ class Accounts:
                 pool = with_certifications(pool, await self.store.certifications(valid_at=ctx.now))
         except StoreError as exc:
             log.error("reading project state failed: %s", exc.message)
-            raise StoreUnavailableError("The gateway could not read the project's budget.") from None
+            raise AccountsUnavailableError("The gateway could not read the project's budget.") from None
         return dataclasses.replace(ctx, policy=policy, pool=pool)
 
     def models_for(self, access: Access, models_body: bytes, pool: tuple[Candidate, ...]) -> bytes:
@@ -367,7 +343,8 @@ class Accounts:
                 )
             except StoreError as exc:
                 log.error("request %s: reserving budget failed: %s", request_id, exc.message)
-                raise StoreUnavailableError("The gateway could not reserve the project's budget.") from None
+                msg = "The gateway could not reserve the project's budget."
+                raise AccountsUnavailableError(msg) from None
             if reservation is None:
                 raise BudgetExceededError(
                     f"Project {project.name!r} has not enough budget left in this {project.budget_window}: "

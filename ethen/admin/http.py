@@ -40,7 +40,7 @@ from ethen.store import (
     StoreNotFoundError,
 )
 
-from .accounts import Accounts, StoreUnavailableError
+from .accounts import Accounts, AccountsUnavailableError
 
 __all__ = ["ADMIN_PREFIX", "admin_routes"]
 
@@ -65,7 +65,7 @@ def _store_error(exc: StoreError) -> Response:
         return _error(GatewayError(exc.message, code="not_found", type="invalid_request_error"), 404)
     if isinstance(exc, StoreConflictError):
         return _error(GatewayError(exc.message, code="conflict", type="invalid_request_error"), 409)
-    return _error(StoreUnavailableError("The gateway's store is unavailable."))
+    return _error(AccountsUnavailableError("The gateway's store is unavailable."))
 
 
 async def _body(request: Request, allowed: tuple[str, ...]) -> dict[str, Any]:
@@ -205,7 +205,7 @@ def admin_routes(accounts: Accounts, admin_key_sha256: str | None) -> list[Route
                 )
             st = accounts.store
             if st is None:
-                return _error(StoreUnavailableError("The gateway's store is not open."))
+                return _error(AccountsUnavailableError("The gateway's store is not open."))
             try:
                 return await handler(request, st)
             except GatewayError as err:

@@ -45,7 +45,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from ethen.admin.accounts import Accounts, Hold, StoreUnavailableError, accounts_for
+from ethen.admin.accounts import Accounts, AccountsUnavailableError, Hold, accounts_for
 from ethen.admin.http import admin_routes
 from ethen.gateway.auth import KeyRing
 from ethen.gateway.catalog import Catalog
@@ -350,7 +350,7 @@ def create_app(
                 run.finish(None)
                 if not await hold.settle_or_log(run.target.candidate, run.stream.usage):
                     done = True
-                    lost = StoreUnavailableError("The gateway could not record the request's spend.")
+                    lost = AccountsUnavailableError("The gateway could not record the request's spend.")
                     yield encode_error(lost.to_dict())
                     return
                 end = time.perf_counter()

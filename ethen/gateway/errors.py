@@ -257,3 +257,34 @@ __all__ += [
     "UpstreamStreamError",
     "UpstreamTimeoutError",
 ]
+
+
+# --- accounts (projects, keys, budgets): raised by ethen.admin.accounts on the request path ---------------
+
+
+class BudgetExceededError(GatewayError):
+    """The project's remaining window budget cannot cover the request's estimated cost."""
+
+    default_code = "budget_exceeded"
+    default_type = "insufficient_quota"
+
+    def __init__(self, message: str, rejections: tuple[Any, ...] = ()) -> None:
+        super().__init__(message)
+        self.rejections = rejections
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        if self.rejections:
+            body["error"]["rejections"] = [r.to_dict() for r in self.rejections]
+        return body
+
+
+class AccountsUnavailableError(GatewayError):
+    """The gateway's database failed; the request was not served."""
+
+    default_code = "store_unavailable"
+    default_type = "api_error"
+
+
+HTTP_STATUS.update({BudgetExceededError: 402, AccountsUnavailableError: 503})
+__all__ += ["AccountsUnavailableError", "BudgetExceededError"]
