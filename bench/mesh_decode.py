@@ -12,7 +12,32 @@ Measures (medians over rounds; every figure is printed next to its single-proces
 - aggregate decode tokens/s through the pipeline with 1, 4 and 8 concurrent sessions (target: 8 >= 3x 1).
 
 BLAS runs single-threaded everywhere (set below, before NumPy loads) so the comparison is fair and the worker
-processes do not fight over the cores with BLAS thread pools.
+processes do not fight over the cores with BLAS thread pools. The load average is printed at the end: the
+machine this was tuned on has 2 vCPUs shared with other jobs, so compare figures of the same run only.
+
+Where the per-token mesh overhead goes (2 vCPUs, KVM, measured with one worker and a client; medians):
+
+- an RPC to a worker that does no compute: 0.39 ms round trip (+0.05 ms handler); with the worker idle 5 ms
+  first (time.sleep): 0.53 ms; after the worker streams its 10 layers' weights (~180 MB, as in decode):
+  0.95-1.2 ms. Split by CLOCK_MONOTONIC stamps: client -> handler entry 0.48 ms (0.22 without compute),
+  handler exit -> client 0.42 ms (0.16). The extra ~0.5 ms is the cold path after the weights flush the
+  caches (L2 2 MB/core, L3 32 MB), not Python work in the handler (0.11-0.15 ms).
+- per stage the worker's compute is ~0.3 ms slower than the same layers inside the single process (cold
+  activations / KV / interpreter state after the other processes ran).
+- so 3 synchronous hops cost ~3 x 1.2 ms + ~1 ms of cold compute per token, against a 90 % budget of
+  ~2.3 ms at a ~21 ms single-process step.
+
+Tried and not kept (no gain beyond noise in interleaved A/B runs): GRPC_POLL_STRATEGY=poll,
+``grpc.optimization_target=latency``, ``grpc.http2.bdp_probe=0``, ``sys.setswitchinterval(0.5 ms)``, weights
+in RAM or in 2 MB huge pages instead of mmap (compute and RPC alike), prefetching the next layer's weights
+from a second thread, in-place softmax in decode attention (~1 us of ~20 us). Kept: a lone session's stages
+use unary ``Forward`` instead of a one-item ``ForwardBatch`` (-0.7 ms per token), the tied head multiplied
+as a ``[d, V]`` C-contiguous copy (8 rows: 10.2 ms instead of 14.6 ms; 1 row: equal).
+Not done: a chained data plane (worker -> worker, last stage -> orchestrator). It would replace 6 transfers
+per token by 4 one-way ones; from the figures above (~0.45 ms per cold one-way transfer) that saves
+~1.3 ms per token, i.e. ~86-87 % instead of ~80 %, still short of 90 %, while it needs worker-to-worker
+streams and failure detection off the orchestrator's call path (sync gRPC Python streams add a thread hop
+per message, which the gRPC performance guide warns about).
 """
 
 from __future__ import annotations
