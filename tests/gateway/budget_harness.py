@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
-import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,40 +13,14 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 from service_harness import Live, live
-from sqlalchemy.engine import make_url
 from upstream import Behavior
 
 from ethen.store import Store
+from tests.pgdb import pg_or_skip
 
 T = TypeVar("T")
 ADMIN_KEY = "admin-7d1e0c4b9a8f7e6d5c4b3a291807f6e5"
 ADMIN_PREFIX = "/api/admin/v1"
-PG_ENV = "ETHEN_TEST_PG_URL"
-
-
-def _plain(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-@contextmanager
-def fresh_pg_database(url: str) -> Iterator[str]:
-    """A new, empty database on ``url``'s server (dropped afterwards): concurrent runs never share one."""
-    import asyncpg
-
-    name = f"ethen_t_{uuid.uuid4().hex[:12]}"
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(_plain(url))
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -57,10 +29,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'gw.db'}"
         return
-    url = os.environ.get(PG_ENV)
-    if not url:
-        pytest.skip(f"{PG_ENV} is not set (bash .ci/postgres.sh starts a local server and prints the URL)")
-    with fresh_pg_database(url) as fresh:
+    with pg_or_skip() as fresh:
         yield fresh
 
 

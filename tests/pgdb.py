@@ -1,0 +1,56 @@
+"""Fresh PostgreSQL databases for the store-backed tests (tests/store and the gateway's budget tests).
+
+Every such test runs on SQLite and, when ``ETHEN_TEST_PG_URL`` is set (``.ci/run`` starts a server with
+``.ci/postgres.sh``), on its own new database on that server, created and dropped here, so concurrent runs
+against the same server never share state."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from sqlalchemy.engine import make_url
+
+PG_ENV = "ETHEN_TEST_PG_URL"
+
+
+def _plain(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@contextmanager
+def fresh_pg_database(url: str) -> Iterator[str]:
+    """A new, empty database on ``url``'s server (dropped afterwards)."""
+    import asyncpg
+
+    name = f"ethen_t_{uuid.uuid4().hex[:12]}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(_plain(url))
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@contextmanager
+def pg_or_skip() -> Iterator[str]:
+    """A fresh database on the ``ETHEN_TEST_PG_URL`` server, or skip the test with the reason."""
+    url = os.environ.get(PG_ENV)
+    if not url:
+        pytest.skip(f"{PG_ENV} is not set (bash .ci/postgres.sh starts a local server and prints the URL)")
+    with fresh_pg_database(url) as fresh:
+        yield fresh
+
+
+__all__ = ["PG_ENV", "fresh_pg_database", "pg_or_skip"]
