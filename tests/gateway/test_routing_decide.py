@@ -6,6 +6,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ethen.gateway.errors import (
     HTTP_STATUS,
@@ -334,3 +336,22 @@ def test_error_tree_and_status_table() -> None:
 def test_context_rejects_naive_now() -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
         RoutingContext((), ProjectPolicy(), TelemetrySnapshot(), (), datetime(2026, 1, 1), "r")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prior=st.floats(0.0, 1e6),
+    mean=st.none() | st.floats(0.0, 1e6),
+    samples=st.integers(0, 60),
+    data=st.data(),
+)
+def test_precomputed_stats_terms_match_blend_and_smoothing(
+    prior: float, mean: float | None, samples: int, data: st.DataObject
+) -> None:
+    successes = data.draw(st.integers(0, samples))
+    stats = CandidateStats(samples, successes, mean, mean)
+    la, lb, ta, tb, rel, failing = stats.terms
+    assert prior * la + lb == pytest.approx(blend(prior, mean, successes), rel=1e-12, abs=1e-9)
+    assert prior * ta + tb == pytest.approx(blend(prior, mean, successes), rel=1e-12, abs=1e-9)
+    assert rel == smoothed_success(samples, successes)
+    assert failing == (samples >= 3 and successes == 0)

@@ -115,9 +115,12 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
             f"({len(rejections)} rejected; see 'rejections')",
             rejections,
         )
-    # rank: score desc, then provider id, then model id. Two stable sorts with C-level keys are cheaper than
-    # one sort building a (-score, provider, model) tuple per candidate; reverse=True keeps stability.
-    feasible.sort(key=_by_key)
+    # rank: score desc, then provider id, then model id. Scores rarely tie: when they are all distinct, one
+    # sort by score (C-level key) is the whole order. Otherwise a stable sort by (provider, model) first; two
+    # stable sorts are cheaper than one building a (-score, provider, model) tuple per candidate.
+    scores = list(map(_by_score, feasible))
+    if len(set(scores)) != len(scores):
+        feasible.sort(key=_by_key)
     feasible.sort(key=_by_score, reverse=True)
     canary = apply_canary(req.model, feasible, ctx.canaries, ctx.telemetry, ctx.request_id)
     chain = tuple(feasible)

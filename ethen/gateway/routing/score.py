@@ -30,20 +30,18 @@ from .filter import Rejection, check_candidate
 from .policy import (
     COMPONENTS,
     COST_REF_USD_PER_MTOK,
-    FAILING_MIN_SAMPLES,
     LATENCY_REF_MS,
     TTFT_REF_MS,
     AliasProfile,
     weights_for,
 )
 from .requirements import Requirements
-from .telemetry import EMPTY_STATS, LATENCY_PRIOR_WEIGHT, RELIABILITY_PRIOR, TelemetrySnapshot
+from .telemetry import EMPTY_STATS, RELIABILITY_PRIOR, TelemetrySnapshot
 
 __all__ = ["ScoreComponents", "ScoredCandidate", "score_pool"]
 
 _A, _B = RELIABILITY_PRIOR
 _AB = _A + _B
-_K = LATENCY_PRIOR_WEIGHT
 _COST_REF = COST_REF_USD_PER_MTOK
 _LAT_REF = LATENCY_REF_MS
 _TTFT_REF = TTFT_REF_MS
@@ -111,8 +109,8 @@ def score_pool(
         seen: set[str] = set()
         dup = next(c.id for c in pool if c.id in seen or seen.add(c.id))  # type: ignore[func-returns-value]
         raise GatewayConfigError(f"duplicate candidate id in the pool: {dup!r}")
-    stats_map = telemetry.stats
-    health = telemetry.provider_health
+    stats_get = telemetry.stats.get
+    health = telemetry.health.get
     failing = telemetry.failing_providers
     w0, w1, w2, w3, w4, w5, w6, w7 = weights_for(profile, req.latency_target)
     gates = profile.gates
@@ -146,13 +144,14 @@ def score_pool(
         prices = cand.prices
         out_tok = cand.default_output_tokens if max_out is None else max_out
         cost = (in_tok * prices.input_per_mtok + out_tok * prices.output_per_mtok) / 1e6
-        stats = stats_map.get(cand.key, EMPTY_STATS) if stats_map else EMPTY_STATS
+        stats = stats_get(cand.key, EMPTY_STATS)
+        la, lb, ta, tb, c_rel, cand_failing = stats.terms
         ok = (
             info.context_window >= min_window
             and info.max_output_tokens >= max_out_needed
             and cost <= ceiling
             and cand.caps & need_caps == need_caps
-            and (stats.samples < FAILING_MIN_SAMPLES or stats.successes > 0)
+            and not cand_failing
         )
         if ok and restricted:
             ok = (
@@ -171,20 +170,9 @@ def score_pool(
         quality = info.quality if info.supports_reasoning else info.quality * qfactor
         tokens = in_tok + out_tok
         c_cost = _COST_REF / (_COST_REF + cost * 1e6 / tokens) if tokens > 0 else 1.0
-        n = stats.successes
-        latency = info.latency_ms
-        ttft = info.ttft_ms
-        if n > 0:  # prior-weighted blend (telemetry.blend)
-            mean = stats.latency_ms_mean
-            if mean is not None:
-                latency = (_K * latency + n * mean) / (_K + n)
-            mean = stats.ttft_ms_mean
-            if mean is not None:
-                ttft = (_K * ttft + n * mean) / (_K + n)
-        c_lat = _LAT_REF / (_LAT_REF + latency)
-        c_ttft = _TTFT_REF / (_TTFT_REF + ttft)
-        c_rel = (n + _A) / (stats.samples + _AB)  # telemetry.smoothed_success
-        c_health = health.get(cand.provider, _PRIOR_MEAN)
+        c_lat = _LAT_REF / (_LAT_REF + info.latency_ms * la + lb)  # blended with telemetry (telemetry.blend)
+        c_ttft = _TTFT_REF / (_TTFT_REF + info.ttft_ms * ta + tb)
+        c_health = health(cand.provider, _PRIOR_MEAN)
         c_ctx = cand.context_score
         c_tools = cand.tools_score
         total = (

@@ -51,19 +51,54 @@ RELIABILITY_PRIOR: Final = (9.0, 1.0)
 LATENCY_PRIOR_WEIGHT: Final = 5.0
 
 
+def smoothed_success(samples: int, successes: int) -> float:
+    """Beta-posterior mean success rate."""
+    a, b = RELIABILITY_PRIOR
+    return (successes + a) / (samples + a + b)
+
+
+def _blend_terms(observed_mean: float | None, n: int) -> tuple[float, float]:
+    """``(a, b)`` with ``blend(prior, observed_mean, n) == prior * a + b`` (up to rounding)."""
+    if observed_mean is None or n <= 0:
+        return 1.0, 0.0
+    k = LATENCY_PRIOR_WEIGHT
+    return k / (k + n), n * observed_mean / (k + n)
+
+
+def blend(prior: float, observed_mean: float | None, n: int) -> float:
+    """Prior-weighted blend of a catalog prior with an observed mean over ``n`` observations."""
+    if observed_mean is None or n <= 0:
+        return prior
+    k = LATENCY_PRIOR_WEIGHT
+    return (k * prior + n * observed_mean) / (k + n)
+
+
 @dataclass(frozen=True, slots=True)
 class CandidateStats:
     """Recent outcomes of one (provider, model). Means are over the successful attempts that measured them;
-    ``None`` when there is none."""
+    ``None`` when there is none.
+
+    ``terms`` holds what the scorer needs from these stats, computed once here (the shell's store rebuilds a
+    key's stats only when that key gets a new outcome) instead of once per candidate per request:
+    ``(latency_a, latency_b, ttft_a, ttft_b, reliability, failing)``, where the blended latency is
+    ``prior * latency_a + latency_b`` (:func:`blend`, factored into one multiply-add), ``reliability`` is
+    :func:`smoothed_success` and ``failing`` is "0 successes over >= FAILING_MIN_SAMPLES samples".
+    """
 
     samples: int = 0
     successes: int = 0
     latency_ms_mean: float | None = None
     ttft_ms_mean: float | None = None
+    terms: tuple[float, float, float, float, float, bool] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (0 <= self.successes <= self.samples):
             raise ValueError(f"need 0 <= successes <= samples, got {self.successes}/{self.samples}")
+        n = self.successes
+        la, lb = _blend_terms(self.latency_ms_mean, n)
+        ta, tb = _blend_terms(self.ttft_ms_mean, n)
+        failing = self.samples >= FAILING_MIN_SAMPLES and n == 0
+        object.__setattr__(self, "terms", (la, lb, ta, tb, smoothed_success(self.samples, n), failing))
 
     @property
     def success_rate(self) -> float | None:
@@ -90,6 +125,9 @@ class TelemetrySnapshot:
     failing_providers: frozenset[str] = field(init=False, compare=False, repr=False)
     #: provider -> health component (Beta-smoothed success rate over all its models); absent -> prior mean
     provider_health: Mapping[str, float] = field(init=False, compare=False, repr=False)
+    #: the same values as ``provider_health`` in a plain dict, read on the scorer's hot path (``dict.get`` is
+    #: cheaper than ``mappingproxy.get``); not to be mutated
+    health: dict[str, float] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         totals: dict[str, tuple[int, int]] = {}
@@ -101,20 +139,7 @@ class TelemetrySnapshot:
         object.__setattr__(self, "failing_providers", failing)
         health = {p: smoothed_success(n, s) for p, (n, s) in totals.items()}
         object.__setattr__(self, "provider_health", MappingProxyType(health))
+        object.__setattr__(self, "health", health)
 
     def get(self, provider: str, model: str) -> CandidateStats:
         return self.stats.get((provider, model), EMPTY_STATS)
-
-
-def smoothed_success(samples: int, successes: int) -> float:
-    """Beta-posterior mean success rate."""
-    a, b = RELIABILITY_PRIOR
-    return (successes + a) / (samples + a + b)
-
-
-def blend(prior: float, observed_mean: float | None, n: int) -> float:
-    """Prior-weighted blend of a catalog prior with an observed mean over ``n`` observations."""
-    if observed_mean is None or n <= 0:
-        return prior
-    k = LATENCY_PRIOR_WEIGHT
-    return (k * prior + n * observed_mean) / (k + n)
