@@ -13,8 +13,10 @@ Choices where the issue is silent:
 - The request id is the client's ``x-request-id`` when it is 1-128 characters of ``[A-Za-z0-9._-]`` (it also
   feeds the canary bucket, which the client could pick anyway by retrying), otherwise a fresh uuid4; it is
   sent back in ``x-request-id``.
-- The receipt's ``selected_*`` fields are the decision's primary; when a fallback served the request,
-  ``served_model`` / ``served_provider`` say who did, and ``attempts`` lists every try.
+- The receipt's ``selected_*`` fields (and its score, components and cost estimate) are the candidate that
+  answered: when a fallback served the request they name it, ``primary_model`` / ``primary_provider`` name
+  the decision's rank 1, ``reason_codes`` gains ``fallback_used`` and ``attempts`` lists every try
+  (``served_model`` / ``served_provider`` repeat the answering candidate).
 - For a stream, ``x-ethen-overhead-ms`` is measured when the headers go out (at the first chunk); the terminal
   chunk's receipt carries ``overhead_ms`` for the whole stream.
 - A stream that breaks after its first chunk ends with ``event: error`` carrying the OpenAI error envelope
@@ -256,7 +258,7 @@ def routing_receipt(
     served: RouteTarget | None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    routing = decision.receipt.to_dict()
+    routing = decision.receipt.to_dict(served.candidate.id if served is not None else None)
     if served is not None:
         routing["served_model"] = served.candidate.model
         routing["served_provider"] = served.candidate.provider

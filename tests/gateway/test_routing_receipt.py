@@ -120,3 +120,29 @@ def test_every_code_on_receipts_is_in_the_vocabulary() -> None:
     assert set(out["reason_codes"]) <= set(SELECTION_REASONS)
     assert {c for r in out["rejected"] for c in r["reasons"]} <= set(REJECTION_REASONS)
     assert not set(SELECTION_REASONS) & set(REJECTION_REASONS)
+
+
+def test_receipt_of_a_fallback_names_the_candidate_that_answered() -> None:
+    pool = tuple(
+        Candidate(p, m, ModelInfo(128_000, 8192, quality=q), Prices(1.0, 2.0))
+        for p, m, q in (("alpha", "big", 0.9), ("beta", "small", 0.5), ("gamma", "tiny", 0.2))
+    )
+    ctx = RoutingContext(pool, ProjectPolicy(), TelemetrySnapshot(), (), NOW, REQUEST_ID)
+    d = decide({"model": "ethen/best", "messages": [{"role": "user", "content": "hi"}]}, ctx)
+    assert d.receipt.chain == ("alpha/big", "beta/small", "gamma/tiny")
+    assert d.receipt.to_dict("alpha/big") == d.receipt.to_dict()  # the primary answered: nothing changes
+    out = d.receipt.to_dict("beta/small")
+    assert (out["selected_provider"], out["selected_model"]) == ("beta", "small")
+    assert (out["primary_provider"], out["primary_model"]) == ("alpha", "big")
+    assert out["reason_codes"] == [*d.receipt.reason_codes, "fallback_used"]
+    assert out["score_components"] == d.chain[1].components.to_dict()
+    assert out["score"] == round(d.chain[1].score, 4)
+    assert out["estimated_cost_usd"] == d.chain[1].estimated_cost_usd
+    assert set(out) <= SPEC_FIELDS | EXTRA_FIELDS | {"primary_model", "primary_provider"}
+    assert all(code in SELECTION_REASONS for code in out["reason_codes"])
+    try:
+        d.receipt.to_dict("delta/other")
+    except ValueError as err:
+        assert "delta/other" in str(err)
+    else:
+        raise AssertionError("a served id outside the chain must be refused")

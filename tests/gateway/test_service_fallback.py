@@ -40,8 +40,10 @@ def test_primary_500_falls_back_to_next_candidate() -> None:
     with live({"up-beta-small": Behavior(fail_status=500)}) as lv:
         r = lv.client().chat.completions.create(model="ethen/auto", messages=USER)
         routing = r.model_extra["ethen"]["routing"]
-        assert routing["selected_model"] == "beta-small"  # the decision's primary ...
-        assert routing["served_model"] == routing["chain"][1].split("/", 1)[1]  # ... but the next one served
+        assert routing["primary_model"] == "beta-small"  # the decision's primary failed ...
+        next_provider, next_model = routing["chain"][1].split("/", 1)  # ... and the next one answered:
+        assert (routing["selected_provider"], routing["selected_model"]) == (next_provider, next_model)
+        assert routing["served_model"] == next_model and routing["reason_codes"][-1] == "fallback_used"
         first, second = routing["attempts"]
         assert first["candidate"] == "beta/beta-small" and first["outcome"] == "error"
         assert first["error_class"] == "server_error" and first["upstream_status"] == 500

@@ -20,6 +20,7 @@ __all__ = [
     "CANDIDATE_FAILING",
     "CONCRETE_MODEL",
     "CONTEXT_WINDOW_TOO_SMALL",
+    "FALLBACK_USED",
     "HIGHEST_SCORE",
     "HIGH_RECENT_RELIABILITY",
     "MAX_OUTPUT_TOO_SMALL",
@@ -93,6 +94,7 @@ PRIOR_ONLY: Final = "prior_only"
 HIGHEST_SCORE: Final = "highest_score"
 CANARY_PROMOTED: Final = "canary_promoted"
 CONCRETE_MODEL: Final = "concrete_model"
+FALLBACK_USED: Final = "fallback_used"
 
 SELECTION_REASONS: Final = MappingProxyType(
     {
@@ -104,5 +106,7 @@ SELECTION_REASONS: Final = MappingProxyType(
         HIGHEST_SCORE: "highest weighted score under the alias profile",
         CANARY_PROMOTED: "a canary target was promoted to rank 1 for this request",
         CONCRETE_MODEL: "a concrete model id was requested; the pool is its providers",
+        FALLBACK_USED: "the primary failed; the next candidate of the fallback chain answered (receipt of an "
+        "executed request: selected_* name the candidate that answered, primary_* the decision's rank 1)",
     }
 )

@@ -83,18 +83,33 @@ class Receipt:
         """Ranked candidate ids (``provider/model``): the fallback chain."""
         return tuple(sc.candidate.id for sc in self.ranked)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, served: str | None = None) -> dict[str, Any]:
+        """The ``ethen.routing`` object. ``served`` is the id (``provider/model``) of the chain candidate that
+        answered, when the shell executed the request: if a fallback answered, ``selected_*``, the score, its
+        components and the cost estimate are that candidate's (the receipt accompanies its answer),
+        ``primary_model`` / ``primary_provider`` name the decision's rank 1 and ``fallback_used`` is added to
+        ``reason_codes``."""
         top = self.ranked[0]
+        codes = list(self.reason_codes)
+        primary: dict[str, str] = {}
+        if served is not None and served != top.candidate.id:
+            pick = next((sc for sc in self.ranked if sc.candidate.id == served), None)
+            if pick is None:
+                raise ValueError(f"served candidate {served!r} is not in the ranked chain")
+            primary = {"primary_model": top.candidate.model, "primary_provider": top.candidate.provider}
+            codes.append(r.FALLBACK_USED)
+            top = pick
         out: dict[str, Any] = {
             "requested_model": self.requested_model,
             "selected_model": top.candidate.model,
             "selected_provider": top.candidate.provider,
-            "reason_codes": list(self.reason_codes),
+            "reason_codes": codes,
             "routing_policy_version": self.routing_policy_version,
             "candidate_count": len(self.ranked),
             "rejected_count": len(self.rejected),
             "score_components": top.components.to_dict(),
             "score": round(top.score, 4),
+            **primary,
             "alias_profile": self.alias_profile,
             "estimated_cost_usd": top.estimated_cost_usd,
             "hard_requirements": list(self.hard_requirements),
