@@ -41,10 +41,14 @@ def test_rule1_a_node_outside_the_route_leaves_it_unchanged_with_a_reason():
     states = [node("a", 1, (0, 7)), node("idle", 50, (0, 7))]
     route = score_route(RoutingRequest(), states, LATENCY_ONLY)
     same = failover(route, redundancy_map_from_states(states), "idle", states, LATENCY_ONLY)
+    assert same == route  # Route.reason takes no part in equality
     assert same.stages == route.stages
     assert same.cost == route.cost
     assert not same.degraded
-    assert same.reason == "node 'idle' does not take part in the route; route unchanged"
+    assert "no participa en la ruta" in same.reason  # the spec's phrase (§6.1)
+    assert same.reason == ("node 'idle' no participa en la ruta (does not take part in the route); "
+                           "route unchanged")
+    assert same.reason != route.reason
     # Not an error even for a node nobody knows.
     assert failover(route, {}, "ghost", states).stages == route.stages
 
@@ -160,12 +164,99 @@ def test_rule4_a_missing_layer_without_a_fallback_model_raises_routing_failure()
     assert info.value.missing_layers == (6, 7)
 
 
-def test_holders_without_telemetry_or_dead_are_not_substitutes():
+def test_dead_holders_are_never_substitutes():
     states = [node("a", 1, (0, 3)), node("b", 2, (4, 7)), node("dead", 1, (4, 7), alive=False)]
     route = score_route(RoutingRequest(), states, LATENCY_ONLY)
-    rmap = {layer: ["b", "dead", "unknown"] for layer in range(4, 8)}
+    rmap = {layer: ["b", "dead"] for layer in range(4, 8)}
     with pytest.raises(RoutingFailure):
         failover(route, rmap, "b", states)
+
+
+def test_rule3_a_priced_live_holder_beats_one_without_telemetry():
+    states = [node("a", 1, (0, 3)), node("b", 2, (4, 7)), node("pricey", 90, (4, 7)),
+              node("dead", 1, (4, 7), alive=False)]  # fmt: skip
+    route = score_route(RoutingRequest(), states, LATENCY_ONLY)
+    rmap = {layer: ["b", "dead", "aaa-unknown", "pricey"] for layer in range(4, 8)}
+    new = failover(route, rmap, "b", states, LATENCY_ONLY)
+    assert segments(new) == [("a", 0, 3), ("pricey", 4, 7)]
+    assert new.cost == 1 + 90 + 15
+
+
+def test_rule3_a_holder_without_telemetry_is_used_unpriced_when_no_priced_holder_exists():
+    states = [node("a", 1, (0, 3)), node("b", 2, (4, 7)), node("dead", 1, (4, 7), alive=False)]
+    route = score_route(RoutingRequest(), states, LATENCY_ONLY)
+    rmap = {layer: ["b", "dead", "zed", "unknown"] for layer in range(4, 8)}
+    new = failover(route, rmap, "b", states, LATENCY_ONLY)
+    assert segments(new) == [("a", 0, 3), ("unknown", 4, 7)]  # ties by id; dead never used
+    assert new.stages[1].node_cost == 0.0  # unpriced, and it had no stage in the route
+    assert new.cost == 1 + 0 + 15
+    assert "moved to unknown (unknown without telemetry, so unpriced)" in new.reason
+    assert not new.degraded
+
+
+def test_an_unpriced_substitute_that_already_had_a_stage_keeps_its_old_node_cost():
+    states = [node("a", 1, (0, 3)), node("b", 2, (4, 7)), node("c", 7, (8, 11))]
+    route = score_route(RoutingRequest(), states, LATENCY_ONLY)
+    assert route.nodes == ("a", "b", "c")
+    rmap = {layer: ["b", "c"] for layer in range(4, 8)}
+    new = failover(route, rmap, "b")  # no telemetry at all: c is unpriced but was in the route
+    assert segments(new) == [("a", 0, 3), ("c", 4, 11)]
+    assert [s.node_cost for s in new.stages] == [1, 7]
+    assert new.cost == 1 + 7 + 15
+
+
+def test_failover_without_states_finds_a_substitute_from_the_map():
+    states = [node("gpu", 1, (0, 3)), node("mini", 1, (4, 7)), node("laptop", 5, (0, 3), (8, 11))]
+    route = score_route(RoutingRequest(), states, LATENCY_ONLY)
+    rmap = redundancy_map_from_states(states)
+    new = failover(route, rmap, "gpu")
+    assert segments(new) == [("laptop", 0, 3), ("mini", 4, 7), ("laptop", 8, 11)]
+    assert [s.node_cost for s in new.stages] == [5, 1, 5]  # old node terms, kept
+    assert "held layers 0-3 of window 0-11 per the redundancy map" in new.reason
+
+
+def test_failover_without_states_and_no_holder_fails_or_degrades():
+    states = [node("gpu", 1, (0, 3)), node("mini", 1, (4, 7))]
+    route = score_route(RoutingRequest(), states, LATENCY_ONLY)
+    rmap = redundancy_map_from_states(states)
+    with pytest.raises(RoutingFailure, match="no live holder for layers 0-3"):
+        failover(route, rmap, "gpu")
+    new = failover(route, rmap, "gpu", fallback_model="tiny")
+    assert new.degraded and new.model == "tiny" and segments(new) == [("mini", 4, 7)]
+    assert failover(route, rmap, "idle") == route
+
+
+def test_a_node_keyed_redundancy_map_is_inverted():
+    states = [node("a", 1, (0, 3)), node("b", 2, (4, 7)), node("c", 3, (4, 5)), node("d", 4, (6, 7))]
+    route = score_route(RoutingRequest(), states, LATENCY_ONLY)
+    assert route.nodes == ("a", "b")
+    rmap = {"a": [(0, 3)], "b": [[4, 7]], "c": [(4, 5), 99], "d": [6, 7]}
+    new = failover(route, rmap, "b", states, LATENCY_ONLY)
+    assert segments(new) == [("a", 0, 3), ("c", 4, 5), ("d", 6, 7)]
+    assert "held layers 4-7 of window 0-7 per its telemetry" in new.reason
+    new = failover(route, rmap, "b", [], LATENCY_ONLY)  # layers of b from the node-keyed map
+    assert "held layers 4-7 of window 0-7 per the redundancy map" in new.reason
+    assert segments(new) == [("a", 0, 3), ("c", 4, 5), ("d", 6, 7)]
+
+
+@pytest.mark.parametrize(
+    ("rmap", "message"),
+    [
+        ({"a": [(3, 1)]}, r"redundancy_map\['a'\] entry is inverted"),
+        ({"a": ["x"]}, r"redundancy_map\['a'\] must hold layers or \(first, last\) pairs, got 'x'"),
+        ({"a": [(1, 2, 3)]}, r"redundancy_map\['a'\] entry must be a \(first, last\) pair"),
+        ({"a": "0-3"}, r"redundancy_map\['a'\] must be a collection of layers"),
+        ({"a": 3}, r"redundancy_map\['a'\] must be a collection of layers"),
+        ({"a": [-1]}, r"redundancy_map\['a'\] layer must be >= 0"),
+        ({"a": [(0, 3)], 4: ["b"]}, "redundancy_map keyed by node ids has an invalid node id key 4"),
+        ({"": [(0, 3)]}, "invalid node id key ''"),
+    ],
+)
+def test_a_malformed_node_keyed_map_is_refused_naming_the_key(rmap, message):
+    states = [node("a", 1, (0, 3))]
+    route = score_route(RoutingRequest(), states)
+    with pytest.raises(ValueError, match=message):
+        failover(route, rmap, "a", states)
 
 
 def test_failover_recomputes_costs_with_the_given_weights_and_keeps_the_prompt():
@@ -185,7 +276,9 @@ def test_failover_refuses_bad_input():
     with pytest.raises(ValueError, match=r"redundancy_map\[0\] must be a collection of node ids"):
         failover(route, {0: "a"}, "a", states)
     with pytest.raises(ValueError, match="redundancy_map key must be a layer number"):
-        failover(route, {"0": ["a"]}, "a", states)  # type: ignore[dict-item]
+        failover(route, {0: ["a"], "1": ["a"]}, "a", states)  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match=r"redundancy_map\['0'\] must hold layers or \(first, last\) pairs"):
+        failover(route, {"0": ["a"]}, "a", states)
     with pytest.raises(ValueError, match="route must be a Route"):
         failover(None, {}, "a", states)  # type: ignore[arg-type]
 

@@ -1,20 +1,23 @@
 """``failover``: recompose a route after one of its nodes failed (spec §6, steps 1-4).
 
-1. ``failed_node`` not in the route: the route comes back unchanged, with a reason saying so (not an error:
-   the orchestrator may probe idle nodes).
+1. ``failed_node`` not in the route: the route comes back unchanged (it compares ``==`` to the input, since
+   ``Route.reason`` takes no part in equality), with a reason containing the spec's phrase "no participa en
+   la ruta" (not an error: the orchestrator may probe idle nodes).
 2. The failed node's layers come from its ``NodeState.served_layers`` when ``states`` holds one with
    fragments, else from ``redundancy_map`` (the layers listing it), clipped to the route's window.
    *Choice:* a route records the layers each stage ran, so the layers that need a substitute are those of
    the failed node's stages. Layers the node serves but which other stages run keep their stage; a layer a
    failed stage ran that stale telemetry no longer lists is re-homed too (coverage is never lost). The
    layers found in this step are reported in ``Route.reason``.
-3. For each of those layers, the cheapest live holder other than the failed node: holders come from
-   ``redundancy_map[layer]``; "live" means ``states`` has a ``NodeState`` for it with ``alive=True`` (a
-   holder without telemetry cannot be priced, so it is skipped); cheapest by the §2.1 node term under
-   ``weights``, ties by node id. When every layer has one, the substitutes take the failed node's place,
-   one stage per run of consecutive layers with the same substitute. Only consecutive duplicates collapse
-   (two neighbouring stages of one node covering adjacent layers become one stage): a substitute already
-   present later in the route reappears there, so no coverage is lost.
+3. For each of those layers, the cheapest live holder other than the failed node. Holders come from
+   ``redundancy_map``. A holder with a ``NodeState`` in ``states`` is live when ``alive=True`` and priced
+   by the §2.1 node term under ``weights``; these are preferred, cheapest first, ties by node id. A holder
+   with no ``NodeState`` at all (``states`` may be empty or omitted) is taken as live but *unpriced*: it is
+   used only when no priced live holder exists for that layer, ties by node id. A holder whose
+   ``NodeState`` says ``alive=False`` is never used. When every layer has a substitute, the substitutes
+   take the failed node's place, one stage per run of consecutive layers with the same substitute. Only
+   consecutive duplicates collapse (two neighbouring stages of one node covering adjacent layers become one
+   stage): a substitute already present later in the route reappears there, so no coverage is lost.
    *Choice:* failover works per layer, as the redundancy map does; it does not re-check that the
    substitute's fragments start at the hand-off layer. Calling ``score_route`` again, without the failed
    node, gives a whole-fragment route for the next requests.
@@ -22,15 +25,24 @@
    (``degraded=True``, ``model=fallback_model``) made of the surviving stages only, leaving the gap, with
    the missing layers in ``reason``; without it, ``RoutingFailure`` is raised naming the node and layers.
 
+``redundancy_map`` has one of two shapes: layer -> node ids (``{4: ["b", "c"], ...}``, what
+:func:`redundancy_map_from_states` builds), or node id -> the layers it holds (``{"b": [(4, 7)], "c": [4,
+5]}``: ``(first, last)`` pairs and/or single layers), recognised by its string keys and inverted (only
+over the route's window). A malformed map raises ``InvalidMeshInput`` naming the key and value.
+
 Costs of the new route are recomputed under ``weights``: a node with a ``NodeState`` in ``states`` is
-priced from it, a survivor without one keeps its old node term. ``prompt_tokens`` and ``window`` are kept.
+priced from it; a node without one keeps its old node term if it already had a stage in the route, and an
+unpriced substitute that had none gets a node term of 0.0 (nothing is known about its cost; the reason
+names it). ``prompt_tokens`` and ``window`` are kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from typing import Any
 
+from ethen.mesh.routing._checks import MAX_INDEX, check_count, check_layer_pair
 from ethen.mesh.routing.errors import InvalidMeshInput, RoutingFailure
 from ethen.mesh.routing.route import Rejections, Route, Stage, price_stages
 from ethen.mesh.routing.state import NodeState
@@ -66,11 +78,44 @@ def _spans(layers: Iterable[int]) -> str:
     return ", ".join(out) or "none"
 
 
-def _check_map(redundancy_map: object) -> Mapping[int, tuple[str, ...]]:
+def _node_layers(node_id: str, value: object) -> list[tuple[int, int]]:
+    """The ``(first, last)`` spans of one entry of a node-keyed map (pairs or single layers)."""
+    field = f"redundancy_map[{node_id!r}]"
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise InvalidMeshInput(
+            f"{field} must be a collection of layers or (first, last) pairs, got {value!r}"
+        )
+    spans: list[tuple[int, int]] = []
+    for item in value:
+        if isinstance(item, int) and not isinstance(item, bool):
+            layer = check_count(f"{field} layer", item, MAX_INDEX)
+            spans.append((layer, layer))
+        elif isinstance(item, list | tuple):
+            spans.append(check_layer_pair(f"{field} entry", item))
+        else:
+            raise InvalidMeshInput(f"{field} must hold layers or (first, last) pairs, got {item!r}")
+    return spans
+
+
+def _check_map(redundancy_map: object, clip: tuple[int, int]) -> Mapping[int, tuple[str, ...]]:
+    """The map as layer -> node ids; a node-keyed map is inverted, over the layers of ``clip`` only."""
     if not isinstance(redundancy_map, Mapping):
         kind = type(redundancy_map).__name__
         raise InvalidMeshInput(f"redundancy_map must map layers to node ids, got {kind}")
     checked: dict[int, tuple[str, ...]] = {}
+    if redundancy_map and isinstance(next(iter(redundancy_map)), str):  # node id -> layers
+        holders: dict[int, list[str]] = {}
+        for node_id, value in redundancy_map.items():
+            if not isinstance(node_id, str) or not node_id:
+                raise InvalidMeshInput(
+                    f"redundancy_map keyed by node ids has an invalid node id key {node_id!r}"
+                )
+            for first, last in _node_layers(node_id, value):
+                for layer in range(max(first, clip[0]), min(last, clip[1]) + 1):
+                    ids = holders.setdefault(layer, [])
+                    if node_id not in ids:
+                        ids.append(node_id)
+        return {layer: tuple(ids) for layer, ids in holders.items()}
     for layer, ids in redundancy_map.items():
         if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
             raise InvalidMeshInput(f"redundancy_map key must be a layer number >= 0, got {layer!r}")
@@ -97,9 +142,9 @@ def _collapse(segments: list[tuple[str, int, int]]) -> list[tuple[str, int, int]
 
 def failover(
     route: Route,
-    redundancy_map: Mapping[int, Iterable[str]],
+    redundancy_map: Mapping[int, Iterable[str]] | Mapping[str, Iterable[Any]],
     failed_node: str,
-    states: Iterable[NodeState],
+    states: Iterable[NodeState] = (),
     weights: RouteWeights = _DEFAULT_WEIGHTS,
     fallback_model: str | None = None,
 ) -> Route:
@@ -112,7 +157,13 @@ def failover(
         raise InvalidMeshInput(f"weights must be RouteWeights, got {type(weights).__name__}")
     if fallback_model is not None and (not isinstance(fallback_model, str) or not fallback_model):
         raise InvalidMeshInput(f"fallback_model must be a non-empty string or None, got {fallback_model!r}")
-    holders_of = _check_map(redundancy_map)
+    if route.stages:
+        clip = (min(st.first for st in route.stages), max(st.last for st in route.stages))
+        if route.window is not None:
+            clip = (min(clip[0], route.window[0]), max(clip[1], route.window[1]))
+    else:
+        clip = route.window if route.window is not None else (0, -1)
+    holders_of = _check_map(redundancy_map, clip)
     by_id: dict[str, NodeState] = {}
     for s in states:
         if not isinstance(s, NodeState):
@@ -123,7 +174,11 @@ def failover(
 
     # Step 1.
     if failed_node not in route.nodes:
-        return replace(route, reason=f"node {failed_node!r} does not take part in the route; route unchanged")
+        return replace(
+            route,
+            reason=f"node {failed_node!r} no participa en la ruta (does not take part in the route); "
+            "route unchanged",
+        )
 
     # Step 2.
     lo = min(st.first for st in route.stages)
@@ -146,9 +201,13 @@ def failover(
     substitute: dict[int, str] = {}
     missing: list[int] = []
     for layer in needed:
-        live = [h for h in holders_of.get(layer, ()) if h != failed_node and h in by_id and by_id[h].alive]
+        holders = [h for h in holders_of.get(layer, ()) if h != failed_node]
+        live = [h for h in holders if h in by_id and by_id[h].alive]
+        unpriced = [h for h in holders if h not in by_id]
         if live:
             substitute[layer] = min(live, key=lambda h: (price(h), h))
+        elif unpriced:
+            substitute[layer] = min(unpriced)
         else:
             missing.append(layer)
 
@@ -164,7 +223,7 @@ def failover(
 
     def rebuild(segments: list[tuple[str, int, int]]) -> tuple[Stage, ...]:
         merged = _collapse(segments)
-        costs = [price(n) if n in by_id else old_cost[n] for n, _, _ in merged]
+        costs = [price(n) if n in by_id else old_cost.get(n, 0.0) for n, _, _ in merged]
         return price_stages(merged, costs, weights, route.prompt_tokens)
 
     span = f"{window[0]}-{window[1]}"
@@ -177,12 +236,14 @@ def failover(
             else:
                 segments.extend((substitute[layer], layer, layer) for layer in range(st.first, st.last + 1))
         moved = sorted({substitute[layer] for layer in needed})
+        blind = [n for n in moved if n not in by_id]
+        note = f" ({', '.join(blind)} without telemetry, so unpriced)" if blind else ""
         return replace(
             route,
             stages=rebuild(segments),
             weights=weights,
             rejected=rejected({n for n, _, _ in segments}),
-            reason=f"{lost}; layers {_spans(needed)} moved to {', '.join(moved)}",
+            reason=f"{lost}; layers {_spans(needed)} moved to {', '.join(moved)}{note}",
         )
 
     # Step 4.

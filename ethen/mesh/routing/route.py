@@ -5,7 +5,10 @@ Attribution (the spec is silent): the hop term of a boundary goes to the stage *
 stage has hop 0 and each later one ``w_h*15``; the prefill term goes to the first stage only.
 
 ``Route.cost`` is :func:`math.fsum` of all the terms, i.e. the exactly rounded sum, so it does not depend on
-the order the terms are added in; an empty route costs ``inf``.
+the order the terms are added in; an empty route costs ``inf`` (spec §2), so ``Route(()).cost`` is ``inf``.
+
+``Route.reason`` is explanation only: it takes no part in ``==`` (a route returned unchanged by ``failover``
+compares equal to the input route although its reason differs).
 """
 
 from __future__ import annotations
@@ -13,11 +16,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from ethen.mesh.routing.weights import RouteWeights
 
-__all__ = ["Rejections", "Route", "Stage", "price_stages"]
+__all__ = ["DEFAULT_MODEL", "Rejections", "Route", "Stage", "price_stages"]
+
+DEFAULT_MODEL: Final = "default"
+"""Model name put on routes when the caller names none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,13 +82,13 @@ class Rejections:
 class Route:
     """A chain of stages covering ``window`` (a degraded route may leave gaps), for ``model``."""
 
-    stages: tuple[Stage, ...]
-    model: str
-    window: tuple[int, int] | None
+    stages: tuple[Stage, ...] = ()
+    model: str = DEFAULT_MODEL
+    window: tuple[int, int] | None = None
     prompt_tokens: int = 0
     weights: RouteWeights = field(default_factory=RouteWeights)
     degraded: bool = False
-    reason: str = ""
+    reason: str = field(default="", compare=False)
     rejected: Rejections = field(default_factory=Rejections)
     cost: float = field(init=False)
 
