@@ -86,6 +86,16 @@ def test_bad_files_are_one_line_errors(tmp_path):
     assert result.output == "error: nodes[0]: node 'x': latency_ms must be >= 0, got -1\n"
 
 
+def test_a_file_with_one_health_object_is_a_one_node_mesh(tmp_path):
+    single = tmp_path / "node.json"
+    health = {"node_id": "mini", "latency_ms": 6, "current_load": 0.2, "capacity_score": 6,
+              "served_layers": [[0, 7]], "alive": True}  # fmt: skip
+    single.write_text(json.dumps(health))
+    result = run(str(single), "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["nodes"] == ["mini"]
+
+
 def test_the_installed_command_runs_in_a_subprocess():
     proc = subprocess.run(
         [sys.executable, "-m", "ethen", "mesh", "route", EXAMPLE, "--json"],

@@ -90,8 +90,12 @@ def test_weights_refuse_negative_nan_and_unknown_names():
 
 
 def test_score_route_refuses_wrong_argument_types():
-    with pytest.raises(ValueError, match="states must hold NodeState objects, got dict"):
-        score_route(RoutingRequest(), [GOOD])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="states must hold NodeState objects, got str"):
+        score_route(RoutingRequest(), ["mini"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="states must hold NodeState objects, got int"):
+        score_route(RoutingRequest(), {"mini": 3})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match=r"node 'mini'.*latency_ms must be >= 0"):
+        score_route(RoutingRequest(), [{**GOOD, "latency_ms": -1}])
     with pytest.raises(ValueError, match="request must be a RoutingRequest"):
         score_route((0, 3), [])  # type: ignore[arg-type]
 
@@ -184,8 +188,66 @@ def test_huge_layer_numbers_cost_nothing_extra():
     """The DP visits only boundaries where fragments start, never every layer number of the window."""
     from ethen.mesh import NoRouteAvailable
 
-    with pytest.raises(NoRouteAvailable, match=r"layers 0-1000000000000000: .* up to layer 3") as info:
+    big = r"layers 0-1000000000000000 \(window \(0, 1000000000000000\)\): .* up to layer 3"
+    with pytest.raises(NoRouteAvailable, match=big) as info:
         score_route(RoutingRequest((0, 10**15)), [NodeState("a", 1, 0, 1, [(0, 3)])])
     assert info.value.reached == 4
     far = NodeState("far", 1, 0, 1, [(10**12, 10**12 + 3), (10**12 + 4, 10**13)])
     assert score_route(RoutingRequest(), [far]).window == (10**12, 10**13)
+
+
+def test_served_layers_compare_equal_to_lists_and_tuples_of_pairs():
+    state = NodeState.from_dict({**GOOD, "served_layers": [[7, 9], [10, 12]]})
+    assert state.served_layers == [[7, 9], [10, 12]]
+    assert state.served_layers == [(7, 9), (10, 12)]
+    assert state.served_layers == ((7, 9), (10, 12))
+    assert [[7, 9], [10, 12]] == state.served_layers  # noqa: SIM300 (the reflected comparison)
+    assert (state.served_layers != [[7, 9], [10, 12]]) is False
+    assert state.served_layers != [[7, 9]]
+    assert state.served_layers != [[7, 9], [10, 13]]
+    assert state.served_layers != [[7, 9, 1], [10, 12]]
+    assert state.served_layers != "7-9"
+    assert hash(state.served_layers) == hash(((7, 9), (10, 12)))
+    assert isinstance(state.served_layers, tuple)
+    assert state == NodeState("mini", 6.4, 0.2, 13.0, ((7, 9), (10, 12)), True)
+
+
+def test_from_dict_reads_the_workers_health_reply_converted_by_message_to_dict():
+    from google.protobuf.json_format import MessageToDict
+
+    from ethen.mesh.proto import mesh_pb2
+
+    reply = mesh_pb2.HealthResponse(
+        node_id="mini",
+        served_layers=[mesh_pb2.LayerRange(first=0, last=3), mesh_pb2.LayerRange(first=7, last=9)],
+        latency_ms=6.4, load=0.2, served_requests=5, failed_requests=1, alive=True, capacity_score=13.0,
+        active_sessions=2, cache_bytes=1024,
+    )  # fmt: skip
+    data = MessageToDict(reply, preserving_proto_field_name=True)
+    assert data["served_requests"] == "5" and data["served_layers"][0] == {"last": 3}  # proto3 omits first=0
+    state = NodeState.from_dict(data)
+    assert state == NodeState("mini", 6.4, 0.2, 13.0, [(0, 3), (7, 9)], True)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({**GOOD, "served_requests": "five"}, "served_requests must be an integer, got 'five'"),
+        ({**GOOD, "failed_requests": "-1"}, "failed_requests must be an integer, got '-1'"),
+        ({**GOOD, "served_layers": [{"first": 9, "last": 7}]}, r"served_layers\[0\] is inverted"),
+        ({**GOOD, "served_layers": [{"first": "7", "last": 9}]}, r"\[0\] first layer must be an int"),
+        ({**GOOD, "served_layers": [{"start": 7, "end": 9}]}, r"\[0\] must be a \[first, last\]"),
+    ],
+)
+def test_from_dict_refuses_malformed_protobuf_json(data, message):
+    with pytest.raises(ValueError, match=message):
+        NodeState.from_dict(data)
+
+
+def test_a_single_health_object_is_a_one_node_mesh():
+    (state,) = node_states_from_json(GOOD)
+    assert state.node_id == "mini"
+    with pytest.raises(ValueError, match="node 'mini': latency_ms must be >= 0"):
+        node_states_from_json({**GOOD, "latency_ms": -1})
+    with pytest.raises(ValueError, match="must have a 'nodes' list"):
+        node_states_from_json({"latency_ms": 1})

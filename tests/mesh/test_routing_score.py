@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ethen.mesh import (
+    DEFAULT_MODEL,
     NodeState,
     NoRouteAvailable,
     Route,
@@ -144,6 +145,31 @@ def test_empty_route_costs_infinity():
     assert route.cost == math.inf
     assert route.hops() == 0
     assert route.nodes == ()
+
+
+def test_an_empty_route_needs_no_model_or_window():
+    route = Route(())
+    assert route.cost == math.inf  # spec §2: empty route -> infinity
+    assert route.model == DEFAULT_MODEL and route.window is None
+    assert Route().cost == math.inf
+
+
+def test_no_route_available_names_the_window_as_a_range_and_as_a_tuple():
+    with pytest.raises(NoRouteAvailable) as info:
+        score_route(RoutingRequest((0, 20)), spec_mesh())
+    assert str(info.value).startswith("no route covers layers 0-20 (window (0, 20)): ")
+    assert info.value.window == (0, 20)
+
+
+def test_score_route_accepts_a_mapping_of_states_and_health_dicts():
+    expected = score_route(RoutingRequest(), spec_mesh())
+    by_id = {s.node_id: s for s in spec_mesh()}
+    assert score_route(RoutingRequest(), by_id) == expected
+    dicts = [s.to_dict() for s in spec_mesh()]
+    assert score_route(RoutingRequest(), dicts) == expected
+    assert score_route(RoutingRequest(), {d["node_id"]: d for d in dicts}) == expected
+    mixed = [spec_mesh()[0], dicts[1], dicts[2]]
+    assert score_route(RoutingRequest(), mixed).nodes == ("mini", "laptop")
 
 
 def test_prompt_tokens_add_the_prefill_term_without_changing_the_choice():

@@ -29,17 +29,15 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ethen.mesh.routing.errors import InvalidMeshInput, NoRouteAvailable
-from ethen.mesh.routing.route import Rejections, Route, price_stages
+from ethen.mesh.routing.route import DEFAULT_MODEL, Rejections, Route, price_stages
 from ethen.mesh.routing.state import NodeState, RoutingRequest
 from ethen.mesh.routing.weights import RouteWeights
 
 __all__ = ["DEFAULT_MODEL", "score_route"]
-
-DEFAULT_MODEL = "default"
-"""Model name put on routes when the caller names none."""
 
 _DEFAULT_WEIGHTS = RouteWeights()
 
@@ -104,11 +102,14 @@ def _check_arguments(request: object, weights: object, model: object) -> None:
 
 def score_route(
     request: RoutingRequest,
-    states: Iterable[NodeState],
+    states: Iterable[NodeState | Mapping[str, Any]] | Mapping[Any, NodeState | Mapping[str, Any]],
     weights: RouteWeights = _DEFAULT_WEIGHTS,
     model: str = DEFAULT_MODEL,
 ) -> Route:
     """The cheapest route covering ``request``'s window with whole fragments of live nodes.
+
+    ``states`` is an iterable of ``NodeState`` s, or a mapping whose values are (e.g. ``{node_id: state}``);
+    an entry may also be a §7 health dict, read with ``NodeState.from_dict``.
 
     Raises ``NoRouteAvailable`` (window in the message) when no chain covers it, and ``InvalidMeshInput``
     (a ``ValueError``) on malformed input such as duplicate node ids.
@@ -127,9 +128,12 @@ def score_route(
     seen: set[str] = set()
     node_cost = weights.node_cost
     top = -1
-    for s in states:
+    entries = states.values() if isinstance(states, Mapping) else states
+    for s in entries:
         if not isinstance(s, NodeState):
-            raise InvalidMeshInput(f"states must hold NodeState objects, got {type(s).__name__}")
+            if not isinstance(s, Mapping):
+                raise InvalidMeshInput(f"states must hold NodeState objects, got {type(s).__name__}")
+            s = NodeState.from_dict(s)
         node_id = s.node_id
         if node_id in seen:
             raise InvalidMeshInput(f"duplicate node_id {node_id!r} in states")

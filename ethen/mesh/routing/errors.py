@@ -32,7 +32,8 @@ class NoRouteAvailable(MeshRoutingError):
         if window is None:  # nothing to name: say why there is no window instead of repeating the detail
             super().__init__(f"no route: {detail}, so there is no default window to cover")
         else:
-            super().__init__(f"no route covers layers {window[0]}-{window[1]}: {detail}")
+            first, last = window
+            super().__init__(f"no route covers layers {first}-{last} (window ({first}, {last})): {detail}")
 
 
 class RoutingFailure(MeshRoutingError):

@@ -7,15 +7,24 @@ Choices where the spec is silent:
 - ``latency_ms`` and ``current_load`` must be finite and ``>= 0`` (NaN, infinities and negatives are refused);
   a load above 1 is allowed (an overcommitted node). ``capacity_score`` must be finite; a value below 0.01,
   negative included, is clamped to 0.01 by the cost formula, as §2.1 says.
-- ``served_layers`` keeps the fragments as given (order, overlaps and duplicates included), as a tuple of
-  ``(first, last)`` int pairs; each must be non-negative, at most ``sys.maxsize``, and not inverted
-  (``prompt_tokens`` has the same bound). A number too large for a float is refused like an infinity.
+- ``served_layers`` keeps the fragments as given (order, overlaps and duplicates included), as a
+  :class:`LayerSpans` (a tuple of ``(first, last)`` int pairs that also compares equal to any list/tuple of
+  pairs with the same values, so ``ns.served_layers == [[7, 9]]`` holds); each must be non-negative, at most
+  ``sys.maxsize``, and not inverted (``prompt_tokens`` has the same bound). A number too large for a float is
+  refused like an infinity.
 - :meth:`NodeState.from_dict` reads the health JSON of §7. ``node_id``, ``latency_ms``, ``capacity_score``
   and ``served_layers`` are required; ``alive`` defaults to ``true``. ``current_load`` falls back to the
   data-plane ``load`` when absent (a worker's ``Health`` reply carries ``load``; §7 says it is aggregated
   into the node). The diagnostic fields ``served_requests``/``failed_requests`` (non-negative ints) and
   ``load`` (a number) are checked when present but do not enter the cost. Other keys are ignored, so newer
   workers can add fields.
+- It also reads the worker's ``Health`` reply converted by protobuf's
+  ``json_format.MessageToDict(reply, preserving_proto_field_name=True)``: ``uint64`` counters arrive as
+  decimal strings (``"served_requests": "5"``) and fragments as ``{"first": 7, "last": 9}`` objects (a
+  missing ``first``/``last`` is 0, as proto3 omits zero values). *Caveat:* ``MessageToDict`` also omits every
+  other zero-valued field unless told not to (``always_print_fields_with_no_presence=True``): a reply with
+  ``alive=false`` then has no ``alive`` key and reads as alive, and one with ``load=0`` has no load. Convert
+  health replies with that option.
 """
 
 from __future__ import annotations
@@ -28,10 +37,36 @@ from typing import Any
 from ethen.mesh.routing._checks import MAX_INDEX, check_bool, check_count, check_layer_pair, check_number
 from ethen.mesh.routing.errors import InvalidMeshInput
 
-__all__ = ["NodeState", "RoutingRequest", "node_states_from_json"]
+__all__ = ["LayerSpans", "NodeState", "RoutingRequest", "node_states_from_json"]
 
 _REQUIRED = ("node_id", "latency_ms", "capacity_score", "served_layers")
 _FIELD_ORDER = ("node_id", "latency_ms", "current_load", "capacity_score", "served_layers")
+
+
+class LayerSpans(tuple[tuple[int, int], ...]):
+    """``NodeState.served_layers``: a tuple of ``(first, last)`` pairs.
+
+    It compares equal to any list or tuple of pairs with the same values (``[[7, 9]]``, ``[(7, 9)]``,
+    ``((7, 9),)``) and hashes like a plain tuple.
+    """
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, list | tuple) and not isinstance(other, LayerSpans):
+            pairs: list[tuple[object, ...]] = []
+            for item in other:
+                if not isinstance(item, list | tuple) or len(item) != 2:
+                    return False
+                pairs.append(tuple(item))
+            return tuple.__eq__(self, tuple(pairs))
+        return tuple.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = tuple.__hash__
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +104,7 @@ class NodeState:
         object.__setattr__(
             self,
             "served_layers",
-            tuple(check_layer_pair(f"{who}: served_layers[{i}]", pair) for i, pair in enumerate(layers)),
+            LayerSpans(check_layer_pair(f"{who}: served_layers[{i}]", pair) for i, pair in enumerate(layers)),
         )
         object.__setattr__(self, "_starts", frozenset(a for a, _ in self.served_layers))
 
@@ -88,13 +123,16 @@ class NodeState:
             raise InvalidMeshInput(f"{who}: missing field(s) {', '.join(missing)}")
         for key in ("served_requests", "failed_requests"):
             if key in data:
-                check_count(f"{who}: {key}", data[key])
+                check_count(f"{who}: {key}", _proto_uint(data[key]))
         if "load" in data:
             check_number(f"{who}: load", data["load"], non_negative=True)
         layers = data["served_layers"]
         if not isinstance(layers, list | tuple):
             raise InvalidMeshInput(f"{who}: served_layers must be a list of [first, last], got {layers!r}")
-        pairs = [check_layer_pair(f"{who}: served_layers[{i}]", pair) for i, pair in enumerate(layers)]
+        pairs = [
+            check_layer_pair(f"{who}: served_layers[{i}]", _layer_range(f"{who}: served_layers[{i}]", pair))
+            for i, pair in enumerate(layers)
+        ]
         return cls(
             node_id=data["node_id"],
             latency_ms=data["latency_ms"],
@@ -125,14 +163,42 @@ class NodeState:
         }
 
 
+def _proto_uint(value: object) -> object:
+    """A protobuf-JSON ``uint64`` (a decimal string such as ``"5"``) as an ``int``; other values unchanged."""
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return value
+
+
+def _layer_range(field: str, value: object) -> object:
+    """A protobuf-JSON ``LayerRange`` object ``{"first": 7, "last": 9}`` as the pair ``(7, 9)``.
+
+    A missing ``first`` or ``last`` is 0 (proto3 omits zero values); other keys are refused. Anything that is
+    not a mapping is returned unchanged for :func:`check_layer_pair`.
+    """
+    if not isinstance(value, Mapping):
+        return value
+    extra = sorted(str(k) for k in value if k not in ("first", "last"))
+    if extra:
+        raise InvalidMeshInput(
+            f"{field} must be a [first, last] pair or a {{first, last}} object, got {value!r}"
+        )
+    return (value.get("first", 0), value.get("last", 0))
+
+
 def node_states_from_json(data: object) -> tuple[NodeState, ...]:
-    """A mesh document: a JSON list of health objects, or an object whose ``nodes`` key holds that list.
+    """A mesh document: a JSON list of health objects, or an object whose ``nodes`` key holds that list, or
+    one single health object (it has a ``node_id`` key and no ``nodes`` key), read as a one-node list.
 
     Errors name the offending entry (``nodes[2]: ...``). Duplicate node ids are refused here too.
     """
+    if isinstance(data, Mapping) and "nodes" not in data and "node_id" in data:
+        return (NodeState.from_dict(data),)
     if isinstance(data, Mapping):
         if "nodes" not in data:
-            raise InvalidMeshInput("mesh JSON object must have a 'nodes' list")
+            raise InvalidMeshInput(
+                "mesh JSON object must have a 'nodes' list (or be one health object with a 'node_id')"
+            )
         data = data["nodes"]
     if not isinstance(data, list):
         raise InvalidMeshInput(f"mesh JSON 'nodes' must be a list of objects, got {type(data).__name__}")
