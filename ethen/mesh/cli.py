@@ -1,11 +1,11 @@
 """``ethen mesh ...`` commands: a thin shell over :mod:`ethen.mesh.routing`.
 
 ``ethen mesh route STATES.json [--layers 8-11] [--prompt-tokens N] [--weight hop=0.3 ...] [--json]``
-(plus ``--model M``) reads a mesh document (a JSON list of §7 health objects, or an object with a
-``nodes`` list and an optional ``model``), runs ``score_route`` and prints the route as a table with the
-per-stage cost breakdown (or as JSON). Every error (unreadable file, bad JSON, bad field, no route) is
-one line on stderr, exit code 2. Options are parsed here rather than by click so that their errors are one
-line too.
+(plus ``--model M``) reads a mesh document (a JSON list of §7 health objects, an object with a
+``nodes`` list and an optional ``model``, or one single health object), runs ``score_route`` and prints
+the route as a table with the per-stage cost breakdown (or as JSON). Every error (unreadable file, bad
+JSON, bad field, no route) is one line on stderr, exit code 2. Options are parsed here rather than by click
+so that their errors are one line too.
 """
 
 from __future__ import annotations
