@@ -19,6 +19,11 @@ Choices where the issue is silent:
   (``served_model`` / ``served_provider`` repeat the answering candidate).
 - For a stream, ``x-ethen-overhead-ms`` is measured when the headers go out (at the first chunk); the terminal
   chunk's receipt carries ``overhead_ms`` for the whole stream.
+- The stream's terminal chunk (the last before ``[DONE]``) carries the receipt at ``ethen.routing``. Without
+  ``stream_options.include_usage`` it is the upstream's last chunk with a ``finish_reason``, held back until
+  the upstream ends (so every chunk a client sees has a choice, as OpenAI's do); with it, it is the usage
+  chunk (``choices: []``, as OpenAI sends it). An upstream that sends no finish chunk last gets a
+  ``choices: []`` terminal chunk.
 - A stream that breaks after its first chunk ends with ``event: error`` carrying the OpenAI error envelope
   (plus ``ethen.routing``) and no ``[DONE]``.
 - A provider's ``receipt_extra`` keys are merged into ``ethen.routing`` (never overwriting the core's keys).
@@ -252,6 +257,19 @@ class Gateway:
             await p.aclose()
 
 
+#: a stream chunk whose ``finish_reason`` is set (a string, not ``null``)
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
+
+
+def _finish_chunk(payload: bytes) -> dict[str, Any] | None:
+    """The upstream's finish chunk as a dict, to carry the receipt; ``None`` if it is not a JSON object."""
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) and isinstance(obj.get("choices"), list) else None
+
+
 def routing_receipt(
     decision: Decision,
     attempts: list[Attempt],
@@ -334,12 +352,27 @@ def create_app(
         async def gen() -> AsyncIterator[bytes]:
             done = False
             upstream_after_first = time.perf_counter()
+            # Without include_usage the receipt rides on the upstream's last chunk that has a finish_reason
+            # (held back until the stream ends), so the terminal chunk has a choice like every other one.
+            held: bytes | None = None
             try:
-                yield encode_data(run.first)
+                if not include_usage and _FINISHED.search(run.first):
+                    held = run.first
+                else:
+                    yield encode_data(run.first)
                 try:
                     async for payload in run.stream:
-                        yield encode_data(payload)
+                        if held is not None:
+                            yield encode_data(held)
+                            held = None
+                        if not include_usage and _FINISHED.search(payload):
+                            held = payload
+                        else:
+                            yield encode_data(payload)
                 except UpstreamError as err:
+                    if held is not None:
+                        yield encode_data(held)
+                        held = None
                     run.finish(err)
                     await hold.settle_or_log(run.target.candidate, run.stream.usage)
                     env = err.to_dict()
@@ -359,12 +392,12 @@ def create_app(
                 upstream = run.upstream_s + (end - upstream_after_first)
                 routing = routing_receipt(decision, run.attempts, run.target, run.stream.receipt_extra)
                 routing["overhead_ms"] = round(max(0.0, end - t0 - upstream) * 1000, 3)
-                terminal = {
-                    **chunk_meta(run.first),
-                    "object": "chat.completion.chunk",
-                    "choices": [],
-                    "ethen": {"routing": routing},
-                }
+                terminal = _finish_chunk(held) if held is not None else None
+                if terminal is None:
+                    if held is not None:
+                        yield encode_data(held)
+                    terminal = {**chunk_meta(run.first), "object": "chat.completion.chunk", "choices": []}
+                terminal["ethen"] = {"routing": routing}
                 if include_usage:
                     terminal["usage"] = run.stream.usage.to_openai() if run.stream.usage else None
                 done = True

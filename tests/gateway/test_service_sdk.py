@@ -86,6 +86,12 @@ def test_stream_without_include_usage_has_no_usage(lv: Live) -> None:
     chunks = list(lv.client().chat.completions.create(model="ethen/fast", messages=USER, stream=True))
     assert all(c.usage is None for c in chunks)
     assert chunks[-1].model_extra["ethen"]["routing"]["requested_model"] == "ethen/fast"
+    # the receipt rides on the upstream's finish chunk: every chunk has a choice (naive clients index [0]),
+    # the text is intact and finish_reason appears once, on the terminal chunk
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Hello from upstream"
+    assert [c.choices[0].finish_reason for c in chunks][-1] == "stop"
+    assert sum(1 for c in chunks if c.choices[0].finish_reason) == 1
+    assert all("ethen" not in (c.model_extra or {}) for c in chunks[:-1])
     # the gateway asked the upstream for usage anyway (telemetry)
     assert lv.script.calls[-1]["body"]["stream_options"] == {"include_usage": True}
 
