@@ -1,0 +1,181 @@
+"""Would a chained data plane beat the orchestrator-driven hops? A transport-only prototype, in one run.
+
+    .venv/bin/python bench/mesh_hops.py [--rounds 4] [--steps 30]
+
+Three gRPC server processes on 127.0.0.1 each hold ~141 MB of float32 matrices (40 x [1536, 576], about the
+bytes a 10-layer SmolLM2 fragment streams per decode step) and "compute" a step by multiplying a 576-vector
+through all of them, as a decode step streams its weights. Per step, medians over rounds:
+
+- single process: the same 3 x 40 products in this process (the baseline);
+- sequential unary (what ``ethen.mesh.orchestrator`` does): the client calls each server's unary RPC in turn
+  and forwards the bytes it gets back (6 one-way transfers per step);
+- chained: the client calls the first server; each server computes, fires the next server's RPC without
+  waiting for it (a ``.future()``, kept alive until it completes) and acks; the last one delivers the result
+  to a gRPC server in the client (4 one-way transfers on the critical path, acks off it).
+
+Runs on this 2-vCPU VM (sync grpcio, Python 3.11), two runs: single 13.7-14.7 ms; sequential 79-84 % of
+single (0.97-1.19 ms per hop); chained 78-82 % (1.10-1.35 ms per hop). The chain saves transfers but pays a
+``.future()`` per hop (the channel's polling thread, a thread hop) and its acks compete for the 2 cores, so
+it is no faster. That is why the mesh keeps orchestrator-driven hops (see ``bench/mesh_decode.py``).
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import collections  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from typing import Any  # noqa: E402
+
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+import numpy.typing as npt  # noqa: E402
+
+F32 = npt.NDArray[np.float32]
+MATRICES = 40  # x [1536, 576] float32 = ~141 MB per server
+
+
+def weights(seed: int) -> list[F32]:
+    rng = np.random.default_rng(seed)
+    return [rng.random((1536, 576), dtype=np.float32) for _ in range(MATRICES)]
+
+
+def compute(ws: list[F32], x: F32) -> F32:
+    y = x
+    for w in ws:
+        y = w @ x  # [1536]: streams w once
+    return x + y[:576] * 0  # same shape as the input, depends on the products
+
+
+def _ident(b: bytes) -> bytes:
+    return b
+
+
+def serve(port: int, handlers: dict[str, Callable[[bytes, Any], bytes]]) -> grpc.Server:
+    srv = grpc.server(ThreadPoolExecutor(8))
+    methods = {
+        name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=_ident, response_serializer=_ident)
+        for name, fn in handlers.items()
+    }
+    srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("hops", methods),))
+    srv.add_insecure_port(f"127.0.0.1:{port}")
+    srv.start()
+    return srv
+
+
+def stub(port: int, name: str) -> grpc.UnaryUnaryMultiCallable:
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    return channel.unary_unary(f"/hops/{name}", request_serializer=_ident, response_deserializer=_ident)
+
+
+def run_server(port: int, next_port: int, next_method: str, seed: int) -> None:
+    ws = weights(seed)
+    nxt = stub(next_port, next_method)
+    pending: collections.deque[Any] = collections.deque(maxlen=64)  # a dropped future cancels its call
+
+    def fwd(req: bytes, ctx: Any) -> bytes:
+        return compute(ws, np.frombuffer(req, np.float32)).tobytes()
+
+    def chain(req: bytes, ctx: Any) -> bytes:
+        out = compute(ws, np.frombuffer(req, np.float32)).tobytes()
+        pending.append(nxt.future(out))
+        return b""
+
+    serve(port, {"Fwd": fwd, "Chain": chain}).wait_for_termination()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=30, help="steps per mode per round")
+    ap.add_argument("--server", nargs=4, type=int, help=argparse.SUPPRESS)  # port next_port last seed
+    args = ap.parse_args()
+    if args.server:
+        port, next_port, last, seed = args.server
+        run_server(port, next_port, "Deliver" if last else "Chain", seed)
+        return
+
+    ports = [free_port() for _ in range(3)]
+    deliver_port = free_port()
+    procs = [
+        subprocess.Popen([sys.executable, __file__, "--server", str(p),
+                          str(ports[i + 1] if i + 1 < 3 else deliver_port), str(int(i == 2)), str(i)])
+        for i, p in enumerate(ports)
+    ]
+    deliver_server: grpc.Server | None = None
+    try:
+        got = threading.Event()
+
+        def deliver(req: bytes, ctx: Any) -> bytes:
+            got.set()
+            return b""
+
+        deliver_server = serve(deliver_port, {"Deliver": deliver})  # referenced: a dropped server stops
+        local = weights(0) + weights(1) + weights(2)
+        fwd = [stub(p, "Fwd") for p in ports]
+        chain0 = stub(ports[0], "Chain")
+        x = np.ones(576, np.float32)
+        deadline = time.monotonic() + 60
+        while True:  # wait for the servers (they build their matrices first)
+            try:
+                for f in fwd:
+                    f(x.tobytes(), timeout=5)
+                break
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        single: list[float] = []
+        sequential: list[float] = []
+        chained: list[float] = []
+        for _ in range(args.rounds):
+            for _ in range(args.steps):
+                t = time.perf_counter()
+                compute(local, x)
+                single.append(time.perf_counter() - t)
+            for _ in range(args.steps):
+                t = time.perf_counter()
+                h = x.tobytes()
+                for f in fwd:
+                    h = f(h)
+                sequential.append(time.perf_counter() - t)
+            for _ in range(args.steps):
+                got.clear()
+                t = time.perf_counter()
+                chain0(x.tobytes())
+                if not got.wait(10):
+                    raise RuntimeError("the chain did not deliver within 10 s")
+                chained.append(time.perf_counter() - t)
+        s, a, b = (statistics.median(v) * 1000 for v in (single, sequential, chained))
+        print(f"{'mode':34} {'step ms':>8} {'vs single':>10} {'overhead/hop ms':>16}")
+        print(f"{'single process (baseline)':34} {s:8.2f} {'100.0%':>10} {'':>16}")
+        print(f"{'sequential unary (orchestrator)':34} {a:8.2f} {s / a:10.1%} {(a - s) / 3:16.2f}")
+        print(f"{'chained (worker -> worker)':34} {b:8.2f} {s / b:10.1%} {(b - s) / 3:16.2f}")
+        print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())} on {os.cpu_count()} CPUs")
+    finally:
+        if deliver_server is not None:
+            deliver_server.stop(None)
+        for proc in procs:
+            proc.kill()
+
+
+if __name__ == "__main__":
+    main()
