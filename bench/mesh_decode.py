@@ -33,11 +33,12 @@ in RAM or in 2 MB huge pages instead of mmap (compute and RPC alike), prefetchin
 from a second thread, in-place softmax in decode attention (~1 us of ~20 us). Kept: a lone session's stages
 use unary ``Forward`` instead of a one-item ``ForwardBatch`` (-0.7 ms per token), the tied head multiplied
 as a ``[d, V]`` C-contiguous copy (8 rows: 10.2 ms instead of 14.6 ms; 1 row: equal).
-Not done: a chained data plane (worker -> worker, last stage -> orchestrator). It would replace 6 transfers
-per token by 4 one-way ones; from the figures above (~0.45 ms per cold one-way transfer) that saves
-~1.3 ms per token, i.e. ~86-87 % instead of ~80 %, still short of 90 %, while it needs worker-to-worker
-streams and failure detection off the orchestrator's call path (sync gRPC Python streams add a thread hop
-per message, which the gRPC performance guide warns about).
+Not done: a chained data plane (worker -> worker, last stage -> orchestrator). It replaces 6 transfers per
+token by 4 one-way ones, but ``bench/mesh_hops.py`` (a transport-only prototype with the same weight
+streaming, in one run) measured it no faster than orchestrator-driven hops on this VM: 78-88 % vs 79-88 %
+of single process, 0.67-1.35 ms vs 0.69-1.19 ms per hop. Each fire-and-forget hop pays a ``.future()``
+(the sync channel's polling thread) and the acks compete for the 2 cores. Warming the next worker with a
+ping while the current one computes did not help either (80-87 %, noise).
 """
 
 from __future__ import annotations
