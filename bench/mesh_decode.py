@@ -35,10 +35,11 @@ use unary ``Forward`` instead of a one-item ``ForwardBatch`` (-0.7 ms per token)
 as a ``[d, V]`` C-contiguous copy (8 rows: 10.2 ms instead of 14.6 ms; 1 row: equal).
 Not done: a chained data plane (worker -> worker, last stage -> orchestrator). It replaces 6 transfers per
 token by 4 one-way ones, but ``bench/mesh_hops.py`` (a transport-only prototype with the same weight
-streaming, in one run) measured it no faster than orchestrator-driven hops on this VM: 78-88 % vs 79-88 %
-of single process, 0.67-1.35 ms vs 0.69-1.19 ms per hop. Each fire-and-forget hop pays a ``.future()``
-(the sync channel's polling thread) and the acks compete for the 2 cores. Warming the next worker with a
-ping while the current one computes did not help either (80-87 %, noise).
+streaming, in one run) measured it no faster than orchestrator-driven hops on this VM (five runs: 78-88 %
+vs 80-88 % of single process, 0.67-1.35 ms vs 0.69-1.19 ms per hop; the modes move together run to run).
+Each fire-and-forget hop pays a ``.future()`` (the sync channel's polling thread) and the acks compete for
+the 2 cores. Pre-warming the next worker with a ping while the current one computes did not help either
+(81-84 %, same runs).
 """
 
 from __future__ import annotations

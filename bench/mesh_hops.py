@@ -11,12 +11,17 @@ through all of them, as a decode step streams its weights. Per step, medians ove
   and forwards the bytes it gets back (6 one-way transfers per step);
 - chained: the client calls the first server; each server computes, fires the next server's RPC without
   waiting for it (a ``.future()``, kept alive until it completes) and acks; the last one delivers the result
-  to a gRPC server in the client (4 one-way transfers on the critical path, acks off it).
+  to a gRPC server in the client (4 one-way transfers on the critical path, acks off it);
+- sequential, pre-warmed: as sequential, but every later server first gets a "Warm" ping (one product, to
+  bring its code path back into the caches) sent just before the stage before it is called, so it runs
+  while that stage computes.
 
-Runs on this 2-vCPU VM (sync grpcio, Python 3.11), two runs: single 13.7-14.7 ms; sequential 79-84 % of
-single (0.97-1.19 ms per hop); chained 78-82 % (1.10-1.35 ms per hop). The chain saves transfers but pays a
-``.future()`` per hop (the channel's polling thread, a thread hop) and its acks compete for the 2 cores, so
-it is no faster. That is why the mesh keeps orchestrator-driven hops (see ``bench/mesh_decode.py``).
+Five runs on this 2-vCPU VM (sync grpcio, Python 3.11, load average 0.3-0.9): single 14.1-15.9 ms;
+sequential 80-88 % of single (0.69-1.19 ms per hop); chained 78-88 % (0.67-1.35 ms per hop); pre-warmed
+(three runs) 81-84 % (0.91-1.15 ms). Run to run the modes move together and none wins. The chain saves
+transfers but pays a ``.future()`` per hop (the sync channel's polling thread, a thread hop) and its acks
+compete for the 2 cores; a warm-up ping is one more RPC, and the stage before it flushes the caches again
+anyway. That is why the mesh keeps orchestrator-driven hops (see ``bench/mesh_decode.py``).
 """
 
 from __future__ import annotations
@@ -92,7 +97,13 @@ def run_server(port: int, next_port: int, next_method: str, seed: int) -> None:
         pending.append(nxt.future(out))
         return b""
 
-    serve(port, {"Fwd": fwd, "Chain": chain}).wait_for_termination()
+    small = np.ones(576, np.float32)
+
+    def warm(req: bytes, ctx: Any) -> bytes:
+        compute(ws[:1], small)  # run the handler's code path on one matrix
+        return b""
+
+    serve(port, {"Fwd": fwd, "Chain": chain, "Warm": warm}).wait_for_termination()
 
 
 def free_port() -> int:
@@ -146,6 +157,8 @@ def main() -> None:
         single: list[float] = []
         sequential: list[float] = []
         chained: list[float] = []
+        warmed: list[float] = []
+        warm = [stub(p, "Warm") for p in ports]
         for _ in range(args.rounds):
             for _ in range(args.steps):
                 t = time.perf_counter()
@@ -158,17 +171,29 @@ def main() -> None:
                     h = f(h)
                 sequential.append(time.perf_counter() - t)
             for _ in range(args.steps):
+                t = time.perf_counter()
+                h = x.tobytes()
+                pings = []
+                for i, f in enumerate(fwd):
+                    if i + 1 < len(fwd):  # wake the next stage while this one computes
+                        pings.append(warm[i + 1].future(b""))
+                    h = f(h)
+                warmed.append(time.perf_counter() - t)
+                for ping in pings:
+                    ping.result()
+            for _ in range(args.steps):
                 got.clear()
                 t = time.perf_counter()
                 chain0(x.tobytes())
                 if not got.wait(10):
                     raise RuntimeError("the chain did not deliver within 10 s")
                 chained.append(time.perf_counter() - t)
-        s, a, b = (statistics.median(v) * 1000 for v in (single, sequential, chained))
+        s, a, b, w = (statistics.median(v) * 1000 for v in (single, sequential, chained, warmed))
         print(f"{'mode':34} {'step ms':>8} {'vs single':>10} {'overhead/hop ms':>16}")
         print(f"{'single process (baseline)':34} {s:8.2f} {'100.0%':>10} {'':>16}")
         print(f"{'sequential unary (orchestrator)':34} {a:8.2f} {s / a:10.1%} {(a - s) / 3:16.2f}")
         print(f"{'chained (worker -> worker)':34} {b:8.2f} {s / b:10.1%} {(b - s) / 3:16.2f}")
+        print(f"{'sequential, next stage pre-warmed':34} {w:8.2f} {s / w:10.1%} {(w - s) / 3:16.2f}")
         print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())} on {os.cpu_count()} CPUs")
     finally:
         if deliver_server is not None:
