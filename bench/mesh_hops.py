@@ -1,6 +1,6 @@
 """Would a chained data plane beat the orchestrator-driven hops? A transport-only prototype, in one run.
 
-    .venv/bin/python bench/mesh_hops.py [--rounds 4] [--steps 30]
+    .venv/bin/python bench/mesh_hops.py [--rounds 4] [--steps 30] [--worker]
 
 Three gRPC server processes on 127.0.0.1 each hold ~141 MB of float32 matrices (40 x [1536, 576], about the
 bytes a 10-layer SmolLM2 fragment streams per decode step) and "compute" a step by multiplying a 576-vector
@@ -25,11 +25,11 @@ transfers but pays a ``.future()`` per hop (the sync channel's polling thread, a
 compete for the 2 cores; a warm-up ping is one more RPC, and the stage before it flushes the caches again
 anyway. That is why the mesh keeps orchestrator-driven hops (see ``bench/mesh_decode.py``).
 
-The cold RPC floor (two runs): 1.23-1.27 ms per call for a raw-bytes handler. An ethen worker's ``Forward``
-measured the same way (rtt minus its reported queue + compute time, caches flushed before each call) costs
-1.67-1.70 ms: our protobuf messages, validation, session store and batcher add ~0.4 ms cold. Three hops at
-the floor already cost ~3.7 ms; against a ~21-24 ms single-process step that caps the pipeline near 85-87 %
-of single process on this VM, below the 90 % target, whatever the worker code does.
+The cold RPC floor (three runs): 1.20-1.27 ms per call for a raw-bytes handler. An ethen worker's ``Forward``
+measured the same way (``--worker``: rtt minus its reported queue + compute time, caches flushed before
+each call) costs 1.55-1.70 ms: our protobuf messages, validation, session store and batcher add ~0.35-0.45 ms
+cold. Three hops at the floor already cost ~3.7 ms; against a ~21-24 ms single-process step that caps the
+pipeline near 85-87 % of single process on this VM, below the 90 % target, whatever the worker code does.
 """
 
 from __future__ import annotations
@@ -120,6 +120,27 @@ def run_server(port: int, next_port: int, next_method: str, seed: int) -> None:
     serve(port, {"Fwd": fwd, "Timed": timed, "Chain": chain, "Warm": warm}).wait_for_termination()
 
 
+def measure_worker(calls: int, flush: F32) -> float:
+    """Median rtt - (queue + compute) of a real worker's decode-step ``Forward`` after a cache flush."""
+    from ethen.mesh.orchestrator.client import WorkerClient
+    from ethen.mesh.worker.launch import spawn_worker
+
+    worker = spawn_worker("w0", "0-9")
+    try:
+        client = WorkerClient("w0", worker.address)
+        client.forward("bench", 0, 9, np.ones((20, 576), np.float32), 0)  # a 20-token prompt
+        out: list[float] = []
+        for pos in range(20, 20 + calls):
+            flush.sum()
+            t = time.perf_counter()
+            res = client.forward("bench", 0, 9, np.full((1, 576), 0.5, np.float32), pos)
+            out.append((time.perf_counter() - t) * 1000 - res.compute_ms - res.queue_ms)
+        client.close()
+        return statistics.median(out)
+    finally:
+        worker.stop()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -131,6 +152,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30, help="steps per mode per round")
+    ap.add_argument("--worker", action="store_true",
+                    help="also measure a real ethen worker's Forward (layers 0-9) the same way as the floor")
     ap.add_argument("--server", nargs=4, type=int, help=argparse.SUPPRESS)  # port next_port last seed
     args = ap.parse_args()
     if args.server:
@@ -212,6 +235,7 @@ def main() -> None:
             t = time.perf_counter()
             out = timed(x.tobytes())
             floor.append((time.perf_counter() - t) * 1000 - struct.unpack("<d", out[-8:])[0])
+        worker_floor = measure_worker(args.rounds * args.steps, flush) if args.worker else None
         s, a, b, w = (statistics.median(v) * 1000 for v in (single, sequential, chained, warmed))
         print(f"{'mode':34} {'step ms':>8} {'vs single':>10} {'overhead/hop ms':>16}")
         print(f"{'single process (baseline)':34} {s:8.2f} {'100.0%':>10} {'':>16}")
@@ -220,6 +244,8 @@ def main() -> None:
         print(f"{'sequential, next stage pre-warmed':34} {w:8.2f} {s / w:10.1%} {(w - s) / 3:16.2f}")
         print(f"cold RPC floor (rtt - handler time, caches flushed before each call): "
               f"{statistics.median(floor):.2f} ms per RPC")
+        if worker_floor is not None:
+            print(f"ethen worker Forward, same measure (rtt - queue - compute): {worker_floor:.2f} ms")
         print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())} on {os.cpu_count()} CPUs")
     finally:
         if deliver_server is not None:
