@@ -8,6 +8,9 @@ Measures (medians over rounds; every figure is printed next to its single-proces
   holding embeddings + head), and their ratio (target >= 90 %);
 - per-hop overhead in ms: (pipeline step - single-process step) / stages, and, directly, the RPC round trip
   minus the worker's own queue + compute time (target <= 1 ms);
+- serialization per hop in ms (encode + decode of a decode step's request and reply, in-process), the
+  quantity behind the issue's "Petals measured 18 ms serialization overhead per hop" (a tight loop, so warm
+  caches: the cold cost of the whole RPC path is in the two rows above);
 - prefill tokens/s (a ~200-token prompt) for both;
 - aggregate decode tokens/s through the pipeline with 1, 4 and 8 concurrent sessions (target: 8 >= 3x 1).
 
@@ -148,6 +151,28 @@ def rpc_overhead(orch: Orchestrator, ids: list[int], steps: int) -> list[float]:
             orch.clients[stage.node_id].close_session(f"{session.id}@{stage.first}")
 
 
+def serialization_ms(d: int, calls: int = 2000) -> float:
+    """Median ms per hop spent serializing: build + encode the ``Forward`` request of a decode step, decode
+    it and its hidden state, build + encode the reply, decode it and its hidden state (the code the client and
+    the worker run, in-process; Petals' "serialization overhead per hop" measure)."""
+    from ethen.mesh.orchestrator.client import WorkerClient
+    from ethen.mesh.proto import mesh_pb2
+    from ethen.mesh.worker.server import WorkerService
+
+    hidden = np.full((1, d), 0.5, np.float32)
+    samples: list[float] = []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        wire = WorkerClient._request("session", 0, 9, hidden, i).SerializeToString()
+        req = mesh_pb2.ForwardRequest.FromString(wire)
+        h = np.frombuffer(req.hidden.data, dtype="<f4").reshape(tuple(req.hidden.shape))
+        back = WorkerService._reply(h, 0.0, 0.0, 1).SerializeToString()
+        rep = mesh_pb2.ForwardResponse.FromString(back)
+        np.frombuffer(rep.hidden.data, dtype="<f4").reshape(tuple(rep.hidden.shape))
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1000
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=48, help="decode tokens per measured generation")
@@ -201,6 +226,8 @@ def main() -> None:
               "   target <= 1 ms")
         print(f"{'per-RPC overhead ms (rtt - worker time)':44} {'':15} {median(rpc):15.2f} "
               f"{'':8}   p90 {float(np.percentile(rpc, 90)):.2f}")
+        print(f"{'serialization ms per hop, warm (Petals: 18)':44} {'':15} "
+              f"{serialization_ms(model.config.d_model):15.3f}")
         for n in (1, 4, 8):
             label = f"aggregate decode tokens/s, {n} sessions"
             print(f"{label:44} {'':15} {agg[n]:15.1f} {agg[n] / agg[1]:8.2f}x"
