@@ -33,9 +33,12 @@ Where the per-token mesh overhead goes (2 vCPUs, KVM, measured with one worker a
 Tried and not kept (no gain beyond noise in interleaved A/B runs): GRPC_POLL_STRATEGY=poll,
 ``grpc.optimization_target=latency``, ``grpc.http2.bdp_probe=0``, ``sys.setswitchinterval(0.5 ms)``, weights
 in RAM or in 2 MB huge pages instead of mmap (compute and RPC alike), prefetching the next layer's weights
-from a second thread, in-place softmax in decode attention (~1 us of ~20 us). Kept: a lone session's stages
-use unary ``Forward`` instead of a one-item ``ForwardBatch`` (-0.7 ms per token), the tied head multiplied
-as a ``[d, V]`` C-contiguous copy (8 rows: 10.2 ms instead of 14.6 ms; 1 row: equal).
+from a second thread, in-place softmax in decode attention (~1 us of ~20 us), bypassing the worker's
+step batcher and the orchestrator's decode rounds for a lone session (79-80 % either way, 3 interleaved
+runs), pinning the orchestrator and workers to cores (split, alternated: noise; all on one core: 78 %).
+Kept: a lone session's stages use unary ``Forward`` instead of a one-item ``ForwardBatch`` (-0.7 ms per
+token), the tied head multiplied as a ``[d, V]`` C-contiguous copy (8 rows: 10.2 ms instead of 14.6 ms; 1
+row: equal).
 Not done: a chained data plane (worker -> worker, last stage -> orchestrator). It replaces 6 transfers per
 token by 4 one-way ones, but ``bench/mesh_hops.py`` (a transport-only prototype with the same weight
 streaming, in one run) measured it no faster than orchestrator-driven hops on this VM (five runs: 78-88 %
