@@ -68,6 +68,7 @@ __all__ = [
     "AccountsUnavailableError",
     "BudgetExceededError",
     "Hold",
+    "credible_usage",
     "with_certifications",
 ]
 
@@ -129,6 +130,13 @@ def _bearer(authorization: str | None) -> str | None:
     return key.strip() if scheme.lower() == "bearer" else None
 
 
+def credible_usage(candidate: Candidate, usage: Usage) -> bool:
+    """Whether an upstream's reported usage can be billed: at most twice the model's context window in total
+    (slack for tokenizer differences). Beyond that the upstream is wrong, and billing it could exceed what the
+    ledger holds; the request then settles its estimate, as when no usage is reported."""
+    return usage.prompt_tokens + usage.completion_tokens <= 2 * candidate.info.context_window
+
+
 class Hold:
     """One admitted request's budget hold: settle it (served) or release it (not served), exactly once.
     Both run shielded from cancellation (a client that disconnects must not leave the ledger behind)."""
@@ -173,6 +181,13 @@ class Hold:
 
     async def _settle(self, candidate: Candidate, usage: Usage | None) -> None:
         assert self._store is not None and self._access.principal is not None
+        if usage is not None and not credible_usage(candidate, usage):
+            log.warning(
+                "request %s: %s reported %d prompt + %d completion tokens, beyond twice its %d-token window; "
+                "settling the estimate instead", self._rid, candidate.id, usage.prompt_tokens,
+                usage.completion_tokens, candidate.info.context_window,
+            )
+            usage = None
         if usage is not None:
             p = candidate.prices
             cost = (

@@ -339,3 +339,18 @@ def test_client_gone_mid_stream_settles_the_estimate_and_releases(db_url: str) -
             time.sleep(0.1)
         assert [(x.model, x.requests) for x in rows] == [("beta-small", 1)] and rows[0].cost_usd > 0
         assert left == 0
+
+
+def test_incredible_upstream_usage_settles_the_estimate(db_url: str) -> None:
+    """An upstream reporting 10^14 tokens (beyond twice the model's window) is answered, not a 500; the ledger
+    gets the request's estimate, as when no usage is reported."""
+    body = {"model": "alpha-large", "messages": MSG, "max_tokens": 3}
+    with live_store(db_url, {"up-alpha-large": Behavior(prompt_tokens=10**14)}) as lv:
+        key = new_project_key(lv, "liar", budget_usd=1.0)
+        est = _post(lv, CLIENT_KEY, body).json()["ethen"]["routing"]["estimated_cost_usd"]
+        r = _post(lv, key, body)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == 10**14  # the upstream's answer is passed on as it is
+        rows = with_store(db_url, lambda st: st.usage(project="liar"))
+        assert [(x.requests, x.prompt_tokens, x.completion_tokens) for x in rows] == [(1, 0, 0)]
+        assert rows[0].cost_usd == pytest.approx(est, rel=1e-6)
