@@ -22,10 +22,11 @@ Choices where the spec is silent:
   a stream cut before its usage chunk), the served candidate's *estimated* cost is settled and the ledger row
   is flagged ``estimated``.
 - A store failure is a 503 ``store_unavailable``; the message names no key, URL or password.
-- Settling and releasing are shielded from cancellation, so a client hanging up mid-stream still settles.
-  Known gap: a client that hangs up after the upstream stream opened but before the response body starts
-  leaves its reservation until it expires (``reservation_ttl_s``) or the gateway restarts; it never leads to
-  overspend, only to budget held back for that long.
+- Settling and releasing are shielded from cancellation, so a client hanging up mid-stream still settles, and
+  so does one that hangs up before the first byte (the stream's generator settles when the server closes it;
+  ``test_service_budget.py::test_client_gone_before_the_first_byte_settles_and_releases``). A reservation
+  that is somehow never settled (a gateway killed mid-request) expires after ``reservation_ttl_s``: budget is
+  held back for that long, never overspent.
 """
 
 from __future__ import annotations

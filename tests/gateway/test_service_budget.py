@@ -354,3 +354,26 @@ def test_incredible_upstream_usage_settles_the_estimate(db_url: str) -> None:
         rows = with_store(db_url, lambda st: st.usage(project="liar"))
         assert [(x.requests, x.prompt_tokens, x.completion_tokens) for x in rows] == [(1, 0, 0)]
         assert rows[0].cost_usd == pytest.approx(est, rel=1e-6)
+
+
+def test_client_gone_before_the_first_byte_settles_and_releases(db_url: str) -> None:
+    """The client hangs up while the gateway still waits for the upstream's first chunk: once the upstream
+    answers, the request is settled (estimate) and its reservation released, not held until it expires."""
+    with live_store(db_url, {"up-beta-small": Behavior(ttft_s=1.0, pieces=("a",) * 5)}) as lv:
+        key = new_project_key(lv, "early", budget_usd=1.0)
+        body = {"model": "beta-small", "messages": MSG, "stream": True}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{lv.base_url}/chat/completions", json=body,
+                       headers={"authorization": f"Bearer {key}"}, timeout=0.3)
+
+        async def check(st: Store) -> tuple[list[Any], int]:
+            return await st.usage(project="early"), await st.count_reservations()
+
+        deadline = time.monotonic() + 10
+        while True:
+            rows, left = with_store(db_url, check)
+            if (rows and left == 0) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert [(x.model, x.requests) for x in rows] == [("beta-small", 1)] and rows[0].cost_usd > 0
+        assert left == 0
