@@ -71,7 +71,7 @@ def test_timeout_falls_back() -> None:
         r = lv.client().chat.completions.create(model="ethen/auto", messages=USER)
         attempts = r.model_extra["ethen"]["routing"]["attempts"]
         assert attempts[0]["error_class"] == "timeout" and attempts[0]["code"] == "upstream_timeout"
-        assert 250 <= attempts[0]["latency_ms"] < 1400
+        assert 250 <= attempts[0]["duration_ms"] < 1400
         assert attempts[1]["outcome"] == "ok"
 
 
@@ -187,6 +187,31 @@ def test_canary_acceptance_is_computed_from_live_telemetry() -> None:
             assert routing["selected_model"] == "alpha-large" and "canary_promoted" in routing["reason_codes"]
             seen.append(routing["canary"]["acceptance_met"])
         assert seen == [False, False, True]
+
+
+def _keys(value: object) -> list[str]:
+    if isinstance(value, dict):
+        return [k for k, v in value.items() for k in (k, *_keys(v))]
+    if isinstance(value, list):
+        return [k for v in value for k in _keys(v)]
+    return []
+
+
+def test_http_receipt_holds_no_telemetry_internals() -> None:
+    """The receipt the shell sends (core receipt + attempts + canary block), after a fallback and a canary
+    promotion with telemetry behind it: no key names a telemetry statistic or a credential."""
+    canary = {"alias": "ethen/auto", "candidate": "alpha/alpha-large", "percent": 100,
+              "min_success_rate": 0.5, "min_samples": 2}
+    with live({"up-alpha-large": Behavior(fail_status=500, fail_times=1)}, canaries=[canary]) as lv:
+        c = lv.client()
+        answers = [c.chat.completions.create(model="ethen/auto", messages=USER) for _ in range(3)]
+        receipts = [a.model_extra["ethen"]["routing"] for a in answers]
+        assert "fallback_used" in receipts[0]["reason_codes"] and len(receipts[0]["attempts"]) == 2
+        assert receipts[-1]["canary"]["acceptance_met"] is True
+        keys = {k for routing in receipts for k in _keys(routing)}
+        for fragment in ("samples", "success", "latency_ms", "mean", "api_key", "credential", "endpoint",
+                         "base_url", "project", "request_id"):
+            assert not [k for k in keys if fragment in k], (fragment, keys)
 
 
 def test_telemetry_records_stream_completion_and_ttft() -> None:

@@ -54,8 +54,6 @@ class CanaryEvaluation(NamedTuple):
             "eligible": self.eligible,
             "promoted": self.promoted,
             "acceptance_met": self.acceptance_met,
-            "min_success_rate": self.target.min_success_rate,
-            "min_samples": self.target.min_samples,
         }
 
 
