@@ -75,7 +75,7 @@ class Attempt:
         out: dict[str, Any] = {
             "candidate": self.candidate,
             "outcome": self.outcome,
-            "duration_ms": round(self.latency_ms, 3),  # this attempt's own time (not a telemetry figure)
+            "latency_ms": round(self.latency_ms, 3),  # this attempt's own time, not a telemetry figure
         }
         if self.error_class is not None:
             out["error_class"] = self.error_class

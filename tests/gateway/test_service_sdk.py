@@ -54,7 +54,7 @@ def test_buffered_call_carries_receipt_in_model_extra(lv: Live) -> None:
     assert routing["selected_provider"] == "beta" and routing["selected_model"] == "beta-small"
     assert routing["attempts"] == [
         {"candidate": "beta/beta-small", "outcome": "ok",
-         "duration_ms": routing["attempts"][0]["duration_ms"]}
+         "latency_ms": routing["attempts"][0]["latency_ms"]}
     ]
     for key in ("reason_codes", "candidate_count", "rejected_count", "score_components"):
         assert key in routing
