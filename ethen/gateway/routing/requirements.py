@@ -28,6 +28,9 @@ Choices where the spec is silent:
   ``certification_level`` is ``"any"`` (default) or ``"live"``; ``latency_target`` is one of
   :data:`~ethen.gateway.routing.policy.LATENCY_TARGETS`.
 * ``providerOptions.gateway.only`` must be a non-empty array of provider ids.
+* types before sets: every value tested for membership in a set (``response_format.type``, routing enums,
+  content-part types) is first checked to be a string, so a list, object, number, bool or ``null`` where a
+  string is expected is a 400 ``invalid_type``, never a ``TypeError`` (unhashable) or a silent pass.
 
 Token estimator (conservative, no tokenizer): the UTF-8 byte length of every string in the messages, the tool
 schemas and the ``response_format`` schema (plus the bytes of every object key and 4 bytes of punctuation
@@ -336,7 +339,7 @@ def parse_requirements(body: Mapping[str, Any]) -> Requirements:
         if not isinstance(fmt, _MAPPING):
             raise _bad("response_format", "'response_format' must be an object", "invalid_type")
         ftype = fmt.get("type")
-        if ftype not in RESPONSE_FORMATS:
+        if not isinstance(ftype, str) or ftype not in RESPONSE_FORMATS:  # a list/dict is unhashable
             raise _bad(
                 "response_format.type",
                 f"'response_format.type' must be one of {', '.join(sorted(RESPONSE_FORMATS))}, got {ftype!r}",
