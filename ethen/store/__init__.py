@@ -3,6 +3,7 @@ reservations and live-certification receipts, on SQLAlchemy 2 async (SQLite in W
 Postgres). See :mod:`ethen.store.store` for the admission/settlement protocol, :mod:`ethen.store.migrations`
 for the schema versioning and :mod:`ethen.store.values` for money and windows."""
 
+from .admission import Admission, Ticket
 from .errors import (
     StoreConflictError,
     StoreError,
@@ -21,6 +22,7 @@ __all__ = [
     "MIGRATIONS",
     "UNSET",
     "WINDOWS",
+    "Admission",
     "CertificationReceipt",
     "KeyInfo",
     "Principal",
@@ -32,6 +34,7 @@ __all__ = [
     "StoreInvalidError",
     "StoreNotFoundError",
     "StoreUnavailableError",
+    "Ticket",
     "UsageRow",
     "generate_key",
     "parse_key",

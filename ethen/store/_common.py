@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from .errors import StoreInvalidError
 from .values import aware, to_nano
 
-__all__ = ["EngineBase", "budget_nano", "now_utc", "utc"]
+__all__ = ["EngineBase", "budget_nano", "epoch_ms", "now_utc", "utc"]
 
 
 class EngineBase:
@@ -28,6 +28,11 @@ def utc(dt: datetime | None) -> datetime | None:
 
 def now_utc(now: datetime | None) -> datetime:
     return datetime.now(UTC) if now is None else aware(now, "now")
+
+
+def epoch_ms(dt: datetime) -> int:
+    """Unix epoch milliseconds of an aware datetime (leases are stored as integers)."""
+    return int(dt.timestamp() * 1000)
 
 
 def budget_nano(value: float | None) -> int | None:

@@ -48,9 +48,17 @@ def _daily_spend(conn: Connection) -> None:
         )
 
 
+def _instances(conn: Connection) -> None:
+    """Instance leases, per-instance budget grants and the change counter (issue 11)."""
+    for table in (s.gateway_instances, s.budget_grants, s.store_changes):
+        table.create(conn)
+    conn.execute(s.store_changes.insert().values(id=1, counter=0))
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("0001_initial", _initial),
     ("0002_daily_spend", _daily_spend),
+    ("0003_instances_grants_changes", _instances),
 )
 
 

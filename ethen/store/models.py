@@ -66,18 +66,21 @@ class Principal:
 
 @dataclass(frozen=True, slots=True)
 class Spend:
-    """A project's window: settled spend since ``window_start`` and the active reservations."""
+    """A project's window: settled spend since ``window_start``, the active per-request reservations
+    (:meth:`ethen.store.Store.reserve`) and the budget granted to live gateway instances (their in-flight
+    requests plus what they claimed ahead; see :mod:`ethen.store.admission`)."""
 
     budget_usd: float | None
     settled_usd: float
     reserved_usd: float
     window_start: datetime
+    granted_usd: float = 0.0
 
     @property
     def remaining_usd(self) -> float | None:
         if self.budget_usd is None:
             return None
-        return max(0.0, self.budget_usd - self.settled_usd - self.reserved_usd)
+        return max(0.0, self.budget_usd - self.settled_usd - self.reserved_usd - self.granted_usd)
 
 
 @dataclass(frozen=True, slots=True)

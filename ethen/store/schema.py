@@ -20,13 +20,16 @@ from sqlalchemy import (
 
 __all__ = [
     "api_keys",
+    "budget_grants",
     "certifications",
     "daily_spend",
+    "gateway_instances",
     "ledger",
     "metadata",
     "migrations",
     "projects",
     "reservations",
+    "store_changes",
 ]
 
 metadata = MetaData()
@@ -116,4 +119,33 @@ daily_spend = Table(
     Column("project_id", Integer, ForeignKey("projects.id"), primary_key=True),
     Column("day", String(10), primary_key=True),
     Column("settled_nano", BigInteger, nullable=False),
+)
+
+#: Live gateway processes (see :mod:`ethen.store.admission`): each renews its lease while it runs; a row whose
+#: ``lease_until_ms`` (Unix epoch milliseconds) has passed belongs to a dead (or stalled) process.
+gateway_instances = Table(
+    "gateway_instances",
+    metadata,
+    Column("instance_id", String(64), primary_key=True),
+    Column("started_at_ms", BigInteger, nullable=False),
+    Column("lease_until_ms", BigInteger, nullable=False),
+)
+
+#: Budget an instance has taken from a project's window budget and not yet settled (its escrow). Counts
+#: against the budget while the instance's lease is live; settlement moves cost from here into the ledger.
+budget_grants = Table(
+    "budget_grants",
+    metadata,
+    Column("instance_id", String(64), primary_key=True),
+    Column("project_id", Integer, ForeignKey("projects.id"), primary_key=True),
+    Column("amount_nano", BigInteger, nullable=False),
+)
+
+#: One row (``id = 1``): a counter bumped by every key revocation and project policy change, polled by the
+#: gateways to drop their key/policy caches.
+store_changes = Table(
+    "store_changes",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("counter", BigInteger, nullable=False),
 )

@@ -11,7 +11,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as s
-from ._common import EngineBase, budget_nano, now_utc
+from ._common import EngineBase, budget_nano, epoch_ms, now_utc
 from .engine import boundary
 from .errors import StoreNotFoundError
 from .models import Project, Spend, UsageRow
@@ -25,7 +25,8 @@ class SpendLedger(EngineBase):
 
     async def _sums(
         self, conn: AsyncConnection, project_id: int, start: datetime, now: datetime
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, int]:
+        """(settled in the window, active reservations, grants of live instances), nano-USD."""
         settled = await conn.scalar(
             select(func.coalesce(func.sum(s.daily_spend.c.settled_nano), 0)).where(
                 s.daily_spend.c.project_id == project_id, s.daily_spend.c.day >= start.date().isoformat()
@@ -36,15 +37,23 @@ class SpendLedger(EngineBase):
                 s.reservations.c.project_id == project_id, s.reservations.c.expires_at > now
             )
         )
-        return int(settled or 0), int(reserved or 0)
+        granted = await conn.scalar(
+            select(func.coalesce(func.sum(s.budget_grants.c.amount_nano), 0))
+            .join(s.gateway_instances, s.gateway_instances.c.instance_id == s.budget_grants.c.instance_id)
+            .where(
+                s.budget_grants.c.project_id == project_id,
+                s.gateway_instances.c.lease_until_ms > epoch_ms(now),
+            )
+        )
+        return int(settled or 0), int(reserved or 0), int(granted or 0)
 
     async def spend(self, project: Project, *, now: datetime | None = None) -> Spend:
         at = now_utc(now)
         start = window_start(project.budget_window, at)
         with boundary("read spend"):
             async with self.engine.connect() as conn:
-                settled, reserved = await self._sums(conn, project.id, start, at)
-        return Spend(project.budget_usd, from_nano(settled), from_nano(reserved), start)
+                settled, reserved, granted = await self._sums(conn, project.id, start, at)
+        return Spend(project.budget_usd, from_nano(settled), from_nano(reserved), start, from_nano(granted))
 
     async def reserve(
         self,
@@ -73,8 +82,10 @@ class SpendLedger(EngineBase):
                     raise StoreNotFoundError(f"project = {project.name!r}: no such project")
                 budget, window = row
                 if budget is not None:
-                    settled, reserved = await self._sums(conn, project.id, window_start(window, at), at)
-                    if settled + reserved + amount > budget:
+                    settled, reserved, granted = await self._sums(
+                        conn, project.id, window_start(window, at), at
+                    )
+                    if settled + reserved + granted + amount > budget:
                         return None
                 res = await conn.execute(
                     s.reservations.insert().values(
@@ -142,12 +153,27 @@ class SpendLedger(EngineBase):
             async with self.writer.begin() as conn:
                 await conn.execute(delete(s.reservations).where(s.reservations.c.id == reservation_id))
 
-    async def release_all(self) -> int:
-        """Drop every reservation (at start: reservations of a crashed process). Returns how many."""
-        with boundary("release dangling reservations"):
+    async def release_stale(self, instance_id: str | None = None, *, now: datetime | None = None) -> int:
+        """Drop what no live process holds: expired reservations, the instances whose lease has passed and
+        their budget grants, and every row of ``instance_id`` (this process's own id, when it reuses one).
+        A live instance's grants are never touched. Returns how many grants and reservations were dropped."""
+        at = now_utc(now)
+        ms = epoch_ms(at)
+        gi, bg = s.gateway_instances.c, s.budget_grants.c
+        with boundary("release stale reservations"):
             async with self.writer.begin() as conn:
-                res = await conn.execute(delete(s.reservations))
-                return int(res.rowcount or 0)
+                dead = [
+                    r[0] for r in await conn.execute(select(gi.instance_id).where(gi.lease_until_ms <= ms))
+                ]
+                if instance_id is not None:
+                    dead.append(instance_id)
+                n = 0
+                if dead:
+                    res = await conn.execute(delete(s.budget_grants).where(bg.instance_id.in_(dead)))
+                    n += int(res.rowcount or 0)
+                    await conn.execute(delete(s.gateway_instances).where(gi.instance_id.in_(dead)))
+                res = await conn.execute(delete(s.reservations).where(s.reservations.c.expires_at <= at))
+                return n + int(res.rowcount or 0)
 
     async def count_reservations(self) -> int:
         with boundary("count reservations"):

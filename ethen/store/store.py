@@ -21,7 +21,7 @@ expiry instead, ``release_dangling=false``).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -100,6 +100,9 @@ class Store(SpendLedger, Receipts):
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.writer = engine.execution_options(**{WRITE_OPTION: True})  # same pool; see engine.py
+        #: Called (no arguments) after this process revoked a key or changed a project's policy: the
+        #: in-process caches of :class:`ethen.store.admission.Admission` drop at once.
+        self.on_change: list[Callable[[], None]] = []
 
     @classmethod
     async def open(cls, url: str, *, migrate: bool = True, sqlite_synchronous: str = "FULL") -> Store:
@@ -118,6 +121,27 @@ class Store(SpendLedger, Receipts):
     @property
     def dialect(self) -> str:
         return self.engine.dialect.name
+
+    @staticmethod
+    async def _bump_changes(conn: AsyncConnection) -> None:
+        """Bump the change counter other processes poll (same transaction as the change)."""
+        await conn.execute(
+            update(s.store_changes)
+            .where(s.store_changes.c.id == 1)
+            .values(counter=s.store_changes.c.counter + 1)
+        )
+
+    def _changed(self) -> None:
+        for fn in list(self.on_change):
+            fn()
+
+    async def changes(self) -> int:
+        """The change counter (bumped by every key revocation and project policy change)."""
+        with boundary("read change counter"):
+            async with self.engine.connect() as conn:
+                return int(
+                    await conn.scalar(select(s.store_changes.c.counter).where(s.store_changes.c.id == 1)) or 0
+                )
 
     # -- migrations ------------------------------------------------------------------------------------
     async def migrate(self) -> list[str]:
@@ -205,7 +229,11 @@ class Store(SpendLedger, Receipts):
                     )
                     if res.rowcount == 0:
                         raise StoreNotFoundError(f"project = {name!r}: no such project")
-                return await self._project(conn, name)
+                    await self._bump_changes(conn)
+                project = await self._project(conn, name)
+        if values:
+            self._changed()
+        return project
 
     # -- keys ------------------------------------------------------------------------------------------
     async def create_key(
@@ -263,7 +291,18 @@ class Store(SpendLedger, Receipts):
                     .where(s.api_keys.c.key_id == key_id, s.api_keys.c.revoked_at.is_(None))
                     .values(revoked_at=now_utc(now))
                 )
+                await self._bump_changes(conn)
+        self._changed()
         return await self.get_key(key_id)
+
+    async def touch_key(self, key_id: str, *, now: datetime | None = None) -> None:
+        """Record ``last_used_at`` (the admission cache calls this at most once per key per
+        :data:`LAST_USED_GRANULARITY`)."""
+        with boundary("record key use"):
+            async with self.writer.begin() as conn:
+                await conn.execute(
+                    update(s.api_keys).where(s.api_keys.c.key_id == key_id).values(last_used_at=now_utc(now))
+                )
 
     async def authenticate(self, key: str, *, now: datetime | None = None) -> Principal | None:
         """The principal of a valid, unrevoked store key, else ``None``. Records ``last_used_at`` with

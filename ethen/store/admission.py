@@ -1,0 +1,468 @@
+"""Budget admission at gateway speed: key cache, per-instance budget escrow with leases, group commit.
+
+One :class:`Admission` per gateway process (an *instance*, id ``instance_id``, random unless configured). Per
+request it does no database round trip except the settlement's share of one group commit:
+
+- **Keys**: an authenticated principal is cached in memory by the SHA-256 of the presented key (not the
+  key). Every key revocation and project policy change bumps the ``store_changes`` counter in the same
+  transaction; each instance polls it every ``poll_s`` (0.5 s) and drops its cache on a change, and a change
+  made through this process's own store (the admin API) drops it at once. So every instance refuses a revoked
+  key, and sees a new policy/budget, within about ``poll_s`` plus one query. ``last_used_at`` is still
+  written at most once a minute per key, off the request path.
+- **Budget escrow**: an instance takes budget from a project's window in *grants* (``budget_grants``, one row
+  per instance and project) and admits requests against its grant in memory (``reserved + amount <= grant``).
+  The database invariant, at every commit, is ``settled(window) + sum(grants of live instances) + active
+  reservations <= budget``: a claim (one write transaction holding the project's lock: SQLite ``BEGIN
+  IMMEDIATE``, Postgres ``SELECT ... FOR UPDATE``) takes at most ``budget - settled - held``, and settlement
+  moves the cost from the grant into the ledger in one transaction. A claim takes what the request needs plus
+  a little more (a quarter of what is free, at most 64 such requests), so one claim serves many requests; an
+  idle grant's unused part is given back at the next heartbeat, so other instances can use it.
+- **Leases**: each instance renews ``gateway_instances.lease_until_ms`` every ``lease_s / 5``; a grant counts
+  only while its instance's lease is live, so a dead instance's unsettled holds stop counting when its lease
+  expires (default 15 s), and its settled entries are in the ledger already. An instance admits from memory
+  only while its own last renewal is less than ``lease_s - 2 heartbeats`` old; otherwise it claims (renewing
+  the lease) or refuses. Start-up deletes only rows of this instance id and of instances whose lease expired.
+  A process that stops (SIGSTOP, a swapped-out host) for longer than its lease while requests are in flight
+  can have its grant reclaimed by others: those requests still settle (the ledger tells the truth), which is
+  the one way to overspend; the instance then notices the lost lease and starts from a zero grant. Lease
+  times are wall-clock epoch ms: instances on several hosts need synchronized clocks (NTP).
+- **Group commit**: settlements queue to one writer task, which commits everything queued in one transaction
+  (ledger rows, the day totals and the grant decrements: one fsync for many requests); each request awaits its
+  batch's commit, so a settled entry is durable before the answer leaves.
+- ``remaining`` for ``decide`` comes from memory: ``free + grant - reserved``, ``free`` being what was left to
+  claim at the last claim or read (re-read at most once per heartbeat, or after a change); admission itself is
+  the exact gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from . import schema as s
+from ._common import budget_nano, epoch_ms, now_utc
+from .engine import boundary
+from .errors import StoreError, StoreNotFoundError, StoreUnavailableError
+from .models import Principal, Project
+from .store import LAST_USED_GRANULARITY, Store
+from .values import from_nano, to_nano, window_start
+
+__all__ = ["MAX_BATCH", "Admission", "Ticket"]
+
+log = logging.getLogger("ethen.store.admission")
+
+#: Most settlements committed in one transaction.
+MAX_BATCH = 512
+_CLAIM_AHEAD = 64  # a claim takes up to this many more requests of the same amount ahead of need
+_MAX_KEYS = 100_000  # key cache bound (cleared when full)
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """One admitted request's hold against its instance's grant of ``project_id`` (nano-USD)."""
+
+    project_id: int
+    amount_nano: int
+
+
+@dataclass(slots=True)
+class _Grant:
+    granted: int = 0  # this instance's grant as committed in the database (never above the database's value)
+    reserved: int = 0  # in-flight holds admitted against it
+    free: int | None = None  # what could still be claimed, as last read (None: unknown)
+    last_claim: float = 0.0  # monotonic time of the last claim
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass(slots=True)
+class _Entry:
+    row: dict[str, Any]
+    ticket: Ticket | None
+    future: asyncio.Future[None]
+
+
+class Admission:
+    """The request path's view of the store (see the module docstring). ``start`` before use, ``aclose``
+    at shutdown (returns this instance's grants)."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        instance_id: str | None = None,
+        lease: timedelta = timedelta(seconds=15),
+        poll_s: float = 0.5,
+    ) -> None:
+        self.store = store
+        self.instance_id = instance_id or uuid.uuid4().hex
+        self.lease_ms = int(lease.total_seconds() * 1000)
+        self.heartbeat_s = lease.total_seconds() / 5
+        self.poll_s = poll_s
+        self._keys: dict[bytes, tuple[Principal, float]] = {}
+        self._gen = 0
+        self._grants: dict[int, _Grant] = {}
+        self._counter: int | None = None
+        self._lease_ok_until = 0.0  # monotonic: admit from memory only before this
+        self._registered = False
+        self._pending: list[_Entry] = []
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        self._writer_task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # -- life cycle ------------------------------------------------------------------------------------
+    async def start(self) -> int:
+        """Release stale rows (own id, expired leases), register the lease, start the background tasks.
+        Returns how many stale grants/reservations were released."""
+        released = await self.store.release_stale(self.instance_id)
+        await self._heartbeat()
+        self._counter = await self.store.changes()
+        self.store.on_change.append(self.invalidate)
+        self._writer_task = asyncio.create_task(self._writer())
+        self._tasks = [
+            asyncio.create_task(self._every(self.heartbeat_s, self._heartbeat)),
+            asyncio.create_task(self._every(self.poll_s, self._poll)),
+        ]
+        return released
+
+    async def aclose(self) -> None:
+        """Commit what is queued, stop, and give this instance's grants and lease back."""
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+        self._closing = True
+        if self._writer_task is not None:
+            self._wake.set()
+            await self._writer_task
+            self._writer_task = None
+        if self.invalidate in self.store.on_change:
+            self.store.on_change.remove(self.invalidate)
+        for t in list(self._background):
+            with contextlib.suppress(Exception):
+                await t
+        if self._registered:
+            try:
+                with boundary("return grants"):
+                    async with self.store.writer.begin() as conn:
+                        me = self.instance_id
+                        await conn.execute(delete(s.budget_grants).where(s.budget_grants.c.instance_id == me))
+                        await conn.execute(
+                            delete(s.gateway_instances).where(s.gateway_instances.c.instance_id == me)
+                        )
+            except StoreError as exc:  # the lease expires on its own
+                log.warning("instance %s: returning grants failed: %s", self.instance_id, exc.message)
+            self._registered = False
+
+    async def _every(self, period: float, fn: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await fn()
+            except StoreError as exc:
+                log.warning("instance %s: %s", self.instance_id, exc.message)
+
+    # -- keys ------------------------------------------------------------------------------------------
+    def invalidate(self) -> None:
+        """Drop cached principals and budget snapshots (a key was revoked or a policy changed)."""
+        self._gen += 1
+        self._keys.clear()
+        for g in self._grants.values():
+            g.free = None
+
+    async def _poll(self) -> None:
+        counter = await self.store.changes()
+        if counter != self._counter:
+            self._counter = counter
+            self.invalidate()
+
+    async def authenticate(self, key: str) -> Principal | None:
+        """The principal of a valid, unrevoked store key (cached), else ``None``."""
+        digest = hashlib.sha256(key.encode()).digest()
+        now = time.monotonic()
+        hit = self._keys.get(digest)
+        if hit is not None:
+            principal, used = hit
+            if now - used >= LAST_USED_GRANULARITY.total_seconds():
+                self._keys[digest] = (principal, now)
+                self._spawn(self.store.touch_key(principal.key_id))
+            return principal
+        gen = self._gen
+        found = await self.store.authenticate(key)
+        if found is not None and gen == self._gen:  # no invalidation happened during the lookup
+            if len(self._keys) >= _MAX_KEYS:
+                self._keys.clear()
+            self._keys[digest] = (found, now)
+        return found
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        async def run() -> None:
+            try:
+                await work
+            except StoreError as exc:
+                log.warning("instance %s: %s", self.instance_id, exc.message)
+
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- budget ----------------------------------------------------------------------------------------
+    def _grant(self, project_id: int) -> _Grant:
+        g = self._grants.get(project_id)
+        if g is None:
+            g = self._grants[project_id] = _Grant()
+        return g
+
+    def held_nano(self, project_id: int) -> tuple[int, int]:
+        """``(grant, reserved)`` of this instance for a project, in nano-USD (for tests and reports)."""
+        g = self._grants.get(project_id)
+        return (g.granted, g.reserved) if g is not None else (0, 0)
+
+    async def remaining_usd(self, project: Project) -> float | None:
+        """The window budget this instance could still admit for ``project`` (``None``: no budget), from
+        memory; one database read when no snapshot is known (first use, after a change or a heartbeat)."""
+        if project.budget_usd is None:
+            return None
+        g = self._grant(project.id)
+        if g.free is None:
+            await self._read_free(project, g)
+        return from_nano(max(0, (g.free or 0) + g.granted - g.reserved))
+
+    async def _read_free(self, project: Project, g: _Grant) -> None:
+        now = datetime.now(UTC)
+        with boundary("read spend"):
+            async with self.store.engine.connect() as conn:
+                row = await self._budget_row(conn, project, lock=False)
+                budget, window = row
+                settled, reserved, granted = await self.store._sums(
+                    conn, project.id, window_start(window, now), now
+                )
+        g.free = max(0, budget - settled - reserved - granted) if budget is not None else 0
+
+    async def _budget_row(self, conn: AsyncConnection, project: Project, *, lock: bool) -> Any:
+        q = select(s.projects.c.budget_nano, s.projects.c.budget_window).where(s.projects.c.id == project.id)
+        row = (await conn.execute(q.with_for_update() if lock else q)).first()
+        if row is None:
+            raise StoreNotFoundError(f"project = {project.name!r}: no such project")
+        return row
+
+    async def reserve(self, project: Project, amount_usd: float) -> Ticket | None:
+        """Admit ``amount_usd`` against the project's window budget: a ticket, or ``None`` (not enough
+        budget). Memory only while the grant covers it; otherwise one claim transaction."""
+        amount = budget_nano(amount_usd) or 0
+        g = self._grant(project.id)
+        if self._fits(g, amount):
+            g.reserved += amount
+            return Ticket(project.id, amount)
+        async with g.lock:
+            for _ in range(3):
+                if self._fits(g, amount):
+                    g.reserved += amount
+                    return Ticket(project.id, amount)
+                if not await self._claim(project, g, amount):
+                    return None
+        return None
+
+    def _fits(self, g: _Grant, amount: int) -> bool:
+        return g.reserved + amount <= g.granted and time.monotonic() < self._lease_ok_until
+
+    async def _claim(self, project: Project, g: _Grant, amount: int) -> bool:
+        """Take more of the project's budget into this instance's grant (one locked transaction)."""
+        now = datetime.now(UTC)
+        started = time.monotonic()
+        with boundary("reserve budget"):
+            async with self.store.writer.begin() as conn:
+                budget, window = await self._budget_row(conn, project, lock=True)
+                await self._ensure_lease(conn, epoch_ms(now))
+                needed = max(0, g.reserved + amount - g.granted)
+                if budget is None:
+                    take = needed
+                else:
+                    settled, reserved, granted = await self.store._sums(
+                        conn, project.id, window_start(window, now), now
+                    )
+                    free = budget - settled - reserved - granted
+                    if needed > free:
+                        g.free = max(0, free)
+                        return False
+                    spare = free - needed
+                    take = needed + min(spare // 4, _CLAIM_AHEAD * amount)
+                    g.free = free - take
+                if take:
+                    await self._add_grant(conn, project.id, take)
+        self._lease_ok_until = started + self._lease_window()
+        g.granted += take
+        g.last_claim = time.monotonic()
+        return True
+
+    async def _add_grant(self, conn: AsyncConnection, project_id: int, take: int) -> None:
+        ins = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+        stmt = ins(s.budget_grants).values(
+            instance_id=self.instance_id, project_id=project_id, amount_nano=take
+        )
+        await conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["instance_id", "project_id"],
+                set_={"amount_nano": s.budget_grants.c.amount_nano + take},
+            )
+        )
+
+    def _lease_window(self) -> float:
+        return self.lease_ms / 1000 - 2 * self.heartbeat_s
+
+    async def _ensure_lease(self, conn: AsyncConnection, now_ms: int) -> None:
+        """Renew this instance's lease inside ``conn``'s transaction. A lease found expired (or gone) while
+        registered was lost: others may have claimed this instance's grants, so they restart from zero."""
+        gi = s.gateway_instances.c
+        me = self.instance_id
+        lease = await conn.scalar(select(gi.lease_until_ms).where(gi.instance_id == me))
+        until = now_ms + self.lease_ms
+        if lease is not None and lease > now_ms:
+            await conn.execute(
+                update(s.gateway_instances).where(gi.instance_id == me).values(lease_until_ms=until)
+            )
+            return
+        if self._registered:
+            log.error("instance %s: lease lost (stalled longer than the lease); grants restart from zero", me)
+            for g in self._grants.values():
+                g.granted = 0
+                g.free = None
+        await conn.execute(delete(s.budget_grants).where(s.budget_grants.c.instance_id == me))
+        await conn.execute(delete(s.gateway_instances).where(gi.instance_id == me))
+        await conn.execute(
+            s.gateway_instances.insert().values(instance_id=me, started_at_ms=now_ms, lease_until_ms=until)
+        )
+        self._registered = True
+
+    async def _heartbeat(self) -> None:
+        """Renew the lease and give back the unused part of grants that saw no claim for a heartbeat."""
+        started = time.monotonic()
+        trims: dict[int, int] = {}
+        for pid, g in self._grants.items():
+            excess = g.granted - max(g.reserved, 0)
+            if excess > 0 and not g.lock.locked() and started - g.last_claim >= self.heartbeat_s:
+                g.granted -= excess  # lowered in memory first: the database value never drops below it
+                trims[pid] = excess
+            g.free = None
+        bg = s.budget_grants.c
+        with boundary("renew lease"):
+            async with self.store.writer.begin() as conn:
+                await self._ensure_lease(conn, epoch_ms(datetime.now(UTC)))
+                for pid, excess in trims.items():
+                    await conn.execute(
+                        update(s.budget_grants)
+                        .where(bg.instance_id == self.instance_id, bg.project_id == pid)
+                        .values(amount_nano=bg.amount_nano - excess)
+                    )
+        self._lease_ok_until = started + self._lease_window()
+
+    async def release(self, ticket: Ticket | None) -> None:
+        """Drop a hold without spending (nothing was served). In memory only."""
+        if ticket is not None and ticket.amount_nano:
+            self._grant(ticket.project_id).reserved -= ticket.amount_nano
+
+    # -- settlement (group commit) ---------------------------------------------------------------------
+    async def settle(
+        self,
+        project: Project,
+        *,
+        reservation_id: Ticket | None,
+        request_id: str,
+        key_id: str | None,
+        provider: str,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cost_usd: float,
+        estimated: bool = False,
+        now: datetime | None = None,
+    ) -> None:
+        """Append the actual cost to the ledger and move it out of the grant; returns once committed."""
+        if self._writer_task is None or self._closing:
+            raise StoreUnavailableError("settle spend: the store's writer is not running")
+        row = {
+            "request_id": request_id,
+            "project_id": project.id,
+            "key_id": key_id,
+            "provider": provider,
+            "model": model,
+            "prompt_tokens": max(0, int(prompt_tokens)),
+            "completion_tokens": max(0, int(completion_tokens)),
+            "cost_nano": to_nano(cost_usd),
+            "estimated": int(estimated),
+            "at": now_utc(now),
+        }
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Entry(row, reservation_id, fut))
+        self._wake.set()
+        await fut
+
+    async def _writer(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+                try:
+                    await self._commit(batch)
+                except StoreError as exc:
+                    for e in batch:
+                        if e.ticket is not None and e.ticket.amount_nano:  # the grant stays (conservative)
+                            self._grant(e.ticket.project_id).reserved -= e.ticket.amount_nano
+                        if not e.future.done():
+                            e.future.set_exception(exc)
+                    continue
+                for e in batch:
+                    if e.ticket is not None:
+                        g = self._grant(e.ticket.project_id)
+                        g.granted -= e.row["cost_nano"]
+                        g.reserved -= e.ticket.amount_nano
+                    if not e.future.done():
+                        e.future.set_result(None)
+            if self._closing:
+                return
+
+    async def _commit(self, batch: list[_Entry]) -> None:
+        days: dict[tuple[int, str], int] = {}
+        spent: dict[int, int] = {}
+        for e in batch:
+            key = (e.row["project_id"], e.row["at"].date().isoformat())
+            days[key] = days.get(key, 0) + e.row["cost_nano"]
+            if e.ticket is not None:
+                spent[e.ticket.project_id] = spent.get(e.ticket.project_id, 0) + e.row["cost_nano"]
+        bg = s.budget_grants.c
+        with boundary("settle spend"):
+            async with self.store.writer.begin() as conn:
+                ins = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+                for (pid, day), cost in days.items():
+                    stmt = ins(s.daily_spend).values(project_id=pid, day=day, settled_nano=cost)
+                    await conn.execute(
+                        stmt.on_conflict_do_update(
+                            index_elements=["project_id", "day"],
+                            set_={"settled_nano": s.daily_spend.c.settled_nano + cost},
+                        )
+                    )
+                await conn.execute(s.ledger.insert(), [e.row for e in batch])
+                for pid, cost in spent.items():
+                    if cost:
+                        await conn.execute(
+                            update(s.budget_grants)
+                            .where(bg.instance_id == self.instance_id, bg.project_id == pid)
+                            .values(amount_nano=bg.amount_nano - cost)
+                        )
