@@ -60,7 +60,16 @@ from ethen.gateway.routing import (
     decide,
 )
 from ethen.gateway.routing.reasons import OVER_PROJECT_BUDGET
-from ethen.store import CertificationReceipt, Principal, Project, Store, StoreError, parse_key
+from ethen.store import (
+    Admission,
+    CertificationReceipt,
+    Principal,
+    Project,
+    Store,
+    StoreError,
+    Ticket,
+    parse_key,
+)
 from ethen.store.engine import normalize_url
 
 __all__ = [
@@ -144,11 +153,11 @@ class Hold:
 
     def __init__(
         self,
-        store: Store | None,
+        store: Admission | None,
         access: Access,
         decision: Decision | None,
         request_id: str,
-        reservation: int | None,
+        reservation: Ticket | None,
     ) -> None:
         self._store = store
         self._access = access
@@ -235,13 +244,16 @@ class Accounts:
         keyring: KeyRing,
         *,
         store_url: str | None = None,
-        reservation_ttl: timedelta = timedelta(minutes=15),
+        lease: timedelta = timedelta(seconds=15),
+        instance_id: str | None = None,
         release_dangling: bool = True,
     ) -> None:
         self.keyring = keyring
         self.store_url = store_url
         self.store: Store | None = None
-        self.ttl = reservation_ttl
+        self.admission: Admission | None = None  # key cache, grants, group commit
+        self.lease = lease
+        self.instance_id = instance_id
         self.release_dangling = release_dangling
 
     async def start(self) -> None:
@@ -252,12 +264,22 @@ class Accounts:
         except StoreError as exc:
             log.error("cannot open the store: %s", exc.message)
             raise GatewayConfigError(f"store: {exc.message}") from None
-        if self.release_dangling:
-            n = await self.store.release_all()
-            if n:
-                log.warning("released %d dangling budget reservation(s) left by a previous process", n)
+        adm = Admission(self.store, instance_id=self.instance_id, lease=self.lease)
+        try:
+            n = await adm.start()  # releases only this id's rows and those of instances whose lease expired
+        except StoreError as exc:
+            await self.store.aclose()
+            self.store = None
+            log.error("cannot start budget admission: %s", exc.message)
+            raise GatewayConfigError(f"store: {exc.message}") from None
+        self.admission = adm
+        if n and self.release_dangling:
+            log.warning("released %d budget hold(s) of gateway instance(s) whose lease expired", n)
 
     async def aclose(self) -> None:
+        if self.admission is not None:
+            await self.admission.aclose()  # commits queued settlements, returns this instance's grants
+            self.admission = None
         if self.store is not None:
             await self.store.aclose()
             self.store = None
@@ -272,7 +294,8 @@ class Accounts:
             if key is None or parse_key(key) is None:
                 raise err from None
             try:
-                principal = await self.store.authenticate(key)
+                assert self.admission is not None
+                principal = await self.admission.authenticate(key)  # cached; revocations seen within 1 s
             except StoreError as exc:
                 log.error("key lookup failed: %s", exc.message)
                 raise AccountsUnavailableError("The gateway could not check the API key.") from None
@@ -295,8 +318,8 @@ class Accounts:
                     body["model"] = project.default_alias
                 remaining = policy.remaining_budget_usd
                 if project.budget_usd is not None:
-                    spend = await self.store.spend(project, now=ctx.now)
-                    left = spend.remaining_usd
+                    assert self.admission is not None
+                    left = await self.admission.remaining_usd(project)  # from memory
                     remaining = left if remaining is None or left is None else min(remaining, left)
                 policy = ProjectPolicy(
                     allowed_providers=_intersect(policy.allowed_providers, project.allowed_providers),
@@ -344,19 +367,13 @@ class Accounts:
     async def admit(self, access: Access, decision: Decision, request_id: str) -> Hold:
         """Reserve the request's estimated cost against its project's window budget."""
         project = access.project
-        if project is None or self.store is None:
+        if project is None or self.admission is None:
             return Hold(None, access, None, request_id, None)
         reservation = None
         if project.budget_usd is not None:
             amount = max(sc.estimated_cost_usd for sc in decision.chain)
             try:
-                reservation = await self.store.reserve(
-                    project,
-                    amount,
-                    request_id=request_id,
-                    key_id=access.principal.key_id if access.principal else None,
-                    ttl=self.ttl,
-                )
+                reservation = await self.admission.reserve(project, amount)  # in memory while the grant lasts
             except StoreError as exc:
                 log.error("request %s: reserving budget failed: %s", request_id, exc.message)
                 msg = "The gateway could not reserve the project's budget."
@@ -366,7 +383,7 @@ class Accounts:
                     f"Project {project.name!r} has not enough budget left in this {project.budget_window}: "
                     f"the request's estimated cost is ${amount:.6f}."
                 )
-        return Hold(self.store, access, decision, request_id, reservation)
+        return Hold(self.admission, access, decision, request_id, reservation)
 
 
 def accounts_for(cfg: GatewayConfig, keyring: KeyRing, env: Mapping[str, str] | None = None) -> Accounts:
@@ -383,6 +400,7 @@ def accounts_for(cfg: GatewayConfig, keyring: KeyRing, env: Mapping[str, str] | 
     return Accounts(
         keyring,
         store_url=url,
-        reservation_ttl=timedelta(seconds=sc.reservation_ttl_s),
+        lease=timedelta(seconds=sc.lease_s),
+        instance_id=sc.instance_id,
         release_dangling=sc.release_dangling,
     )

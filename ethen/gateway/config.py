@@ -18,12 +18,15 @@ Layout (see ``examples/gateway.toml``)::
                         (the spec's camelCase minSuccessRate / minSamples are accepted too)
     [policy]            allowed_providers, allowed_models, remaining_budget_usd
     [store]             url or url_env (SQLAlchemy URL: sqlite:///ethen.db, postgresql://...),
-                        admin_key_sha256, reservation_ttl_s, release_dangling (see ethen.admin, ethen.store)
+                        admin_key_sha256, lease_s, instance_id, release_dangling (see ethen.store.admission)
 
 Choices where the issue is silent:
 - TOML only (the issue allows YAML or TOML; TOML needs no extra dependency).
 - Secrets are never in the file: a provider names the environment variable holding its key
-  (``api_key_env``); a missing variable is a start-up error naming the variable, never showing a value.
+  (``api_key_env``); a missing variable is an error naming the variable, never showing a value. The
+  ``ethen gateway`` and ``ethen up`` commands first drop the providers whose variable is unset (their routes
+  and canaries too) with one WARNING each naming the variable (:func:`skip_providers_without_keys`), so one
+  example config serves whichever keys a user has; it is an error only when no route remains.
 - Client API keys are stored as SHA-256 hex digests. Keys are random tokens with high entropy, so a fast
   unsalted hash is enough here (no password stretching); ``ethen gateway hash-key`` prints a digest.
 - The mesh provider (``kind = "mesh"``) lists worker addresses, not a layout: each worker reports the layers
@@ -37,6 +40,7 @@ Choices where the issue is silent:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tomllib
@@ -82,8 +86,11 @@ __all__ = [
     "load_config",
     "parse_config",
     "resolve_secret",
+    "skip_providers_without_keys",
     "store_url",
 ]
+
+log = logging.getLogger("ethen.gateway.config")
 
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 #: The one model a ``kind = "mesh"`` provider serves (``ethen.mesh.orchestrator.MODEL_NAME``).
@@ -267,10 +274,12 @@ class StoreConfig(_Strict):
     url: str | None = Field(None, min_length=1)
     url_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     admin_key_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
-    reservation_ttl_s: float = Field(900.0, gt=0)
-    release_dangling: bool = True
+    reservation_ttl_s: float = Field(900.0, gt=0)  # accepted for older configs; holds now expire with lease_s
+    release_dangling: bool = True  # log what start-up released (only dead instances' holds)
+    lease_s: float = Field(15.0, ge=1.0, le=3600.0)  # a dead instance's budget grants count this long
+    instance_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._:-]{1,64}$")  # default: random per process
 
-    @field_validator("reservation_ttl_s", mode="before")
+    @field_validator("reservation_ttl_s", "lease_s", mode="before")
     @classmethod
     def _num(cls, v: Any) -> Any:
         return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
@@ -413,6 +422,29 @@ def resolve_secret(
             f"providers[id={provider.id!r}].api_key_env = {provider.api_key_env!r}: variable is not set"
         )
     return value
+
+
+def skip_providers_without_keys(cfg: GatewayConfig, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """``cfg`` without the providers whose ``api_key_env`` variable is unset or empty, nor their routes and
+    canaries; one WARNING per skipped provider names it and the variable. Raises
+    :class:`GatewayConfigError` (naming every unset variable) when no route would remain."""
+    values = os.environ if env is None else env
+    missing = {p.id: p.api_key_env for p in cfg.providers
+               if isinstance(p, ProviderConfig) and p.api_key_env and not values.get(p.api_key_env)}
+    if not missing:
+        return cfg
+    routes = [r for r in cfg.routes if r.provider not in missing]
+    if not routes:
+        unset = "; ".join(f"providers[id={pid!r}].api_key_env = {var!r}" for pid, var in missing.items())
+        raise GatewayConfigError(f"no route left: every provider's key variable is unset ({unset})")
+    for pid, var in missing.items():
+        log.warning("provider %r skipped: its api_key_env variable %s is not set (its routes are not served)",
+                    pid, var)
+    return cfg.model_copy(update={
+        "providers": [p for p in cfg.providers if p.id not in missing],
+        "routes": routes,
+        "canaries": [c for c in cfg.canaries if c.candidate.partition("/")[0] not in missing],
+    })
 
 
 def store_url(cfg: GatewayConfig, env: Mapping[str, str] | None = None) -> str | None:
