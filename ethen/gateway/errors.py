@@ -18,6 +18,7 @@ __all__ = [
     "GatewayError",
     "InvalidRequestError",
     "ModelNotFoundError",
+    "NoHealthyCandidateError",
     "NoSmartRouteCandidateError",
     "http_status",
 ]
@@ -89,6 +90,25 @@ class NoSmartRouteCandidateError(GatewayError):
         return body
 
 
+class NoHealthyCandidateError(NoSmartRouteCandidateError):
+    """An outage, not the client's fault: every candidate that could serve the request is excluded only by
+    recent telemetry (``provider_failing`` / ``candidate_failing``) and none may get a trial now. HTTP 503
+    with ``Retry-After: retry_after_s`` (whole seconds until the earliest of them may get a trial);
+    ``rejections`` as for the parent class."""
+
+    default_code = "no_healthy_candidate"
+    default_type = "api_error"
+
+    def __init__(self, message: str, rejections: tuple[Any, ...] = (), retry_after_s: int = 2) -> None:
+        super().__init__(message, rejections)
+        self.retry_after_s = retry_after_s
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        body["error"]["retry_after_s"] = self.retry_after_s
+        return body
+
+
 class GatewayConfigError(GatewayError):
     """Operator configuration is inconsistent (e.g. two candidates with the same id). Never a client error."""
 
@@ -109,6 +129,7 @@ HTTP_STATUS: dict[type[GatewayError], int] = {
     InvalidRequestError: 400,
     ModelNotFoundError: 404,
     NoSmartRouteCandidateError: 422,
+    NoHealthyCandidateError: 503,
     GatewayConfigError: 500,
 }
 

@@ -8,6 +8,7 @@ candidate against every rule one by one. The only value it takes from the core i
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +97,11 @@ def pool_for(body: Mapping[str, Any], ctx: RoutingContext) -> tuple[Candidate, .
 
 
 def feasible(cand: Candidate, body: Mapping[str, Any], ctx: RoutingContext, input_tokens: int) -> bool:
+    return serviceable(cand, body, ctx, input_tokens) and not blocking_circuits(cand, ctx)
+
+
+def serviceable(cand: Candidate, body: Mapping[str, Any], ctx: RoutingContext, input_tokens: int) -> bool:
+    """Every rule except the failing gates (the candidate would serve were its provider healthy)."""
     n = needs_of(body)
     i = cand.info
     pol = ctx.policy
@@ -126,15 +132,53 @@ def feasible(cand: Candidate, body: Mapping[str, Any], ctx: RoutingContext, inpu
     c = cost_usd(cand, input_tokens, n)
     if n.ceiling is not None and c > n.ceiling:
         return False
-    if pol.remaining_budget_usd is not None and c > pol.remaining_budget_usd:
-        return False
-    # failing gates: provider aggregate, and the candidate itself
+    return not (pol.remaining_budget_usd is not None and c > pol.remaining_budget_usd)
+
+
+def blocking_circuits(cand: Candidate, ctx: RoutingContext) -> tuple[str, ...]:
+    """The failing gates that exclude ``cand``, as circuit keys: its provider (0 successes over >= 3 samples
+    summed over the provider's models) and its own ``provider/model`` (0 over >= 3 of its own)."""
+    out: list[str] = []
     prov_n = sum(s.samples for (p, _m), s in ctx.telemetry.stats.items() if p == cand.provider)
     prov_s = sum(s.successes for (p, _m), s in ctx.telemetry.stats.items() if p == cand.provider)
     if prov_n >= 3 and prov_s == 0:
-        return False
+        out.append(cand.provider)
     own = ctx.telemetry.stats.get((cand.provider, cand.model))
-    return not (own is not None and own.samples >= 3 and own.successes == 0)
+    if own is not None and own.samples >= 3 and own.successes == 0:
+        out.append(f"{cand.provider}/{cand.model}")
+    return tuple(out)
+
+
+def expected_outcome(body: Mapping[str, Any], ctx: RoutingContext, input_tokens: int) -> tuple[str, set[str]]:
+    """What decide must do, by brute force: ("route", feasible ids) when some candidate passes every rule;
+    else ("trial", ids) for the serviceable candidates whose every blocking circuit is half-open; else
+    ("no_healthy", serviceable ids) when some candidate is excluded only by the failing gates; else
+    ("none", set())."""
+    pool = pool_for(body, ctx) or ()
+    ok = {f"{c.provider}/{c.model}" for c in pool if feasible(c, body, ctx, input_tokens)}
+    if ok:
+        return "route", ok
+    blocked = {
+        f"{c.provider}/{c.model}": blocking_circuits(c, ctx)
+        for c in pool
+        if serviceable(c, body, ctx, input_tokens)
+    }
+    trial = {cid for cid, keys in blocked.items() if all(k in ctx.circuits.half_open for k in keys)}
+    if trial:
+        return "trial", trial
+    return ("no_healthy", set(blocked)) if blocked else ("none", set())
+
+
+def expected_retry_after(body: Mapping[str, Any], ctx: RoutingContext, input_tokens: int) -> int:
+    """Whole seconds (>= 1) until the earliest serviceable candidate's circuits all allow a trial; a circuit
+    with no known time counts 2 s."""
+    waits = []
+    for c in pool_for(body, ctx) or ():
+        if serviceable(c, body, ctx, input_tokens):
+            keys = blocking_circuits(c, ctx)
+            at = [ctx.circuits.retry_at.get(k) for k in keys]
+            waits.append(max(2.0 if t is None else (t - ctx.now).total_seconds() for t in at))
+    return max(1, math.ceil(min(waits)))
 
 
 def feasible_ids(body: Mapping[str, Any], ctx: RoutingContext, input_tokens: int) -> set[str]:

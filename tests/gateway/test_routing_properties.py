@@ -2,7 +2,8 @@
 
 3,000 random (pool, policy, telemetry, body) scenarios; about a quarter route, the rest exercise the
 fail-closed and model-not-found paths (every rejection reason code occurs; run with
-``--hypothesis-show-statistics`` to see the mix).
+``--hypothesis-show-statistics`` to see the mix). A further 1,500 outage scenarios (most candidates failing,
+circuits drawn) check the half-open admission rule and the 503 outage path against the oracle (issue 10).
 """
 
 from __future__ import annotations
@@ -12,20 +13,22 @@ import random
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from ethen.gateway.errors import ModelNotFoundError, NoSmartRouteCandidateError
+from ethen.gateway.errors import ModelNotFoundError, NoHealthyCandidateError, NoSmartRouteCandidateError
 from ethen.gateway.routing import (
     CANARY_PERCENTS,
     COMPONENTS,
+    EMPTY_CIRCUITS,
     CanaryTarget,
     Candidate,
     CandidateStats,
+    CircuitView,
     LiveCertification,
     ModelInfo,
     Prices,
@@ -34,6 +37,7 @@ from ethen.gateway.routing import (
     TelemetrySnapshot,
     bucket,
     decide,
+    parse_requirements,
 )
 from ethen.gateway.routing.policy import weights_for
 
@@ -182,6 +186,17 @@ policies = st.builds(
 
 
 @st.composite
+def circuit_views(draw: st.DrawFn, pool: tuple[Candidate, ...]) -> CircuitView:
+    """Half-open keys and trial times over the pool's providers and candidate ids (the shell's circuits)."""
+    keys = sorted({c.provider for c in pool} | {c.id for c in pool})
+    half_open = frozenset(k for k in keys if draw(st.booleans()))
+    retry_at = {
+        k: NOW + timedelta(seconds=draw(st.floats(-5, 20))) for k in keys if draw(st.integers(0, 2)) > 0
+    }
+    return CircuitView(half_open, MappingProxyType(retry_at))
+
+
+@st.composite
 def scenarios(draw: st.DrawFn) -> tuple[dict[str, Any], RoutingContext]:
     pool = draw(pools())
     body = draw(bodies(pool))
@@ -192,6 +207,7 @@ def scenarios(draw: st.DrawFn) -> tuple[dict[str, Any], RoutingContext]:
         canaries=draw(canaries(pool, body["model"])),
         now=NOW,
         request_id=draw(st.text(min_size=1, max_size=12)),
+        circuits=draw(st.one_of(st.just(EMPTY_CIRCUITS), circuit_views(pool))),
     )
     return body, ctx
 
@@ -206,7 +222,35 @@ def _outcome(body: dict[str, Any], ctx: RoutingContext) -> Any:
 @settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.randoms(use_true_random=False))
 def test_decision_matches_oracle(scenario: tuple[dict[str, Any], RoutingContext], rnd: random.Random) -> None:
-    body, ctx = scenario
+    _check_against_oracle(*scenario, rnd)
+
+
+@st.composite
+def outage_scenarios(draw: st.DrawFn) -> tuple[dict[str, Any], RoutingContext]:
+    """Like :func:`scenarios`, but most candidates fail (0/3..0/6) and the circuits are always drawn: the
+    half-open admission rule and the 503 outage path, which random telemetry rarely reaches."""
+    pool = draw(pools())
+    body = draw(bodies(pool))
+    stats = {
+        c.key: CandidateStats(draw(st.integers(3, 6)), 0) if draw(st.integers(0, 3)) else CandidateStats(4, 4)
+        for c in pool
+        if draw(st.integers(0, 5))
+    }
+    ctx = RoutingContext(
+        pool, ProjectPolicy(), TelemetrySnapshot(stats), (), NOW, "r1", draw(circuit_views(pool))
+    )
+    return body, ctx
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(outage_scenarios(), st.randoms(use_true_random=False))
+def test_half_open_admission_matches_oracle(
+    scenario: tuple[dict[str, Any], RoutingContext], rnd: random.Random
+) -> None:
+    _check_against_oracle(*scenario, rnd)
+
+
+def _check_against_oracle(body: dict[str, Any], ctx: RoutingContext, rnd: random.Random) -> None:
     out = _outcome(body, ctx)
     event(type(out).__name__)
     if isinstance(out, NoSmartRouteCandidateError):
@@ -217,21 +261,36 @@ def test_decision_matches_oracle(scenario: tuple[dict[str, Any], RoutingContext]
     if considered is None:
         assert isinstance(out, ModelNotFoundError)
         return
+    # the oracle's expected outcome: route / half-open trial / outage (503) / fail closed (422)
+    kind, expect = oracle.expected_outcome(body, ctx, parse_requirements(body).input_tokens)
+    event(f"outcome {kind}")
     if isinstance(out, NoSmartRouteCandidateError):
         # fail closed: recompute the estimate the core would have used, then no candidate may be feasible
-        from ethen.gateway.routing import parse_requirements
-
         tokens = parse_requirements(body).input_tokens
         assert oracle.feasible_ids(body, ctx, tokens) == set()
         assert {r.candidate_id for r in out.rejections} == {c.id for c in considered}
         assert all(r.reasons for r in out.rejections)
+        if kind == "no_healthy":  # an outage: some candidate is excluded only by the failing gates
+            assert isinstance(out, NoHealthyCandidateError)
+            assert out.retry_after_s == oracle.expected_retry_after(body, ctx, tokens)
+        else:
+            assert kind == "none" and type(out) is NoSmartRouteCandidateError
         return
     assert not isinstance(out, Exception)
+    assert kind in ("route", "trial")
     tokens = out.requirements.input_tokens
     assert tokens >= oracle.lower_bound_tokens(body)
     ids = [sc.id for sc in out.chain]
-    # 1. no chain candidate breaks a hard requirement; every rejected one does
-    assert set(ids) == oracle.feasible_ids(body, ctx, tokens)
+    # 1. no chain candidate breaks a hard requirement; every rejected one does. A half-open trial chain only
+    # when no candidate passes the failing gates (a request with a healthy alternative never gets one)
+    assert set(ids) == expect
+    if kind == "trial":
+        assert out.trials is not None and set(out.trials) == expect and out.canary is None
+        assert "circuit_half_open_trial" in out.receipt.reason_codes
+        by_id = {c.id: c for c in considered}
+        assert all(out.trials[i] == oracle.blocking_circuits(by_id[i], ctx) for i in ids)
+    else:
+        assert out.trials is None and "circuit_half_open_trial" not in out.receipt.reason_codes
     assert {r.candidate_id for r in out.rejected}.isdisjoint(ids)
     assert all(r.reasons for r in out.rejected)
     assert len(ids) + len(out.rejected) == len(considered)
@@ -256,7 +315,7 @@ def test_decision_matches_oracle(scenario: tuple[dict[str, Any], RoutingContext]
         assert "canary_promoted" in out.receipt.reason_codes
         event("canary promoted")
         ranked = ranked[1:]
-    else:
+    elif kind == "route":
         for t in ctx.canaries:
             if t.alias == body["model"]:
                 hit = bucket(t.alias, t.candidate, ctx.request_id) < t.percent
@@ -270,7 +329,7 @@ def test_decision_matches_oracle(scenario: tuple[dict[str, Any], RoutingContext]
     shuffled = list(ctx.pool)
     rnd.shuffle(shuffled)
     permuted = RoutingContext(
-        tuple(shuffled), ctx.policy, ctx.telemetry, ctx.canaries, ctx.now, ctx.request_id
+        tuple(shuffled), ctx.policy, ctx.telemetry, ctx.canaries, ctx.now, ctx.request_id, ctx.circuits
     )
     other = decide(body, permuted)
     assert [sc.id for sc in other.chain] == ids

@@ -14,6 +14,7 @@ from .candidates import (
     Prices,
     ProjectPolicy,
 )
+from .circuits import DEFAULT_RETRY_AFTER_S, EMPTY_CIRCUITS, CircuitView, circuit_keys
 from .decide import Decision, RoutingContext, decide, resolve_pool
 from .filter import Rejection, estimate_cost_usd
 from .policy import ALIASES, COMPONENTS, LATENCY_TARGETS, POLICY_VERSION, AliasProfile, HardGates
@@ -27,6 +28,8 @@ __all__ = [
     "ALIASES",
     "CANARY_PERCENTS",
     "COMPONENTS",
+    "DEFAULT_RETRY_AFTER_S",
+    "EMPTY_CIRCUITS",
     "LATENCY_TARGETS",
     "POLICY_VERSION",
     "RECENT_MAX_OUTCOMES",
@@ -38,6 +41,7 @@ __all__ = [
     "CanaryTarget",
     "Candidate",
     "CandidateStats",
+    "CircuitView",
     "Decision",
     "HardGates",
     "LiveCertification",
@@ -52,6 +56,7 @@ __all__ = [
     "ScoredCandidate",
     "TelemetrySnapshot",
     "bucket",
+    "circuit_keys",
     "decide",
     "estimate_cost_usd",
     "parse_requirements",

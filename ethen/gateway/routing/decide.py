@@ -8,6 +8,12 @@ Concrete (non ``ethen/*``) model ids: the pool is the candidates whose ``model``
 providers become the fallback chain); if none, candidates whose ``id`` (``provider/model``) equals it. Request
 requirements still apply; ranking uses the ``ethen/auto`` profile. Unknown ids and unknown ``ethen/*`` aliases
 raise ``ModelNotFoundError``. Two candidates with the same id are an operator error (``GatewayConfigError``).
+
+When no candidate passes (:mod:`.circuits`, off the hot path): candidates excluded only by the failing
+gates whose circuits are half-open (``ctx.circuits``) become a trial chain (receipt code
+``circuit_half_open_trial``, no canary promotion: a trial is a degraded mode, not a rollout); if there are
+such candidates but none is half-open, ``NoHealthyCandidateError`` (503, with ``retry_after_s``);
+otherwise ``NoSmartRouteCandidateError``.
 """
 
 from __future__ import annotations
@@ -16,12 +22,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from operator import attrgetter, itemgetter
+from types import MappingProxyType
 from typing import Any
 
-from ethen.gateway.errors import ModelNotFoundError, NoSmartRouteCandidateError
+from ethen.gateway.errors import ModelNotFoundError, NoHealthyCandidateError, NoSmartRouteCandidateError
 
 from .canary import CanaryEvaluation, apply_canary
 from .candidates import CanaryTarget, Candidate, ProjectPolicy
+from .circuits import EMPTY_CIRCUITS, CircuitView, circuit_keys, retry_after
 from .filter import Rejection
 from .policy import ALIASES, CONCRETE_PROFILE, AliasProfile
 from .receipt import Receipt, build_receipt
@@ -47,6 +55,7 @@ class RoutingContext:
     canaries: tuple[CanaryTarget, ...]
     now: datetime
     request_id: str
+    circuits: CircuitView = EMPTY_CIRCUITS
 
     def __post_init__(self) -> None:
         if self.now.tzinfo is None:
@@ -55,7 +64,9 @@ class RoutingContext:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """``chain`` is ranked and capability-safe: it is the fallback chain (``chain[0]`` is primary)."""
+    """``chain`` is ranked and capability-safe: it is the fallback chain (``chain[0]`` is primary).
+    ``trials``: for a half-open trial chain, candidate id -> the circuit keys its attempt tries (the shell
+    lets one trial per key through); ``None`` otherwise."""
 
     chain: tuple[ScoredCandidate, ...]
     rejected: tuple[Rejection, ...]
@@ -63,6 +74,7 @@ class Decision:
     requirements: Requirements
     profile: AliasProfile
     canary: CanaryEvaluation | None = None
+    trials: Mapping[str, tuple[str, ...]] | None = None
 
     @property
     def selected(self) -> ScoredCandidate:
@@ -85,6 +97,7 @@ class Decision:
                 for sc in self.chain
             ],
             "rejected": [rj.to_dict() for rj in self.rejected],
+            **({"trials": {cid: list(keys) for cid, keys in self.trials.items()}} if self.trials else {}),
         }
 
 
@@ -110,11 +123,7 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
     rejected.sort(key=_rejection_key)
     rejections = tuple(rejected)
     if not feasible:
-        raise NoSmartRouteCandidateError(
-            f"no candidate for {req.model!r} satisfies the request "
-            f"({len(rejections)} rejected; see 'rejections')",
-            rejections,
-        )
+        return _none_passes(req, profile, pool, concrete, ctx, rejections)
     # rank: score desc, then provider id, then model id. Scores rarely tie: when they are all distinct, one
     # sort by score (C-level key) is the whole order. Otherwise a stable sort by (provider, model) first; two
     # stable sorts are cheaper than one building a (-score, provider, model) tuple per candidate.
@@ -126,3 +135,39 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
     chain = tuple(feasible)
     receipt = build_receipt(req, profile, chain, rejections, canary, concrete, ctx.policy)
     return Decision(chain, rejections, receipt, req, profile, canary)
+
+
+def _none_passes(
+    req: Requirements,
+    profile: AliasProfile,
+    pool: tuple[Candidate, ...],
+    concrete: bool,
+    ctx: RoutingContext,
+    rejections: tuple[Rejection, ...],
+) -> Decision:
+    """No candidate passed every gate: a half-open trial chain, else the right error (:mod:`.circuits`)."""
+    blocked = {rj.candidate_id: keys for rj in rejections if (keys := circuit_keys(rj)) is not None}
+    if not blocked:
+        raise NoSmartRouteCandidateError(
+            f"no candidate for {req.model!r} satisfies the request "
+            f"({len(rejections)} rejected; see 'rejections')",
+            rejections,
+        )
+    half_open = ctx.circuits.half_open
+    trials = {cid: keys for cid, keys in blocked.items() if half_open.issuperset(keys)}
+    if not trials:
+        wait = retry_after(blocked.values(), ctx.circuits, ctx.now)
+        raise NoHealthyCandidateError(
+            f"every candidate that can serve {req.model!r} is excluded by recent failures of its provider "
+            f"({len(blocked)} of {len(rejections)}; see 'rejections'); retry in {wait} s",
+            rejections,
+            wait,
+        )
+    sub = tuple(c for c in pool if c.id in trials)
+    feasible, _ = score_pool(sub, req, profile, ctx.policy, ctx.telemetry, ctx.now, gated=False)
+    feasible.sort(key=_by_key)
+    feasible.sort(key=_by_score, reverse=True)
+    chain = tuple(feasible)
+    rest = tuple(rj for rj in rejections if rj.candidate_id not in trials)
+    receipt = build_receipt(req, profile, chain, rest, None, concrete, ctx.policy, trial=True)
+    return Decision(chain, rest, receipt, req, profile, None, MappingProxyType(trials))

@@ -18,6 +18,7 @@ __all__ = [
     "ALIAS_REQUIRES_VISION",
     "CANARY_PROMOTED",
     "CANDIDATE_FAILING",
+    "CIRCUIT_HALF_OPEN_TRIAL",
     "CONCRETE_MODEL",
     "CONTEXT_WINDOW_TOO_SMALL",
     "FALLBACK_USED",
@@ -95,6 +96,7 @@ HIGHEST_SCORE: Final = "highest_score"
 CANARY_PROMOTED: Final = "canary_promoted"
 CONCRETE_MODEL: Final = "concrete_model"
 FALLBACK_USED: Final = "fallback_used"
+CIRCUIT_HALF_OPEN_TRIAL: Final = "circuit_half_open_trial"
 
 SELECTION_REASONS: Final = MappingProxyType(
     {
@@ -108,5 +110,7 @@ SELECTION_REASONS: Final = MappingProxyType(
         CONCRETE_MODEL: "a concrete model id was requested; the pool is its providers",
         FALLBACK_USED: "the primary failed; the next candidate of the fallback chain answered (receipt of an "
         "executed request: selected_* name the candidate that answered, primary_* the decision's rank 1)",
+        CIRCUIT_HALF_OPEN_TRIAL: "no candidate passed the failing-provider gate; the selected one is a trial "
+        "request through a half-open circuit (its cool-down elapsed), so a recovered provider is used again",
     }
 )

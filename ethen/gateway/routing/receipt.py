@@ -144,8 +144,10 @@ def build_receipt(
     canary: CanaryEvaluation | None,
     concrete: bool,
     policy: ProjectPolicy,
+    trial: bool = False,
 ) -> Receipt:
-    """The receipt of a decision whose ranked chain (after the canary gate) is ``chain``."""
+    """The receipt of a decision whose ranked chain (after the canary gate) is ``chain``; ``trial``: the chain
+    is half-open circuits' trial candidates (:mod:`.circuits`)."""
     top = chain[0]
     codes = [r.SUPPORTS_REQUIRED_CAPABILITIES]
     if req.budget_ceiling_usd is not None or policy.remaining_budget_usd is not None:
@@ -156,6 +158,8 @@ def build_receipt(
     codes.append(r.CANARY_PROMOTED if canary is not None and canary.promoted else r.HIGHEST_SCORE)
     if concrete:
         codes.append(r.CONCRETE_MODEL)
+    if trial:
+        codes.append(r.CIRCUIT_HALF_OPEN_TRIAL)
     return Receipt(
         requested_model=req.model,
         reason_codes=tuple(codes),

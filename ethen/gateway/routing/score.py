@@ -19,6 +19,7 @@ per candidate).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import datetime
 from operator import attrgetter
 from typing import NamedTuple
@@ -36,7 +37,7 @@ from .policy import (
     weights_for,
 )
 from .requirements import Requirements
-from .telemetry import EMPTY_STATS, RELIABILITY_PRIOR, TelemetrySnapshot
+from .telemetry import EMPTY_STATS, RELIABILITY_PRIOR, CandidateStats, TelemetrySnapshot
 
 __all__ = ["ScoreComponents", "ScoredCandidate", "score_pool"]
 
@@ -100,18 +101,27 @@ def score_pool(
     policy: ProjectPolicy,
     telemetry: TelemetrySnapshot,
     now: datetime,
+    *,
+    gated: bool = True,
 ) -> tuple[list[ScoredCandidate], list[Rejection]]:
     """One pass over the pool (the hot loop of a decision): a fast feasibility check per candidate, then
     either all its reason codes (:func:`.filter.check_candidate`, the single source of reason codes, called
     only for rejected candidates) or its score. The component formulas (module docstring) are inlined here,
-    their one implementation. Raises ``GatewayConfigError`` on duplicate candidate ids."""
+    their one implementation. Raises ``GatewayConfigError`` on duplicate candidate ids.
+
+    ``gated=False`` turns the failing gates off (scoring half-open trial candidates, :mod:`.circuits`); it
+    swaps the inputs before the loop, so the loop itself is the same."""
     if len(set(map(_get_id, pool))) != len(pool):
         seen: set[str] = set()
         dup = next(c.id for c in pool if c.id in seen or seen.add(c.id))  # type: ignore[func-returns-value]
         raise GatewayConfigError(f"duplicate candidate id in the pool: {dup!r}")
-    stats_get = telemetry.stats.get
-    health = telemetry.health.get
+    table: Mapping[tuple[str, str], CandidateStats] = telemetry.stats
     failing = telemetry.failing_providers
+    if not gated:
+        table = {c.key: table[c.key].without_gate() for c in pool if c.key in table}
+        failing = frozenset()
+    stats_get = table.get
+    health = telemetry.health.get
     w0, w1, w2, w3, w4, w5, w6, w7 = weights_for(profile, req.latency_target)
     gates = profile.gates
     qfactor = profile.non_reasoning_quality_factor

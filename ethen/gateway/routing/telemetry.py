@@ -100,6 +100,13 @@ class CandidateStats:
         failing = self.samples >= FAILING_MIN_SAMPLES and n == 0
         object.__setattr__(self, "terms", (la, lb, ta, tb, smoothed_success(self.samples, n), failing))
 
+    def without_gate(self) -> CandidateStats:
+        """The same stats with the failing flag off (``terms[5]``): scoring a half-open circuit's trial
+        candidate (:mod:`.circuits`), whose reliability still counts."""
+        out = CandidateStats(self.samples, self.successes, self.latency_ms_mean, self.ttft_ms_mean)
+        object.__setattr__(out, "terms", (*self.terms[:5], False))
+        return out
+
     @property
     def success_rate(self) -> float | None:
         return self.successes / self.samples if self.samples else None
@@ -113,7 +120,7 @@ class TelemetrySnapshot:
     """Per (provider, model) recent stats. Missing keys mean "no recent evidence".
 
     ``provider_totals`` (provider -> (samples, successes) summed over all its models), ``failing_providers``
-    (0 successes over >= 3 samples) and ``provider_health`` are computed once when the snapshot is built, so
+    (0 successes over >= 3 samples), ``failing_candidates`` and ``provider_health`` are computed once when the snapshot is built, so
     each decision reads them instead of re-summing. Build a new snapshot when the telemetry changes; do not
     mutate ``stats`` afterwards.
     """
@@ -123,6 +130,8 @@ class TelemetrySnapshot:
     max_outcomes: int = RECENT_MAX_OUTCOMES
     provider_totals: Mapping[str, tuple[int, int]] = field(init=False, compare=False, repr=False)
     failing_providers: frozenset[str] = field(init=False, compare=False, repr=False)
+    #: (provider, model) keys with 0 successes over >= 3 samples of their own (``candidate_failing``)
+    failing_candidates: frozenset[tuple[str, str]] = field(init=False, compare=False, repr=False)
     #: provider -> health component (Beta-smoothed success rate over all its models); absent -> prior mean
     provider_health: Mapping[str, float] = field(init=False, compare=False, repr=False)
     #: the same values as ``provider_health`` in a plain dict, read on the scorer's hot path (``dict.get`` is
@@ -131,9 +140,14 @@ class TelemetrySnapshot:
 
     def __post_init__(self) -> None:
         totals: dict[str, tuple[int, int]] = {}
-        for (provider, _model), st in self.stats.items():
+        failing_keys: list[tuple[str, str]] = []
+        for key, st in self.stats.items():
+            provider = key[0]
             n, s = totals.get(provider, (0, 0))
             totals[provider] = (n + st.samples, s + st.successes)
+            if st.terms[5]:
+                failing_keys.append(key)
+        object.__setattr__(self, "failing_candidates", frozenset(failing_keys))
         object.__setattr__(self, "provider_totals", MappingProxyType(totals))
         failing = frozenset(p for p, (n, s) in totals.items() if n >= FAILING_MIN_SAMPLES and s == 0)
         object.__setattr__(self, "failing_providers", failing)
