@@ -21,11 +21,33 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ethen.store import Store
+from ethen.store import Admission, Store
+
+
+async def fast(adm: Admission, key: str, i: int) -> None:
+    """The gateway's path since issue 11: cached key, in-memory remaining and hold, group-committed settle."""
+    principal = await adm.authenticate(key)
+    assert principal is not None
+    p = principal.project
+    await adm.remaining_usd(p)
+    ticket = await adm.reserve(p, 0.0001)
+    assert ticket is not None
+    await adm.settle(
+        p,
+        reservation_id=ticket,
+        request_id=f"f{i}",
+        key_id=principal.key_id,
+        provider="bench",
+        model="m",
+        prompt_tokens=20,
+        completion_tokens=10,
+        cost_usd=0.00005,
+    )
 
 
 async def one(st: Store, key: str, i: int) -> None:
@@ -48,31 +70,43 @@ async def one(st: Store, key: str, i: int) -> None:
     )
 
 
-async def measure(url: str, sync: str, n: int, conc: int) -> tuple[float, float, float]:
+async def measure(url: str, sync: str, n: int, conc: int, path: str) -> tuple[float, float, float]:
     st = await Store.open(url, sqlite_synchronous=sync)
+    adm = Admission(st)
     try:
         name = f"bench{time.monotonic_ns()}"
         await st.create_project(name, budget_usd=1e6, budget_window="day")
         key, _ = await st.create_key(name)
+        if path == "fast":
+            await adm.start()
+
+            def work(i: int) -> Awaitable[None]:
+                return fast(adm, key, i)
+        else:
+
+            def work(i: int) -> Awaitable[None]:
+                return one(st, key, i)
+
         for i in range(20):  # warm-up: pool, statement caches
-            await one(st, key, -i - 1)
+            await work(-i - 1)
         times = []
         for i in range(n):
             t0 = time.perf_counter()
-            await one(st, key, i)
+            await work(i)
             times.append((time.perf_counter() - t0) * 1000)
         times.sort()
         sem = asyncio.Semaphore(conc)
 
         async def bounded(i: int) -> None:
             async with sem:
-                await one(st, key, n + i)
+                await work(n + i)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(bounded(i) for i in range(n)))
         rps = n / (time.perf_counter() - t0)
         return statistics.median(times), times[int(0.99 * (len(times) - 1))], rps
     finally:
+        await adm.aclose()
         await st.aclose()
 
 
@@ -84,20 +118,22 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as d:
-        for label, sync in (
-            ("sqlite synchronous=NORMAL (baseline)", "NORMAL"),
-            ("sqlite synchronous=FULL", "FULL"),
-        ):
-            url = f"sqlite:///{d}/{sync}.db"
-            rows.append((label, *asyncio.run(measure(url, sync, args.n, args.concurrency))))
-    if args.pg:
-        rows.append(("postgresql", *asyncio.run(measure(args.pg, "FULL", args.n, args.concurrency))))
+        for path in ("per-request", "fast"):
+            for label, sync in (("sqlite NORMAL", "NORMAL"), ("sqlite FULL", "FULL")):
+                url = f"sqlite:///{d}/{sync}-{path}.db"
+                rows.append(
+                    (f"{path:12} {label}", *asyncio.run(measure(url, sync, args.n, args.concurrency, path)))
+                )
+            if args.pg:
+                got = asyncio.run(measure(args.pg, "FULL", args.n, args.concurrency, path))
+                rows.append((f"{path:12} postgresql", *got))
     base = rows[0]
     print(
         f"per-request store work (auth + spend + reserve + settle), n={args.n}, "
-        f"concurrency={args.concurrency}"
+        f"concurrency={args.concurrency}; 'per-request' = one transaction per step (before issue 11), "
+        "'fast' = ethen.store.Admission (the gateway's path)"
     )
-    print(f"{'backend':40} {'median ms':>10} {'p99 ms':>8} {'req/s':>8} {'median vs base':>15}")
+    print(f"{'path / backend':40} {'median ms':>10} {'p99 ms':>8} {'req/s':>8} {'median vs first':>15}")
     for label, med, p99, rps in rows:
         print(f"{label:40} {med:10.3f} {p99:8.3f} {rps:8.0f} {med / base[1]:14.2f}x")
 

@@ -55,17 +55,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from . import schema as s
 from ._common import budget_nano, epoch_ms, now_utc
 from .engine import boundary
-from .errors import StoreError, StoreNotFoundError, StoreUnavailableError
+from .errors import StoreError, StoreNotFoundError
+from .groupcommit import Entry, GroupCommit
 from .models import Principal, Project
 from .store import LAST_USED_GRANULARITY, Store
 from .values import from_nano, to_nano, window_start
 
-__all__ = ["MAX_BATCH", "Admission", "Ticket"]
+__all__ = ["Admission", "Ticket"]
 
 log = logging.getLogger("ethen.store.admission")
 
-#: Most settlements committed in one transaction.
-MAX_BATCH = 512
 _CLAIM_AHEAD = 64  # a claim takes up to this many more requests of the same amount ahead of need
 _MAX_KEYS = 100_000  # key cache bound (cleared when full)
 
@@ -85,13 +84,6 @@ class _Grant:
     free: int | None = None  # what could still be claimed, as last read (None: unknown)
     last_claim: float = 0.0  # monotonic time of the last claim
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
-@dataclass(slots=True)
-class _Entry:
-    row: dict[str, Any]
-    ticket: Ticket | None
-    future: asyncio.Future[None]
 
 
 class Admission:
@@ -117,12 +109,9 @@ class Admission:
         self._counter: int | None = None
         self._lease_ok_until = 0.0  # monotonic: admit from memory only before this
         self._registered = False
-        self._pending: list[_Entry] = []
-        self._wake = asyncio.Event()
+        self._writer = GroupCommit(store, self.instance_id, self._applied, self._failed)
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
-        self._writer_task: asyncio.Task[None] | None = None
-        self._closing = False
 
     # -- life cycle ------------------------------------------------------------------------------------
     async def start(self) -> int:
@@ -132,7 +121,7 @@ class Admission:
         await self._heartbeat()
         self._counter = await self.store.changes()
         self.store.on_change.append(self.invalidate)
-        self._writer_task = asyncio.create_task(self._writer())
+        self._writer.start()
         self._tasks = [
             asyncio.create_task(self._every(self.heartbeat_s, self._heartbeat)),
             asyncio.create_task(self._every(self.poll_s, self._poll)),
@@ -147,11 +136,7 @@ class Admission:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
-        self._closing = True
-        if self._writer_task is not None:
-            self._wake.set()
-            await self._writer_task
-            self._writer_task = None
+        await self._writer.aclose()
         if self.invalidate in self.store.on_change:
             self.store.on_change.remove(self.invalidate)
         for t in list(self._background):
@@ -394,8 +379,6 @@ class Admission:
         now: datetime | None = None,
     ) -> None:
         """Append the actual cost to the ledger and move it out of the grant; returns once committed."""
-        if self._writer_task is None or self._closing:
-            raise StoreUnavailableError("settle spend: the store's writer is not running")
         row = {
             "request_id": request_id,
             "project_id": project.id,
@@ -408,61 +391,20 @@ class Admission:
             "estimated": int(estimated),
             "at": now_utc(now),
         }
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Entry(row, reservation_id, fut))
-        self._wake.set()
-        await fut
+        ticket = reservation_id
+        if ticket is None:
+            await self._writer.submit(row, None, 0)
+        else:
+            await self._writer.submit(row, ticket.project_id, ticket.amount_nano)
 
-    async def _writer(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._pending:
-                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
-                try:
-                    await self._commit(batch)
-                except StoreError as exc:
-                    for e in batch:
-                        if e.ticket is not None and e.ticket.amount_nano:  # the grant stays (conservative)
-                            self._grant(e.ticket.project_id).reserved -= e.ticket.amount_nano
-                        if not e.future.done():
-                            e.future.set_exception(exc)
-                    continue
-                for e in batch:
-                    if e.ticket is not None:
-                        g = self._grant(e.ticket.project_id)
-                        g.granted -= e.row["cost_nano"]
-                        g.reserved -= e.ticket.amount_nano
-                    if not e.future.done():
-                        e.future.set_result(None)
-            if self._closing:
-                return
-
-    async def _commit(self, batch: list[_Entry]) -> None:
-        days: dict[tuple[int, str], int] = {}
-        spent: dict[int, int] = {}
+    def _applied(self, batch: list[Entry]) -> None:
         for e in batch:
-            key = (e.row["project_id"], e.row["at"].date().isoformat())
-            days[key] = days.get(key, 0) + e.row["cost_nano"]
-            if e.ticket is not None:
-                spent[e.ticket.project_id] = spent.get(e.ticket.project_id, 0) + e.row["cost_nano"]
-        bg = s.budget_grants.c
-        with boundary("settle spend"):
-            async with self.store.writer.begin() as conn:
-                ins = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-                for (pid, day), cost in days.items():
-                    stmt = ins(s.daily_spend).values(project_id=pid, day=day, settled_nano=cost)
-                    await conn.execute(
-                        stmt.on_conflict_do_update(
-                            index_elements=["project_id", "day"],
-                            set_={"settled_nano": s.daily_spend.c.settled_nano + cost},
-                        )
-                    )
-                await conn.execute(s.ledger.insert(), [e.row for e in batch])
-                for pid, cost in spent.items():
-                    if cost:
-                        await conn.execute(
-                            update(s.budget_grants)
-                            .where(bg.instance_id == self.instance_id, bg.project_id == pid)
-                            .values(amount_nano=bg.amount_nano - cost)
-                        )
+            if e.grant_project is not None:
+                g = self._grant(e.grant_project)
+                g.granted -= e.row["cost_nano"]
+                g.reserved -= e.held_nano
+
+    def _failed(self, batch: list[Entry]) -> None:
+        for e in batch:  # the hold ends; the grant stays in the database (conservative)
+            if e.grant_project is not None:
+                self._grant(e.grant_project).reserved -= e.held_nano

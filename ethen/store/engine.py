@@ -25,13 +25,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, exc
+from sqlalchemy import Engine, create_engine, event, exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from .errors import StoreConflictError, StoreError, StoreInvalidError, StoreUnavailableError
 
-__all__ = ["WRITE_OPTION", "boundary", "make_engine", "normalize_url", "redact_url"]
+__all__ = ["WRITE_OPTION", "boundary", "make_engine", "normalize_url", "redact_url", "sqlite_thread_engine"]
 
 WRITE_OPTION = "ethen_write"
 
@@ -75,8 +75,8 @@ def _set_wal(db: str) -> None:
         raise StoreUnavailableError(f"sqlite {db!r}: database error ({e}) while enabling WAL") from None
 
 
-def _sqlite_hooks(engine: AsyncEngine, synchronous: str) -> None:
-    @event.listens_for(engine.sync_engine, "connect")
+def _sqlite_hooks(sync_engine: Engine, synchronous: str) -> None:
+    @event.listens_for(sync_engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
         cur = dbapi_conn.cursor()
@@ -85,7 +85,7 @@ def _sqlite_hooks(engine: AsyncEngine, synchronous: str) -> None:
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(WRITE_OPTION) else "BEGIN")
 
@@ -110,8 +110,18 @@ def make_engine(url: str, *, pool_size: int = 5, sqlite_synchronous: str = "FULL
             )
         if db and db != ":memory:":
             _set_wal(db)
-        _sqlite_hooks(engine, sqlite_synchronous)
+        _sqlite_hooks(engine.sync_engine, sqlite_synchronous)
+        engine.sync_engine.info_synchronous = sqlite_synchronous  # type: ignore[attr-defined]
     return engine
+
+
+def sqlite_thread_engine(engine: AsyncEngine) -> Engine:
+    """A synchronous engine on ``engine``'s SQLite file with the same settings, for a dedicated writer thread:
+    a whole transaction then costs one thread hop instead of one per statement (aiosqlite)."""
+    synchronous = getattr(engine.sync_engine, "info_synchronous", "FULL")
+    sync = create_engine(engine.url.set(drivername="sqlite+pysqlite"), pool_size=1, max_overflow=0)
+    _sqlite_hooks(sync, synchronous)
+    return sync
 
 
 @contextlib.contextmanager

@@ -1,0 +1,172 @@
+"""Group commit of ledger settlements: one writer task commits everything queued in one transaction.
+
+Each settlement is a ledger row, its share of the project's day total and (when it was admitted against a
+budget grant) a decrement of this instance's grant; a batch is one transaction of a few statements whatever
+its size (the day totals and grant decrements are summed per project first). Callers await their batch's
+commit, so an entry is durable before they go on (before the answer leaves).
+
+Measured (``bench/store_admission.py``): on SQLite, aiosqlite hops to its thread and back for every statement,
+which dominated a small transaction; the writer therefore runs each SQLite batch as one call in a dedicated
+thread with a plain (synchronous) SQLAlchemy connection on the same file and settings (WAL, the configured
+``synchronous``, ``BEGIN IMMEDIATE``). Postgres batches run on the async engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from . import schema as s
+from .engine import WRITE_OPTION, boundary, sqlite_thread_engine
+from .errors import StoreError, StoreUnavailableError
+from .store import Store
+
+__all__ = ["MAX_BATCH", "Entry", "GroupCommit"]
+
+#: Most settlements committed in one transaction.
+MAX_BATCH = 512
+
+
+@dataclass(slots=True)
+class Entry:
+    """One queued settlement: the ledger row, the grant it was admitted against (``None``: no grant) and the
+    amount held for it (nano-USD), and the future its caller awaits."""
+
+    row: dict[str, Any]
+    grant_project: int | None
+    held_nano: int
+    future: asyncio.Future[None]
+
+
+def _statements(dialect: str, instance_id: str, batch: list[Entry]) -> list[tuple[Any, Any]]:
+    days: dict[tuple[int, str], int] = {}
+    spent: dict[int, int] = {}
+    for e in batch:
+        key = (e.row["project_id"], e.row["at"].date().isoformat())
+        days[key] = days.get(key, 0) + e.row["cost_nano"]
+        if e.grant_project is not None:
+            spent[e.grant_project] = spent.get(e.grant_project, 0) + e.row["cost_nano"]
+    ins = pg_insert if dialect == "postgresql" else sqlite_insert
+    out: list[tuple[Any, Any]] = []
+    for (pid, day), cost in days.items():
+        stmt = ins(s.daily_spend).values(project_id=pid, day=day, settled_nano=cost)
+        out.append(
+            (
+                stmt.on_conflict_do_update(
+                    index_elements=["project_id", "day"],
+                    set_={"settled_nano": s.daily_spend.c.settled_nano + cost},
+                ),
+                None,
+            )
+        )
+    out.append((s.ledger.insert(), [e.row for e in batch]))
+    bg = s.budget_grants.c
+    for pid, cost in spent.items():
+        if cost:
+            dec = (
+                update(s.budget_grants)
+                .where(bg.instance_id == instance_id, bg.project_id == pid)
+                .values(amount_nano=bg.amount_nano - cost)
+            )
+            out.append((dec, None))
+    return out
+
+
+class GroupCommit:
+    """The writer. ``applied(batch)`` runs after a batch committed, ``failed(batch)`` after it did not (then
+    every caller of the batch gets the store error)."""
+
+    def __init__(
+        self,
+        store: Store,
+        instance_id: str,
+        applied: Callable[[list[Entry]], None],
+        failed: Callable[[list[Entry]], None],
+    ) -> None:
+        self.store = store
+        self.instance_id = instance_id
+        self._applied = applied
+        self._failed = failed
+        self._pending: list[Entry] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._thread: ThreadPoolExecutor | None = None
+        self._sync: Engine | None = None
+        #: Committed batches and entries (``entries / batches`` is the mean batch size).
+        self.batches = 0
+        self.entries = 0
+
+    def start(self) -> None:
+        if self.store.dialect == "sqlite":
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="ethen-ledger")
+            self._sync = sqlite_thread_engine(self.store.engine)
+        self._task = asyncio.create_task(self._run())
+
+    async def aclose(self) -> None:
+        """Commit what is queued, then stop."""
+        self._closing = True
+        if self._task is not None:
+            self._wake.set()
+            await self._task
+            self._task = None
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+        if self._sync is not None:
+            self._sync.dispose()
+            self._sync = None
+
+    async def submit(self, row: dict[str, Any], grant_project: int | None, held_nano: int) -> None:
+        """Queue one settlement and wait until its batch is committed (raises the store error otherwise)."""
+        if self._task is None or self._closing:
+            raise StoreUnavailableError("settle spend: the ledger writer is not running")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append(Entry(row, grant_project, held_nano, fut))
+        self._wake.set()
+        await fut
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+                try:
+                    await self._commit(batch)
+                except StoreError as exc:
+                    self._failed(batch)
+                    for e in batch:
+                        if not e.future.done():
+                            e.future.set_exception(exc)
+                    continue
+                self.batches += 1
+                self.entries += len(batch)
+                self._applied(batch)
+                for e in batch:
+                    if not e.future.done():
+                        e.future.set_result(None)
+            if self._closing:
+                return
+
+    async def _commit(self, batch: list[Entry]) -> None:
+        with boundary("settle spend"):
+            if self._thread is not None:
+                await asyncio.get_running_loop().run_in_executor(self._thread, self._commit_sync, batch)
+                return
+            async with self.store.writer.begin() as conn:
+                for stmt, params in _statements(conn.dialect.name, self.instance_id, batch):
+                    await conn.execute(stmt, params)
+
+    def _commit_sync(self, batch: list[Entry]) -> None:
+        assert self._sync is not None
+        with self._sync.execution_options(**{WRITE_OPTION: True}).begin() as conn:
+            for stmt, params in _statements("sqlite", self.instance_id, batch):
+                conn.execute(stmt, params)
