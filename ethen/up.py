@@ -19,14 +19,36 @@ printed. Ctrl-C (or SIGTERM) stops the gateway, then every worker it started (SI
 ``[[api_keys]]`` and ``[[canaries]]`` are appended after the mesh's (so cloud providers join the pool and
 ``ethen/*`` aliases choose among them and the mesh), and its ``[policy]`` / ``[store]`` are used as given;
 its ``[server]`` is ignored (``--host`` / ``--port`` decide). The merged file is validated like any config.
+
+Choices where the issue is silent:
+- The port is checked first (bind with ``SO_REUSEADDR`` as uvicorn does, then close): a taken port fails in
+  well under a second with the port in the message, before the model and workers load. ``--port 0`` picks a
+  free port at that check (the banner prints it).
+- Embedded store: without a ``[store]`` in ``--config``, the gateway gets one: ``$ETHEN_DATABASE_URL`` when
+  set, else SQLite at ``<data dir>/ethen.db`` (:func:`default_store_url`), so projects, project keys, budgets,
+  usage and certification receipts work out of the box. The admin key (``$ETHEN_ADMIN_KEY``, else generated
+  once into ``<data dir>/admin_key``, mode 600) is printed like the API key; its digest enables
+  ``/api/admin/v1`` (also added to a user ``[store]`` that has no ``admin_key_sha256``). ``ethen projects``,
+  ``keys``, ``usage`` and ``certify`` find the same store (and config) without flags
+  (:mod:`ethen.admin.cli`).
+- The banner's examples ask "What is the capital of France?" with ``temperature: 0`` and ``max_tokens: 32``
+  (SmolLM2-135M answers "Capital of France?" wrongly even greedily, and samples nonsense at temperature 1).
+  The Python example runs with this interpreter (the venv's ``python``); ``bash run.sh up`` installs the
+  ``openai`` SDK it uses, and when ``openai`` is not importable the banner prints the pip command first.
+- "ready in N s" counts from the command's start: ``$ETHEN_UP_T0`` (Unix time, exported by ``bash run.sh up``
+  before it installs anything), else this module's import (the ``ethen up`` process start).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import logging
 import os
 import secrets
+import shlex
 import signal
+import socket
 import sys
 import threading
 import time
@@ -36,7 +58,21 @@ from typing import Any
 
 import typer
 
-__all__ = ["DEFAULT_LAYOUT", "api_key", "data_dir", "load_layout", "up"]
+__all__ = [
+    "DEFAULT_LAYOUT",
+    "admin_key",
+    "api_key",
+    "check_port",
+    "data_dir",
+    "default_store_url",
+    "load_layout",
+    "up",
+    "up_config_path",
+]
+
+_IMPORTED_AT = time.time()  # ~ the process start: ``ethen up``'s modules load first
+T0_ENV = "ETHEN_UP_T0"
+DB_ENV = "ETHEN_DATABASE_URL"
 
 DEFAULT_LAYOUT: tuple[tuple[str, str, float], ...] = (
     ("gpu", "0-9", 10.0),
@@ -54,26 +90,69 @@ def data_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "ethen"
 
 
-def api_key() -> tuple[str, str]:
-    """(key, where it came from): ``ETHEN_API_KEY``, the stored key, or a new one stored now."""
+def default_store_url() -> str:
+    """The embedded store of ``ethen up``: SQLite in the data directory."""
+    return f"sqlite:///{(data_dir() / 'ethen.db').resolve()}"
+
+
+def up_config_path() -> Path:
+    """Where ``ethen up`` writes the gateway config it serves."""
+    return data_dir() / "up-gateway.toml"
+
+
+def _secret(env_var: str, filename: str, prefix: str) -> tuple[str, str]:
+    """(key, where it came from): ``$env_var``, the key stored in the data directory, or a new one stored
+    now (mode 600)."""
     from ethen.gateway.auth import KEY_PREFIX
 
-    env = os.environ.get("ETHEN_API_KEY")
+    env = os.environ.get(env_var)
     if env:
         if not env.startswith(KEY_PREFIX):
-            raise typer.BadParameter(f"ETHEN_API_KEY must start with {KEY_PREFIX!r}")
-        return env, "ETHEN_API_KEY"
-    path = data_dir() / "api_key"
+            raise typer.BadParameter(f"{env_var} must start with {KEY_PREFIX!r}")
+        return env, env_var
+    path = data_dir() / filename
     if path.is_file():
         key = path.read_text(encoding="utf-8").strip()
         if key.startswith(KEY_PREFIX):
             return key, str(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    key = f"{KEY_PREFIX}-{secrets.token_urlsafe(32)}"
+    key = f"{prefix}-{secrets.token_urlsafe(32)}"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(key + "\n")
     return key, f"{path} (generated now)"
+
+
+def api_key() -> tuple[str, str]:
+    """(key, where it came from): ``ETHEN_API_KEY``, the stored key, or a new one stored now."""
+    from ethen.gateway.auth import KEY_PREFIX
+
+    return _secret("ETHEN_API_KEY", "api_key", KEY_PREFIX)
+
+
+def admin_key() -> tuple[str, str]:
+    """(admin key, where it came from): ``ETHEN_ADMIN_KEY``, the stored one, or a new one stored now."""
+    return _secret("ETHEN_ADMIN_KEY", "admin_key", "ethen-admin")
+
+
+def check_port(host: str, port: int) -> int:
+    """Bind ``host:port`` (``SO_REUSEADDR``, as uvicorn does) and close: the port the gateway will get.
+    ``port`` 0 returns a free port. Raises ``OSError`` with a message naming the address."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(f"--host {host!r}: {exc.strerror}") from None
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(addr)
+            except OSError as exc:
+                raise OSError(f"port {port} on {host} is not available ({exc.strerror}); another process "
+                              f"listens there? stop it or pick another with --port") from None
+            if port == 0:
+                port = int(sock.getsockname()[1])
+    return port
 
 
 def load_layout(path: Path | None) -> list[tuple[str, str, float]]:
@@ -105,9 +184,12 @@ def load_layout(path: Path | None) -> list[tuple[str, str, float]]:
 
 
 def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
-                     user: dict[str, Any] | None = None) -> dict[str, Any]:
+                     user: dict[str, Any] | None = None, *, admin_key_sha256: str | None = None
+                     ) -> dict[str, Any]:
     """The gateway config ``ethen up`` serves (a TOML document as a dict): the mesh over ``workers``, the
-    local key, and the optional user config's providers, routes, keys, canaries, policy and store."""
+    local key, and the optional user config's providers, routes, keys, canaries, policy and store. With
+    ``admin_key_sha256``: the embedded store (unless the user config has a ``[store]``) with that admin key
+    (unless the user's ``[store]`` sets one)."""
     from ethen.gateway.auth import hash_key
 
     user = dict(user or {})
@@ -123,6 +205,13 @@ def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
         merged = [*doc.get(section, []), *(extra if isinstance(extra, list) else [extra])]
         if merged:
             doc[section] = merged
+    if admin_key_sha256 is not None:
+        store = user.pop("store", None)
+        if store is None:
+            store = {"url_env": DB_ENV} if os.environ.get(DB_ENV) else {"url": default_store_url()}
+        if isinstance(store, dict):  # anything else: validation names it
+            store = {**store, "admin_key_sha256": store.get("admin_key_sha256", admin_key_sha256)}
+        doc["store"] = store
     doc.update(user)  # policy, store, and anything unknown (which validation then names)
     return doc
 
@@ -144,7 +233,8 @@ def write_config(doc: dict[str, Any], path: Path) -> Path:
 
 
 def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):  # the terminal / pipe is gone: stopping the workers still must happen
+        print(msg, file=sys.stderr, flush=True)
 
 
 def _open_weights() -> Any:
@@ -189,8 +279,65 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # before the server runs (it handles SIGTERM itself): stop the workers started
 
 
+def _command_start() -> float:
+    """Unix time the command started: ``$ETHEN_UP_T0`` (``bash run.sh up``) if plausible, else the import."""
+    raw = os.environ.pop(T0_ENV, "")
+    try:
+        t0 = float(raw)
+    except ValueError:
+        return _IMPORTED_AT
+    return t0 if 0 <= time.time() - t0 < 86400 else _IMPORTED_AT
+
+
+def _ethen_command() -> str:
+    """How to run ``ethen`` from a shell: the script next to this interpreter (a venv's ``bin``) if any."""
+    script = Path(sys.executable).parent / "ethen"
+    return shlex.quote(str(script)) if script.is_file() else "ethen"
+
+
+def banner(url: str, key: str, key_source: str, admin: tuple[str, str] | None, config_path: Path,
+           workers: int) -> str:
+    """What ``ethen up`` prints once it serves: the URL, the keys, and examples that run as printed."""
+    question = '"What is the capital of France?"'
+    py = shlex.quote(sys.executable)
+    pip = "" if importlib.util.find_spec("openai") else f"{py} -m pip install openai   # the SDK, once\n"
+    ethen = _ethen_command()
+    data = os.environ.get("ETHEN_DATA_DIR")
+    prefix = f"ETHEN_DATA_DIR={shlex.quote(data)} " if data else ""
+    if admin is not None:
+        admin_text = f"""Admin key ({admin[1]}), for {url.rsplit('/api/', 1)[0]}/api/admin/v1 only:
+  {admin[0]}"""
+    else:
+        admin_text = "Admin API: /api/admin/v1 with the admin key of your [store]"
+    return f"""
+Ethen is up: {url}
+API key ({key_source}):
+  {key}
+{admin_text}
+
+curl {url}/chat/completions \\
+  -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
+  -d '{{"model": "ethen/auto", "temperature": 0, "max_tokens": 32,
+       "messages": [{{"role": "user", "content": {question}}}]}}'
+
+{pip}{py} - <<'PY'
+from openai import OpenAI
+client = OpenAI(base_url="{url}", api_key="{key}")
+r = client.chat.completions.create(model="ethen/auto", temperature=0, max_tokens=32,
+                                   messages=[{{"role": "user", "content": {question}}}])
+print(r.choices[0].message.content)
+print(r.model_extra["ethen"]["routing"]["mesh"]["route"]["nodes"])
+PY
+
+Projects, keys, budgets: `ethen projects|keys|usage|certify` act on this gateway's store, no flags needed.
+A project key (project 'default', created if missing; accepted here at once):
+  {prefix}{ethen} keys create
+The same gateway, without `ethen up`, while these workers run:  {ethen} gateway --config {config_path}
+Ctrl-C stops the gateway and the {workers} workers."""
+
+
 def up(
-    port: int = typer.Option(8080, "--port", help="Gateway port."),
+    port: int = typer.Option(8080, "--port", help="Gateway port (0: a free port)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Gateway bind address."),
     layout: Path = typer.Option(None, "--layout", help="Mesh layout TOML (default: embedded)."),  # noqa: B008
     config: Path = typer.Option(  # noqa: B008
@@ -199,9 +346,15 @@ def up(
     log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
 ) -> None:
     """Start a local 3-worker mesh and the gateway serving it; Ctrl-C stops them all."""
+    t0 = _command_start()
     level = log_level.upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise typer.BadParameter(f"--log-level = {log_level!r}: use debug, info, warning or error")
+    try:
+        port = check_port(host, port)  # before anything slow
+    except OSError as exc:
+        _say(f"error: {exc}")
+        raise typer.Exit(1) from None
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _startup_logging(level)
     from ethen.mesh.worker.cli import one_blas_thread
@@ -210,8 +363,9 @@ def up(
     workers_spec = load_layout(layout)
     user = _read_user_config(config) if config is not None else None
     key, key_source = api_key()
+    user_admin = isinstance((user or {}).get("store"), dict) and "admin_key_sha256" in (user or {})["store"]
+    admin = None if user_admin else admin_key()
     signal.signal(signal.SIGTERM, _on_sigterm)
-    t0 = time.perf_counter()
     from ethen.mesh.worker.launch import WorkerProcess, spawn_worker
 
     started: list[WorkerProcess] = []
@@ -224,45 +378,28 @@ def up(
             started.append(w)
             _say(f"      ready on {w.address} (pid {w.pid})")
         from ethen.gateway.app import PREFIX, create_app
+        from ethen.gateway.auth import hash_key
         from ethen.gateway.catalog import Catalog
-        from ethen.gateway.config import load_config
+        from ethen.gateway.config import load_config, skip_providers_without_keys
         from ethen.gateway.errors import GatewayConfigError
         from ethen.gateway.serve import serve
 
-        path = write_config(gateway_document(host, port, key, {w.node_id: w.address for w in started}, user),
-                            data_dir() / "up-gateway.toml")
+        doc = gateway_document(host, port, key, {w.node_id: w.address for w in started}, user,
+                               admin_key_sha256=hash_key(admin[0]) if admin else None)
+        path = write_config(doc, up_config_path())
         _say(f"[3/4] gateway config: {path}")
         try:
-            cfg = load_config(path)
+            cfg = skip_providers_without_keys(load_config(path))
             app = create_app(cfg, catalog=Catalog.load())
         except GatewayConfigError as exc:
             _say(f"error: {exc.message}")
             raise typer.Exit(2) from None
         _say("[4/4] gateway: starting its providers (the mesh loads its head, polls the workers, routes) ...")
-        url = f"http://{host}:{port}{PREFIX}"
-        banner = f"""
-Ethen is up: {url}
-API key ({key_source}):
-  {key}
-
-curl {url}/chat/completions \\
-  -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
-  -d '{{"model": "ethen/auto", "messages": [{{"role": "user", "content": "Capital of France?"}}]}}'
-
-python - <<'PY'
-from openai import OpenAI
-client = OpenAI(base_url="{url}", api_key="{key}")
-r = client.chat.completions.create(model="ethen/auto", messages=[{{"role": "user", "content": "Hi!"}}])
-print(r.choices[0].message.content)
-print(r.model_extra["ethen"]["routing"]["mesh"]["route"]["nodes"])
-PY
-
-The same gateway, without `ethen up`, while these workers run:  ethen gateway --config {path}
-Ctrl-C stops the gateway and the {len(started)} workers."""
+        text = banner(f"http://{host}:{port}{PREFIX}", key, key_source, admin, path, len(started))
 
         def announce() -> None:
-            took = f"Ethen is up ({time.perf_counter() - t0:.1f}s):"
-            print(banner.replace("Ethen is up:", took, 1), flush=True)
+            took = f"Ethen is up, ready in {time.time() - t0:.1f} s since the command started:"
+            print(text.replace("Ethen is up:", took, 1), flush=True)
 
         if not serve(app, host=host, port=port, log_level=log_level, on_started=announce):
             _say("error: the gateway did not start (see the log above)")

@@ -1,10 +1,14 @@
 """``ethen keys``, ``ethen projects``, ``ethen usage`` and ``ethen certify``: manage the store from a shell.
 
 The database comes from ``--db URL``, else ``$ETHEN_DATABASE_URL``, else the ``[store]`` section of
-``--config FILE`` (``ethen certify`` always needs ``--config``: the probe goes through the configured
-provider). ``keys create`` prints the new key alone on stdout (so ``KEY=$(ethen keys create ...)`` works) and
-its public data on stderr; the key is not shown again. Errors exit with status 2 and a message naming the
-field and value; a failed probe exits with status 1.
+``--config FILE``, else the store of ``ethen up``: the ``[store]`` of the config it last wrote
+(``<data dir>/up-gateway.toml``), else its embedded SQLite file ``<data dir>/ethen.db`` (created if need be;
+the data dir is ``$ETHEN_DATA_DIR``, see :mod:`ethen.up`). So with ``ethen up`` running, every command here
+works without flags and acts on the store that gateway serves. ``ethen certify`` probes through the providers
+of ``--config``, else of ``ethen up``'s config. ``keys create`` prints the new key alone on stdout (so
+``KEY=$(ethen keys create ...)`` works) and its public data on stderr; the key is not shown again. Without
+``--project`` the key is for project ``default``, created (no budget, no restriction) on first use. Errors
+exit with status 2 and a message naming the field and value; a failed probe exits with status 1.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any, TypeVar
 import typer
 
 from ethen.gateway.errors import GatewayError
-from ethen.store import UNSET, Store, StoreError
+from ethen.store import UNSET, Store, StoreConflictError, StoreError, StoreNotFoundError
 
 __all__ = ["certify_command", "keys_app", "projects_app", "usage_command"]
 
@@ -30,8 +34,10 @@ DB_ENV = "ETHEN_DATABASE_URL"
 keys_app = typer.Typer(help="API keys of projects (shown once at creation).", no_args_is_help=True)
 projects_app = typer.Typer(help="Projects: policy and window budget.", no_args_is_help=True)
 
-_DB = typer.Option(None, "--db", help=f"Database URL (default: ${DB_ENV}, else [store] of --config).")
+_DB = typer.Option(None, "--db", help=f"Database URL (default: ${DB_ENV}, else [store] of --config, "
+                                      "else the store of `ethen up`).")
 _CONFIG = typer.Option(None, "--config", "-c", help="Gateway TOML config (its [store] section).")
+DEFAULT_PROJECT = "default"
 
 
 def _fail(msg: str, code: int = 2) -> typer.Exit:
@@ -44,14 +50,26 @@ def _url(db: str | None, config: Path | None) -> str:
         return db
     if os.environ.get(DB_ENV):
         return os.environ[DB_ENV]
-    if config is not None:
-        from ethen.gateway.config import load_config, store_url
+    from ethen.gateway.config import load_config, store_url
 
+    if config is not None:
         url = store_url(load_config(config))
         if url:
             return url
         raise _fail(f"{config}: no [store] section")
-    raise _fail(f"no database: pass --db URL, set ${DB_ENV}, or --config FILE with a [store] section")
+    from ethen.up import default_store_url, up_config_path
+
+    written = up_config_path()
+    if written.is_file():  # ethen up's config: its [store] (the embedded one unless the user gave one)
+        try:
+            url = store_url(load_config(written))
+        except GatewayError as exc:
+            raise _fail(f"{exc.message} (the config `ethen up` wrote; or pass --db URL)") from None
+        if url:
+            return url
+    path = Path(default_store_url().removeprefix("sqlite:///"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return default_store_url()
 
 
 def _run(db: str | None, config: Path | None, fn: Callable[[Store], Awaitable[T]]) -> T:
@@ -84,15 +102,36 @@ def _time(name: str, value: str | None) -> datetime | None:
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t
 
 
+async def _default_project(st: Store) -> None:
+    """Project ``default`` (no budget, no restriction), created if missing."""
+    try:
+        await st.get_project(DEFAULT_PROJECT)
+    except StoreNotFoundError:
+        try:
+            await st.create_project(DEFAULT_PROJECT)
+            typer.echo(f"created project {DEFAULT_PROJECT!r} (no budget, no restriction)", err=True)
+        except StoreConflictError:  # created meanwhile by another command
+            pass
+
+
 @keys_app.command("create")
 def keys_create(
-    project: str = typer.Option(..., "--project", "-p", help="Project the key acts for."),
+    project: str | None = typer.Option(
+        None, "--project", "-p", help=f"Project the key acts for (default: {DEFAULT_PROJECT!r}, created)."
+    ),
     name: str | None = typer.Option(None, "--name", help="A label for the key."),
     db: str | None = _DB,
     config: Path | None = _CONFIG,
 ) -> None:
     """Create a key: printed once on stdout."""
-    key, info = _run(db, config, lambda st: st.create_key(project, name=name))
+
+    async def create(st: Store) -> tuple[str, Any]:
+        if project is None:
+            await _default_project(st)
+        return await st.create_key(project or DEFAULT_PROJECT, name=name)
+
+    key, info = _run(db, config, create)
+    project = info.project
     typer.echo(key)
     typer.echo(f"created key {info.key_id} for project {project!r} (shown once; store it now)", err=True)
 
@@ -212,7 +251,9 @@ def usage_command(
 
 def certify_command(
     target: str = typer.Argument(..., help="PROVIDER/MODEL as in the config's [[routes]]."),
-    config: Path = typer.Option(..., "--config", "-c", help="Gateway TOML config (providers, routes)."),  # noqa: B008
+    config: Path | None = typer.Option(  # noqa: B008
+        None, "--config", "-c", help="Gateway TOML config (providers, routes; default: `ethen up`'s)."
+    ),
     valid_for: str = typer.Option("7d", "--valid-for", help="Receipt lifetime: 30m, 24h, 7d..."),
     db: str | None = _DB,
 ) -> None:
@@ -224,6 +265,12 @@ def certify_command(
         ttl = parse_duration(valid_for)
     except ValueError as exc:
         raise _fail(f"--valid-for: {exc}") from None
+    if config is None:
+        from ethen.up import up_config_path
+
+        config = up_config_path()
+        if not config.is_file():
+            raise _fail(f"no config: pass --config FILE (or run `ethen up`, which writes {config})")
     try:
         cfg = load_config(config)
     except GatewayError as exc:

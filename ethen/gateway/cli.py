@@ -42,7 +42,7 @@ def gateway(
 
     from ethen.gateway.app import create_app
     from ethen.gateway.catalog import Catalog
-    from ethen.gateway.config import load_config
+    from ethen.gateway.config import load_config, skip_providers_without_keys
     from ethen.gateway.serve import serve
 
     level = log_level.upper()
@@ -53,11 +53,11 @@ def gateway(
     if level != "ERROR":  # start-up progress (a mesh provider loading its model) shows at the default level
         logging.getLogger("ethen.gateway.startup").setLevel(logging.INFO)
     try:
-        cfg = load_config(config)
+        cfg = skip_providers_without_keys(load_config(config))  # WARNING per provider whose key is unset
         app = create_app(cfg, catalog=Catalog.load())
     except GatewayConfigError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(2) from None
     if not serve(app, host=host or cfg.server.host, port=port if port is not None else cfg.server.port,
-                 log_level=log_level):
+                 log_level=log_level, limits=cfg.server):
         raise typer.Exit(3)  # the lifespan start-up failed (logged above) or the port was taken

@@ -3,7 +3,8 @@
 Prints ``READY <host>:<port>`` on stdout (flushed) once the layers are loaded and the port is bound, so a
 parent process (``ethen up``, tests, benchmarks) can wait for it; ``--port 0`` binds a free port and reports
 it there.
-SIGINT / SIGTERM stop it within a second.
+SIGINT / SIGTERM stop it within a second. Started by :func:`ethen.mesh.worker.launch.spawn_worker` (``ethen
+up``, tests, benchmarks), it also stops when that parent dies, whatever the signal (``die_with_parent``).
 
 BLAS runs single-threaded unless ``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` are set:
 a decode step is a chain of small matmuls and several mesh processes share the cores (see
@@ -72,6 +73,9 @@ def worker(
     batch_window_ms: float = typer.Option(1.0, "--batch-window-ms", help="Decode-step collection window."),
 ) -> None:
     """Serve fragments of the model's layers to the mesh over gRPC."""
+    from ethen.mesh.worker.launch import die_with_parent
+
+    die_with_parent()  # first: a parent killed while this worker loads must not leave it behind
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     one_blas_thread()
     from ethen.mesh.worker.server import WorkerConfig, parse_fragments

@@ -6,12 +6,29 @@ waits for that line (``port=0`` lets the OS pick a free port, so parallel test r
 Children get ``OPENBLAS_NUM_THREADS=1`` (and the OMP/MKL equivalents) unless the caller set them: a decode
 step is a chain of small matmuls, and several processes each spinning a BLAS thread pool on a few shared
 cores ran 3x slower than single-threaded BLAS here (measured: 68 ms vs 21 ms per token under load).
+
+Workers die with their parent, whatever signal killed it (``kill -9`` of ``ethen up`` must not leave three
+~250 MB workers behind). :func:`spawn_worker` passes the parent's pid (``ETHEN_PARENT_PID``) and an open stdin
+pipe; the worker calls :func:`die_with_parent` first thing, which
+
+- on Linux asks the kernel for ``SIGTERM`` when the parent dies (``prctl(PR_SET_PDEATHSIG)`` via ctypes),
+  then checks the parent is still the one named (it may have died before the request took effect). Linux sends
+  that signal when the *thread* that spawned the child exits, so it is requested only for workers spawned from
+  the main thread;
+- everywhere (the portable fallback): watches its stdin pipe from a daemon thread; the parent holds the only
+  write end, so end-of-file means the parent is gone; the same thread also checks the parent pid once a second
+  (a forked grandchild holding a copy of the pipe cannot keep the worker alive).
+
+Either way the worker sends itself ``SIGTERM``: the default action while it loads, the graceful stop (well
+under a second) once it serves.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import queue
+import select
 import signal
 import subprocess
 import sys
@@ -19,7 +36,12 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["WorkerProcess", "spawn_worker", "worker_env"]
+__all__ = ["PARENT_DEATHSIG_ENV", "PARENT_PID_ENV", "WorkerProcess", "die_with_parent", "spawn_worker",
+           "worker_env"]
+
+PARENT_PID_ENV = "ETHEN_PARENT_PID"
+PARENT_DEATHSIG_ENV = "ETHEN_PARENT_DEATHSIG"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 @dataclass
@@ -42,6 +64,7 @@ class WorkerProcess:
         if self.alive():
             self.process.kill()
         self.process.wait(timeout=10)
+        self._close_stdin()
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout`` seconds."""
@@ -52,6 +75,11 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=5)
+        self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        if self.process.stdin is not None and self.process.poll() is not None:
+            self.process.stdin.close()
 
 
 def worker_env() -> dict[str, str]:
@@ -61,13 +89,71 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def _parent_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` plus what :func:`die_with_parent` reads in a direct child of this process."""
+    env = {**env, PARENT_PID_ENV: str(os.getpid())}
+    if threading.current_thread() is threading.main_thread():
+        env[PARENT_DEATHSIG_ENV] = "1"
+    else:
+        env.pop(PARENT_DEATHSIG_ENV, None)
+    return env
+
+
+def _request_death_signal() -> None:
+    """Linux: the kernel sends this process SIGTERM when its parent (thread) exits."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):  # no libc prctl: the stdin watch still applies
+        pass
+
+
+def _terminate_self() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _watch_parent(parent: int) -> None:
+    """Until stdin reaches end-of-file or the parent pid changes, then SIGTERM to this process."""
+    fd = sys.stdin.fileno() if sys.stdin is not None else -1
+    while os.getppid() == parent:
+        if fd < 0:
+            threading.Event().wait(1.0)
+            continue
+        try:
+            ready, _, _ = select.select([fd], [], [], 1.0)
+            if ready and not os.read(fd, 4096):
+                break  # end-of-file: the parent's write end is closed
+        except (OSError, ValueError):
+            fd = -1  # stdin unusable: keep watching the pid
+    _terminate_self()
+
+
+def die_with_parent() -> None:
+    """In a worker started by :func:`spawn_worker` (``ETHEN_PARENT_PID`` set): stop when the parent dies.
+    A no-op otherwise (a worker started by hand keeps its terminal's stdin untouched)."""
+    raw = os.environ.pop(PARENT_PID_ENV, None)
+    deathsig = os.environ.pop(PARENT_DEATHSIG_ENV, None) == "1"
+    if raw is None or not raw.isdigit():
+        return
+    parent = int(raw)
+    if deathsig:
+        _request_death_signal()
+    if os.getppid() != parent:  # gone already (before the death signal was requested)
+        _terminate_self()
+        return
+    threading.Thread(target=_watch_parent, args=(parent,), name="ethen-parent-watch", daemon=True).start()
+
+
 def spawn_worker(node_id: str, layers: str, port: int = 0, host: str = "127.0.0.1",
                  extra_args: Sequence[str] = (), timeout_s: float = 120.0) -> WorkerProcess:
     """Start ``python -m ethen worker`` and return once it printed ``READY`` (raises on exit or timeout)."""
     cmd = [sys.executable, "-m", "ethen", "worker", "--node-id", node_id, "--layers", layers,
            "--port", str(port), "--host", host, *extra_args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env=worker_env())
+    # stdin: a pipe the child never reads data from; its end-of-file tells the child this process died.
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1, env=_parent_env(worker_env()))
     worker = WorkerProcess(node_id, layers, proc)
     lines: queue.Queue[str | None] = queue.Queue()
 
