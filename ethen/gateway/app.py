@@ -30,6 +30,10 @@ Choices where the issue is silent:
 - ``NaN`` / ``Infinity`` literals (which Python's json reads but JSON does not have) and numbers beyond the
   double range (``1e400``) are refused with 400 ``invalid_value`` naming the field, wherever they are: never
   forwarded to an upstream as invalid JSON.
+- A lone UTF-16 surrogate escape (``"\\ud800"`` without its pair: valid JSON text, but no Unicode string) is
+  refused with 400 ``invalid_value`` naming the field (it cannot be re-encoded as UTF-8 for the upstream).
+  Only a body whose raw bytes hold a ``\\uD800``-``\\uDFFF`` escape is walked (a memchr for ``\\``, then one
+  regex scan of the bytes).
 """
 
 from __future__ import annotations
@@ -142,6 +146,31 @@ def _non_finite_path(body: Any) -> str:
     return ""
 
 
+#: A JSON escape of a UTF-16 surrogate (``\\uD800``-``\\uDFFF``). json joins a valid pair into one code point,
+#: so a surrogate left in a parsed string was alone: valid JSON text, but no Unicode string (no UTF-8 for it).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate_path(body: dict[str, Any]) -> str | None:
+    """Dotted path of the first string (or key: then its object's path) holding a lone surrogate, else
+    ``None`` (iterative: any depth json parsed)."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if _LONE_SURROGATE.search(value):
+                return path
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if _LONE_SURROGATE.search(k):
+                    return path
+                stack.append((f"{path}.{k}" if path else k, v))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
+    return None
+
+
 def _parse_body(raw: bytes) -> dict[str, Any]:
     try:
         body = _DECODER.decode(raw.decode())  # decoding first skips json's encoding sniffing
@@ -165,6 +194,16 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
         raise InvalidRequestError(
             f"The request body must be a JSON object, got {type(body).__name__}.", code="invalid_type"
         )
+    # a memchr for any escape, then one regex scan of the bytes; the walk only when that matches
+    if b"\\" in raw and _SURROGATE_ESCAPE.search(raw) is not None:
+        path = _lone_surrogate_path(body)
+        if path is not None:
+            raise InvalidRequestError(
+                f"{repr(path) if path else 'The body'} holds a lone UTF-16 surrogate escape (\\uD800-\\uDFFF "
+                "without its pair), which is not valid Unicode.",
+                code="invalid_value",
+                param=path or None,
+            )
     return body
 
 

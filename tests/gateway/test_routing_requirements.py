@@ -182,7 +182,8 @@ def test_malformed_field_is_named(bad: dict[str, Any], param: str) -> None:
         (body(response_format={}), "invalid_type"),
         (body(metadata={"routing": {"latency_target": ["fast"]}}), "invalid_type"),
         (body(metadata={"routing": {"certification_level": {"live": 1}}}), "invalid_type"),
-        ({"model": "m", "messages": [{"role": "user", "content": [{"type": ["image_url"]}]}]}, "invalid_type"),
+        ({"model": "m", "messages": [{"role": "user", "content": [{"type": ["image_url"]}]}]},
+         "invalid_type"),
         ({"model": "m", "messages": [{"role": "user", "content": [{"type": {"t": 1}}]}]}, "invalid_type"),
         ({"model": ["m"], "messages": MSG}, "invalid_type"),
         ({"model": "m", "messages": [{"role": ["user"], "content": "x"}]}, "invalid_type"),
@@ -216,3 +217,33 @@ def test_image_url_may_be_an_object_or_the_url_string() -> None:
 def test_non_object_body() -> None:
     with pytest.raises(InvalidRequestError):
         parse_requirements(["model"])  # type: ignore[arg-type]
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("make", "param"),
+    [
+        (lambda v: body(tools=[{"type": "function", "function": {"name": "f", "parameters": v}}]), "tools"),
+        (lambda v: body(functions=[{"name": "f", "parameters": v}]), "functions"),
+        (lambda v: body(response_format={"type": "json_schema", "json_schema": v}), "response_format"),
+        (lambda v: {"model": "m", "messages": [{"role": "user", "content": "x", "name": v}]},
+         "messages[0].name"),
+        (lambda v: {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "x",
+                                                                              "extra": v}]}]},
+         "messages[0].content[0]"),
+    ],
+)
+def test_nesting_beyond_the_limit_is_named_not_a_recursion_error(make: Any, param: str) -> None:
+    """The estimator walks these fields recursively: 600 levels (json parses ~900) was a RecursionError."""
+    parse_requirements(make(_nested(50)))
+    for depth in (70, 600, 5000):
+        with pytest.raises(InvalidRequestError) as info:
+            parse_requirements(make(_nested(depth)))
+        assert (info.value.code, info.value.param) == ("invalid_value", param)
+        assert "deeper than 64 levels" in info.value.message

@@ -28,6 +28,10 @@ Choices where the spec is silent:
   ``certification_level`` is ``"any"`` (default) or ``"live"``; ``latency_target`` is one of
   :data:`~ethen.gateway.routing.policy.LATENCY_TARGETS`.
 * ``providerOptions.gateway.only`` must be a non-empty array of provider ids.
+* nesting: a field the estimator walks (a message's fields and content parts, ``tools``, ``functions``,
+  ``response_format``) may nest arrays/objects at most :data:`MAX_NESTING` (64) levels deep, else
+  ``invalid_value`` naming it (OpenAI's structured-output schemas stop at 10 levels). The walk recurses once
+  per level, so a deeper body that json still parses (~900 levels) would exhaust Python's recursion limit.
 * types before sets: every value tested for membership in a set (``response_format.type``, routing enums,
   content-part types) is first checked to be a string, so a list, object, number, bool or ``null`` where a
   string is expected is a 400 ``invalid_type``, never a ``TypeError`` (unhashable) or a silent pass.
@@ -56,6 +60,7 @@ __all__ = [
     "CERTIFICATION_LEVELS",
     "IMAGE_PART_TYPES",
     "IMAGE_TOKENS",
+    "MAX_NESTING",
     "MAX_SAFE_INTEGER",
     "ROUTING_KEYS",
     "Requirements",
@@ -67,6 +72,7 @@ BYTES_PER_TOKEN: Final = 3
 _MAPPING: Final = (dict, Mapping)  # dict first: the common case skips the ABC check
 IMAGE_TOKENS: Final = 1600
 MAX_SAFE_INTEGER: Final = 2**53 - 1
+MAX_NESTING: Final = 64
 TOKENS_PER_MESSAGE: Final = 4
 TOKENS_REPLY_PRIMER: Final = 3
 IMAGE_PART_TYPES: Final = frozenset({"image_url", "input_image"})
@@ -118,15 +124,26 @@ def _str_bytes(s: str) -> int:
     return len(s) if s.isascii() else len(s.encode("utf-8", "surrogatepass"))
 
 
-def _json_bytes(value: object) -> int:
-    """Approximate compact-JSON byte size of a parsed JSON value (strings by UTF-8 bytes)."""
+def _json_bytes(value: object, where: str, depth: int = 1) -> int:
+    """Approximate compact-JSON byte size of a parsed JSON value (strings by UTF-8 bytes). ``where`` names
+    the field in the error for nesting deeper than :data:`MAX_NESTING`."""
     if isinstance(value, str):
         return _str_bytes(value) + 2
     if isinstance(value, _MAPPING):
-        return sum(_str_bytes(str(k)) + 4 + _json_bytes(v) for k, v in value.items()) + 2
+        if depth > MAX_NESTING:
+            raise _too_deep(where)
+        depth += 1
+        return sum(_str_bytes(str(k)) + 4 + _json_bytes(v, where, depth) for k, v in value.items()) + 2
     if isinstance(value, list | tuple):
-        return sum(_json_bytes(v) + 1 for v in value) + 2
+        if depth > MAX_NESTING:
+            raise _too_deep(where)
+        depth += 1
+        return sum(_json_bytes(v, where, depth) + 1 for v in value) + 2
     return 5  # number, bool, null
+
+
+def _too_deep(where: str) -> InvalidRequestError:
+    return _bad(where, f"{where} nests arrays/objects deeper than {MAX_NESTING} levels")
 
 
 def estimate_tokens(nbytes: int, images: int = 0, messages: int = 0) -> int:
@@ -160,7 +177,7 @@ def _parse_messages(messages: object) -> tuple[int, int]:
             )
         for key, value in msg.items():
             if key != "content":
-                nbytes += _str_bytes(str(key)) + _json_bytes(value)
+                nbytes += _str_bytes(str(key)) + _json_bytes(value, f"{where}.{key}")
         content = msg.get("content")
         if content is None:
             continue
@@ -191,7 +208,7 @@ def _parse_messages(messages: object) -> tuple[int, int]:
                 continue
             if ptype == "text" and not isinstance(part.get("text"), str):
                 raise _bad(f"{pwhere}.text", f"{pwhere}.text must be a string", "invalid_type")
-            nbytes += _json_bytes(part)
+            nbytes += _json_bytes(part, pwhere)
     return nbytes, images
 
 
@@ -316,7 +333,7 @@ def _parse_tools(body: Mapping[str, Any], key: str) -> tuple[bool, int]:
             raise _bad(
                 f"{key}[{i}]", f"'{key}[{i}]' must be an object, got {_type_name(tool)}", "invalid_type"
             )
-    return True, _json_bytes(tools)
+    return True, _json_bytes(tools, key)
 
 
 def parse_requirements(body: Mapping[str, Any]) -> Requirements:
@@ -347,7 +364,7 @@ def parse_requirements(body: Mapping[str, Any]) -> Requirements:
             )
         structured = ftype in STRUCTURED_FORMATS
         if structured:
-            nbytes += _json_bytes(fmt)
+            nbytes += _json_bytes(fmt, "response_format")
 
     mct = _positive_int(body, "max_completion_tokens")
     mt = _positive_int(body, "max_tokens")
