@@ -60,6 +60,7 @@ from ethen.admin.accounts import Accounts, AccountsUnavailableError, Hold, accou
 from ethen.admin.http import admin_routes
 from ethen.gateway.auth import KeyRing
 from ethen.gateway.catalog import Catalog
+from ethen.gateway.circuit import CircuitBoard
 from ethen.gateway.config import (
     GatewayConfig,
     build_canaries,
@@ -92,7 +93,11 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 def _error_response(err: GatewayError, request_id: str) -> Response:
-    return Response(dumps(err.to_dict()), http_status(err), {"x-request-id": request_id}, media_type=_JSON)
+    headers = {"x-request-id": request_id}
+    retry_after = getattr(err, "retry_after_s", None)  # 503 no_healthy_candidate: when a trial may go
+    if isinstance(retry_after, int):
+        headers["retry-after"] = str(retry_after)
+    return Response(dumps(err.to_dict()), http_status(err), headers, media_type=_JSON)
 
 
 async def _read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
@@ -265,7 +270,9 @@ class Gateway:
         self.metrics = GatewayMetrics()
         upstream = {f"{r.provider}/{r.model}": r.upstream for r in cfg.routes}
         targets = {c.id: RouteTarget(c, self.providers[c.provider], upstream[c.id]) for c in self.pool}
-        self.executor = Executor(targets, self.store, self.metrics)
+        cc = cfg.circuit
+        self.circuits = CircuitBoard(cc.cooldown_s, cc.max_cooldown_s)
+        self.executor = Executor(targets, self.store, self.metrics, self.circuits, probe=cc.probe)
         self.known_models = frozenset({c.model for c in self.pool} | set(ALIASES))
         created = int(time.time())
         owners: dict[str, list[str]] = {}
@@ -278,13 +285,17 @@ class Gateway:
         self.models_body = dumps({"object": "list", "data": data})
 
     def context(self, request_id: str) -> RoutingContext:
+        telemetry = self.store.snapshot()
+        now = datetime.now(UTC)
+        self.circuits.sync(telemetry)  # O(1) unless the snapshot changed; opens/closes circuits
         return RoutingContext(
             pool=self.pool,
             policy=self.policy,
-            telemetry=self.store.snapshot(),
+            telemetry=telemetry,
             canaries=self.canaries,
-            now=datetime.now(UTC),
+            now=now,
             request_id=request_id,
+            circuits=self.circuits.view(now),  # half-open keys, trial times (cached; empty when all closed)
         )
 
     def label(self, body: Mapping[str, Any] | None) -> str:
@@ -292,6 +303,7 @@ class Gateway:
         return model if isinstance(model, str) and model in self.known_models else "other"
 
     async def aclose(self) -> None:
+        await self.executor.aclose()  # circuit probes
         for p in self.providers.values():
             await p.aclose()
 

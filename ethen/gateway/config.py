@@ -19,6 +19,8 @@ Layout (see ``examples/gateway.toml``)::
     [policy]            allowed_providers, allowed_models, remaining_budget_usd
     [store]             url or url_env (SQLAlchemy URL: sqlite:///ethen.db, postgresql://...),
                         admin_key_sha256, lease_s, instance_id, release_dangling (see ethen.store.admission)
+    [circuit]           cooldown_s (2.0), max_cooldown_s (10.0), probe (true): half-open recovery of a
+                        provider excluded by the failing gate (see ethen.gateway.circuit)
 
 Choices where the issue is silent:
 - TOML only (the issue allows YAML or TOML; TOML needs no extra dependency).
@@ -68,6 +70,7 @@ __all__ = [
     "AnyProviderConfig",
     "ApiKeyConfig",
     "CanaryConfig",
+    "CircuitConfig",
     "GatewayConfig",
     "InfoOverrides",
     "MeshProviderConfig",
@@ -285,6 +288,21 @@ class StoreConfig(_Strict):
         return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
 
+class CircuitConfig(_Strict):
+    """Half-open recovery (``ethen.gateway.circuit``): the first trial ``cooldown_s`` after a circuit opens,
+    the cool-down doubling on each failed trial up to ``max_cooldown_s``; ``probe``: send 1-token probes
+    through half-open circuits (else only live requests with no healthy alternative are trials)."""
+
+    cooldown_s: float = Field(default=2.0, gt=0, le=300)
+    max_cooldown_s: float = Field(default=10.0, gt=0, le=300)
+    probe: bool = True
+
+    @field_validator("cooldown_s", "max_cooldown_s", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
 class GatewayConfig(_Strict):
     server: ServerConfig = Field(default_factory=lambda: ServerConfig())
     providers: list[AnyProviderConfig] = Field(min_length=1)
@@ -293,6 +311,7 @@ class GatewayConfig(_Strict):
     canaries: list[CanaryConfig] = Field(default_factory=list)
     policy: PolicyConfig = Field(default_factory=lambda: PolicyConfig())
     store: StoreConfig | None = None
+    circuit: CircuitConfig = Field(default_factory=lambda: CircuitConfig())
 
     def provider(self, provider_id: str) -> ProviderConfig | MeshProviderConfig:
         for p in self.providers:
@@ -347,6 +366,11 @@ def _cross_check(cfg: GatewayConfig) -> None:
                 f"routes[{i}].upstream_model = {r.upstream!r}: provider {r.provider!r} (kind mesh) serves "
                 f"only {MESH_MODEL!r}"
             )
+    if cfg.circuit.max_cooldown_s < cfg.circuit.cooldown_s:
+        raise GatewayConfigError(
+            f"circuit.max_cooldown_s = {cfg.circuit.max_cooldown_s!r}: must be >= circuit.cooldown_s "
+            f"({cfg.circuit.cooldown_s!r})"
+        )
     if not cfg.api_keys and cfg.store is None:
         raise GatewayConfigError("api_keys = []: at least one key is required when no [store] is configured")
     if cfg.store is not None and (cfg.store.url is None) == (cfg.store.url_env is None):

@@ -18,25 +18,37 @@
   ``stream_completed=False``.
 - Gateway-only fields are stripped before the body goes upstream: ``metadata.routing`` (the rest of
   ``metadata`` is kept; ``metadata`` is dropped when nothing is left) and ``providerOptions``.
+- Circuits (:mod:`ethen.gateway.circuit`): a decision whose chain is half-open trials (``Decision.trials``)
+  takes each candidate's trial slot before calling it and skips it when another trial of the same circuit is
+  in flight (none left: 503 ``no_healthy_candidate``); the attempt's outcome ends the trial. With ``probe``
+  on, a background task sends a 1-token probe (``Provider.probe``) through each half-open circuit, so a
+  provider with healthy alternatives is routed to again too; probes are recorded like attempts.
+- Logs (WARNING, logger ``ethen.gateway.execute``, one line each, never a message body or credential: the
+  request id, the candidate, the error code/class/upstream status): every failed attempt (with what happens
+  next: the fallback candidate, or none), a fallback that answered, a probe that failed.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ethen.gateway.circuit import CircuitBoard, Prober
 from ethen.gateway.errors import (
     FallbackExhaustedError,
+    NoHealthyCandidateError,
     UpstreamBadRequestError,
     UpstreamError,
     UpstreamInvalidResponseError,
 )
 from ethen.gateway.metrics import GatewayMetrics
 from ethen.gateway.providers.base import Provider, ProviderStream, UpstreamCall, Usage
-from ethen.gateway.routing import Candidate, Decision
+from ethen.gateway.routing import Candidate, Decision, ScoredCandidate
 from ethen.gateway.telemetry_store import AttemptRecord, TelemetryStore
 
 __all__ = [
@@ -49,6 +61,8 @@ __all__ = [
     "cost_usd",
     "upstream_payload",
 ]
+
+log = logging.getLogger("ethen.gateway.execute")
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +151,8 @@ class StreamRun:
     fallback: bool
     _executor: Executor
     _finished: bool = False
+    trial: tuple[str, ...] = ()  # circuit keys this attempt is a trial of (ended by finish)
+    request_id: str = ""
 
     def finish(self, error: UpstreamError | None, *, client_gone: bool = False) -> None:
         """Record the serving attempt's final outcome (once)."""
@@ -166,16 +182,31 @@ class StreamRun:
             stream=True,
             ttft_s=self.ttft_s,
             completed=self.stream.completed and not client_gone,
+            trial=self.trial,
+            request_id=self.request_id,
         )
 
 
 class Executor:
     """Runs decisions against providers. ``targets`` maps candidate ids to where they execute."""
 
-    def __init__(self, targets: Mapping[str, RouteTarget], store: TelemetryStore, metrics: GatewayMetrics):
+    def __init__(
+        self,
+        targets: Mapping[str, RouteTarget],
+        store: TelemetryStore,
+        metrics: GatewayMetrics,
+        circuits: CircuitBoard | None = None,
+        *,
+        probe: bool = True,
+    ):
         self.targets = dict(targets)
         self.store = store
         self.metrics = metrics
+        self.circuits = circuits if circuits is not None else CircuitBoard()
+        self.probe = probe
+        self.prober = Prober(self.circuits, store.snapshot, self._probe_target, self._probe)
+        if probe:
+            self.circuits.on_open = self.prober.wake
 
     def record(
         self,
@@ -189,6 +220,8 @@ class Executor:
         stream: bool,
         ttft_s: float | None = None,
         completed: bool | None = None,
+        trial: tuple[str, ...] = (),
+        request_id: str = "",
     ) -> None:
         cand = target.candidate
         if fallback:
@@ -196,12 +229,15 @@ class Executor:
         if error is not None:
             self.metrics.upstream_errors.labels(cand.provider, error.error_class).inc()
             if isinstance(error, UpstreamBadRequestError):
-                return  # request-caused: not evidence about the provider
+                if trial:  # request-caused: not evidence about the provider; the trial slot is free again
+                    self.circuits.resolve(trial, None)
+                return
+        at = time.monotonic()
         self.store.record(
             AttemptRecord(
                 provider=cand.provider,
                 model=cand.model,
-                at=time.monotonic(),
+                at=at,
                 latency_ms=latency_s * 1000,
                 success=ok,
                 ttft_ms=ttft_s * 1000 if ttft_s is not None else None,
@@ -214,18 +250,79 @@ class Executor:
                 stream_completed=completed,
             )
         )
+        if trial:
+            detail = f"{error.code}, {error.error_class}" if error is not None else ""
+            self.circuits.resolve(trial, ok, detail=detail, request_id=request_id)
+            if ok:  # the outage is over: its failures stop counting (telemetry_store.forget_failures)
+                self._forget_outage(cand, trial, at)
+        if trial or not ok:  # a failure may trip a gate, a trial's success lifts one: open/close now
+            self.circuits.sync(self.store.snapshot())
+
+    def _forget_outage(self, cand: Candidate, trial: tuple[str, ...], at: float) -> None:
+        """After a successful trial: the failures of the tried candidate, and for a provider circuit those of
+        each of its models without an open circuit of its own, recorded before the trial, stop counting."""
+        models = {cand.model}
+        if cand.provider in trial:
+            own = self.circuits.circuits
+            models.update(m for m in self.store.models_of(cand.provider) if f"{cand.provider}/{m}" not in own)
+        for m in models:
+            self.store.forget_failures(cand.provider, m, at - 1e-9)
 
     def _failed(
-        self, run: _Run, target: RouteTarget, t0: float, exc: UpstreamError, i: int, stream: bool
+        self,
+        run: _Run,
+        target: RouteTarget,
+        t0: float,
+        exc: UpstreamError,
+        i: int,
+        stream: bool,
+        decision: Decision,
+        request_id: str,
+        trial: tuple[str, ...],
     ) -> None:
         dt = time.perf_counter() - t0
         run.upstream_s += dt
         run.attempts.append(
             Attempt(target.candidate.id, "error", dt * 1000, exc.error_class, exc.code, exc.upstream_status)
         )
-        self.record(target, dt, False, exc, None, i > 0, stream=stream, completed=False if stream else None)
+        self.record(
+            target, dt, False, exc, None, i > 0, stream=stream, completed=False if stream else None,
+            trial=trial, request_id=request_id,
+        )  # fmt: skip
+        if not exc.retryable:
+            then = "not retried (the request caused it)"
+        elif i + 1 < len(decision.chain):
+            then = f"falling back to {decision.chain[i + 1].id}"
+        else:
+            then = "no candidate left"
+        status = f", upstream status {exc.upstream_status}" if exc.upstream_status is not None else ""
+        log.warning(
+            "request %s: attempt %d on %s failed: %s (%s%s); %s",
+            request_id, i + 1, target.candidate.id, exc.code, exc.error_class, status, then,
+        )  # fmt: skip
 
-    def _exhausted(self, run: _Run, last: UpstreamError | None) -> Exception:
+    def _trial(self, decision: Decision, sc: ScoredCandidate) -> tuple[str, ...] | None:
+        """The circuit keys ``sc`` is a trial of (``()`` if none); ``None`` when its trial slot is taken."""
+        keys = decision.trials.get(sc.id, ()) if decision.trials else ()
+        if keys and not self.circuits.acquire(keys):
+            return None
+        return keys
+
+    def _served(self, run: _Run, target: RouteTarget, request_id: str) -> None:
+        if len(run.attempts) > 1:
+            log.warning(
+                "request %s: served by fallback %s after %d failed attempt(s) (first: %s)",
+                request_id, target.candidate.id, len(run.attempts) - 1, run.attempts[0].candidate,
+            )  # fmt: skip
+
+    def _exhausted(self, run: _Run, last: UpstreamError | None, decision: Decision) -> Exception:
+        if not run.attempts:  # every candidate was a trial whose circuit already has one in flight
+            return NoHealthyCandidateError(
+                f"every candidate that can serve {decision.requirements.model!r} is excluded by recent "
+                "failures of its provider, and a trial request is already under way; retry in 1 s",
+                decision.rejected,
+                1,
+            )
         if last is not None and len(run.attempts) == 1:
             return last
         summary = "; ".join(f"{a.candidate}: {a.code}" for a in run.attempts)
@@ -240,30 +337,43 @@ class Executor:
         run = _Run()
         last: UpstreamError | None = None
         for i, sc in enumerate(decision.chain):
+            trial = self._trial(decision, sc)
+            if trial is None:
+                continue
             target = self.targets[sc.id]
             call = UpstreamCall(payload, target.upstream_model, request_id)
             t0 = time.perf_counter()
             try:
                 comp = await target.provider.complete(call)
             except UpstreamError as exc:
-                self._failed(run, target, t0, exc, i, stream=False)
+                self._failed(run, target, t0, exc, i, False, decision, request_id, trial)
                 if not exc.retryable:
                     raise
                 last = exc
                 continue
+            except BaseException:  # cancelled (client gone): no evidence, free the trial slot
+                if trial:
+                    self.circuits.resolve(trial, None)
+                raise
             dt = time.perf_counter() - t0
             run.upstream_s += dt
             run.attempts.append(Attempt(sc.id, "ok", dt * 1000))
-            self.record(target, dt, True, None, comp.usage, i > 0, stream=False)
+            self.record(
+                target, dt, True, None, comp.usage, i > 0, stream=False, trial=trial, request_id=request_id
+            )
+            self._served(run, target, request_id)
             return BufferedRun(
                 comp.body, target, run.attempts, run.upstream_s, comp.receipt_extra, comp.usage
             )
-        raise self._exhausted(run, last)
+        raise self._exhausted(run, last, decision)
 
     async def open_stream(self, decision: Decision, payload: Mapping[str, Any], request_id: str) -> StreamRun:
         run = _Run()
         last: UpstreamError | None = None
         for i, sc in enumerate(decision.chain):
+            trial = self._trial(decision, sc)
+            if trial is None:
+                continue
             target = self.targets[sc.id]
             call = UpstreamCall(payload, target.upstream_model, request_id)
             t0 = time.perf_counter()
@@ -280,16 +390,60 @@ class Executor:
             except UpstreamError as exc:
                 if stream is not None:
                     await stream.aclose()
-                self._failed(run, target, t0, exc, i, stream=True)
+                self._failed(run, target, t0, exc, i, True, decision, request_id, trial)
                 if not exc.retryable:
                     raise
                 last = exc
                 continue
+            except BaseException:  # cancelled (client gone): no evidence, free the trial slot
+                if trial:
+                    self.circuits.resolve(trial, None)
+                raise
             ttft = time.perf_counter() - t0
             run.upstream_s += ttft
             run.attempts.append(Attempt(sc.id, "ok", ttft * 1000))
-            return StreamRun(first, stream, target, run.attempts, run.upstream_s, t0, ttft, i > 0, self)
-        raise self._exhausted(run, last)
+            self._served(run, target, request_id)
+            return StreamRun(
+                first, stream, target, run.attempts, run.upstream_s, t0, ttft, i > 0, self, trial=trial,
+                request_id=request_id,
+            )  # fmt: skip
+        raise self._exhausted(run, last, decision)
+
+    # --- active probes through half-open circuits (scheduled by circuit.Prober) ----------------------
+
+    def _probe_target(self, key: str) -> str | None:
+        """The candidate to probe circuit ``key`` with: that candidate, or for a provider the first of its
+        candidates (by id) whose own circuit is closed, else its first."""
+        if "/" in key:
+            return key if key in self.targets else None
+        mine = sorted(cid for cid, t in self.targets.items() if t.candidate.provider == key)
+        healthy = [cid for cid in mine if cid not in self.circuits.circuits]
+        return (healthy or mine or [None])[0]
+
+    async def _probe(self, candidate_id: str, keys: tuple[str, ...]) -> None:
+        target = self.targets[candidate_id]
+        rid = f"probe-{uuid.uuid4().hex[:16]}"
+        t0 = time.perf_counter()
+        try:
+            await target.provider.probe(target.upstream_model, rid)
+        except UpstreamError as exc:
+            self.record(
+                target, time.perf_counter() - t0, False, exc, None, False, stream=False, trial=keys,
+                request_id=rid,
+            )  # fmt: skip
+            return
+        except BaseException as exc:  # cancelled at shutdown, or a provider bug: no evidence either way
+            self.circuits.resolve(keys, None)
+            if not isinstance(exc, Exception):
+                raise
+            log.warning("probe %s of %s failed unexpectedly: %s", rid, candidate_id, type(exc).__name__)
+            return
+        dt = time.perf_counter() - t0
+        self.record(target, dt, True, None, None, False, stream=False, trial=keys, request_id=rid)
+
+    async def aclose(self) -> None:
+        """Stop the probes (gateway shutdown)."""
+        await self.prober.aclose()
 
 
 def chunk_meta(first: bytes) -> dict[str, Any]:

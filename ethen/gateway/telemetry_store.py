@@ -10,6 +10,11 @@ those that finished within the last ``window_seconds`` (300 s). At most ``max_ke
 are kept; the least recently written pair is dropped past that. So memory is O(max_keys * max_outcomes). The
 store is reset on restart (it is operational evidence, never billing).
 
+A circuit that closes after a successful trial (``ethen.gateway.circuit``) calls :meth:`forget_failures`: the
+failures recorded before the trial describe an outage that is over, so they stop counting (a circuit breaker
+resets its counts when it closes). Without that, the smoothed reliability would keep a recovered provider
+ranked below its alternatives for the rest of the window: the lock-out the gate no longer imposes.
+
 Snapshots are cached: one is rebuilt only after a new record arrives or when the oldest record in it ages out
 of the window, so the request path usually pays one comparison. Time is ``time.monotonic()`` seconds (callers
 may pass ``now`` explicitly, which the tests do).
@@ -87,6 +92,25 @@ class TelemetryStore:
             self._records.move_to_end(key)
         ring.append(rec)
         self._dirty.add(key)
+
+    def forget_failures(self, provider: str, model: str, before: float) -> int:
+        """Drop the failed records of (provider, model) that finished at or before ``before``; returns how
+        many were dropped."""
+        key = (provider, model)
+        ring = self._records.get(key)
+        if ring is None:
+            return 0
+        kept = [rec for rec in ring if rec.success or rec.at > before]
+        dropped = len(ring) - len(kept)
+        if dropped:
+            ring.clear()
+            ring.extend(kept)
+            self._dirty.add(key)
+        return dropped
+
+    def models_of(self, provider: str) -> list[str]:
+        """The models of ``provider`` that have kept records."""
+        return [m for p, m in self._records if p == provider]
 
     def records(self, provider: str, model: str) -> tuple[AttemptRecord, ...]:
         """The kept records of one (provider, model), oldest first."""

@@ -131,6 +131,13 @@ class Provider(abc.ABC):
         """Start a streaming completion. Returns once the upstream accepted the call (status known); the
         first chunk is read by iterating."""
 
+    async def probe(self, upstream_model: str, request_id: str) -> None:
+        """A cheap liveness check of one model, for circuit recovery (``ethen.gateway.circuit``): a chat
+        completion of at most 1 token (as LiteLLM's health checks send). Returns when the upstream answered;
+        raises an ``UpstreamError`` otherwise. A provider with a cheaper check may override it."""
+        body = {"messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+        await self.complete(UpstreamCall(body, upstream_model, request_id))
+
     async def start(self) -> None:  # noqa: B027 - optional hook, a no-op for HTTP providers
         """Acquire what the provider needs before serving (the gateway's lifespan start-up calls it)."""
 

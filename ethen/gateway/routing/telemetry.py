@@ -120,9 +120,9 @@ class TelemetrySnapshot:
     """Per (provider, model) recent stats. Missing keys mean "no recent evidence".
 
     ``provider_totals`` (provider -> (samples, successes) summed over all its models), ``failing_providers``
-    (0 successes over >= 3 samples), ``failing_candidates`` and ``provider_health`` are computed once when the snapshot is built, so
-    each decision reads them instead of re-summing. Build a new snapshot when the telemetry changes; do not
-    mutate ``stats`` afterwards.
+    (0 successes over >= 3 samples), ``failing_candidates`` and ``provider_health`` are computed once when
+    the snapshot is built, so each decision reads them instead of re-summing. Build a new snapshot when the
+    telemetry changes; do not mutate ``stats`` afterwards.
     """
 
     stats: Mapping[tuple[str, str], CandidateStats] = field(default_factory=lambda: MappingProxyType({}))

@@ -1,0 +1,133 @@
+"""The circuit board (ethen.gateway.circuit) on a controlled clock: it follows the telemetry's failing gates,
+goes half-open after the cool-down, lets one trial through per key, doubles the cool-down on a failed trial up
+to the cap, closes when the gate lifts, and logs each transition once. Config keys are validated by name."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from service_harness import config_dict
+
+from ethen.gateway.circuit import CircuitBoard
+from ethen.gateway.config import parse_config
+from ethen.gateway.errors import GatewayConfigError
+from ethen.gateway.telemetry_store import AttemptRecord, TelemetryStore
+
+WALL = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def fail(store: TelemetryStore, provider: str, model: str, at: float, n: int = 1, ok: bool = False) -> None:
+    for _ in range(n):
+        store.record(AttemptRecord(provider, model, at, 10.0, ok))
+
+
+def test_follows_the_gate_half_open_after_cool_down_one_trial_doubling_capped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "ethen.gateway.circuit")
+    clock = Clock()
+    board = CircuitBoard(2.0, 5.0, clock=clock)
+    store = TelemetryStore()
+    fail(store, "a", "x", clock.t, 2)
+    board.sync(store.snapshot(clock.t))
+    assert board.circuits == {} and board.view(WALL).half_open == frozenset()  # 2 failures: gate open
+    fail(store, "a", "x", clock.t)
+    board.sync(store.snapshot(clock.t))
+    assert set(board.circuits) == {"a", "a/x"}
+    opened = [r.getMessage() for r in caplog.records]
+    assert len(opened) == 2 and all("circuit open" in m for m in opened)
+    view = board.view(WALL)
+    assert view.half_open == frozenset() and view.retry_at["a"] == WALL + timedelta(seconds=2)
+    board.sync(store.snapshot(clock.t))  # same gates: no second log line
+    assert len(caplog.records) == 2
+
+    clock.t += 2.0
+    assert board.view(WALL).half_open == {"a", "a/x"}  # the cached view expired with the cool-down
+    assert board.ready() == ["a", "a/x"]
+    assert board.acquire(("a", "a/x"))
+    assert not board.acquire(("a",))  # one trial in flight per key
+    assert board.view(WALL).half_open == frozenset()
+    board.resolve(("a", "a/x"), False, detail="upstream_server_error", request_id="r9")
+    assert board.circuits["a"].cooldown_s == 4.0 and not board.acquire(("a",))
+    failed = caplog.records[-1].getMessage()
+    assert "trial failed" in failed and "r9" in failed and "4.0 s" in failed
+    clock.t += 4.0
+    assert board.acquire(("a", "a/x"))
+    board.resolve(("a", "a/x"), False)
+    assert board.circuits["a"].cooldown_s == 5.0  # capped
+    clock.t += 5.0
+    assert board.acquire(("a", "a/x"))
+    board.resolve(("a", "a/x"), None)  # no evidence (e.g. the request itself was refused): free again
+    assert board.circuits["a"].cooldown_s == 5.0 and board.acquire(("a", "a/x"))
+    board.resolve(("a", "a/x"), True)
+    fail(store, "a", "x", clock.t, ok=True)  # the trial's success sample lifts both gates
+    board.sync(store.snapshot(clock.t))
+    assert board.circuits == {} and board.view(WALL).half_open == frozenset()
+    closed = [r.getMessage() for r in caplog.records if "closed" in r.getMessage()]
+    assert len(closed) == 2 and all("a trial succeeded" in m for m in closed)
+
+
+def test_closes_when_the_failures_leave_the_window_and_reopens_at_the_base_cool_down() -> None:
+    clock = Clock()
+    board = CircuitBoard(2.0, 10.0, clock=clock)
+    store = TelemetryStore(window_seconds=30.0)
+    fail(store, "a", "x", clock.t, 3)
+    board.sync(store.snapshot(clock.t))
+    clock.t += 2.0
+    assert board.acquire(("a", "a/x"))
+    board.resolve(("a", "a/x"), False)
+    assert board.circuits["a"].cooldown_s == 4.0
+    clock.t += 31.0
+    board.sync(store.snapshot(clock.t))
+    assert board.circuits == {}
+    fail(store, "a", "x", clock.t, 3)
+    board.sync(store.snapshot(clock.t))
+    assert board.circuits["a"].cooldown_s == 2.0
+
+
+def test_candidate_circuit_alone_when_the_provider_still_works() -> None:
+    clock = Clock()
+    board = CircuitBoard(clock=clock)
+    store = TelemetryStore()
+    fail(store, "a", "x", clock.t, 3)
+    fail(store, "a", "y", clock.t, 2, ok=True)
+    board.sync(store.snapshot(clock.t))
+    assert set(board.circuits) == {"a/x"}
+    assert board.blocking("a", "x") == ("a/x",) and board.blocking("a", "y") == ()
+    assert not board.acquire(())  # nothing to try
+
+
+def test_bad_values_are_refused() -> None:
+    with pytest.raises(ValueError, match="cooldown_s"):
+        CircuitBoard(5.0, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"cooldown_s": 0}, "circuit.cooldown_s = 0.0: Input should be greater than 0"),
+        ({"cooldown_s": "2s"}, "circuit.cooldown_s = '2s'"),
+        ({"cooldown_s": 5, "max_cooldown_s": 3}, "max_cooldown_s = 3.0: must be >= circuit.cooldown_s"),
+        ({"probe": "yes"}, "circuit.probe = 'yes'"),
+        ({"cool_down": 1}, "circuit.cool_down = 1: Extra inputs are not permitted"),
+    ],
+)
+def test_config_errors_name_the_key_and_value(section: dict[str, object], message: str) -> None:
+    with pytest.raises(GatewayConfigError) as info:
+        parse_config(config_dict("http://127.0.0.1:9", circuit=section))
+    assert message in info.value.message
+
+
+def test_config_defaults() -> None:
+    c = parse_config(config_dict("http://127.0.0.1:9")).circuit
+    assert (c.cooldown_s, c.max_cooldown_s, c.probe) == (2.0, 10.0, True)
