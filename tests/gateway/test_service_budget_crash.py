@@ -1,5 +1,6 @@
 """Durability: kill -9 a real ``ethen gateway`` process under load, restart it: every request the client saw
-succeed has its settled ledger entry, and no budget reservation is left dangling."""
+succeed has its settled ledger entry (once), the dead process's budget grant stops counting when its lease
+expires, and the next start-up releases it."""
 
 from __future__ import annotations
 
@@ -14,12 +15,15 @@ from pathlib import Path
 import httpx
 from budget_harness import db_url, store_cfg, with_store
 from service_harness import ENV, config_dict
+from sqlalchemy import func, select
 from test_service_cli import free_port, write_toml
 from upstream import Behavior, Script, ServerThread, make_upstream_app
 
 from ethen.store import Store
+from ethen.store import schema as s
 
 __all__ = ["db_url"]
+LEASE_S = 2.0
 
 
 def _start(cfg: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -54,7 +58,7 @@ def test_kill_9_under_load_loses_no_settled_entry_and_leaves_no_reservation(
     script = Script(default=Behavior(latency_s=0.15), record=False)
     with ServerThread(make_upstream_app(script)) as up:
         cfg = tmp_path / "gw.toml"
-        write_toml(config_dict(up.url, store=store_cfg(db_url)), cfg)
+        write_toml(config_dict(up.url, store={**store_cfg(db_url), "lease_s": LEASE_S}), cfg)
         port = free_port()
         log = tmp_path / "gateway.log"
         proc = _start(cfg, port, log)
@@ -93,20 +97,23 @@ def test_kill_9_under_load_loses_no_settled_entry_and_leaves_no_reservation(
             for t in threads:
                 t.join(15)
 
-            async def after_crash(st: Store) -> tuple[set[str], int]:
-                from sqlalchemy import select
-
-                from ethen.store import schema as s
-
+            async def after_crash(st: Store) -> tuple[list[str], int, float]:
                 async with st.engine.connect() as conn:
-                    ids = {r[0] for r in await conn.execute(select(s.ledger.c.request_id))}
-                return ids, await st.count_reservations()
+                    ids = [r[0] for r in await conn.execute(select(s.ledger.c.request_id))]
+                    total = func.coalesce(func.sum(s.budget_grants.c.amount_nano), 0)
+                    held = await conn.scalar(select(total))
+                spend = await st.spend(await st.get_project("load"))
+                return ids, int(held or 0), spend.granted_usd
 
-            ledger_ids, dangling = with_store(db_url, after_crash)
+            ids, held, counted = with_store(db_url, after_crash)
+            ledger_ids = set(ids)
             assert len(seen) >= 20, f"too little load before the kill ({len(seen)} answers)"
             assert set(seen) <= ledger_ids, sorted(set(seen) - ledger_ids)[:5]
-            assert dangling > 0  # requests were in flight at the kill: the restart has work to do
-            print(f"kill -9 after {len(seen)} answered requests; {dangling} reservations were in flight")
+            assert len(ids) == len(ledger_ids)  # no request settled twice
+            assert held > 0 and counted > 0  # the dead process's grant still counts while its lease runs
+            print(f"kill -9 after {len(seen)} answered requests; {held} nano-USD were held")
+            time.sleep(LEASE_S + 0.5)
+            assert with_store(db_url, after_crash)[2] == 0  # lease expired: the hold no longer counts
 
             proc = _start(cfg, port, log)
             r = httpx.post(
@@ -116,10 +123,9 @@ def test_kill_9_under_load_loses_no_settled_entry_and_leaves_no_reservation(
                 timeout=10,
             )
             assert r.status_code == 200, r.text
-            ledger_ids, dangling = with_store(db_url, after_crash)
-            assert dangling == 0
-            assert set(seen) | {"after-restart"} <= ledger_ids
-            assert "released" in log.read_text() and key not in log.read_text()
+            ids, held, _ = with_store(db_url, after_crash)
+            assert set(seen) | {"after-restart"} <= set(ids) and len(ids) == len(set(ids))
+            assert "released 1 budget hold" in log.read_text() and key not in log.read_text()
         finally:
             stop.set()
             if proc.poll() is None:
