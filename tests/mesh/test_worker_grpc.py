@@ -13,6 +13,7 @@ import pytest
 
 from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
 from ethen.mesh.worker import ModelBackend, WorkerConfig, WorkerService, parse_fragments, serve
+from ethen.mesh.worker.server import caller_of
 from ethen.model import load_layer_stack
 
 D = 576
@@ -24,10 +25,10 @@ def _hidden(t: int) -> np.ndarray:
 
 
 class Worker:
-    def __init__(self, fragments: list[tuple[int, int]], **cfg: Any) -> None:
+    def __init__(self, fragments: list[tuple[int, int]], host: str = "127.0.0.1", **cfg: Any) -> None:
         self.service = WorkerService(WorkerConfig("w", fragments, **cfg), ModelBackend.load(fragments))
-        self.server, port = serve(self.service, "127.0.0.1", 0)
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.server, self.port = serve(self.service, host, 0)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
         self.stub: Any = mesh_pb2_grpc.MeshWorkerStub(self.channel)
 
     def forward(self, sid: str, first: int, last: int, hidden: np.ndarray, start: int = 0,
@@ -255,3 +256,104 @@ def test_parse_fragments() -> None:
     for bad in ("", "0-9,", "a-b", "9-0", "0-9,5-12"):
         with pytest.raises(ValueError, match="layer"):
             parse_fragments(bad)
+
+
+# ---- limits on one caller (issue 10, item 15) -------------------------------------------------------------
+
+def _request(sid: str, first: int, last: int, hidden: np.ndarray, start: int = 0) -> Any:
+    return mesh_pb2.ForwardRequest(
+        session_id=sid, first_layer=first, last_layer=last, positions=list(range(start, start + len(hidden))),
+        hidden=mesh_pb2.Tensor(data=hidden.tobytes(), shape=list(hidden.shape), dtype="float32"))
+
+
+#: The next Forward after an abandoned 2,048-token prefill over 20 layers: served within one chunk's compute
+#: (well under a second on an idle box). Before the fix it waited for the whole prefill (tens of seconds).
+NEXT_FORWARD_BOUND_S = 3.0
+
+
+def test_a_prefill_past_its_deadline_stops_and_the_session_is_left_as_it_was(worker: Worker) -> None:
+    a, b = load_layer_stack(0, 9), load_layer_stack(10, 19)
+    ka, kb = a.new_kv_cache(), b.new_kv_cache()
+    x = _hidden(3)
+    b.forward(a.forward(x, np.arange(3), ka), np.arange(3), kb)
+    worker.forward("dl-keep", 0, 19, x)
+    failed = worker.health().failed_requests
+    for sid, start in (("dl-keep", 3), ("dl-new", 0)):  # a session's next step, then a session's first step
+        with pytest.raises(grpc.RpcError) as excinfo:
+            worker.stub.Forward(_request(sid, 0, 19, _hidden(2048), start), timeout=0.5)
+        assert _code(excinfo) == grpc.StatusCode.DEADLINE_EXCEEDED
+        t0 = time.monotonic()
+        y = _hidden(1)
+        got = worker.forward("dl-keep", 0, 19, y, start=3 if sid == "dl-keep" else 4)
+        waited = time.monotonic() - t0
+        assert waited < NEXT_FORWARD_BOUND_S, f"the next Forward waited {waited:.1f}s"
+        ref = b.forward(a.forward(y, [ka.length], ka), [kb.length], kb)
+        np.testing.assert_array_equal(got, ref)  # the abandoned step left no partial positions behind
+    for _ in range(20):  # the worker itself ended both steps as failed (not only the clients gave up)
+        if worker.health().failed_requests == failed + 2:
+            break
+        time.sleep(0.1)
+    assert worker.health().failed_requests == failed + 2
+    with pytest.raises(grpc.RpcError) as excinfo:  # the session the abandoned step opened was dropped
+        worker.forward("dl-new", 0, 19, _hidden(1), start=1)
+    assert _code(excinfo) == grpc.StatusCode.NOT_FOUND
+    worker.forward("dl-new", 0, 19, _hidden(2))  # and opens again from position 0
+
+
+def test_a_cancelled_prefill_stops(worker: Worker) -> None:
+    future = worker.stub.Forward.future(_request("cancel-me", 0, 19, _hidden(2048)), timeout=60)
+    time.sleep(0.3)
+    assert future.cancel()
+    t0 = time.monotonic()
+    worker.forward("after-cancel", 0, 19, _hidden(2))
+    waited = time.monotonic() - t0
+    assert waited < NEXT_FORWARD_BOUND_S, f"the next Forward waited {waited:.1f}s"
+    with pytest.raises(grpc.RpcError) as excinfo:
+        worker.forward("cancel-me", 0, 19, _hidden(1), start=2048)
+    assert _code(excinfo) == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_long_step_is_computed_in_chunks_with_the_same_result(worker: Worker) -> None:
+    a, b = load_layer_stack(0, 9), load_layer_stack(10, 19)
+    x = _hidden(300)  # > PREFILL_CHUNK_TOKENS: three chunks
+    got = worker.forward("long-ok", 0, 19, x)
+    expected = b.forward(a.forward(x, np.arange(300), a.new_kv_cache()), np.arange(300), b.new_kv_cache())
+    scale = float(np.abs(expected).max())  # hidden states reach ~100: compare at float32 rounding of that
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * scale)
+    worker.forward("long-ok", 0, 19, _hidden(1), start=300)
+
+
+def test_a_prefill_over_the_cap_is_invalid_argument(worker: Worker) -> None:
+    with pytest.raises(grpc.RpcError) as excinfo:
+        worker.stub.Forward(_request("too-long", 0, 9, _hidden(2049)), timeout=30)
+    assert _code(excinfo) == grpc.StatusCode.INVALID_ARGUMENT
+    assert "hidden.shape[0]=2049" in excinfo.value.details()
+    assert "max_prefill_tokens=2048" in excinfo.value.details()
+    worker.forward("too-long", 0, 9, _hidden(2))  # nothing was opened, the worker keeps serving
+
+
+def test_sessions_per_caller_are_capped_and_an_open_session_keeps_working() -> None:
+    w = Worker([(0, 9)], host="[::]", max_sessions_per_caller=3, max_sessions=10)
+    other = grpc.insecure_channel(f"[::1]:{w.port}")  # another caller host: ::1 instead of 127.0.0.1
+    try:
+        for i in range(3):
+            w.forward(f"mine-{i}", 0, 9, _hidden(2))
+        with pytest.raises(grpc.RpcError) as excinfo:
+            w.forward("mine-3", 0, 9, _hidden(2))
+        assert _code(excinfo) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_sessions_per_caller=3" in excinfo.value.details()
+        w.forward("mine-0", 0, 9, _hidden(1), start=2)  # an open session keeps working
+        stub: Any = mesh_pb2_grpc.MeshWorkerStub(other)
+        stub.Forward(_request("theirs", 0, 9, _hidden(2)), timeout=30)  # another caller is not affected
+        w.stub.CloseSession(mesh_pb2.CloseSessionRequest(session_id="mine-1"), timeout=5)
+        w.forward("mine-3", 0, 9, _hidden(2))  # a closed one frees the caller's slot
+        assert w.health().active_sessions == 4
+    finally:
+        other.close()
+        w.close()
+
+
+def test_caller_of_peer_strings() -> None:
+    assert caller_of("ipv4:127.0.0.1:50123") == "127.0.0.1"
+    assert caller_of("ipv6:[::1]:50123") == "[::1]"
+    assert caller_of("unix:/tmp/sock") == "unix:/tmp/sock"

@@ -31,6 +31,7 @@ from ethen.mesh.orchestrator.session import MeshSession
 from ethen.mesh.orchestrator.telemetry import HealthMonitor
 from ethen.mesh.routing import NodeState, Route, RouteWeights
 from ethen.mesh.worker.batching import Job, StepBatcher
+from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS
 from ethen.model.chat_template import ChatTemplate
 from ethen.model.generate import GenerationChunk, GenerationResult, generate_stream
 from ethen.model.gguf_loader import WeightStore, open_weight_store
@@ -147,6 +148,7 @@ class Orchestrator:
         health_interval_s: float = 0.25,
         forward_timeout_s: float = 60.0,
         round_lanes: int = 1,
+        max_step_tokens: int = MAX_PREFILL_TOKENS,
     ) -> None:
         if not workers:
             raise ValueError("an orchestrator needs at least one worker (node_id -> host:port)")
@@ -158,6 +160,7 @@ class Orchestrator:
         self.fallback_model = fallback_model
         self.model_name = model_name
         self.exact_replay = exact_replay
+        self.max_step_tokens = max_step_tokens  # a longer prompt is prefilled in steps of at most this
         self.clients = {node: WorkerClient(node, addr, forward_timeout_s=forward_timeout_s)
                         for node, addr in workers.items()}
         self.monitor = HealthMonitor(self.clients, backoff or Backoff(), interval_s=health_interval_s)
@@ -219,7 +222,7 @@ class Orchestrator:
         chosen = route if route is not None else self.route_for(prompt_tokens)
         session = MeshSession(chosen, self.clients, self.ends.embed, lambda h: self.head(h),
                               self._recompose, self.monitor.mark_failed, exact_replay=self.exact_replay,
-                              rounds=self.rounds)
+                              rounds=self.rounds, max_step_tokens=self.max_step_tokens)
         return session
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:

@@ -27,6 +27,10 @@ Failover and replay (Petals-style):
   the last float bits).
 - Each stage uses its own worker session id (``<session>@<first layer>``), so a node that runs two stages of
   a route keeps two independent caches.
+- A step longer than ``max_step_tokens`` (default: the workers' default ``--max-prefill-tokens``, 2,048) runs
+  as several steps of at most that many tokens (a long prompt is prefilled in pieces), so no ``Forward`` ever
+  exceeds a worker's cap; replay reuses those sizes, and a one-call replay (``exact_replay=False``) is cut
+  the same way.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import numpy.typing as npt
 from ethen.mesh.orchestrator.client import WorkerClient
 from ethen.mesh.orchestrator.errors import MeshRuntimeError, NodeError, NodeUnavailable
 from ethen.mesh.routing import Route, Stage
+from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS
 
 if TYPE_CHECKING:
     from ethen.mesh.orchestrator.rounds import DecodeRounds
@@ -111,8 +116,12 @@ class MeshSession:
         max_failovers: int = 4,
         session_id: str | None = None,
         rounds: DecodeRounds | None = None,
+        max_step_tokens: int = MAX_PREFILL_TOKENS,
     ) -> None:
+        if max_step_tokens < 1:
+            raise ValueError(f"max_step_tokens must be >= 1, got {max_step_tokens}")
         self.id = session_id or uuid.uuid4().hex
+        self.max_step_tokens = max_step_tokens
         self.route = route
         self.routes: list[Route] = [route]
         self.failovers: list[FailoverEvent] = []
@@ -156,8 +165,18 @@ class MeshSession:
     # ---- one step ---------------------------------------------------------------------------------------
 
     def step(self, token_ids: Sequence[int]) -> F32:
-        """Feed ``token_ids`` after everything fed so far; logits ``[V]`` of the last one."""
-        x = self._embed(list(token_ids))  # [T, d]
+        """Feed ``token_ids`` after everything fed so far; logits ``[V]`` of the last one. More than
+        ``max_step_tokens`` ids run as several steps of at most that many (only the last one's head runs)."""
+        ids, n = list(token_ids), self.max_step_tokens
+        while len(ids) > n:
+            self._step(ids[:n], head=False)
+            ids = ids[n:]
+        logits = self._step(ids)
+        assert logits is not None
+        return logits
+
+    def _step(self, token_ids: list[int], head: bool = True) -> F32 | None:
+        x = self._embed(token_ids)  # [T, d]
         if x.shape[0] == 1 and self._rounds is not None and self._warm():
             self._pending = {}
             try:
@@ -179,6 +198,8 @@ class MeshSession:
             except NodeUnavailable as exc:
                 self._fail(exc)
         self._commit(x.shape[0], pending)
+        if not head:
+            return None
         logits: F32 = self._head(h[-1:])[0]  # [V]
         return logits
 
@@ -258,7 +279,11 @@ class MeshSession:
         for key in [k for k in self._ready if k[0] == node and k[1] == stage.first]:
             del self._ready[key]
         total = int(full.shape[0])
-        sizes = [*self.chunks, total - self.length] if self.exact_replay else [total]
+        if self.exact_replay:
+            sizes = [*self.chunks, total - self.length]
+        else:  # one call, unless that passes the workers' cap
+            n = self.max_step_tokens
+            sizes = [min(n, total - at) for at in range(0, total, n)]
         outs: list[F32] = []
         at = 0
         for size in sizes:

@@ -10,10 +10,15 @@ import importlib
 from typing import Any
 
 __all__ = [
+    "MAX_PREFILL_TOKENS",
+    "MAX_SESSIONS_PER_CALLER",
+    "PREFILL_CHUNK_TOKENS",
+    "DeadlineExceededError",
     "FragmentBackend",
     "HealthSnapshot",
     "HealthTracker",
     "ModelBackend",
+    "RequestCancelledError",
     "SessionCapacityError",
     "SessionNotFoundError",
     "SessionStore",
@@ -27,6 +32,11 @@ __all__ = [
 ]
 
 _HOME = {
+    "MAX_PREFILL_TOKENS": "limits",
+    "MAX_SESSIONS_PER_CALLER": "limits",
+    "PREFILL_CHUNK_TOKENS": "limits",
+    "DeadlineExceededError": "errors",
+    "RequestCancelledError": "errors",
     "FragmentBackend": "backend",
     "ModelBackend": "backend",
     "StepBatcher": "batching",

@@ -19,6 +19,7 @@ happens on one thread at a time.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -48,6 +49,9 @@ class Job:
     batch_size: int = 0
     done: bool = False
     owner: Any = None  # whatever the submitter needs its runner to see (the orchestrator's session)
+    caller: str = ""  # who sent it (a worker: the gRPC peer's host), for per-caller caps
+    deadline: float = math.inf  # time.monotonic() after which the caller no longer waits for the result
+    is_active: Callable[[], bool] | None = None  # False once the caller cancelled (gRPC context.is_active)
 
     @property
     def is_decode(self) -> bool:

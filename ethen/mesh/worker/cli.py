@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER
+
 if TYPE_CHECKING:
     from ethen.mesh.worker.server import WorkerConfig
 
@@ -71,6 +73,12 @@ def worker(
     session_ttl: float = typer.Option(300.0, "--session-ttl", help="Seconds an idle session is kept."),
     max_sessions: int = typer.Option(256, "--max-sessions", help="Open sessions at most."),
     batch_window_ms: float = typer.Option(1.0, "--batch-window-ms", help="Decode-step collection window."),
+    max_prefill_tokens: int = typer.Option(
+        MAX_PREFILL_TOKENS, "--max-prefill-tokens",
+        help="Rows one Forward may carry (longer: INVALID_ARGUMENT)."),
+    max_sessions_per_caller: int = typer.Option(
+        MAX_SESSIONS_PER_CALLER, "--max-sessions-per-caller",
+        help="Open sessions per caller host (more: RESOURCE_EXHAUSTED)."),
 ) -> None:
     """Serve fragments of the model's layers to the mesh over gRPC."""
     from ethen.mesh.worker.launch import die_with_parent
@@ -84,7 +92,9 @@ def worker(
         fragments = parse_fragments(layers)
         config = WorkerConfig(node_id, fragments, capacity_score=capacity_score,
                               max_cache_bytes=int(max_cache_mb * 1024 * 1024), session_ttl_s=session_ttl,
-                              max_sessions=max_sessions, batch_window_s=batch_window_ms / 1000.0)
+                              max_sessions=max_sessions, batch_window_s=batch_window_ms / 1000.0,
+                              max_prefill_tokens=max_prefill_tokens,
+                              max_sessions_per_caller=max_sessions_per_caller)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     from ethen.model.errors import ModelError

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from ethen.mesh.routing.errors import MeshRoutingError
 
-__all__ = ["SessionCapacityError", "SessionNotFoundError", "WorkerError", "WorkerInputError"]
+__all__ = [
+    "DeadlineExceededError",
+    "RequestCancelledError",
+    "SessionCapacityError",
+    "SessionNotFoundError",
+    "WorkerError",
+    "WorkerInputError",
+]
 
 
 class WorkerError(MeshRoutingError):
@@ -28,3 +35,11 @@ class SessionNotFoundError(WorkerError, KeyError):
 
 class SessionCapacityError(WorkerError):
     """The session would exceed the worker's KV-cache memory cap or session count: ``RESOURCE_EXHAUSTED``."""
+
+
+class DeadlineExceededError(WorkerError):
+    """The caller's deadline passed before the step was done; it was abandoned: ``DEADLINE_EXCEEDED``."""
+
+
+class RequestCancelledError(WorkerError):
+    """The caller cancelled the RPC; the step was abandoned: ``CANCELLED``."""

@@ -3,12 +3,14 @@ health.
 
 Error mapping (the one boundary between worker errors and gRPC status codes):
 
-=============================  ======================
-:class:`WorkerInputError`      ``INVALID_ARGUMENT``
-:class:`SessionNotFoundError`  ``NOT_FOUND``
-:class:`SessionCapacityError`  ``RESOURCE_EXHAUSTED``
-any other exception            ``INTERNAL`` (logged)
-=============================  ======================
+==============================  ======================
+:class:`WorkerInputError`       ``INVALID_ARGUMENT``
+:class:`SessionNotFoundError`   ``NOT_FOUND``
+:class:`SessionCapacityError`   ``RESOURCE_EXHAUSTED``
+:class:`DeadlineExceededError`  ``DEADLINE_EXCEEDED``
+:class:`RequestCancelledError`  ``CANCELLED``
+any other exception             ``INTERNAL`` (logged)
+==============================  ======================
 
 Every error is answered with a message naming the field and value, and the worker keeps serving.
 ``ForwardBatch`` answers each item on its own (a status code and message per item, same mapping), so one
@@ -22,6 +24,17 @@ Choices where the spec is silent:
   covering only served layers in between (spec §3: a fragment runs complete).
 - Positions must be consecutive and start exactly at the session's cached length on those layers; anything
   else would silently corrupt the KV cache (Petals bug #587), so it is refused.
+
+Limits on one caller (see :mod:`ethen.mesh.worker.limits` for the defaults and why):
+
+- A ``Forward`` carries at most ``max_prefill_tokens`` rows (``INVALID_ARGUMENT`` naming ``hidden.shape[0]``).
+- A caller (the gRPC peer's host) holds at most ``max_sessions_per_caller`` sessions (``RESOURCE_EXHAUSTED``).
+- The work stops when the caller stops waiting: a step whose deadline passed, or whose RPC was cancelled,
+  while it queued is never computed; a long step (more than ``PREFILL_CHUNK_TOKENS`` positions) is computed
+  chunk by chunk and fragment by fragment, checking between them, and abandoned with ``DEADLINE_EXCEEDED`` /
+  ``CANCELLED``. An abandoned (or failed) step leaves the session exactly as it was before it (its caches are
+  truncated back), and a session that step opened is dropped, so the next step of any session is served as
+  soon as the chunk in progress ends.
 """
 
 from __future__ import annotations
@@ -41,18 +54,21 @@ from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
 from ethen.mesh.worker.backend import F32, FragmentBackend
 from ethen.mesh.worker.batching import Job, StepBatcher
 from ethen.mesh.worker.errors import (
+    DeadlineExceededError,
+    RequestCancelledError,
     SessionCapacityError,
     SessionNotFoundError,
     WorkerError,
     WorkerInputError,
 )
 from ethen.mesh.worker.health import HealthTracker
+from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER, PREFILL_CHUNK_TOKENS
 from ethen.mesh.worker.sessions import SessionStore
 from ethen.model.errors import ModelInputError
 from ethen.model.kv_cache import KVCache
 from ethen.model.model import parse_layer_ranges
 
-__all__ = ["WorkerConfig", "WorkerService", "parse_fragments", "serve"]
+__all__ = ["WorkerConfig", "WorkerService", "caller_of", "parse_fragments", "serve"]
 
 log = logging.getLogger("ethen.mesh.worker")
 
@@ -62,7 +78,30 @@ _STATUS: dict[type[WorkerError], grpc.StatusCode] = {
     WorkerInputError: grpc.StatusCode.INVALID_ARGUMENT,
     SessionNotFoundError: grpc.StatusCode.NOT_FOUND,
     SessionCapacityError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
+    RequestCancelledError: grpc.StatusCode.CANCELLED,
 }
+
+
+def caller_of(peer: str) -> str:
+    """The caller's host from a gRPC peer string (``ipv4:127.0.0.1:5000`` -> ``127.0.0.1``,
+    ``ipv6:[::1]:5000`` -> ``[::1]``); anything else (``unix:...``) is kept whole."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6") and ":" in rest:
+        return rest.rsplit(":", 1)[0]
+    return peer
+
+
+def _stop_if_abandoned(job: Job) -> None:
+    """Raise when ``job``'s caller no longer waits for it (deadline passed or RPC cancelled)."""
+    if time.monotonic() >= job.deadline:
+        raise DeadlineExceededError(
+            f"session {job.session_id!r}: the caller's deadline passed; the step of {len(job.positions)} "
+            f"positions was abandoned")
+    if job.is_active is not None and not job.is_active():
+        raise RequestCancelledError(
+            f"session {job.session_id!r}: the caller cancelled; the step of {len(job.positions)} positions "
+            f"was abandoned")
 
 
 def parse_fragments(text: str) -> list[tuple[int, int]]:
@@ -86,11 +125,17 @@ class WorkerConfig:
         max_sessions: int = 256,
         batch_window_s: float = 0.001,
         max_batch: int = 16,
+        max_prefill_tokens: int = MAX_PREFILL_TOKENS,
+        max_sessions_per_caller: int = MAX_SESSIONS_PER_CALLER,
     ) -> None:
         if not node_id:
             raise ValueError("node_id must be non-empty")
         if not fragments:
             raise ValueError("a worker serves at least one fragment")
+        if max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
+        if max_sessions_per_caller < 1:
+            raise ValueError(f"max_sessions_per_caller must be >= 1, got {max_sessions_per_caller}")
         self.node_id = node_id
         self.fragments = sorted(fragments)
         self.capacity_score = capacity_score
@@ -99,6 +144,8 @@ class WorkerConfig:
         self.max_sessions = max_sessions
         self.batch_window_s = batch_window_s
         self.max_batch = max_batch
+        self.max_prefill_tokens = max_prefill_tokens
+        self.max_sessions_per_caller = max_sessions_per_caller
 
     @property
     def layers(self) -> list[int]:
@@ -116,7 +163,8 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         self._ends = {last for _, last in config.fragments}
         self.health = HealthTracker()
         self.store: SessionStore[KVCache] = SessionStore(
-            backend.new_cache, config.max_cache_bytes, config.session_ttl_s, config.max_sessions)
+            backend.new_cache, config.max_cache_bytes, config.session_ttl_s, config.max_sessions,
+            config.max_sessions_per_caller)
         self._lock = threading.Lock()  # guards self.store between the batch leader and Close/Health
         self.batcher = StepBatcher(
             self._run, max_batch=config.max_batch, window_s=config.batch_window_s,
@@ -125,7 +173,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
 
     # ---- validation (request threads) ---------------------------------------------------------------------
 
-    def _job(self, request: mesh_pb2.ForwardRequest) -> Job:
+    def _job(self, request: mesh_pb2.ForwardRequest, context: Any = None) -> Job:
         if not request.session_id:
             raise WorkerInputError("session_id must be non-empty")
         first, last = request.first_layer, request.last_layer
@@ -149,6 +197,10 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         if len(shape) != 2 or shape[0] < 1 or shape[1] != d:
             raise WorkerInputError(f"hidden.shape={shape} must be [T >= 1, {d}]")
         t = shape[0]
+        if t > self.config.max_prefill_tokens:
+            raise WorkerInputError(
+                f"hidden.shape[0]={t} exceeds this worker's max_prefill_tokens="
+                f"{self.config.max_prefill_tokens} (send a long prompt as several Forward steps)")
         if t > self.backend.context_length:
             raise WorkerInputError(
                 f"hidden.shape[0]={t} exceeds the context length {self.backend.context_length}")
@@ -166,8 +218,15 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         hidden: F32 = np.frombuffer(tensor.data, dtype="<f4").reshape(t, d)
         if not np.isfinite(hidden).all():
             raise WorkerInputError("hidden.data contains NaN or infinite values")
-        return Job(session_id=request.session_id, first_layer=first, last_layer=last, positions=positions,
-                   hidden=hidden)
+        job = Job(session_id=request.session_id, first_layer=first, last_layer=last, positions=positions,
+                  hidden=hidden)
+        if context is not None:
+            job.caller = caller_of(context.peer())
+            job.is_active = context.is_active
+            remaining = context.time_remaining()
+            if remaining is not None:
+                job.deadline = time.monotonic() + remaining
+        return job
 
     # ---- compute (batch leader) ----------------------------------------------------------------------
 
@@ -186,18 +245,23 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             raise WorkerInputError(
                 f"positions start at {start} but session {job.session_id!r} has {cached} cached positions "
                 f"on layers {job.first_layer}-{job.last_layer}")
-        return self.store.admit(job.session_id, fragments, len(job.positions), now)
+        return self.store.admit(job.session_id, fragments, len(job.positions), now, job.caller)
 
     def _run(self, jobs: list[Job]) -> list[F32 | BaseException]:
         results: list[F32 | BaseException] = []
         admitted: list[tuple[int, list[KVCache]]] = []
+        opened: set[str] = set()  # sessions this step creates (dropped again if it fails)
         fragments = self._fragments(jobs[0])
         with self._lock:
             now = time.monotonic()
             self.store.evict_idle(now)
             for i, job in enumerate(jobs):
                 try:
+                    _stop_if_abandoned(job)  # the caller left while it queued: never compute it
+                    new = job.session_id not in self.store
                     admitted.append((i, self._admit(job, fragments, now)))
+                    if new:
+                        opened.add(job.session_id)
                     results.append(_PENDING)
                 except WorkerError as exc:
                     results.append(exc)
@@ -206,9 +270,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         lengths = [[kv.length for kv in caches] for _, caches in admitted]
         try:
             if len(jobs) == 1:
-                job = jobs[0]
-                pos = np.asarray(job.positions, np.int64)
-                results[0] = self.backend.forward(fragments, job.hidden, pos, admitted[0][1])
+                results[0] = self._forward_one(jobs[0], fragments, admitted[0][1])
             else:
                 idx = [i for i, _ in admitted]
                 hidden = np.concatenate([jobs[i].hidden for i in idx], axis=0)  # [B, d]
@@ -220,23 +282,43 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             error: BaseException = exc
             if isinstance(exc, ModelInputError):
                 error = WorkerInputError(str(exc))
-            else:
+            elif not isinstance(exc, WorkerError):
                 log.exception("forward failed on %s", self.config.node_id)
             for (i, caches), before in zip(admitted, lengths, strict=True):
                 for kv, n in zip(caches, before, strict=True):
                     kv.truncate(n)  # leave every session as it was
                 results[i] = error
+            with self._lock:
+                for i, _ in admitted:
+                    if jobs[i].session_id in opened:
+                        self.store.close(jobs[i].session_id)
         with self._lock:
             for i, _ in admitted:
                 self.store.refresh(jobs[i].session_id)
         return results
+
+    def _forward_one(self, job: Job, fragments: list[int], caches: list[KVCache]) -> F32:
+        """One session's step; a long one chunk by chunk, fragment by fragment, stopping when its caller
+        no longer waits (the caches then hold partial positions: the caller of this truncates them)."""
+        pos = np.asarray(job.positions, np.int64)
+        t, chunk = len(job.positions), PREFILL_CHUNK_TOKENS
+        if t <= chunk:
+            return self.backend.forward(fragments, job.hidden, pos, caches)
+        outs: list[F32] = []
+        for a in range(0, t, chunk):
+            x = job.hidden[a : a + chunk]  # [C, d]
+            for f, kv in zip(fragments, caches, strict=True):
+                _stop_if_abandoned(job)
+                x = self.backend.forward([f], x, pos[a : a + chunk], [kv])
+            outs.append(x)
+        return np.concatenate(outs, axis=0)
 
     # ---- RPCs ---------------------------------------------------------------------------------------------
 
     def Forward(self, request: mesh_pb2.ForwardRequest, context: Any) -> mesh_pb2.ForwardResponse:
         t0 = time.perf_counter()
         try:
-            job = self._job(request)
+            job = self._job(request, context)
             out, queue_ms, compute_ms, batch = self.batcher.run(job)
         except WorkerError as exc:
             self.health.record_request((time.perf_counter() - t0) * 1000.0, ok=False)
@@ -258,7 +340,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         jobs: list[tuple[int, Job]] = []
         for i, item in enumerate(request.items):
             try:
-                jobs.append((i, self._job(item)))
+                jobs.append((i, self._job(item, context)))
                 results.append(None)
             except WorkerError as exc:
                 results.append(self._error_item(exc))
