@@ -29,6 +29,10 @@ def routing(resp: Any) -> dict[str, Any]:
     return resp.model_extra["ethen"]["routing"]  # type: ignore[no-any-return]
 
 
+def rid(value: str) -> dict[str, str]:
+    return {"x-request-id": value}
+
+
 def no_secret(records: list[logging.LogRecord]) -> None:
     for rec in records:
         text = rec.getMessage()
@@ -150,3 +154,36 @@ def test_streamed_trial_closes_the_circuit() -> None:
         assert "circuit_half_open_trial" in terminal["reason_codes"]
         r = c.chat.completions.create(model="beta-small", messages=USER)
         assert "circuit_half_open_trial" not in routing(r)["reason_codes"]
+
+
+def test_failed_attempts_are_logged_once_each_with_what_happened_next(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING)
+    leaky = {"echo_credentials": True}
+    behaviors = {
+        "up-beta-small": Behavior(fail_status=500, **leaky),  # type: ignore[arg-type]
+        "up-gamma-claude": Behavior(fail_status=400, **leaky),  # type: ignore[arg-type]
+    }
+    with live(behaviors, circuit=NO_RECOVERY) as lv:
+        c = lv.client()
+        with pytest.raises(openai.APIStatusError):  # one candidate: nothing to fall back to
+            c.chat.completions.create(model="beta-small", messages=USER, extra_headers=rid("rid-1"))
+        with pytest.raises(openai.BadRequestError):  # the request caused it: not retried elsewhere
+            c.chat.completions.create(model="gamma-claude", messages=USER, extra_headers=rid("rid-2"))
+        with pytest.raises(openai.APIStatusError):  # streamed, before the first chunk
+            list(c.chat.completions.create(
+                model="beta-small", messages=USER, stream=True, extra_headers=rid("rid-3")
+            ))  # fmt: skip
+    execute = [r for r in caplog.records if r.name == "ethen.gateway.execute"]
+    assert all(r.levelno == logging.WARNING for r in execute)
+    lines = {r.getMessage().split(":")[0]: r.getMessage() for r in execute}
+    assert lines["request rid-1"] == (
+        "request rid-1: attempt 1 on beta/beta-small failed: upstream_server_error (server_error, upstream "
+        "status 500); no candidate left"
+    )
+    assert lines["request rid-2"].startswith("request rid-2: attempt 1 on gamma/gamma-claude failed: ")
+    assert lines["request rid-2"].endswith("not retried (the request caused it)")
+    assert "attempt 1 on beta/beta-small failed: upstream_server_error" in lines["request rid-3"]
+    assert len(execute) == 3
+    no_secret(caplog.records)  # the upstream's messages echo the credential: they are never logged

@@ -8,10 +8,15 @@ router does not pick it until the back-off ends.
 
 ``current_load`` is the worker's data-plane ``load`` (spec §7: it reaches the node through Health), and
 ``latency_ms`` its own EWMA.
+
+Logs (logger ``ethen.mesh.orchestrator``, one line per transition, never per poll): WARNING when a worker
+that answered its Health polls stops answering (or reports itself not alive), and when a request to a worker
+fails and backs it off; WARNING again when a dead worker answers again (its recovery pairs with the death).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -24,6 +29,8 @@ from ethen.mesh.proto import mesh_pb2
 from ethen.mesh.routing import NodeState
 
 __all__ = ["HealthMonitor", "NodeHealth", "state_from_health"]
+
+log = logging.getLogger("ethen.mesh.orchestrator")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +68,7 @@ class HealthMonitor:
         self._lock = threading.Lock()
         self._last: dict[str, NodeHealth] = {}
         self._last_good: dict[str, NodeHealth] = {}
+        self._alive: dict[str, bool] = {}  # last reported liveness, for the transition logs
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -71,10 +79,17 @@ class HealthMonitor:
             health = NodeHealth(node_id, self.clock(), reply)
         except NodeError as exc:
             health = NodeHealth(node_id, self.clock(), None, str(exc))
+        alive = health.reply is not None and health.reply.alive
         with self._lock:
             self._last[node_id] = health
             if health.reply is not None:
                 self._last_good[node_id] = health
+            was = self._alive.get(node_id)
+            self._alive[node_id] = alive
+        if was is True and not alive:
+            log.warning("mesh worker %s is dead: %s", node_id, health.error or "Health says not alive")
+        elif was is False and alive:
+            log.warning("mesh worker %s answers Health again", node_id)
         return health
 
     def poll_all(self) -> None:
@@ -102,9 +117,12 @@ class HealthMonitor:
         while the node is already backed off (other sessions hitting the same crash) count once."""
         now = self.clock()
         with self._lock:
-            if not self.backoff.blocked(node_id, now):
-                self.backoff.record_failure(node_id, now)
+            first = not self.backoff.blocked(node_id, now)
+            until = self.backoff.record_failure(node_id, now) if first else now
             self._last[node_id] = NodeHealth(node_id, now, None, "request failed")
+            self._alive[node_id] = False
+        if first:
+            log.warning("mesh worker %s failed a request: backed off for %.1f s", node_id, until - now)
 
     def mark_ok(self, node_id: str) -> None:
         with self._lock:
