@@ -2,7 +2,8 @@
 
 Layout (see ``examples/gateway.toml``)::
 
-    [server]            host, port
+    [server]            host, port, header_timeout_s (10), body_timeout_s (60), max_connections (1000):
+                        slow-client limits (see ethen.gateway.serve)
     [[providers]]       id, kind ("openai_compat" | "anthropic"), base_url, api_key_env, headers,
                         max_connections, [providers.timeouts] connect_s / first_byte_s / total_s
     [[providers]]       id, kind = "mesh", [providers.workers] node_id = "host:port" (at least one),
@@ -106,8 +107,21 @@ class _Strict(BaseModel):
 
 
 class ServerConfig(_Strict):
+    """Where to listen, and the limits on slow clients (:mod:`ethen.gateway.serve` applies them): a request's
+    headers must arrive within ``header_timeout_s`` of its first byte (of the connection, for the first
+    request), its body within ``body_timeout_s`` of the headers' end (else 408), and beyond
+    ``max_connections`` open connections a request gets 503."""
+
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    body_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    max_connections: int = Field(default=1000, ge=1, le=1_000_000)
+
+    @field_validator("header_timeout_s", "body_timeout_s", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
 
 class TimeoutsConfig(_Strict):
