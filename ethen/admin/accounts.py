@@ -11,13 +11,25 @@ Choices where the spec is silent:
   ledger. Store keys act for their project only; the project's policy is intersected with the config's
   ``[policy]`` (allowed sets intersect, budgets take the smaller).
 - **Default alias**: applied when the body has no ``model`` key at all.
-- **Reserved amount**: the largest estimated cost over the decision's whole fallback chain (any of them may
-  end up serving), so a fallback can never spend more than was admitted.
+- **Reserved amount**: the largest *maximum* cost over the decision's whole fallback chain (any of them may
+  end up serving): the estimated input tokens plus ``n`` x the request's ``max_tokens``/
+  ``max_completion_tokens``, or the model's max output when both are unset (:func:`max_cost_usd`). Set
+  ``max_tokens`` to reserve less.
+- **Credible usage** (:func:`credible_usage`): an upstream's report is billed only if its completion tokens
+  are within ``n`` x the request's max output (or the model's when unset), its prompt tokens within
+  ``PROMPT_FACTOR`` (4) x the estimate + ``PROMPT_SLACK_TOKENS`` (1,024: provider-side prompts such as a
+  tool-use preamble; a tokenizer yields at most one token per byte, 3x the bytes/3 estimate), no count is
+  negative and the total is within twice the context window. Otherwise the request settles its served
+  candidate's maximum cost (what its reservation held), the ledger row is flagged ``estimated``, a WARNING is
+  logged and ``ethen_gateway_usage_not_credible_total{provider}`` counts it. Whatever an upstream says, a
+  request's settled cost never exceeds its reservation (a credible report priced above it, from a prompt
+  tokenized above the estimate, settles the reservation), so a project's settled spend never exceeds its
+  budget.
 - **Budget errors**: HTTP **402** with code ``budget_exceeded`` (type ``insufficient_quota``): 429 would make
   OpenAI SDKs retry automatically, which cannot help until the window rolls over or the budget is raised.
-  It is used both when the reservation loses a race and when ``decide`` rejects every candidate *only*
-  because of the remaining window budget (then the rejections are attached, as for
-  ``no_smart_route_candidate``).
+  It is used both when the reservation loses a race and when ``decide`` finds no candidate and one the
+  project may use was rejected *only* because of the remaining window budget (then the rejections are
+  attached, as for ``no_smart_route_candidate``). Candidates outside the project's allow-list never decide it.
 - **Actual cost** = upstream usage x the served candidate's prices. When the upstream reports no usage (e.g.
   a stream cut before its usage chunk), the served candidate's *estimated* cost is settled and the ledger row
   is flagged ``estimated``.
@@ -34,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -56,6 +68,7 @@ from ethen.gateway.routing import (
     Decision,
     LiveCertification,
     ProjectPolicy,
+    Requirements,
     RoutingContext,
     decide,
 )
@@ -79,11 +92,17 @@ __all__ = [
     "BudgetExceededError",
     "Hold",
     "credible_usage",
+    "max_completion_tokens",
+    "max_cost_usd",
     "with_certifications",
 ]
 
 log = logging.getLogger("ethen.accounts")
 T = TypeVar("T")
+_ONLY_BUDGET = (OVER_PROJECT_BUDGET,)
+#: Reported prompt tokens are credible up to PROMPT_FACTOR x the request's estimate + PROMPT_SLACK_TOKENS.
+PROMPT_FACTOR = 4
+PROMPT_SLACK_TOKENS = 1024
 
 
 
@@ -140,11 +159,33 @@ def _bearer(authorization: str | None) -> str | None:
     return key.strip() if scheme.lower() == "bearer" else None
 
 
-def credible_usage(candidate: Candidate, usage: Usage) -> bool:
-    """Whether an upstream's reported usage can be billed: at most twice the model's context window in total
-    (slack for tokenizer differences). Beyond that the upstream is wrong, and billing it could exceed what the
-    ledger holds; the request then settles its estimate, as when no usage is reported."""
-    return usage.prompt_tokens + usage.completion_tokens <= 2 * candidate.info.context_window
+def max_completion_tokens(candidate: Candidate, req: Requirements) -> int:
+    """The most completion tokens a request may produce on ``candidate``: ``n`` x its max output (requested,
+    or the model's max output when unset)."""
+    out = req.max_output_tokens if req.max_output_tokens is not None else candidate.info.max_output_tokens
+    return req.choices * out
+
+
+def max_cost_usd(candidate: Candidate, req: Requirements) -> float:
+    """The most a request may cost on ``candidate``: its estimated input plus :func:`max_completion_tokens`,
+    at the candidate's prices (the routing estimate when the request sets ``max_tokens`` and ``n`` <= 1)."""
+    p = candidate.prices
+    out = max_completion_tokens(candidate, req)
+    return (req.input_tokens * p.input_per_mtok + out * p.output_per_mtok) / 1e6
+
+
+def credible_usage(candidate: Candidate, usage: Usage, req: Requirements | None = None) -> bool:
+    """Whether an upstream's reported usage can be billed (module docstring): no negative count, at most
+    twice the model's context window in total, and, given the request's requirements, completion tokens
+    within its max output (the model's when unset) and prompt tokens within ``PROMPT_FACTOR`` x the estimate
+    + ``PROMPT_SLACK_TOKENS``. Beyond that the upstream is wrong (or lying); billing it could overspend."""
+    p, c = usage.prompt_tokens, usage.completion_tokens
+    if p < 0 or c < 0 or p + c > 2 * candidate.info.context_window:
+        return False
+    if req is None:
+        return True
+    prompt_limit = PROMPT_FACTOR * req.input_tokens + PROMPT_SLACK_TOKENS
+    return c <= max_completion_tokens(candidate, req) and p <= prompt_limit
 
 
 class Hold:
@@ -158,12 +199,16 @@ class Hold:
         decision: Decision | None,
         request_id: str,
         reservation: Ticket | None,
+        reserved_usd: float | None = None,
+        on_not_credible: Callable[[str], None] | None = None,
     ) -> None:
         self._store = store
         self._access = access
         self._decision = decision
         self._rid = request_id
         self._reservation = reservation
+        self._reserved_usd = reserved_usd  # the settled cost's cap (None: no budget, nothing reserved)
+        self._on_not_credible = on_not_credible  # the metric (set by the app)
         self._done = store is None or access.principal is None
 
     async def guard(self, work: Awaitable[T]) -> T:
@@ -191,14 +236,19 @@ class Hold:
 
     async def _settle(self, candidate: Candidate, usage: Usage | None) -> None:
         assert self._store is not None and self._access.principal is not None
-        if usage is not None and not credible_usage(candidate, usage):
+        req = self._decision.requirements if self._decision is not None else None
+        if usage is not None and not credible_usage(candidate, usage, req):
             log.warning(
-                "request %s: %s reported %d prompt + %d completion tokens, beyond twice its %d-token window; "
-                "settling the estimate instead", self._rid, candidate.id, usage.prompt_tokens,
-                usage.completion_tokens, candidate.info.context_window,
+                "request %s: %s reported %d prompt + %d completion tokens, not credible for this request "
+                "(at most %s completion tokens, ~%s estimated prompt tokens); settling its reservation",
+                self._rid, candidate.id, usage.prompt_tokens, usage.completion_tokens,
+                max_completion_tokens(candidate, req) if req else "?", req.input_tokens if req else "?",
             )
+            if self._on_not_credible is not None:
+                self._on_not_credible(candidate.provider)
+            cost = max_cost_usd(candidate, req) if req is not None else 0.0
             usage = None
-        if usage is not None:
+        elif usage is not None:
             p = candidate.prices
             cost = (
                 usage.prompt_tokens * p.input_per_mtok + usage.completion_tokens * p.output_per_mtok
@@ -206,6 +256,12 @@ class Hold:
         else:
             chain = self._decision.chain if self._decision is not None else ()
             cost = next((sc.estimated_cost_usd for sc in chain if sc.candidate.id == candidate.id), 0.0)
+        if self._reserved_usd is not None and cost > self._reserved_usd:
+            log.warning(
+                "request %s: %s's usage costs $%.6f, above the $%.6f reserved; settling the reservation",
+                self._rid, candidate.id, cost, self._reserved_usd,
+            )
+            cost = self._reserved_usd
         try:
             await self._store.settle(
                 self._access.principal.project,
@@ -255,6 +311,8 @@ class Accounts:
         self.lease = lease
         self.instance_id = instance_id
         self.release_dangling = release_dangling
+        #: called with the provider's id when its usage report is not credible (the app counts it)
+        self.on_not_credible: Callable[[str], None] | None = None
 
     async def start(self) -> None:
         if self.store_url is None or self.store is not None:
@@ -351,12 +409,16 @@ class Accounts:
         return json.dumps(listing, separators=(",", ":")).encode()
 
     def decide(self, body: Mapping[str, Any], ctx: RoutingContext, access: Access) -> Decision:
-        """``decide``, with "every candidate was rejected only for the project budget" as a budget error."""
+        """``decide``, with "a candidate the project may use was rejected only for its budget" as a budget
+        error (402): more budget would let the request through. Candidates outside the project's allow-list
+        never count (they carry ``provider_not_allowed``/``model_not_allowed``), so a free model the project
+        may not use does not turn an exhausted budget into a 422; nor does a candidate with any other reason
+        (a capability, a telemetry exclusion: its own error, e.g. 503, stands)."""
         try:
             return decide(body, ctx)
-        except NoSmartRouteCandidateError as err:
+        except NoSmartRouteCandidateError as err:  # and its subclasses
             rej = err.rejections
-            if access.project is not None and rej and all(OVER_PROJECT_BUDGET in r.reasons for r in rej):
+            if access.project is not None and any(r.reasons == _ONLY_BUDGET for r in rej):
                 raise BudgetExceededError(
                     f"Project {access.project.name!r} has not enough budget left in this "
                     f"{access.project.budget_window} for this request's estimated cost.",
@@ -370,8 +432,10 @@ class Accounts:
         if project is None or self.admission is None:
             return Hold(None, access, None, request_id, None)
         reservation = None
+        amount: float | None = None
         if project.budget_usd is not None:
-            amount = max(sc.estimated_cost_usd for sc in decision.chain)
+            req = decision.requirements
+            amount = max(max_cost_usd(sc.candidate, req) for sc in decision.chain)
             try:
                 reservation = await self.admission.reserve(project, amount)  # in memory while the grant lasts
             except StoreError as exc:
@@ -381,9 +445,12 @@ class Accounts:
             if reservation is None:
                 raise BudgetExceededError(
                     f"Project {project.name!r} has not enough budget left in this {project.budget_window}: "
-                    f"the request's estimated cost is ${amount:.6f}."
+                    f"the request may cost up to ${amount:.6f} (its estimated input plus max_tokens, or the "
+                    "model's max output when max_tokens is unset)."
                 )
-        return Hold(self.admission, access, decision, request_id, reservation)
+        return Hold(
+            self.admission, access, decision, request_id, reservation, amount, self.on_not_credible
+        )
 
 
 def accounts_for(cfg: GatewayConfig, keyring: KeyRing, env: Mapping[str, str] | None = None) -> Accounts:

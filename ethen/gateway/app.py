@@ -358,6 +358,7 @@ def create_app(
     gw = Gateway(cfg, providers=providers or build_providers(cfg, env), catalog=catalog, store=store)
     gw.accounts = acc = accounts_for(cfg, gw.keyring, env)
     m = gw.metrics
+    acc.on_not_credible = lambda provider: m.usage_not_credible.labels(provider).inc()
 
     async def chat(request: Request) -> Response:
         t0 = time.perf_counter()

@@ -53,6 +53,12 @@ class GatewayMetrics:
             ["provider", "error_class"],
             registry=r,
         )
+        self.usage_not_credible = Counter(
+            "ethen_gateway_usage_not_credible",
+            "Upstream usage reports not billed (beyond what the request allowed; its reservation is settled).",
+            ["provider"],
+            registry=r,
+        )
         self.overhead = Histogram(
             "ethen_gateway_overhead_seconds",
             "Gateway overhead: total time minus upstream time.",

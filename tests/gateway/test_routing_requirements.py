@@ -49,6 +49,11 @@ def test_response_format(fmt: str, structured: bool) -> None:
     assert parse_requirements(body(response_format={"type": fmt})).structured_output is structured
 
 
+def test_n_is_the_number_of_choices() -> None:
+    assert parse_requirements(body()).choices == 1 and parse_requirements(body(n=None)).choices == 1
+    assert parse_requirements(body(n=3)).choices == 3
+
+
 def test_max_output_takes_the_larger_of_both_fields() -> None:
     assert parse_requirements(body(max_tokens=100)).max_output_tokens == 100
     assert parse_requirements(body(max_completion_tokens=300)).max_output_tokens == 300
@@ -159,6 +164,9 @@ def test_malformed_field_is_named(bad: dict[str, Any], param: str) -> None:
         (body(max_completion_tokens=[1]), "invalid_type"),
         (body(max_tokens=0), "invalid_value"),
         (body(max_completion_tokens=-5), "invalid_value"),
+        (body(n="2"), "invalid_type"),
+        (body(n=0), "invalid_value"),
+        (body(n=2.5), "invalid_value"),
         (body(max_tokens=1.5), "invalid_value"),
         (body(max_tokens=10**400), "invalid_value"),  # would overflow float(): a 500 before
         (body(max_completion_tokens=2**53), "invalid_value"),

@@ -313,7 +313,9 @@ HOSTILE: list[tuple[bytes, int, str | None, str | None]] = [
     (_raw(',"max_tokens":1' + "0" * 400), 400, "invalid_value", "max_tokens"),
     (_raw(',"max_tokens":1' + "0" * 5000), 400, "invalid_json", None),  # over Python's 4,300-digit int limit
     (_raw(',"seed":1e999'), 400, "invalid_value", "seed"),
-    (_raw(',"n":"NaN"'), 200, None, None),  # a string: the upstream's to judge
+    (_raw(',"n":"NaN"'), 400, "invalid_type", "n"),  # n bounds the usage billed: validated like max_tokens
+    (_raw(',"n":0'), 400, "invalid_value", "n"),
+    (_raw(',"n":2'), 200, None, None),
     (_raw(',"model":"x"'), 404, "model_not_found", "model"),  # the last duplicate key wins, as in json
     (b"{" * 100_000, 400, "invalid_json", None),
     (b'{"a":' * 5000 + b"1" + b"}" * 5000, 400, "invalid_json", None),

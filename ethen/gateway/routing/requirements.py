@@ -17,6 +17,9 @@ Choices where the spec is silent:
 * error codes: a value of the wrong JSON type gets ``invalid_type``, a value of the right type outside its
   range or set gets ``invalid_value``, a missing required field ``missing_required_parameter`` and an unknown
   key under ``metadata.routing`` ``unknown_parameter``; ``param`` is always the field's dotted path.
+* ``n`` (choices, ``null`` = 1) is an integer in ``[1, MAX_SAFE_INTEGER]`` like the max output fields (the
+  upstream judges its own upper limit); routing ignores it, the gateway's budget bounds use it (a request's
+  completion tokens may reach ``n`` x its max output).
 * max output: ``max_completion_tokens`` and ``max_tokens`` (``null`` = absent); when both are given the larger
   one must fit (conservative: providers differ in which one they honour). Each must be an integer in
   ``[1, MAX_SAFE_INTEGER]`` (2^53 - 1, the largest integer every JSON client represents exactly); a larger
@@ -96,6 +99,7 @@ class Requirements(NamedTuple):
     certification_live: bool = False
     only_providers: frozenset[str] | None = None
     latency_target: str | None = None
+    choices: int = 1  # ``n``: completions asked for (each up to ``max_output_tokens``); billing bounds only
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -368,6 +372,7 @@ def parse_requirements(body: Mapping[str, Any]) -> Requirements:
 
     mct = _positive_int(body, "max_completion_tokens")
     mt = _positive_int(body, "max_tokens")
+    n = _positive_int(body, "n")
     max_out = mt if mct is None else (mct if mt is None else max(mct, mt))
     ceiling, target, live = _parse_routing(body.get("metadata"))
     only = _parse_only(body)
@@ -382,4 +387,5 @@ def parse_requirements(body: Mapping[str, Any]) -> Requirements:
         certification_live=live,
         only_providers=only,
         latency_target=target,
+        choices=1 if n is None else n,
     )
