@@ -37,8 +37,9 @@ Choices where the spec is silent:
 - Settling and releasing are shielded from cancellation, so a client hanging up mid-stream still settles, and
   so does one that hangs up before the first byte (the stream's generator settles when the server closes it;
   ``test_service_budget.py::test_client_gone_before_the_first_byte_settles_and_releases``). A reservation
-  that is somehow never settled (a gateway killed mid-request) expires after ``reservation_ttl_s``: budget is
-  held back for that long, never overspent.
+  that is somehow never settled (a gateway killed mid-request) stops counting when the process's lease
+  expires (``[store] lease_s``, 15 s; :mod:`ethen.store.admission`): budget is held back that long, never
+  overspent.
 """
 
 from __future__ import annotations

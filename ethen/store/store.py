@@ -3,19 +3,23 @@
 Every public method is one transaction and goes through :func:`~ethen.store.engine.boundary`, so callers only
 ever see :mod:`ethen.store.errors`.
 
-Budget admission (see :meth:`Store.reserve`): in one write transaction (SQLite ``BEGIN IMMEDIATE``; Postgres
-``SELECT ... FOR UPDATE`` on the project row) read settled spend in the current window plus active
-reservations, and insert a reservation only if ``budget - settled - reserved >= amount``. Settlement
-(:meth:`Store.settle`) inserts the ledger row and deletes the reservation in one transaction, so at every
-commit ``settled + reserved`` is what was admitted. Requests therefore cannot overspend concurrently, within
-one process or across processes sharing the database, as long as a request's actual cost does not exceed its
-reserved estimate (the core's input estimate is conservative and the output term uses the requested or
-default maximum).
+Budget admission on the gateway's request path is :class:`ethen.store.admission.Admission` (issue 11): keys
+cached in memory and dropped on a change counter, per-instance budget *grants* admitted against in memory,
+instance leases, and a group-committed ledger; see that module for the protocol and
+:mod:`ethen.store.groupcommit` for the writer. The invariant at every commit, across all gateway processes on
+one database, is ``settled(window) + grants of live instances + active reservations <= budget``.
 
-Reservations carry ``expires_at`` (default 15 minutes): an expired reservation no longer counts, which bounds
-what a crashed process can hold. On start the gateway calls :meth:`Store.release_all` (a process that just
-started owns no in-flight request; this assumes one gateway process per database - with several, rely on
-expiry instead, ``release_dangling=false``).
+:meth:`Store.reserve` / :meth:`Store.settle` / :meth:`Store.release` remain as the per-request protocol (one
+transaction each, used by ``bench/store_admission.py`` as the baseline and counted in the same invariant): in
+one write transaction (SQLite ``BEGIN IMMEDIATE``; Postgres ``SELECT ... FOR UPDATE`` on the project row)
+read settled spend in the current window plus what is held, and insert a reservation only if it fits.
+Settlement inserts the ledger row and deletes the reservation in one transaction. Reservations carry
+``expires_at`` (default 15 minutes): an expired one no longer counts.
+
+Start-up (:meth:`Store.release_stale`) deletes only what no live process holds: expired reservations, and
+the rows and grants of instances whose lease has passed (or of the starter's own instance id). It never
+touches a live instance's grants, so a second gateway, or a rolling restart, during load cannot make the
+budget overspend (before issue 11 start-up deleted every reservation, live ones included).
 """
 
 from __future__ import annotations
