@@ -56,7 +56,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from ethen.admin.accounts import Accounts, AccountsUnavailableError, Hold, accounts_for
+from ethen.admin.accounts import Accounts, Hold, accounts_for
 from ethen.admin.http import admin_routes
 from ethen.gateway.auth import KeyRing
 from ethen.gateway.catalog import Catalog
@@ -71,15 +71,15 @@ from ethen.gateway.errors import (
     GatewayError,
     InvalidRequestError,
     RequestTooLargeError,
-    UpstreamError,
     http_status,
 )
-from ethen.gateway.execute import Attempt, Executor, RouteTarget, StreamRun, chunk_meta, upstream_payload
+from ethen.gateway.execute import Attempt, Executor, RouteTarget, StreamRun, upstream_payload
 from ethen.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from ethen.gateway.providers import build_providers
 from ethen.gateway.providers.base import Provider
+from ethen.gateway.relay import StreamRelay
 from ethen.gateway.routing import ALIASES, Decision, RoutingContext
-from ethen.gateway.sse import DONE_FRAME, dumps, encode_data, encode_error, encode_json
+from ethen.gateway.sse import dumps
 from ethen.gateway.telemetry_store import TelemetryStore
 
 __all__ = ["PREFIX", "Gateway", "build_providers", "create_app"]
@@ -308,19 +308,6 @@ class Gateway:
             await p.aclose()
 
 
-#: a stream chunk whose ``finish_reason`` is set (a string, not ``null``)
-_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
-
-
-def _finish_chunk(payload: bytes) -> dict[str, Any] | None:
-    """The upstream's finish chunk as a dict, to carry the receipt; ``None`` if it is not a JSON object."""
-    try:
-        obj = json.loads(payload)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) and isinstance(obj.get("choices"), list) else None
-
-
 def routing_receipt(
     decision: Decision,
     attempts: list[Attempt],
@@ -397,81 +384,17 @@ def create_app(
     def _stream_response(
         decision: Decision, run: StreamRun, include_usage: bool, rid: str, t0: float, label: str, hold: Hold
     ) -> Response:
-        opened = time.perf_counter()
-        overhead_at_open = max(0.0, opened - t0 - run.upstream_s)
-        m.ttft.observe(opened - t0)
+        def receipt(attempts: list[Attempt], target: RouteTarget, extra: Mapping[str, Any] | None
+                    ) -> dict[str, Any]:
+            return routing_receipt(decision, attempts, target, extra)
 
-        async def gen() -> AsyncIterator[bytes]:
-            done = False
-            upstream_after_first = time.perf_counter()
-            # Without include_usage the receipt rides on the upstream's last chunk that has a finish_reason
-            # (held back until the stream ends), so the terminal chunk has a choice like every other one.
-            held: bytes | None = None
-            try:
-                if not include_usage and _FINISHED.search(run.first):
-                    held = run.first
-                else:
-                    yield encode_data(run.first)
-                try:
-                    async for payload in run.stream:
-                        if held is not None:
-                            yield encode_data(held)
-                            held = None
-                        if not include_usage and _FINISHED.search(payload):
-                            held = payload
-                        else:
-                            yield encode_data(payload)
-                except UpstreamError as err:
-                    if held is not None:
-                        yield encode_data(held)
-                        held = None
-                    run.finish(err)
-                    await hold.settle_or_log(run.target.candidate, run.stream.usage)
-                    env = err.to_dict()
-                    env["ethen"] = {"routing": routing_receipt(decision, run.attempts, run.target)}
-                    done = True
-                    m.requests.labels(label, "true", "stream_error").inc()
-                    log.warning("stream %s broke after the first chunk: %s", rid, err.code)
-                    yield encode_error(env)
-                    return
-                run.finish(None)
-                if not await hold.settle_or_log(run.target.candidate, run.stream.usage):
-                    done = True
-                    lost = AccountsUnavailableError("The gateway could not record the request's spend.")
-                    yield encode_error(lost.to_dict())
-                    return
-                end = time.perf_counter()
-                upstream = run.upstream_s + (end - upstream_after_first)
-                routing = routing_receipt(decision, run.attempts, run.target, run.stream.receipt_extra)
-                routing["overhead_ms"] = round(max(0.0, end - t0 - upstream) * 1000, 3)
-                terminal = _finish_chunk(held) if held is not None else None
-                if terminal is None:
-                    if held is not None:
-                        yield encode_data(held)
-                    terminal = {**chunk_meta(run.first), "object": "chat.completion.chunk", "choices": []}
-                terminal["ethen"] = {"routing": routing}
-                if include_usage:
-                    terminal["usage"] = run.stream.usage.to_openai() if run.stream.usage else None
-                done = True
-                m.requests.labels(label, "true", "200").inc()
-                m.latency.labels("true").observe(end - t0)
-                m.overhead.observe(max(0.0, end - t0 - upstream))
-                yield encode_json(terminal)
-                yield DONE_FRAME
-            finally:
-                if not done:
-                    run.finish(None, client_gone=True)
-                    await hold.settle_or_log(run.target.candidate, run.stream.usage)
-                    m.requests.labels(label, "true", "client_closed").inc()
-                with contextlib.suppress(Exception):
-                    await run.stream.aclose()
-
+        relay = StreamRelay(run, receipt, include_usage, rid, t0, label, hold, m)
         headers = {
             "x-request-id": rid,
-            "x-ethen-overhead-ms": f"{overhead_at_open * 1000:.3f}",
+            "x-ethen-overhead-ms": f"{relay.overhead_at_open * 1000:.3f}",
             "cache-control": "no-cache",
         }
-        return StreamingResponse(gen(), 200, headers, media_type="text/event-stream")
+        return StreamingResponse(relay.frames(), 200, headers, media_type="text/event-stream")
 
     async def explain(request: Request) -> Response:
         rid = _request_id(request)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -59,6 +60,7 @@ __all__ = [
     "StreamRun",
     "chunk_meta",
     "cost_usd",
+    "has_content",
     "upstream_payload",
 ]
 
@@ -147,7 +149,7 @@ class StreamRun:
     attempts: list[Attempt]
     upstream_s: float  # upstream time up to the first chunk
     started: float  # perf_counter when the serving attempt started
-    ttft_s: float
+    ttft_s: float | None  # serving attempt's start to its first content chunk (None until one arrives)
     fallback: bool
     _executor: Executor
     _finished: bool = False
@@ -404,7 +406,8 @@ class Executor:
             run.attempts.append(Attempt(sc.id, "ok", ttft * 1000))
             self._served(run, target, request_id)
             return StreamRun(
-                first, stream, target, run.attempts, run.upstream_s, t0, ttft, i > 0, self, trial=trial,
+                first, stream, target, run.attempts, run.upstream_s, t0, ttft if has_content(first) else None,
+                i > 0, self, trial=trial,
                 request_id=request_id,
             )  # fmt: skip
         raise self._exhausted(run, last, decision)
@@ -444,6 +447,16 @@ class Executor:
     async def aclose(self) -> None:
         """Stop the probes (gateway shutdown)."""
         await self.prober.aclose()
+
+
+#: a stream chunk carrying content: a non-empty ``content`` / ``refusal`` string or a ``tool_calls`` entry
+#: (a role-only opening chunk, ``"content": ""``, does not match)
+_CONTENT = re.compile(rb'"(?:content|refusal)"\s*:\s*"[^"]|"tool_calls"\s*:\s*\[\s*\{')
+
+
+def has_content(payload: bytes) -> bool:
+    """Whether a stream chunk carries content (time to first token is timed to the first such chunk)."""
+    return _CONTENT.search(payload) is not None
 
 
 def chunk_meta(first: bytes) -> dict[str, Any]:
