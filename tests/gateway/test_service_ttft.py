@@ -56,3 +56,20 @@ def test_a_tool_call_chunk_is_content() -> None:
         assert total < DELAY_S  # the tool call follows the role chunk at once: it is the first content
         (rec,) = lv.store.records("beta", "beta-tools")
         assert rec.ttft_ms is not None and rec.ttft_ms < DELAY_S * 1000
+
+
+def test_has_content_on_chunk_bytes() -> None:
+    from ethen.gateway.execute import has_content
+
+    def chunk(delta: str) -> bytes:
+        return b'{"id":"c","choices":[{"index":0,"delta":' + delta.encode() + b',"finish_reason":null}]}'
+
+    assert not has_content(chunk('{"role":"assistant","content":""}'))
+    assert not has_content(chunk('{"role": "assistant", "content": null, "refusal": null}'))
+    assert not has_content(chunk('{}'))
+    assert not has_content(chunk('{"reasoning_content": ""}'))
+    assert not has_content(chunk('{"tool_calls": []}'))
+    assert has_content(chunk('{"content":"Hi"}'))
+    assert has_content(chunk('{"content": "\\"quoted\\""}'))
+    assert has_content(chunk('{"refusal": "No."}'))
+    assert has_content(chunk('{"tool_calls": [{"index": 0, "id": "call_1"}]}'))
