@@ -55,7 +55,7 @@ class GatewayMetrics:
         )
         self.usage_not_credible = Counter(
             "ethen_gateway_usage_not_credible",
-            "Upstream usage reports not billed (beyond what the request allowed; its reservation is settled).",
+            "Upstream usage reports not billed (over what the request allowed; its reservation is settled).",
             ["provider"],
             registry=r,
         )
