@@ -20,6 +20,12 @@ printed. Ctrl-C (or SIGTERM) stops the gateway, then every worker it started (SI
 ``ethen/*`` aliases choose among them and the mesh), and its ``[policy]`` / ``[store]`` are used as given;
 its ``[server]`` is ignored (``--host`` / ``--port`` decide). The merged file is validated like any config.
 
+Supervision: the workers run under a :class:`~ethen.mesh.worker.supervisor.Supervisor`. A worker that dies
+is restarted on the same address (so the written config stays true and the orchestrator's Health polling
+routes to it again), after 0.5 s doubling to 30 s while it keeps failing (reset once it stayed up 60 s); each
+death and restart is one WARNING line (node id, pid, exit code or signal, next delay). The workers still exit
+when ``ethen up`` dies of any signal (:mod:`ethen.mesh.worker.launch`).
+
 Choices where the issue is silent:
 - The port is checked first (bind with ``SO_REUSEADDR`` as uvicorn does, then close): a taken port fails in
   well under a second with the port in the message, before the model and workers load. ``--port 0`` picks a
@@ -366,17 +372,17 @@ def up(
     user_admin = isinstance((user or {}).get("store"), dict) and "admin_key_sha256" in (user or {})["store"]
     admin = None if user_admin else admin_key()
     signal.signal(signal.SIGTERM, _on_sigterm)
-    from ethen.mesh.worker.launch import WorkerProcess, spawn_worker
+    from ethen.mesh.worker.supervisor import Supervisor
 
-    started: list[WorkerProcess] = []
+    supervisor = Supervisor()
     try:
         _say("[1/4] model weights: the float32 cache (the first run builds it from the GGUF) ...")
         _open_weights()
         for i, (node, layers, score) in enumerate(workers_spec, 1):
             _say(f"[2/4] worker {i}/{len(workers_spec)}: {node} layers {layers} ...")
-            w = spawn_worker(node, layers, extra_args=["--capacity-score", str(score)])
-            started.append(w)
+            w = supervisor.add(node, layers, extra_args=["--capacity-score", str(score)])
             _say(f"      ready on {w.address} (pid {w.pid})")
+        supervisor.start()  # from now on a worker that dies is restarted on its address
         from ethen.gateway.app import PREFIX, create_app
         from ethen.gateway.auth import hash_key
         from ethen.gateway.catalog import Catalog
@@ -384,7 +390,7 @@ def up(
         from ethen.gateway.errors import GatewayConfigError
         from ethen.gateway.serve import serve
 
-        doc = gateway_document(host, port, key, {w.node_id: w.address for w in started}, user,
+        doc = gateway_document(host, port, key, supervisor.addresses, user,
                                admin_key_sha256=hash_key(admin[0]) if admin else None)
         path = write_config(doc, up_config_path())
         _say(f"[3/4] gateway config: {path}")
@@ -395,7 +401,7 @@ def up(
             _say(f"error: {exc.message}")
             raise typer.Exit(2) from None
         _say("[4/4] gateway: starting its providers (the mesh loads its head, polls the workers, routes) ...")
-        text = banner(f"http://{host}:{port}{PREFIX}", key, key_source, admin, path, len(started))
+        text = banner(f"http://{host}:{port}{PREFIX}", key, key_source, admin, path, len(workers_spec))
 
         def announce() -> None:
             took = f"Ethen is up, ready in {time.time() - t0:.1f} s since the command started:"
@@ -411,6 +417,5 @@ def up(
         raise typer.Exit(1) from None
     finally:
         _say("stopping ...")
-        for w in started:
-            w.stop(timeout=3.0)
+        supervisor.stop(timeout=3.0)
         _say("stopped.")
