@@ -194,8 +194,8 @@ class Prober:
     """Active probes through half-open circuits: while any circuit is open, a background task syncs the
     board with the telemetry, takes the trial slot of every ready circuit and runs ``probe(candidate_id,
     keys)`` for the candidate ``target(key)`` names (the executor's; it records the outcome, which ends the
-    trial), then sleeps until the next cool-down ends (at most 1 s, so circuits whose failures age out close
-    too). At most one trial is in flight per key (probes and live trials share the slot)."""
+    trial), then sleeps until the next cool-down ends (0.25-1 s: circuits whose failures age out close too).
+    At most one trial is in flight per key (probes and live trials share the slot)."""
 
     def __init__(
         self,
@@ -239,8 +239,10 @@ class Prober:
                     task = asyncio.get_running_loop().create_task(self.probe(cid, keys))
                     self._probes.add(task)
                     task.add_done_callback(self._probes.discard)
+            # a ready circuit whose probe target is blocked by another circuit stays ready: poll it at 4 Hz
+            wait = max(0.25, min(1.0, board.next_trial_in()))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), min(1.0, board.next_trial_in()))
+                await asyncio.wait_for(self._wake.wait(), wait)
 
     async def aclose(self) -> None:
         """Cancel the loop and any probe in flight (gateway shutdown)."""
