@@ -10,6 +10,11 @@ in upstream calls).
 
 Choices where the issue is silent:
 - ``/healthz`` and ``/metrics`` need no key (probes and scrapers); ``/models`` and ``/routing/explain`` do.
+- ``/healthz``: 200 ``{"status":"ok"}``; with a provider reporting problems (``Provider.health()``: the mesh
+  when no live chain of workers covers every layer) ``{"status":"degraded","serving":...,"reasons":[...]}``,
+  status 200 while another routed provider can serve, 503 when none can (a Kubernetes readiness probe or a
+  load balancer then stops sending traffic here; do not use it as a liveness probe, a restart would not bring
+  the workers back). It reads provider state only (no upstream call, no RPC).
 - The request id is the client's ``x-request-id`` when it is 1-128 characters of ``[A-Za-z0-9._-]`` (it also
   feeds the canary bucket, which the client could pick anyway by retrying), otherwise a fresh uuid4; it is
   sent back in ``x-request-id``.
@@ -267,7 +272,7 @@ class Gateway:
         self.accounts = Accounts(self.keyring)  # create_app sets the store-backed one (ethen.admin)
         self.providers = dict(providers)
         self.store = store or TelemetryStore()
-        self.metrics = GatewayMetrics()
+        self.metrics = GatewayMetrics(self.providers)  # + per-node families, read at scrape time
         upstream = {f"{r.provider}/{r.model}": r.upstream for r in cfg.routes}
         targets = {c.id: RouteTarget(c, self.providers[c.provider], upstream[c.id]) for c in self.pool}
         cc = cfg.circuit
@@ -416,7 +421,17 @@ def create_app(
         return Response(acc.models_for(access, gw.models_body, gw.pool), 200, media_type=_JSON)
 
     async def healthz(request: Request) -> Response:
-        return Response(b'{"status":"ok"}', 200, media_type=_JSON)
+        """200 ``{"status":"ok"}``; ``{"status":"degraded","reasons":[...]}`` when a provider reports problems
+        (the mesh: layers no live worker chain covers): 200 while some routed provider can still serve, 503
+        when none can (a readiness probe / load balancer then takes this instance out). Reads provider state
+        only: no upstream call, no RPC."""
+        problems = {name: p.health() for name, p in gw.providers.items()}
+        reasons = [r for rs in problems.values() for r in rs]
+        if not reasons:
+            return Response(b'{"status":"ok"}', 200, media_type=_JSON)
+        serving = any(not problems.get(c.provider) for c in gw.pool)
+        body = {"status": "degraded", "serving": serving, "reasons": reasons}
+        return Response(dumps(body), 200 if serving else 503, media_type=_JSON)
 
     async def metrics(request: Request) -> Response:
         return Response(m.render(), 200, media_type=CONTENT_TYPE_LATEST)

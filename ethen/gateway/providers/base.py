@@ -93,6 +93,23 @@ class Completion:
     receipt_extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class NodeStats:
+    """One node of a provider made of several (the mesh's workers), as ``/metrics`` exports it.
+
+    ``latency_ms`` / ``load`` are ``None`` when the node's last poll got no answer; ``sessions`` counts the
+    generations this gateway routed through the node (first route or a failover substitute), ``failovers``
+    those that failed over away from it."""
+
+    node_id: str
+    alive: bool
+    latency_ms: float | None
+    load: float | None
+    active_sessions: int | None
+    sessions: int
+    failovers: int
+
+
 class ProviderStream(abc.ABC):
     """An async iterator of OpenAI chunk payloads (``bytes`` of one JSON object each).
 
@@ -138,6 +155,18 @@ class Provider(abc.ABC):
         body = {"messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
         await self.complete(UpstreamCall(body, upstream_model, request_id))
 
+    def health(self) -> tuple[str, ...]:
+        """Why this provider cannot serve right now (one sentence per problem; empty: nothing known to be
+        wrong). ``/healthz`` calls it on every probe, so it must read state only (no I/O). HTTP providers
+        report nothing (their failures show in the circuits); the mesh reports layers no live worker
+        covers."""
+        return ()
+
+    def node_stats(self) -> tuple[NodeStats, ...]:
+        """Per-node state for ``/metrics`` (read at scrape time; no I/O). Empty for single-endpoint
+        providers; the mesh returns one entry per worker."""
+        return ()
+
     async def start(self) -> None:  # noqa: B027 - optional hook, a no-op for HTTP providers
         """Acquire what the provider needs before serving (the gateway's lifespan start-up calls it)."""
 
@@ -145,4 +174,4 @@ class Provider(abc.ABC):
         """Close pooled connections at shutdown."""
 
 
-__all__ = ["Completion", "Provider", "ProviderStream", "Timeouts", "UpstreamCall", "Usage"]
+__all__ = ["Completion", "NodeStats", "Provider", "ProviderStream", "Timeouts", "UpstreamCall", "Usage"]

@@ -24,6 +24,16 @@ progress on the ``ethen.gateway.startup`` logger) and closed by :meth:`aclose` a
 whose workers are not up yet still starts (it logs a warning); mesh requests then fail with a retryable
 ``UpstreamConnectionError`` until the workers answer Health, so other providers can take the traffic. A
 request reaching a provider nobody started (e.g. ``ethen certify`` outside a server) loads it on first use.
+
+Honesty (``/healthz``, ``/metrics``): :meth:`MeshProvider.health` and :meth:`MeshProvider.node_stats`
+read the orchestrator's last Health poll of each worker (its background thread polls every
+``health_interval_s``), never a worker: no RPC per probe or scrape. A worker counts as live when its last
+poll answered ``alive``, is at most 5 s old (older: the poll thread is stuck) and it is not in failure
+back-off, the same rule the router applies. ``health()`` runs the pure route planner over those states: when
+no chain of live workers covers every layer it returns one reason naming the layers no live worker holds
+(or, if each layer has a holder but no chain of whole fragments joins them, the planner's message).
+``sessions`` / ``failovers`` per node are counted here, per generation this provider starts (a counter
+increment per node of the route, on the event loop).
 """
 
 from __future__ import annotations
@@ -32,14 +42,25 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ethen.gateway.errors import UpstreamBadRequestError, UpstreamConnectionError, UpstreamStreamError
-from ethen.gateway.providers.base import Completion, Provider, ProviderStream, UpstreamCall, Usage
+from ethen.gateway.providers.base import (
+    Completion,
+    NodeStats,
+    Provider,
+    ProviderStream,
+    UpstreamCall,
+    Usage,
+)
 from ethen.gateway.sse import dumps
 from ethen.mesh.orchestrator import MeshGeneration, Orchestrator
-from ethen.mesh.routing import RouteWeights
+from ethen.mesh.orchestrator.planning import plan_route
+from ethen.mesh.orchestrator.telemetry import state_from_health
+from ethen.mesh.proto import mesh_pb2
+from ethen.mesh.routing import NodeState, RouteWeights
 from ethen.mesh.routing.errors import MeshRoutingError
 from ethen.model.errors import ModelError
 from ethen.model.generate import GenerationChunk
@@ -53,6 +74,22 @@ __all__ = ["MeshProvider", "messages_of", "sampling_params"]
 startup_log = logging.getLogger("ethen.gateway.startup")
 
 _DEFAULT_MAX_TOKENS = 256
+#: a Health poll older than this does not count as an answer (the poll thread polls every <= 1 s)
+_STALE_S = 5.0
+
+
+def _ranges(layers: Iterable[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out: list[str] = []
+    run: list[int] = []
+    for layer in sorted(layers):
+        if run and layer != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(layer)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)
 
 
 def _text(content: Any, i: int) -> str:
@@ -124,6 +161,8 @@ class MeshProvider(Provider):
         self._loader = loader
         self._lock = asyncio.Lock()
         self.start_timeout_s = start_timeout_s
+        self._sessions: Counter[str] = Counter()  # generations routed through each node (event loop only)
+        self._failovers: Counter[str] = Counter()  # generations that failed over away from each node
 
     @classmethod
     def from_config(cls, p: MeshProviderConfig) -> MeshProvider:
@@ -147,6 +186,65 @@ class MeshProvider(Provider):
 
     async def start(self) -> None:
         await self._ready()
+
+    # ---- honesty: /healthz and /metrics read the orchestrator's last polls, never a worker ---------------
+
+    def _polled(self, orch: Orchestrator) -> list[tuple[NodeState, mesh_pb2.HealthResponse | None]]:
+        """Each worker's router state from its last Health poll, and that poll's reply if it is current."""
+        monitor = orch.monitor
+        now = monitor.clock()
+        last = monitor.snapshot()
+        out: list[tuple[NodeState, mesh_pb2.HealthResponse | None]] = []
+        for node_id in sorted(orch.clients):
+            h = last.get(node_id)
+            reply = h.reply if h is not None and now - h.at <= _STALE_S else None
+            alive = reply is not None and reply.alive and not monitor.backoff.blocked(node_id, now)
+            out.append((state_from_health(node_id, reply, alive), reply))
+        return out
+
+    def health(self) -> tuple[str, ...]:
+        orch = self._orchestrator
+        if orch is None:
+            return (f"mesh {self.name!r}: the orchestrator is not loaded",)
+        states = [state for state, _ in self._polled(orch)]
+        n_layers = orch.config.n_layers
+        try:
+            plan_route(states, n_layers, 1, orch.weights, orch.model_name)
+        except MeshRoutingError as exc:
+            held = {layer for s in states if s.alive for a, b in s.served_layers for layer in range(a, b + 1)}
+            missing = sorted(set(range(n_layers)) - held)
+            down = ", ".join(s.node_id for s in states if not s.alive) or "none"
+            why = (f"no live worker holds layers {_ranges(missing)}" if missing
+                   else f"no chain of whole fragments joins them ({exc})")
+            return (f"mesh {self.name!r}: no live chain of workers covers layers 0-{n_layers - 1}: {why} "
+                    f"(workers down: {down})",)
+        return ()
+
+    def node_stats(self) -> tuple[NodeStats, ...]:
+        orch = self._orchestrator
+        if orch is None:
+            return ()
+        return tuple(
+            NodeStats(state.node_id, state.alive,
+                      None if reply is None else max(0.0, reply.latency_ms),
+                      None if reply is None else max(0.0, reply.load),
+                      None if reply is None else reply.active_sessions,
+                      self._sessions[state.node_id], self._failovers[state.node_id])
+            for state, reply in self._polled(orch))
+
+    def _count_start(self, gen: MeshGeneration) -> tuple[str, ...]:
+        nodes = gen.route.nodes
+        self._sessions.update(set(nodes))
+        return nodes
+
+    def _count_end(self, gen: MeshGeneration, nodes: tuple[str, ...]) -> None:
+        """Count the generation's failovers (and the substitutes that took it over) once it ended."""
+        seen = set(nodes)
+        for f in list(gen.session.failovers):
+            self._failovers[f.failed_node] += 1
+            fresh = set(f.route.nodes) - seen
+            self._sessions.update(fresh)
+            seen |= fresh
 
     async def _ready(self) -> Orchestrator:
         orch = self._orchestrator
@@ -208,12 +306,15 @@ class MeshProvider(Provider):
 
     async def complete(self, call: UpstreamCall) -> Completion:
         gen, prompt = await self._start(call)
+        nodes = self._count_start(gen)
         try:
             result = await asyncio.to_thread(gen.result)
         except ModelError as exc:
             raise UpstreamBadRequestError(str(exc), self.name) from None
         except MeshRoutingError as exc:
             raise UpstreamConnectionError(f"mesh: {exc}", self.name) from None
+        finally:
+            self._count_end(gen, nodes)
         usage = Usage(len(prompt), len(result.token_ids))
         body: dict[str, Any] = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -246,6 +347,7 @@ class _MeshStream(ProviderStream):
         self._chunks: AsyncIterator[GenerationChunk] = gen.__aiter__()
         self._sent_role = False
         self._finished = False
+        self._nodes: tuple[str, ...] | None = provider._count_start(gen)  # None once counted at the end
         self.usage = None
         self.completed = False
         self.receipt_extra = provider._receipt(gen)
@@ -256,8 +358,14 @@ class _MeshStream(ProviderStream):
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
         })
 
+    def _ended(self) -> None:
+        if self._nodes is not None:
+            self._provider._count_end(self._gen, self._nodes)
+            self._nodes = None
+
     async def __anext__(self) -> bytes:
         if self._finished:
+            self._ended()
             self.completed = True
             self.usage = Usage(self._prompt_tokens, len(self._gen.token_ids))
             self.receipt_extra = self._provider._receipt(self._gen)
@@ -269,8 +377,10 @@ class _MeshStream(ProviderStream):
             try:
                 chunk = await self._chunks.__anext__()
             except StopAsyncIteration:
+                self._ended()
                 raise UpstreamStreamError("mesh generation ended without a finish reason", "mesh") from None
             except (MeshRoutingError, ModelError) as exc:
+                self._ended()
                 raise UpstreamStreamError(f"mesh: {exc}", self._provider.name) from None
             if chunk.finish_reason is not None:
                 self._finished = True  # the last chunk carries any held-back text and the finish reason
@@ -282,3 +392,4 @@ class _MeshStream(ProviderStream):
         closer = getattr(self._chunks, "aclose", None)
         if closer is not None:
             await closer()
+        self._ended()
