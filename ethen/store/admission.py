@@ -242,7 +242,9 @@ class Admission:
 
     async def _budget_row(self, conn: AsyncConnection, project: Project, *, lock: bool) -> Any:
         q = select(s.projects.c.budget_nano, s.projects.c.budget_window).where(s.projects.c.id == project.id)
-        row = (await conn.execute(q.with_for_update() if lock else q)).first()
+        # FOR NO KEY UPDATE: serializes claims without blocking the foreign-key checks (KEY SHARE) of ledger
+        # batches; FOR UPDATE made claim -> batch -> batch -> claim lock cycles (deadlocks) possible.
+        row = (await conn.execute(q.with_for_update(key_share=True) if lock else q)).first()
         if row is None:
             raise StoreNotFoundError(f"project = {project.name!r}: no such project")
         return row

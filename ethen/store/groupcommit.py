@@ -8,7 +8,7 @@ commit, so an entry is durable before they go on (before the answer leaves).
 Measured (``bench/store_admission.py``): on SQLite, aiosqlite hops to its thread and back for every statement,
 which dominated a small transaction; the writer therefore runs each SQLite batch as one call in a dedicated
 thread with a plain (synchronous) SQLAlchemy connection on the same file and settings (WAL, the configured
-``synchronous``, ``BEGIN IMMEDIATE``). Postgres batches run on the async engine.
+``synchronous``, ``BEGIN IMMEDIATE``). On Postgres a batch is one statement (see ``_PG_BATCH``).
 """
 
 from __future__ import annotations
@@ -79,6 +79,51 @@ def _statements(dialect: str, instance_id: str, batch: list[Entry]) -> list[tupl
     return out
 
 
+#: Postgres: the whole batch as one statement (data-modifying CTEs run exactly once), sent in autocommit:
+#: one round trip and one commit instead of five round trips (measured: ~4 ms vs ~9.5 ms on a loaded VM).
+_PG_BATCH = """
+WITH l AS (
+  INSERT INTO ledger (request_id, project_id, key_id, provider, model, prompt_tokens, completion_tokens,
+                      cost_nano, estimated, at)
+  SELECT * FROM unnest($1::varchar[], $2::int[], $3::varchar[], $4::varchar[], $5::varchar[], $6::bigint[],
+                       $7::bigint[], $8::bigint[], $9::int[], $10::timestamptz[])
+), d AS (
+  INSERT INTO daily_spend (project_id, day, settled_nano)
+  SELECT * FROM unnest($11::int[], $12::varchar[], $13::bigint[])
+  ON CONFLICT (project_id, day) DO UPDATE SET settled_nano = daily_spend.settled_nano + EXCLUDED.settled_nano
+)
+UPDATE budget_grants AS b SET amount_nano = b.amount_nano - x.cost
+FROM unnest($14::int[], $15::bigint[]) AS x(pid, cost)
+WHERE b.instance_id = $16 AND b.project_id = x.pid
+"""
+
+
+def _pg_args(instance_id: str, batch: list[Entry]) -> list[Any]:
+    cols = (
+        "request_id",
+        "project_id",
+        "key_id",
+        "provider",
+        "model",
+        "prompt_tokens",
+        "completion_tokens",
+        "cost_nano",
+        "estimated",
+        "at",
+    )
+    args: list[Any] = [[e.row[c] for e in batch] for c in cols]
+    days: dict[tuple[int, str], int] = {}
+    spent: dict[int, int] = {}
+    for e in batch:
+        key = (e.row["project_id"], e.row["at"].date().isoformat())
+        days[key] = days.get(key, 0) + e.row["cost_nano"]
+        if e.grant_project is not None:
+            spent[e.grant_project] = spent.get(e.grant_project, 0) + e.row["cost_nano"]
+    args += [[k[0] for k in days], [k[1] for k in days], list(days.values())]
+    args += [list(spent), list(spent.values()), instance_id]
+    return args
+
+
 class GroupCommit:
     """The writer. ``applied(batch)`` runs after a batch committed, ``failed(batch)`` after it did not (then
     every caller of the batch gets the store error)."""
@@ -141,7 +186,9 @@ class GroupCommit:
                 batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
                 try:
                     await self._commit(batch)
-                except StoreError as exc:
+                except Exception as exc:  # the writer must outlive any failure
+                    if not isinstance(exc, StoreError):
+                        exc = StoreUnavailableError(f"settle spend: database error ({type(exc).__name__})")
                     self._failed(batch)
                     for e in batch:
                         if not e.future.done():
@@ -161,9 +208,17 @@ class GroupCommit:
             if self._thread is not None:
                 await asyncio.get_running_loop().run_in_executor(self._thread, self._commit_sync, batch)
                 return
-            async with self.store.writer.begin() as conn:
-                for stmt, params in _statements(conn.dialect.name, self.instance_id, batch):
-                    await conn.execute(stmt, params)
+            args = _pg_args(self.instance_id, batch)
+            for attempt in range(3):  # a deadlock victim is rolled back whole: retrying is safe
+                async with self.store.engine.connect() as conn:
+                    driver = (await conn.get_raw_connection()).driver_connection
+                    assert driver is not None
+                    try:
+                        await driver.execute(_PG_BATCH, *args)
+                        return
+                    except Exception as exc:
+                        if type(exc).__name__ != "DeadlockDetectedError" or attempt == 2:
+                            raise
 
     def _commit_sync(self, batch: list[Entry]) -> None:
         assert self._sync is not None
