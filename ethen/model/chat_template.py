@@ -2,7 +2,8 @@
 
 Rendered the way transformers' ``apply_chat_template`` does it: an ``ImmutableSandboxedEnvironment`` with
 ``trim_blocks`` / ``lstrip_blocks``, the ``loopcontrols`` extension, ``raise_exception`` available to the
-template, and ``add_generation_prompt`` passed in. Messages are validated first (role and content must be
+template, and ``add_generation_prompt``, ``bos_token`` and ``eos_token`` (the GGUF's BOS/EOS token text, as
+Llama and TinyLlama templates use them) passed in. Messages are validated first (role and content must be
 strings), so a bad request gets a clear error rather than a template traceback.
 """
 
@@ -26,7 +27,7 @@ def _raise_exception(message: str) -> NoReturn:
 class ChatTemplate:
     """A compiled chat template."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "") -> None:
         if not isinstance(source, str) or not source.strip():
             raise ModelInputError("tokenizer.chat_template is empty")
         env = ImmutableSandboxedEnvironment(
@@ -37,6 +38,8 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise ModelInputError(f"tokenizer.chat_template does not compile: {exc}") from exc
         self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
         """The prompt text for ``messages`` (``[{"role": ..., "content": ...}, ...]``)."""
@@ -53,7 +56,8 @@ class ChatTemplate:
                 raise ModelInputError(f"messages[{i}].content must be a string, got {type(content).__name__}")
             clean.append({"role": role, "content": content})
         try:
-            return str(self._template.render(messages=clean, add_generation_prompt=add_generation_prompt))
+            return str(self._template.render(messages=clean, add_generation_prompt=add_generation_prompt,
+                                             bos_token=self.bos_token, eos_token=self.eos_token))
         except ModelInputError:
             raise
         except jinja2.TemplateError as exc:

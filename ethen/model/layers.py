@@ -34,10 +34,14 @@ def rms_norm(x: F32, weight: F32, eps: np.float32) -> F32:
     return x * inv * weight  # [N, d]
 
 
-def rope_tables(max_positions: int, head_dim: int, theta: float) -> tuple[F32, F32]:
-    """cos/sin tables for every position, computed in float64 then stored as float32."""
+def rope_tables(max_positions: int, head_dim: int, theta: float, scale: float = 1.0,
+                freq_factors: Sequence[float] | None = None) -> tuple[F32, F32]:
+    """cos/sin tables for every position, computed in float64 then stored as float32. ``scale`` is linear
+    RoPE scaling (positions / scale); ``freq_factors`` divide each frequency (Llama 3.1's ``rope_freqs``)."""
     inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))  # [hd/2]
-    angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]  # [P, hd/2]
+    if freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)  # [hd/2]
+    angles = np.arange(max_positions, dtype=np.float64)[:, None] * (inv_freq / scale)[None, :]  # [P, hd/2]
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)  # [P, hd/2] x2
 
 
@@ -99,6 +103,8 @@ def block(x: F32, w: LayerWeights, cos: F32, sin: F32, segments: Sequence[Attent
     eps = np.float32(cfg.rms_eps)
     a = rms_norm(x, w.attn_norm, eps)  # [N, d]
     qkv = a @ w.wqkv  # [N, qd + 2 kvd]  one matmul for the whole batch
+    if w.bqkv is not None:  # qwen2: Q/K/V biases
+        qkv += w.bqkv  # [N, qd + 2 kvd]
     qk = apply_rope(qkv[:, :qd + kvd].reshape(n, h + hkv, hd), cos, sin)  # [N, H+Hkv, hd] one call
     q, k = qk[:, :h], qk[:, h:]  # [N, H, hd], [N, Hkv, hd]
     v = qkv[:, qd + kvd:].reshape(n, hkv, hd)  # [N, Hkv, hd]

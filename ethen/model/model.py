@@ -49,8 +49,9 @@ I64 = NDArray[np.int64]
 
 
 @functools.lru_cache(maxsize=4)
-def _rope(max_positions: int, head_dim: int, theta: float) -> tuple[F32, F32]:
-    return rope_tables(max_positions, head_dim, theta)
+def _rope(max_positions: int, head_dim: int, theta: float, scale: float,
+          freq_factors: tuple[float, ...] | None) -> tuple[F32, F32]:
+    return rope_tables(max_positions, head_dim, theta, scale, freq_factors)
 
 
 def parse_layer_ranges(spec: str) -> list[tuple[int, int]]:
@@ -93,7 +94,8 @@ class LayerStack:
         self.layers: tuple[LayerWeights, ...] = tuple(layers)
         self.start: int = idx[0]
         self.end: int = idx[-1]  # inclusive
-        self._cos, self._sin = _rope(config.context_length, config.head_dim, config.rope_theta)
+        self._cos, self._sin = _rope(config.context_length, config.head_dim, config.rope_theta,
+                                     config.rope_scaling_factor, config.rope_freq_factors)
 
     def __repr__(self) -> str:
         return f"LayerStack(layers={self.start}-{self.end})"
