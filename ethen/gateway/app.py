@@ -72,6 +72,7 @@ from ethen.gateway.config import (
     build_policy,
     build_pool,
 )
+from ethen.gateway.embeddings import embedding_routes, embeddings_endpoint
 from ethen.gateway.errors import (
     GatewayError,
     InvalidRequestError,
@@ -80,9 +81,11 @@ from ethen.gateway.errors import (
 )
 from ethen.gateway.execute import Attempt, Executor, RouteTarget, StreamRun, upstream_payload
 from ethen.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
+from ethen.gateway.pipeline import Pipeline
 from ethen.gateway.providers import build_providers
 from ethen.gateway.providers.base import Provider
 from ethen.gateway.relay import StreamRelay
+from ethen.gateway.responses_http import responses_endpoint
 from ethen.gateway.routing import ALIASES, Decision, RoutingContext
 from ethen.gateway.sse import dumps
 from ethen.gateway.telemetry_store import TelemetryStore
@@ -90,6 +93,7 @@ from ethen.gateway.telemetry_store import TelemetryStore
 __all__ = ["PREFIX", "Gateway", "build_providers", "create_app"]
 
 PREFIX = "/api/gateway/v1"
+V1_PREFIX = "/v1"  # the same endpoints again, for clients configured with a base URL ending in /v1
 log = logging.getLogger("ethen.gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _JSON = "application/json"
@@ -352,6 +356,13 @@ def create_app(
     m = gw.metrics
     acc.on_not_credible = lambda provider: m.usage_not_credible.labels(provider).inc()
 
+    async def read_json(request: Request) -> dict[str, Any]:
+        return _parse_body(await _read_body(request))
+
+    # the shared request path of /chat/completions, /responses and /embeddings (ethen.gateway.pipeline)
+    pipe = Pipeline(gw, acc, read_json, _stream_options, _error_response, _request_id)
+    embeddings = embedding_routes(cfg, gw.providers, catalog)  # refuses a provider without embeddings
+
     async def chat(request: Request) -> Response:
         t0 = time.perf_counter()
         rid = _request_id(request)
@@ -468,13 +479,20 @@ def create_app(
             await acc.aclose()
             await gw.aclose()
 
+    endpoints = [
+        ("/chat/completions", chat, "POST"),
+        ("/responses", responses_endpoint(pipe), "POST"),
+        ("/embeddings", embeddings_endpoint(pipe, embeddings), "POST"),
+        ("/routing/explain", explain, "POST"),
+        ("/models", models, "GET"),
+        ("/healthz", healthz, "GET"),
+        ("/metrics", metrics, "GET"),
+    ]
     app = Starlette(
         routes=[
-            Route(f"{PREFIX}/chat/completions", chat, methods=["POST"]),
-            Route(f"{PREFIX}/routing/explain", explain, methods=["POST"]),
-            Route(f"{PREFIX}/models", models, methods=["GET"]),
-            Route(f"{PREFIX}/healthz", healthz, methods=["GET"]),
-            Route(f"{PREFIX}/metrics", metrics, methods=["GET"]),
+            # every gateway endpoint under PREFIX and under /v1 (clients whose base URL ends in /v1)
+            *(Route(f"{prefix}{path}", fn, methods=[method])
+              for prefix in (PREFIX, V1_PREFIX) for path, fn, method in endpoints),
             *admin_routes(acc, cfg.store.admin_key_sha256 if cfg.store else None),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},

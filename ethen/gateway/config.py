@@ -13,7 +13,9 @@ Layout (see ``examples/gateway.toml``)::
     [[routes]]          route profiles: model (gateway-visible id), provider, upstream_model (default: model),
                         catalog_model (catalog lookup id, default: upstream_model), catalog_provider
                         (catalog provider id, default: provider),
-                        [routes.info] ModelInfo overrides, [routes.prices] Prices overrides (USD/Mtok)
+                        [routes.info] ModelInfo overrides, [routes.prices] Prices overrides (USD/Mtok),
+                        endpoint ("chat" | "embeddings": served by POST /embeddings only, see
+                        ethen.gateway.embeddings)
     [[api_keys]]        name, sha256 (hex SHA-256 of the full key; keys start with "ethen")
     [[canaries]]        alias, candidate ("provider/model"), percent, min_success_rate, min_samples
                         (the spec's camelCase minSuccessRate / minSamples are accepted too)
@@ -233,6 +235,7 @@ class RouteConfig(_Strict):
     upstream_model: str | None = None
     catalog_model: str | None = None
     catalog_provider: str | None = None
+    endpoint: Literal["chat", "embeddings"] = "chat"  # embeddings routes: ethen.gateway.embeddings only
     info: InfoOverrides = Field(default_factory=lambda: InfoOverrides())
     prices: PricesOverrides = Field(default_factory=lambda: PricesOverrides())
 
@@ -525,6 +528,7 @@ def build_pool(cfg: GatewayConfig, catalog: Catalog | None = None) -> tuple[Cand
     return tuple(
         build_candidate(i, r, cat, "mesh" if kinds.get(r.provider) == "mesh" else None)
         for i, r in enumerate(cfg.routes)
+        if r.endpoint == "chat"  # an embeddings route never serves a chat request
     )
 
 

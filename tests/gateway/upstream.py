@@ -44,6 +44,7 @@ class Behavior:
     tool_call: bool = True  # answer a request carrying tools with a tool call
     prompt_tokens: int = 11
     echo_credentials: bool = False  # a leaky upstream: its error message echoes the credential it received
+    answer_tool_results: bool = False  # a request whose last message is a tool result gets text, not a call
     calls: int = 0
 
 
@@ -105,6 +106,8 @@ def make_upstream_app(script: Script) -> Starlette:
             )
         created = int(time.time())
         tool = _tool_call(body) if b.tool_call else None
+        if b.answer_tool_results and (body.get("messages") or [{}])[-1].get("role") == "tool":
+            tool = None
         usage = {
             "prompt_tokens": b.prompt_tokens,
             "completion_tokens": len(b.pieces),
@@ -290,10 +293,32 @@ def make_upstream_app(script: Script) -> Starlette:
 
         return StreamingResponse(gen(), media_type="text/event-stream")
 
+    async def embeddings(request: Request) -> Response:
+        """OpenAI embeddings (``POST /v1/embeddings``): one 3-float vector per input, derived from its text."""
+        body = json.loads(await request.body())
+        if script.record:
+            script.calls.append({"path": "embeddings", "body": body, "headers": dict(request.headers)})
+        model = str(body.get("model"))
+        b = script.behavior(model)
+        status = _failure(b)
+        if status is not None:
+            return JSONResponse(
+                {"error": {"message": f"scripted failure {status}", "type": "server_error", "code": None}},
+                status_code=status,
+            )
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        data = [
+            {"object": "embedding", "index": i, "embedding": [len(str(x)) / 10, 0.5, -0.25]}
+            for i, x in enumerate(inputs)
+        ]
+        usage = {"prompt_tokens": b.prompt_tokens, "total_tokens": b.prompt_tokens}
+        return JSONResponse({"object": "list", "data": data, "model": model, "usage": usage})
+
     return Starlette(
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/messages", messages, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
         ]
     )
 

@@ -93,6 +93,14 @@ class Completion:
     receipt_extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class Embeddings:
+    """An ``POST /embeddings`` answer in OpenAI form (``{"object": "list", "data": [...], ...}``)."""
+
+    body: dict[str, Any]
+    usage: Usage | None  # prompt tokens (completion_tokens 0)
+
+
 @dataclass(frozen=True, slots=True)
 class NodeStats:
     """One node of a provider made of several (the mesh's workers), as ``/metrics`` exports it.
@@ -155,6 +163,14 @@ class Provider(abc.ABC):
         body = {"messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
         await self.complete(UpstreamCall(body, upstream_model, request_id))
 
+    #: whether :meth:`embed` is implemented (a ``[[routes]]`` entry with ``endpoint = "embeddings"`` needs it)
+    supports_embeddings: bool = False
+
+    async def embed(self, call: UpstreamCall) -> Embeddings:
+        """Embed ``call.body`` (an OpenAI ``CreateEmbeddingRequest``) with ``call.upstream_model``. Only
+        providers with ``supports_embeddings`` implement it."""
+        raise NotImplementedError(f"provider {self.name!r} offers no embeddings")
+
     def health(self) -> tuple[str, ...]:
         """Why this provider cannot serve right now (one sentence per problem; empty: nothing known to be
         wrong). ``/healthz`` calls it on every probe, so it must read state only (no I/O). HTTP providers
@@ -174,4 +190,13 @@ class Provider(abc.ABC):
         """Close pooled connections at shutdown."""
 
 
-__all__ = ["Completion", "NodeStats", "Provider", "ProviderStream", "Timeouts", "UpstreamCall", "Usage"]
+__all__ = [
+    "Completion",
+    "Embeddings",
+    "NodeStats",
+    "Provider",
+    "ProviderStream",
+    "Timeouts",
+    "UpstreamCall",
+    "Usage",
+]

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ethen.gateway.errors import UpstreamInvalidResponseError, UpstreamServerError
-from ethen.gateway.providers.base import Completion, ProviderStream, UpstreamCall, Usage
+from ethen.gateway.providers.base import Completion, Embeddings, ProviderStream, UpstreamCall, Usage
 from ethen.gateway.providers.http import (
     HttpProvider,
     SSEStream,
@@ -97,6 +97,23 @@ class OpenAICompatProvider(HttpProvider):
                 f"provider {self.name!r} answered HTTP {status} without a chat completion", self.name
             )
         return Completion(obj, Usage.from_openai(obj.get("usage")))
+
+    supports_embeddings = True
+
+    async def embed(self, call: UpstreamCall) -> Embeddings:
+        """``POST {base_url}/embeddings`` with the body as the client sent it (model replaced)."""
+        body = {**call.body, "model": call.upstream_model}
+        status, content = await self._pool.post("embeddings", dumps(body))
+        if status >= 400:
+            raise error_for_status(self.name, status, content, self._secret)
+        obj = _loads(content)
+        if obj is None or not isinstance(obj.get("data"), list):
+            raise UpstreamInvalidResponseError(
+                f"provider {self.name!r} answered HTTP {status} without an embeddings list", self.name
+            )
+        usage = obj.get("usage")
+        prompt = usage.get("prompt_tokens") if isinstance(usage, Mapping) else None
+        return Embeddings(obj, Usage.of(prompt, 0))
 
     async def stream(self, call: UpstreamCall) -> ProviderStream:
         deadline = self.deadline()

@@ -1,0 +1,99 @@
+"""``POST /responses``: the Responses API handler (translation in :mod:`ethen.gateway.responses` and
+:mod:`ethen.gateway.responses_stream`, the request path in :mod:`ethen.gateway.pipeline`).
+
+Buffered: the Response object, with the receipt at ``ethen.routing`` and the same ``x-request-id`` /
+``x-ethen-overhead-ms`` headers as chat completions. Streamed: the chat stream is relayed by the very
+:class:`~ethen.gateway.relay.StreamRelay` chat completions use (with usage requested, so the terminal chunk
+carries it): it records the attempt, settles the spend and counts the metrics; each chunk it yields is
+re-read here (one ``json.loads`` per chunk) and turned into Responses events. A refusal before the stream
+starts is the plain JSON error envelope with its HTTP status, as on chat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from ethen.gateway.errors import GatewayError
+from ethen.gateway.execute import StreamRun
+from ethen.gateway.pipeline import Call, Pipeline
+from ethen.gateway.relay import StreamRelay
+from ethen.gateway.responses import Echo, from_chat, new_id, to_chat
+from ethen.gateway.responses_stream import ResponsesEvents
+from ethen.gateway.sse import DONE_FRAME, dumps
+
+__all__ = ["responses_endpoint"]
+
+_ERROR_FRAME = b"event: error\n"
+
+
+def _stream(pipe: Pipeline, call: Call, run: StreamRun, events: ResponsesEvents) -> Response:
+    assert call.hold is not None
+    relay = StreamRelay(run, call.receipt, True, call.rid, call.t0, call.label, call.hold, pipe.gw.metrics)
+
+    async def frames() -> AsyncIterator[bytes]:
+        inner: AsyncGenerator[bytes, None] = relay.frames()  # type: ignore[assignment]
+        try:
+            for frame in events.start(run.first):
+                yield frame
+            async for chunk in inner:
+                if chunk == DONE_FRAME:
+                    continue
+                is_error = chunk.startswith(_ERROR_FRAME)
+                try:
+                    obj = json.loads(chunk.split(b"data: ", 1)[1])
+                except (ValueError, IndexError):
+                    continue  # an upstream chunk that is no JSON: nothing to translate
+                if not isinstance(obj, dict):
+                    continue
+                if is_error:
+                    yield events.error(obj)
+                    return
+                out = events.complete(obj) if "ethen" in obj else events.chunk(obj)
+                for frame in out:
+                    yield frame
+        finally:
+            with contextlib.suppress(Exception):
+                await inner.aclose()  # a client gone: the relay settles and records the attempt
+
+    headers = {
+        "x-request-id": call.rid,
+        "x-ethen-overhead-ms": f"{relay.overhead_at_open * 1000:.3f}",
+        "cache-control": "no-cache",
+    }
+    return StreamingResponse(frames(), 200, headers, media_type="text/event-stream")
+
+
+def responses_endpoint(pipe: Pipeline) -> Callable[[Request], Awaitable[Response]]:
+    """The ``POST /responses`` handler of one gateway."""
+
+    async def responses(request: Request) -> Response:
+        call = pipe.start(request)
+        echoes: list[Echo] = []
+
+        def translate(body: dict[str, Any]) -> dict[str, Any]:
+            chat, echo = to_chat(body)
+            echoes.append(echo)
+            return chat
+
+        try:
+            await pipe.admit(call, request, translate)
+            resp_id, created = new_id("resp"), int(time.time())
+            if call.stream:
+                run = await pipe.open_stream(call)
+                return _stream(pipe, call, run, ResponsesEvents(resp_id, created, echoes[0]))
+            res = await pipe.run_buffered(call)
+            out = from_chat(res.body, echoes[0], resp_id, created)
+            out["ethen"] = {"routing": call.receipt(res.attempts, res.target, res.receipt_extra)}
+            content = dumps(out)
+            return Response(content, 200, pipe.served(call, res.upstream_s), media_type="application/json")
+        except GatewayError as err:
+            return pipe.failed(call, err)
+
+    return responses
