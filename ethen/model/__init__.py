@@ -1,4 +1,5 @@
-"""SmolLM2-135M-Instruct in NumPy, split-able by layer ranges.
+"""Llama-family GGUF models (``llama``, ``qwen2``; default SmolLM2-135M-Instruct) in NumPy, split-able by
+layer ranges.
 
 * Worker side: :func:`load_layer_stack` / :func:`load_layer_stacks` -> :class:`LayerStack` with
   ``forward(hidden[T, d], positions[T], kv)`` and batched ``forward_batch``; :class:`KVCache` per session.
@@ -10,7 +11,14 @@
 
 from ethen.model.chat_template import ChatTemplate
 from ethen.model.config import ModelConfig
-from ethen.model.errors import KVCacheFullError, ModelError, ModelInputError, WeightsNotFoundError
+from ethen.model.errors import (
+    GGUFFormatError,
+    KVCacheFullError,
+    ModelError,
+    ModelInputError,
+    UnsupportedModelError,
+    WeightsNotFoundError,
+)
 from ethen.model.generate import (
     GenerationChunk,
     GenerationResult,
@@ -38,6 +46,7 @@ from ethen.model.tokenizer import Tokenizer
 __all__ = [
     "ChatTemplate",
     "EmbedAndHead",
+    "GGUFFormatError",
     "GenerationChunk",
     "GenerationResult",
     "KVCache",
@@ -52,6 +61,7 @@ __all__ = [
     "StepFn",
     "TextStream",
     "Tokenizer",
+    "UnsupportedModelError",
     "WeightStore",
     "WeightsNotFoundError",
     "find_gguf_path",
