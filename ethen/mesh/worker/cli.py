@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -38,13 +39,15 @@ def one_blas_thread() -> None:
         os.environ.setdefault(var, "1")
 
 
-def run_worker(config: WorkerConfig, host: str, port: int) -> None:
-    """Load the layers, serve until SIGINT/SIGTERM."""
+def run_worker(config: WorkerConfig, host: str, port: int, model_path: Path | None = None) -> None:
+    """Load the layers (of the GGUF ``model_path``, default SmolLM2's), serve until SIGINT/SIGTERM."""
     from ethen.mesh.worker.backend import ModelBackend
     from ethen.mesh.worker.server import WorkerService, serve
+    from ethen.model.gguf_loader import open_weight_store
+    from ethen.model.model import load_layer_stacks
 
     t0 = time.perf_counter()
-    backend = ModelBackend.load(config.fragments)
+    backend = ModelBackend(load_layer_stacks(list(config.fragments), open_weight_store(model_path)))
     service = WorkerService(config, backend)
     server, bound = serve(service, host, port)
     layers = ",".join(f"{a}-{b}" for a, b in config.fragments)
@@ -79,6 +82,8 @@ def worker(
     max_sessions_per_caller: int = typer.Option(
         MAX_SESSIONS_PER_CALLER, "--max-sessions-per-caller",
         help="Open sessions per caller host (more: RESOURCE_EXHAUSTED)."),
+    model: Path = typer.Option(  # noqa: B008
+        None, "--model", help="GGUF model file (llama, qwen2; default: SmolLM2-135M-Instruct)."),
 ) -> None:
     """Serve fragments of the model's layers to the mesh over gRPC."""
     from ethen.mesh.worker.launch import die_with_parent
@@ -100,7 +105,7 @@ def worker(
     from ethen.model.errors import ModelError
 
     try:
-        run_worker(config, host, port)
+        run_worker(config, host, port, model)
     except ModelError as exc:  # a layer the model does not have, weights not installed, ...
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise typer.Exit(2) from None
