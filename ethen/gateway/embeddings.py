@@ -13,11 +13,12 @@ Choices where the issue is silent:
   ``alias_not_supported_for_embeddings`` (the alias policies score chat models; none names an embedding
   route); an unknown model is 404 ``model_not_found``. A project's allowed providers/models apply
   (nothing left: 422 ``no_smart_route_candidate``).
-- **Budgets and usage**: the estimated input tokens (UTF-8 bytes / 3 per string, one per token id) x the
-  route's input price is reserved against the project's window budget (402 ``budget_exceeded`` when it does
-  not fit, also against the config's ``[policy] remaining_budget_usd``); the upstream's ``prompt_tokens`` x
-  the input price is settled, capped at the reservation as on chat; an answer without usage settles the
-  estimate.
+- **Budgets and usage**: the most prompt tokens the gateway would bill (``PROMPT_FACTOR`` (4) x the
+  estimate + ``PROMPT_SLACK_TOKENS`` (1,024), the bound chat uses for a credible report; the estimate is
+  UTF-8 bytes / 3 per string, one per token id) x the route's input price is reserved against the
+  project's window budget (402 ``budget_exceeded`` when it does not fit, also against the config's
+  ``[policy] remaining_budget_usd``); the upstream's ``prompt_tokens`` x the input price is settled, capped
+  at the reservation as on chat; an answer without usage settles the estimate.
 - **Answer**: the upstream's ``CreateEmbeddingResponse`` as is, plus a short receipt at ``ethen.routing``
   (``requested_model``, ``selected_provider``/``selected_model``, ``attempts``). Upstream failures are
   counted in ``ethen_gateway_upstream_errors_total`` but not fed to the chat router's telemetry (an
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ethen.admin.accounts import Hold
+from ethen.admin.accounts import PROMPT_FACTOR, PROMPT_SLACK_TOKENS, Hold
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.config import GatewayConfig, build_candidate
 from ethen.gateway.errors import (
@@ -159,7 +160,8 @@ def embeddings_endpoint(
                           or r.candidate.id in pol.allowed_models)]
             if not chain:
                 raise NoSmartRouteCandidateError(f"no route of {model!r} is allowed for this key's project")
-            amount = max(tokens * r.candidate.prices.input_per_mtok / 1e6 for r in chain)
+            most = PROMPT_FACTOR * tokens + PROMPT_SLACK_TOKENS  # the most prompt tokens billed (as on chat)
+            amount = max(most * r.candidate.prices.input_per_mtok / 1e6 for r in chain)
             if pol.remaining_budget_usd is not None and amount > pol.remaining_budget_usd:
                 raise BudgetExceededError(f"Not enough budget left for this request's estimated cost "
                                           f"(${amount:.6f}).")

@@ -388,7 +388,7 @@ def usage_object(prompt: int, completion: int, cached: int = 0) -> dict[str, Any
 
 def response_object(rid: str, created: int, model: str, echo: Echo, status: str) -> dict[str, Any]:
     """A Response object without output (for ``response.created`` / ``in_progress``, or to fill)."""
-    return {
+    resp: dict[str, Any] = {
         "id": rid,
         "object": "response",
         "created_at": created,
@@ -411,9 +411,11 @@ def response_object(rid: str, created: int, model: str, echo: Echo, status: str)
         "tools": echo.tools,
         "top_p": echo.top_p if echo.top_p is not None else 1.0,
         "truncation": "disabled",
-        "user": echo.user,
         "metadata": echo.metadata,
     }
+    if echo.user is not None:  # the schema's user is a string, not nullable
+        resp["user"] = echo.user
+    return resp
 
 
 #: chat finish_reason -> Responses incomplete_details.reason (others: completed)

@@ -294,7 +294,7 @@ def make_upstream_app(script: Script) -> Starlette:
         return StreamingResponse(gen(), media_type="text/event-stream")
 
     async def embeddings(request: Request) -> Response:
-        """OpenAI embeddings (``POST /v1/embeddings``): one 3-float vector per input, derived from its text."""
+        """OpenAI embeddings (``POST /v1/embeddings``): one 3-float vector per input (from its length)."""
         body = json.loads(await request.body())
         if script.record:
             script.calls.append({"path": "embeddings", "body": body, "headers": dict(request.headers)})
