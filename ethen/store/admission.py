@@ -15,7 +15,8 @@ request it does no database round trip except the settlement's share of one grou
   reservations <= budget``: a claim (one write transaction holding the project's lock: SQLite ``BEGIN
   IMMEDIATE``, Postgres ``SELECT ... FOR UPDATE``) takes at most ``budget - settled - held``, and settlement
   moves the cost from the grant into the ledger in one transaction. A claim takes what the request needs plus
-  a little more (a quarter of what is free, at most 64 such requests), so one claim serves many requests; an
+  a little more (a quarter of what is free, at most 128 such requests), so one claim serves many requests,
+  and a background claim tops the grant up when a quarter of that is left (requests rarely wait for one); an
   idle grant's unused part is given back at the next heartbeat, so other instances can use it.
 - **Leases**: each instance renews ``gateway_instances.lease_until_ms`` every ``lease_s / 5``; a grant counts
   only while its instance's lease is live, so a dead instance's unsettled holds stop counting when its lease
@@ -65,7 +66,7 @@ __all__ = ["Admission", "Ticket"]
 
 log = logging.getLogger("ethen.store.admission")
 
-_CLAIM_AHEAD = 64  # a claim takes up to this many more requests of the same amount ahead of need
+_CLAIM_AHEAD = 128  # a claim takes up to this many more requests of the same amount ahead of need
 _MAX_KEYS = 100_000  # key cache bound (cleared when full)
 
 
@@ -256,6 +257,8 @@ class Admission:
         g = self._grant(project.id)
         if self._fits(g, amount):
             g.reserved += amount
+            if g.granted - g.reserved < _CLAIM_AHEAD * amount // 4 and not g.lock.locked():
+                self._spawn(self._top_up(project, g, amount))  # claim ahead before requests wait for it
             return Ticket(project.id, amount)
         async with g.lock:
             for _ in range(3):
@@ -266,11 +269,18 @@ class Admission:
                     return None
         return None
 
+    async def _top_up(self, project: Project, g: _Grant, amount: int) -> None:
+        async with g.lock:
+            if g.granted - g.reserved < _CLAIM_AHEAD * amount // 4:
+                await self._claim(project, g, 0, ahead=amount)
+
     def _fits(self, g: _Grant, amount: int) -> bool:
         return g.reserved + amount <= g.granted and time.monotonic() < self._lease_ok_until
 
-    async def _claim(self, project: Project, g: _Grant, amount: int) -> bool:
-        """Take more of the project's budget into this instance's grant (one locked transaction)."""
+    async def _claim(self, project: Project, g: _Grant, amount: int, *, ahead: int | None = None) -> bool:
+        """Take more of the project's budget into this instance's grant (one locked transaction): what
+        ``amount`` needs plus up to :data:`_CLAIM_AHEAD` requests of ``ahead`` (default ``amount``) more."""
+        per = amount if ahead is None else ahead
         now = datetime.now(UTC)
         started = time.monotonic()
         with boundary("reserve budget"):
@@ -289,7 +299,7 @@ class Admission:
                         g.free = max(0, free)
                         return False
                     spare = free - needed
-                    take = needed + min(spare // 4, _CLAIM_AHEAD * amount)
+                    take = needed + min(spare // 4, _CLAIM_AHEAD * per)
                     g.free = free - take
                 if take:
                     await self._add_grant(conn, project.id, take)
