@@ -1,7 +1,10 @@
 """The gateway's HTTP service: a Starlette app factory around the pure routing core.
 
-Endpoints under ``/api/gateway/v1``: ``POST /chat/completions`` (buffered and SSE), ``GET /models``,
-``POST /routing/explain``, ``GET /healthz``, ``GET /metrics``.
+Endpoints under ``/api/gateway/v1``, and the same under ``/v1`` (a client whose base URL ends in ``/v1``):
+``POST /chat/completions`` (buffered and SSE), ``POST /responses`` (:mod:`ethen.gateway.responses`),
+``POST /embeddings`` (:mod:`ethen.gateway.embeddings`), ``GET /models``, ``POST /routing/explain``,
+``GET /healthz``, ``GET /metrics``. Chat completions and responses share one request path
+(:mod:`ethen.gateway.pipeline`).
 
 Request path (kept lean: no pydantic models, one JSON parse, one serialization): auth (one SHA-256) -> parse
 body -> ``decide`` with a cached telemetry snapshot -> :class:`~ethen.gateway.execute.Executor` -> response
@@ -79,9 +82,9 @@ from ethen.gateway.errors import (
     RequestTooLargeError,
     http_status,
 )
-from ethen.gateway.execute import Attempt, Executor, RouteTarget, StreamRun, upstream_payload
+from ethen.gateway.execute import Attempt, Executor, RouteTarget, StreamRun
 from ethen.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
-from ethen.gateway.pipeline import Pipeline
+from ethen.gateway.pipeline import Pipeline, routing_receipt
 from ethen.gateway.providers import build_providers
 from ethen.gateway.providers.base import Provider
 from ethen.gateway.relay import StreamRelay
@@ -317,22 +320,6 @@ class Gateway:
             await p.aclose()
 
 
-def routing_receipt(
-    decision: Decision,
-    attempts: list[Attempt],
-    served: RouteTarget | None,
-    extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    routing = decision.receipt.to_dict(served.candidate.id if served is not None else None)
-    if served is not None:
-        routing["served_model"] = served.candidate.model
-        routing["served_provider"] = served.candidate.provider
-    routing["attempts"] = [a.to_dict() for a in attempts]
-    for k, v in (extra or {}).items():
-        routing.setdefault(k, v)
-    return routing
-
-
 def _request_id(request: Request) -> str:
     rid = request.headers.get("x-request-id")
     if rid and _REQUEST_ID.match(rid):
@@ -364,38 +351,21 @@ def create_app(
     embeddings = embedding_routes(cfg, gw.providers, catalog)  # refuses a provider without embeddings
 
     async def chat(request: Request) -> Response:
-        t0 = time.perf_counter()
-        rid = _request_id(request)
-        body: dict[str, Any] | None = None
-        stream = False
+        call = pipe.start(request)
         try:
-            access = await acc.authenticate(request.headers.get("authorization"))
-            body = _parse_body(await _read_body(request))
-            stream, include_usage = _stream_options(body)
-            decision = acc.decide(body, await acc.prepare(access, body, gw.context(rid)), access)
-            payload = upstream_payload(body)
-            hold = await acc.admit(access, decision, rid)  # reserves the estimated cost (project budget)
-            if stream:
-                run = await hold.guard(gw.executor.open_stream(decision, payload, rid))
-                return _stream_response(decision, run, include_usage, rid, t0, gw.label(body), hold)
-            res = await hold.guard(gw.executor.run_buffered(decision, payload, rid))
-            await hold.settle(res.target.candidate, res.usage)  # before the answer leaves: durable spend
+            await pipe.admit(call, request)  # auth, parse, decide, rate limits, budget hold
+            assert call.decision is not None and call.hold is not None
+            if call.stream:
+                run = await pipe.open_stream(call)
+                return _stream_response(
+                    call.decision, run, call.include_usage, call.rid, call.t0, call.label, call.hold
+                )
+            res = await pipe.run_buffered(call)  # settled before the answer leaves: durable spend
             out = res.body
-            out["ethen"] = {"routing": routing_receipt(decision, res.attempts, res.target, res.receipt_extra)}
-            content = dumps(out)
-            elapsed = time.perf_counter() - t0
-            overhead = max(0.0, elapsed - res.upstream_s)
-            m.requests.labels(gw.label(body), "false", "200").inc()
-            m.latency.labels("false").observe(elapsed)
-            m.overhead.observe(overhead)
-            headers = {"x-request-id": rid, "x-ethen-overhead-ms": f"{overhead * 1000:.3f}"}
-            return Response(content, 200, headers, media_type=_JSON)
+            out["ethen"] = {"routing": call.receipt(res.attempts, res.target, res.receipt_extra)}
+            return Response(dumps(out), 200, pipe.served(call, res.upstream_s), media_type=_JSON)
         except GatewayError as err:
-            status = http_status(err)
-            m.requests.labels(gw.label(body), "true" if stream else "false", str(status)).inc()
-            if status >= 500:
-                log.warning("request %s failed: %s", rid, err.code)
-            return _error_response(err, rid)
+            return pipe.failed(call, err)
 
     def _stream_response(
         decision: Decision, run: StreamRun, include_usage: bool, rid: str, t0: float, label: str, hold: Hold
