@@ -87,9 +87,11 @@ from ethen.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from ethen.gateway.pipeline import Pipeline, routing_receipt
 from ethen.gateway.providers import build_providers
 from ethen.gateway.providers.base import Provider
+from ethen.gateway.ratelimit import RateLimits
 from ethen.gateway.relay import StreamRelay
 from ethen.gateway.responses_http import responses_endpoint
 from ethen.gateway.routing import ALIASES, Decision, RoutingContext
+from ethen.gateway.shared import SharedRuntime
 from ethen.gateway.sse import dumps
 from ethen.gateway.telemetry_store import TelemetryStore
 
@@ -285,6 +287,7 @@ class Gateway:
         cc = cfg.circuit
         self.circuits = CircuitBoard(cc.cooldown_s, cc.max_cooldown_s)
         self.executor = Executor(targets, self.store, self.metrics, self.circuits, probe=cc.probe)
+        self.limits = RateLimits(cfg)  # rpm/tpm in process memory; create_app sets the Redis-backed one
         self.known_models = frozenset({c.model for c in self.pool} | set(ALIASES))
         created = int(time.time())
         owners: dict[str, list[str]] = {}
@@ -340,6 +343,8 @@ def create_app(
     ``catalog`` (model intelligence + prices) defaults to none: routes then carry their own limits/prices."""
     gw = Gateway(cfg, providers=providers or build_providers(cfg, env), catalog=catalog, store=store)
     gw.accounts = acc = accounts_for(cfg, gw.keyring, env)
+    shared = SharedRuntime.for_gateway(gw, cfg, env)  # [shared] Redis: telemetry bus, exact rate limits
+    gw.limits = shared.limits  # the pipeline admits through gw.limits
     m = gw.metrics
     acc.on_not_credible = lambda provider: m.usage_not_credible.labels(provider).inc()
 
@@ -442,10 +447,12 @@ def create_app(
         gc.freeze()
         try:
             await acc.start()  # opens/migrates the store, releases dangling reservations
+            await shared.start()  # Redis unreachable: logged, served degraded (ethen.gateway.shared)
             for provider in gw.providers.values():
                 await provider.start()  # the mesh loads its orchestrator (logger ethen.gateway.startup)
             yield
         finally:
+            await shared.aclose()
             await acc.aclose()
             await gw.aclose()
 

@@ -16,7 +16,8 @@ Layout (see ``examples/gateway.toml``)::
                         [routes.info] ModelInfo overrides, [routes.prices] Prices overrides (USD/Mtok),
                         endpoint ("chat" | "embeddings": served by POST /embeddings only, see
                         ethen.gateway.embeddings)
-    [[api_keys]]        name, sha256 (hex SHA-256 of the full key; keys start with "ethen")
+    [[api_keys]]        name, sha256 (hex SHA-256 of the full key; keys start with "ethen"), rpm, tpm
+                        (rate limits: requests / tokens per [rate_limits] window; ethen.gateway.ratelimit)
     [[canaries]]        alias, candidate ("provider/model"), percent, min_success_rate, min_samples
                         (the spec's camelCase minSuccessRate / minSamples are accepted too)
     [policy]            allowed_providers, allowed_models, remaining_budget_usd
@@ -24,6 +25,10 @@ Layout (see ``examples/gateway.toml``)::
                         admin_key_sha256, lease_s, instance_id, release_dangling (see ethen.store.admission)
     [circuit]           cooldown_s (2.0), max_cooldown_s (10.0), probe (true): half-open recovery of a
                         provider excluded by the failing gate (see ethen.gateway.circuit)
+    [shared]            redis_url or redis_url_env, key_prefix ("ethen"), timeout_s (0.5): state shared by
+                        several gateway instances (telemetry, rate limits; see ethen.gateway.shared)
+    [rate_limits]       window_s (60), [rate_limits.projects.NAME] / [rate_limits.keys.KEY_ID] rpm, tpm
+                        (store projects and keys; see ethen.gateway.ratelimit)
 
 Choices where the issue is silent:
 - TOML only (the issue allows YAML or TOML; TOML needs no extra dependency).
@@ -81,8 +86,11 @@ __all__ = [
     "PolicyConfig",
     "PricesOverrides",
     "ProviderConfig",
+    "RateLimitConfig",
+    "RateLimitsConfig",
     "RouteConfig",
     "ServerConfig",
+    "SharedConfig",
     "StoreConfig",
     "TimeoutsConfig",
     "build_canaries",
@@ -92,6 +100,7 @@ __all__ = [
     "load_config",
     "parse_config",
     "resolve_secret",
+    "shared_redis_url",
     "skip_providers_without_keys",
     "store_url",
 ]
@@ -252,6 +261,8 @@ class RouteConfig(_Strict):
 class ApiKeyConfig(_Strict):
     name: str = Field(min_length=1)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    rpm: int | None = Field(default=None, ge=1)  # requests per [rate_limits] window (ethen.gateway.ratelimit)
+    tpm: int | None = Field(default=None, ge=1)  # tokens per [rate_limits] window
 
 
 class CanaryConfig(_Strict):
@@ -321,6 +332,48 @@ class CircuitConfig(_Strict):
         return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
 
+class SharedConfig(_Strict):
+    """Redis for the state several gateway instances share (``ethen.gateway.shared``): ``redis_url``
+    (``redis://``, ``rediss://`` or ``unix://``) or ``redis_url_env`` naming the variable that holds it (use
+    it when the URL has a password). ``key_prefix`` namespaces the keys (gateways of separate deployments may
+    share one Redis); ``timeout_s`` bounds each Redis call (a rate-limited request waits at most that long
+    when Redis hangs, then gets 503)."""
+
+    redis_url: str | None = Field(default=None, pattern=r"^(rediss?|unix)://\S+$")
+    redis_url_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    key_prefix: str = Field(default="ethen", pattern=r"^[A-Za-z0-9._:-]{1,64}$")
+    timeout_s: float = Field(default=0.5, gt=0, le=30)
+
+    @field_validator("timeout_s", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return _float(v)
+
+
+class RateLimitConfig(_Strict):
+    """Requests (``rpm``) and tokens (``tpm``) per ``[rate_limits] window_s`` (a minute by default)."""
+
+    rpm: int | None = Field(default=None, ge=1)
+    tpm: int | None = Field(default=None, ge=1)
+
+
+_Name = Annotated[str, StringConstraints(min_length=1)]
+
+
+class RateLimitsConfig(_Strict):
+    """Rate limits of store projects (by name) and store keys (by key id); config keys set ``rpm``/``tpm`` in
+    ``[[api_keys]]``. ``window_s``: the sliding window the limits count over (60 s: per minute)."""
+
+    window_s: float = Field(default=60.0, gt=0, le=86_400)
+    projects: dict[_Name, RateLimitConfig] = Field(default_factory=dict)
+    keys: dict[_Name, RateLimitConfig] = Field(default_factory=dict)
+
+    @field_validator("window_s", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return _float(v)
+
+
 class GatewayConfig(_Strict):
     server: ServerConfig = Field(default_factory=lambda: ServerConfig())
     providers: list[AnyProviderConfig] = Field(min_length=1)
@@ -330,6 +383,8 @@ class GatewayConfig(_Strict):
     policy: PolicyConfig = Field(default_factory=lambda: PolicyConfig())
     store: StoreConfig | None = None
     circuit: CircuitConfig = Field(default_factory=lambda: CircuitConfig())
+    shared: SharedConfig | None = None
+    rate_limits: RateLimitsConfig = Field(default_factory=lambda: RateLimitsConfig())
 
     def provider(self, provider_id: str) -> ProviderConfig | MeshProviderConfig:
         for p in self.providers:
@@ -398,6 +453,7 @@ def _cross_check(cfg: GatewayConfig) -> None:
         if k.sha256 in hashes:
             raise GatewayConfigError(f"api_keys[{i}].sha256 = {k.sha256[:12]}...: duplicate key hash")
         hashes.add(k.sha256)
+    _check_shared(cfg)
     for i, c in enumerate(cfg.canaries):
         if c.alias not in ALIASES:
             raise GatewayConfigError(
@@ -411,6 +467,24 @@ def _cross_check(cfg: GatewayConfig) -> None:
         for j, v in enumerate(cfg.policy.allowed_providers or ()):
             if v not in seen:
                 raise GatewayConfigError(f"policy.{key}[{j}] = {v!r}: unknown provider (known: {known})")
+
+
+def _check_shared(cfg: GatewayConfig) -> None:
+    """``[shared]`` names one Redis; a config key with a rate limit has a name no other config key has (its
+    limit's counters are kept under that name)."""
+    sh = cfg.shared
+    if sh is not None and (sh.redis_url is None) == (sh.redis_url_env is None):
+        raise GatewayConfigError("shared: set exactly one of shared.redis_url and shared.redis_url_env")
+    named: dict[str, list[int]] = {}
+    for i, k in enumerate(cfg.api_keys):
+        named.setdefault(k.name, []).append(i)
+    for name, idx in named.items():
+        limited = any(cfg.api_keys[i].rpm is not None or cfg.api_keys[i].tpm is not None for i in idx)
+        if limited and len(idx) > 1:
+            raise GatewayConfigError(
+                f"api_keys[{idx[1]}].name = {name!r}: duplicate name (also api_keys[{idx[0]}]); a key "
+                "with rpm/tpm needs a name of its own (its rate limit is counted under it)"
+            )
 
 
 def parse_config(data: Mapping[str, Any], *, source: str = "config") -> GatewayConfig:
@@ -498,6 +572,24 @@ def store_url(cfg: GatewayConfig, env: Mapping[str, str] | None = None) -> str |
     value = (os.environ if env is None else env).get(cfg.store.url_env or "")
     if not value:
         raise GatewayConfigError(f"store.url_env = {cfg.store.url_env!r}: variable is not set")
+    return value
+
+
+def shared_redis_url(cfg: GatewayConfig, env: Mapping[str, str] | None = None) -> str | None:
+    """The ``[shared]`` Redis URL (``None`` without ``[shared]``); a missing ``redis_url_env`` variable, or a
+    value that is no Redis URL, is an error naming the key (never the value: it may hold a password)."""
+    if cfg.shared is None:
+        return None
+    if cfg.shared.redis_url is not None:
+        return cfg.shared.redis_url
+    var = cfg.shared.redis_url_env or ""
+    value = (os.environ if env is None else env).get(var)
+    if not value:
+        raise GatewayConfigError(f"shared.redis_url_env = {var!r}: variable is not set")
+    if not re.match(r"^(rediss?|unix)://\S+$", value):
+        raise GatewayConfigError(
+            f"shared.redis_url_env = {var!r}: the variable's value is no redis://, rediss:// or unix:// URL"
+        )
     return value
 
 

@@ -309,3 +309,45 @@ class AccountsUnavailableError(GatewayError):
 
 HTTP_STATUS.update({BudgetExceededError: 402, AccountsUnavailableError: 503})
 __all__ += ["AccountsUnavailableError", "BudgetExceededError"]
+
+
+# --- several instances: shared state (Redis) and rate limits (ethen.gateway.shared, .ratelimit) ---------
+
+
+class SharedStateUnavailableError(GatewayError):
+    """Redis (``[shared] redis_url``) could not be reached or failed; the message names no URL or password.
+    ``ethen.gateway.shared`` raises it at its one boundary for every redis-py error."""
+
+    default_code = "shared_state_unavailable"
+    default_type = "api_error"
+    retry_after_s = 1
+
+
+class RateLimitExceededError(GatewayError):
+    """A key's or project's requests or tokens per window are used up: 429 with ``Retry-After`` (whole seconds
+    until enough of the window has passed). ``type`` is ``requests`` or ``tokens``, as OpenAI's own 429s."""
+
+    default_code = "rate_limit_exceeded"
+    default_type = "requests"
+
+    def __init__(self, message: str, retry_after_s: int, type: str = "requests") -> None:
+        super().__init__(message, type=type)
+        self.retry_after_s = retry_after_s
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        body["error"]["retry_after_s"] = self.retry_after_s
+        return body
+
+
+class RateLimiterUnavailableError(SharedStateUnavailableError):
+    """A key with a rate limit cannot be checked because Redis is unreachable: the request is refused (fail
+    closed, 503, ``Retry-After: 1``); keys without a limit keep being served."""
+
+    default_code = "rate_limiter_unavailable"
+
+
+HTTP_STATUS.update(
+    {SharedStateUnavailableError: 503, RateLimitExceededError: 429, RateLimiterUnavailableError: 503}
+)
+__all__ += ["RateLimitExceededError", "RateLimiterUnavailableError", "SharedStateUnavailableError"]

@@ -121,7 +121,9 @@ class Pipeline:
         call.decision = acc.decide(body, await acc.prepare(access, body, gw.context(call.rid)), access)
         call.label = gw.label(body)
         call.payload = upstream_payload(body)
-        call.hold = await acc.admit(access, call.decision, call.rid)  # reserves the estimated cost
+        ticket = await gw.limits.admit(access, call.decision.requirements)  # rpm/tpm: ethen.gateway.ratelimit
+        hold = await acc.admit(access, call.decision, call.rid)  # reserves the estimated cost
+        call.hold = gw.limits.wrap(hold, ticket)
         return call
 
     async def run_buffered(self, call: Call) -> BufferedRun:

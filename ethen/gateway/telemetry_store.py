@@ -15,6 +15,12 @@ failures recorded before the trial describe an outage that is over, so they stop
 resets its counts when it closes). Without that, the smoothed reliability would keep a recovered provider
 ranked below its alternatives for the rest of the window: the lock-out the gate no longer imposes.
 
+Several instances (``ethen.gateway.shared``): :meth:`TelemetryStore.record` and
+:meth:`TelemetryStore.forget_failures` also hand what they did to ``on_record`` / ``on_forget`` when set (the
+shared telemetry bus publishes them, batched, off the request path); what other instances did arrives through
+:meth:`record_remote` / :meth:`forget_remote`, which never publish again. A remote record's ``at`` is its
+finish time converted to this process's monotonic clock (wall clocks: keep hosts on NTP).
+
 Snapshots are cached: one is rebuilt only after a new record arrives or when the oldest record in it ages out
 of the window, so the request path usually pays one comparison. Time is ``time.monotonic()`` seconds (callers
 may pass ``now`` explicitly, which the tests do).
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -76,8 +83,18 @@ class TelemetryStore:
         self._cached: TelemetrySnapshot | None = None
         self._cached_at = 0.0
         self._cached_until = float("inf")
+        #: called with each locally made record / forget (the shared telemetry bus); never for remote ones
+        self.on_record: Callable[[AttemptRecord], None] | None = None
+        self.on_forget: Callable[[str, str, float], None] | None = None
 
     def record(self, rec: AttemptRecord) -> None:
+        """Keep an outcome of this process (and hand it to ``on_record``)."""
+        self.record_remote(rec)
+        if self.on_record is not None:
+            self.on_record(rec)
+
+    def record_remote(self, rec: AttemptRecord) -> None:
+        """Keep an outcome another instance made (``rec.at`` already on this process's clock)."""
         key = (rec.provider, rec.model)
         ring = self._records.get(key)
         if ring is None:
@@ -95,7 +112,13 @@ class TelemetryStore:
 
     def forget_failures(self, provider: str, model: str, before: float) -> int:
         """Drop the failed records of (provider, model) that finished at or before ``before``; returns how
-        many were dropped."""
+        many were dropped. Handed to ``on_forget`` (other instances drop theirs too)."""
+        if self.on_forget is not None:
+            self.on_forget(provider, model, before)
+        return self.forget_remote(provider, model, before)
+
+    def forget_remote(self, provider: str, model: str, before: float) -> int:
+        """:meth:`forget_failures` as decided by another instance (``before`` on this process's clock)."""
         key = (provider, model)
         ring = self._records.get(key)
         if ring is None:
