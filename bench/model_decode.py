@@ -1,6 +1,12 @@
-"""Single-process SmolLM2 (ethen.model): load time, prefill and decode speed, batched-decode scaling.
+"""Single-process ethen.model: load time, prefill and decode speed, batched-decode scaling (SmolLM2), and
+prefill / decode tokens/s per architecture and tensor type on tiny random-weight GGUFs
+(``ethen.model.tiny_gguf``: llama and qwen2, d_model 256, 4 layers), next to transformers' GGUF loader in the
+same run when the parity extra is installed.
 
-.venv/bin/python bench/model_decode.py [--steps 32] [--repeats 5] [--skip-cold]
+.venv/bin/python bench/model_decode.py [--steps 32] [--repeats 5] [--skip-cold] [--skip-tiny] [--model X.gguf]
+
+The tensor type changes the file and the cold load (dequantization), not the decode step: the cache is
+float32 whatever the file holds, so per-type decode rates should agree within noise.
 
 Figures are medians over ``--repeats`` runs; the batched aggregate is reported next to the one-session
 baseline measured in the same run (ratio). Per-CPU-second rates are printed too: with one BLAS thread they
@@ -16,24 +22,29 @@ import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from ethen.model import Model, load_model, open_weight_store
+from ethen.model import Model, find_gguf_path, load_model, open_weight_store
+from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
+
+TINY_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm. " * 4}]
 
 
-def _cold_load_s() -> float:
+def _cold_load_s(model: Path | None) -> float:
     with tempfile.TemporaryDirectory(prefix="ethen-cold-") as tmp:
         t0 = time.perf_counter()
-        load_model(open_weight_store(cache_root=tmp))
+        load_model(open_weight_store(model, cache_root=tmp))
         return time.perf_counter() - t0
 
 
-def _warm_load_s() -> tuple[float, float]:
+def _warm_load_s(model: Path | None) -> tuple[float, float]:
     t0 = time.perf_counter()
-    m = load_model()
+    m = load_model(open_weight_store(model))
     t1 = time.perf_counter()
     m.logits([1, 2, 3], m.new_kv_cache())  # first touch of every mmap'd weight page
     return t1 - t0, time.perf_counter() - t0
@@ -59,6 +70,70 @@ def _decode_tok_s(m: Model, ids: list[int], sessions: int, steps: int) -> tuple[
     return n / (time.perf_counter() - t0), n / (time.process_time() - c0)
 
 
+def _tiny_rows(steps: int, repeats: int) -> list[tuple[str, str, float, float, float, Path]]:
+    """(arch, type, cold load s, prefill tok/s, decode tok/s, path) of each tiny model."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ethen-tiny-") as tmp:
+        for arch in ("llama", "qwen2"):
+            for kind in TINY_TYPES:
+                spec = TinySpec(arch=arch, types=(kind,), embd_type=kind, n_layers=4, context_length=512,
+                                output_type=None if arch == "llama" else kind)
+                path = write_tiny_gguf(Path(tmp) / f"{arch}-{kind}.gguf", spec)
+                t0 = time.perf_counter()
+                m = load_model(open_weight_store(path, cache_root=Path(tmp) / "cache"))
+                cold = time.perf_counter() - t0
+                ids = m.tokenizer.encode(m.chat_template.render(PROMPT))
+                pre = statistics.median(_prefill_tok_s(m, ids) for _ in range(repeats))
+                dec = statistics.median(_decode_tok_s(m, ids, 1, steps)[0] for _ in range(repeats))
+                rows.append((arch, kind, cold, pre, dec, path))
+        hf_rows = _hf_rows(rows, steps, repeats)
+    print(f"tiny models (d_model 256, 4 layers, {len(ids)}-token prompt), median of {repeats}:")
+    print(f"  {'arch':6} {'type':5} {'cold load':>9} {'prefill tok/s':>14} {'decode tok/s':>13}"
+          + ("  transformers: prefill / decode tok/s" if hf_rows else ""))
+    for (arch, kind, cold, pre, dec, _), hf in zip(rows, hf_rows or [None] * len(rows), strict=True):
+        extra = f"  {hf[0]:>8.0f} / {hf[1]:.0f}" if hf else ""
+        print(f"  {arch:6} {kind:5} {cold:8.2f}s {pre:14.0f} {dec:13.1f}{extra}")
+    return rows
+
+
+def _hf_rows(rows: list[Any], steps: int, repeats: int) -> list[tuple[float, float]] | None:
+    """transformers' prefill / decode tok/s on the same files (None without the parity extra)."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        print("transformers: parity extra not installed (pip install -e '.[parity]' torch==2.13.0): skipped")
+        return None
+    out = []
+    for *_, path in rows:
+        try:
+            out.append(_hf_speed(transformers, torch, path, steps, repeats))
+        except Exception as exc:  # a type transformers cannot load: say so, keep the row
+            print(f"transformers cannot run {path.name}: {type(exc).__name__}: {exc}")
+            out.append((float("nan"), float("nan")))
+    return out
+
+
+def _hf_speed(transformers: Any, torch: Any, path: Path, steps: int, repeats: int) -> tuple[float, float]:
+    torch.set_num_threads(int(os.environ.get("OPENBLAS_NUM_THREADS", "1") or 1))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                           dtype=torch.float32).eval()
+    ids = torch.tensor([list(range(3, 3 + len(PROMPT[0]["content"]) // 4))])
+    pre, dec = [], []
+    with torch.no_grad():
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = hf(ids, use_cache=True)
+            pre.append(ids.shape[1] / (time.perf_counter() - t0))
+            past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                out = hf(nxt, past_key_values=past, use_cache=True)
+                past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            dec.append(steps / (time.perf_counter() - t0))
+    return statistics.median(pre), statistics.median(dec)
+
+
 def _median2(runs: list[tuple[float, float]]) -> tuple[float, float]:
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
@@ -68,14 +143,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--skip-cold", action="store_true", help="skip the cold (cache-building) load")
+    ap.add_argument("--skip-tiny", action="store_true", help="skip the per-architecture/type tiny models")
+    ap.add_argument("--model", type=Path, default=None, help="GGUF to measure (default: SmolLM2)")
     args = ap.parse_args()
     print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}")
+    if not args.skip_tiny:
+        _tiny_rows(args.steps, args.repeats)
     if not args.skip_cold:
-        print(f"cold load (parse GGUF + dequantize + write cache + load): {_cold_load_s():.2f} s")
-    warm = [_warm_load_s() for _ in range(3)]
+        print(f"cold load (parse GGUF + dequantize + write cache + load): {_cold_load_s(args.model):.2f} s")
+    warm = [_warm_load_s(args.model) for _ in range(3)]
     print(f"warm load (mmap cache): {statistics.median([w[0] for w in warm]):.3f} s;"
           f" to first logits: {statistics.median([w[1] for w in warm]):.3f} s")
-    m = load_model()
+    m = load_model(open_weight_store(args.model))
+    print(f"model: {open_weight_store(args.model).model_name} ({m.config.architecture})")
     ids = m.tokenizer.encode(m.chat_template.render(PROMPT))
     prefill = statistics.median(_prefill_tok_s(m, ids) for _ in range(args.repeats))
     print(f"prefill ({len(ids)} tokens): {prefill:.0f} tok/s")
@@ -87,6 +167,9 @@ def main() -> None:
         agg, agg_cpu = _median2([_decode_tok_s(m, ids, b, args.steps) for _ in range(args.repeats)])
         print(f"decode, {b} sessions batched: {agg:.1f} tok/s wall aggregate = {agg / base:.2f}x baseline; "
               f"{agg_cpu:.1f} tok per CPU-s = {agg_cpu / base_cpu:.2f}x")
+    hf = _hf_rows([(None, None, None, None, None, args.model or find_gguf_path())], args.steps, args.repeats)
+    if hf:
+        print(f"transformers, same GGUF: prefill {hf[0][0]:.0f} tok/s, decode 1 session {hf[0][1]:.1f} tok/s")
 
 
 if __name__ == "__main__":
