@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ethen.admin.accounts import Accounts, Hold
-from ethen.gateway.errors import GatewayError, http_status
+from ethen.gateway.errors import GatewayError, NoHealthyCandidateError, http_status
 from ethen.gateway.execute import Attempt, BufferedRun, RouteTarget, StreamRun, upstream_payload
 from ethen.gateway.routing import Decision
 
@@ -153,6 +153,6 @@ class Pipeline:
         status = http_status(err)
         label = self.gw.label(call.body) if call.label == "other" else call.label
         self.gw.metrics.requests.labels(label, "true" if call.stream else "false", str(status)).inc()
-        if status >= 500:
+        if status >= 500 and not isinstance(err, NoHealthyCandidateError):  # circuits log their changes
             log.warning("request %s failed: %s", call.rid, err.code)
         return self.error_response(err, call.rid)

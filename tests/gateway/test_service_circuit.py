@@ -187,3 +187,20 @@ def test_failed_attempts_are_logged_once_each_with_what_happened_next(
     assert "attempt 1 on beta/beta-small failed: upstream_server_error" in lines["request rid-3"]
     assert len(execute) == 3
     no_secret(caplog.records)  # the upstream's messages echo the credential: they are never logged
+
+
+def test_requests_refused_during_an_outage_do_not_flood_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    """The circuit logs its opening once; each 503 no_healthy_candidate after it writes no line of its own."""
+    caplog.set_level(logging.WARNING)
+    with live({"up-beta-small": Behavior(fail_status=503)}, circuit=NO_RECOVERY) as lv:
+        c = lv.client()
+        for _ in range(3):
+            with pytest.raises(openai.APIStatusError):
+                c.chat.completions.create(model="beta-small", messages=USER)
+        before = len(caplog.records)
+        for i in range(20):
+            with pytest.raises(openai.InternalServerError) as ei:
+                c.chat.completions.create(model="beta-small", messages=USER, extra_headers=rid(f"flood-{i}"))
+            assert ei.value.code == "no_healthy_candidate"
+    flood = [r.getMessage() for r in caplog.records[before:] if "flood-" in r.getMessage()]
+    assert flood == []
