@@ -147,9 +147,11 @@ def die_with_parent() -> None:
 
 
 def spawn_worker(node_id: str, layers: str, port: int = 0, host: str = "127.0.0.1",
-                 extra_args: Sequence[str] = (), timeout_s: float = 120.0) -> WorkerProcess:
-    """Start ``python -m ethen worker`` and return once it printed ``READY`` (raises on exit or timeout)."""
-    cmd = [sys.executable, "-m", "ethen", "worker", "--node-id", node_id, "--layers", layers,
+                 extra_args: Sequence[str] = (), timeout_s: float = 120.0,
+                 command_prefix: Sequence[str] = ()) -> WorkerProcess:
+    """Start ``python -m ethen worker`` and return once it printed ``READY`` (raises on exit or timeout).
+    ``command_prefix`` wraps the command (tests: ``ip netns exec NS``, which execs in place, same pid)."""
+    cmd = [*command_prefix, sys.executable, "-m", "ethen", "worker", "--node-id", node_id, "--layers", layers,
            "--port", str(port), "--host", host, *extra_args]
     # stdin: a pipe the child never reads data from; its end-of-file tells the child this process died.
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
