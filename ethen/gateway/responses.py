@@ -412,6 +412,12 @@ def response_object(rid: str, created: int, model: str, echo: Echo, status: str)
         "top_p": echo.top_p if echo.top_p is not None else 1.0,
         "truncation": "disabled",
         "metadata": echo.metadata,
+        # not translated, echoed at their defaults (the Open Responses schema requires them)
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "top_logprobs": 0,
+        "max_tool_calls": None,
+        "service_tier": "default",
     }
     if echo.user is not None:  # the schema's user is a string, not nullable
         resp["user"] = echo.user
