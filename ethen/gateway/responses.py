@@ -418,6 +418,8 @@ def response_object(rid: str, created: int, model: str, echo: Echo, status: str)
         "top_logprobs": 0,
         "max_tool_calls": None,
         "service_tier": "default",
+        "safety_identifier": None,
+        "prompt_cache_key": None,
     }
     if echo.user is not None:  # the schema's user is a string, not nullable
         resp["user"] = echo.user
