@@ -1,5 +1,8 @@
 """``ethen mesh ...`` commands: a thin shell over :mod:`ethen.mesh.routing`.
 
+``ethen mesh certs --out DIR [--hosts h1,h2]`` writes a CA, a server certificate and a token (see
+:mod:`ethen.mesh.certs`).
+
 ``ethen mesh route STATES.json [--layers 8-11] [--prompt-tokens N] [--weight hop=0.3 ...] [--json]``
 (plus ``--model M``) reads a mesh document (a JSON list of §7 health objects, an object with a
 ``nodes`` list and an optional ``model``, or one single health object), runs ``score_route`` and prints
@@ -152,3 +155,28 @@ def route_command(
                        ("not on the cheapest chain", rejected.not_cheapest)):  # fmt: skip
         if ids:
             console.print(f"unused ({label}): {', '.join(sorted(ids))}", highlight=False, markup=False)
+
+
+@app.command("certs")
+def certs_command(
+    out: Annotated[Path, typer.Option("--out", metavar="DIR", help="Directory to write into (created).")],
+    hosts: Annotated[
+        str, typer.Option("--hosts", metavar="H1,H2", help="Worker/gateway addresses or names, for the SANs.")
+    ] = "",
+) -> None:
+    """Make a CA, a server certificate and a token for an authenticated mesh across machines."""
+    from ethen.mesh.certs import make_certs, parse_hosts
+
+    try:
+        paths = make_certs(out, parse_hosts(hosts))
+    except MeshRoutingError as exc:  # CredentialsError
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"--out {str(out)!r}: {exc.strerror}")
+    d = out
+    typer.echo(f"wrote {', '.join(str(p) for p in paths.values())}\n"
+               f"on each worker machine (copy {d} there):\n"
+               f"  ethen worker ... --host 0.0.0.0 --advertise THIS_HOST:PORT --tls-cert {d / 'server.pem'} "
+               f"--tls-key {d / 'server.key'} --token-file {d / 'token'}\n"
+               f"in the gateway's mesh provider:\n"
+               f"  ca_file = \"{d / 'ca.pem'}\"\n  token_file = \"{d / 'token'}\"")

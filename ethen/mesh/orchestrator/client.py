@@ -3,6 +3,9 @@
 :meth:`WorkerClient.forward_many` sends several sessions' steps for one node in a single ``ForwardBatch``
 RPC (the orchestrator's decode rounds use it: B sessions cost one RPC per stage per token).
 
+Credentials (:class:`~ethen.mesh.auth.ClientCredentials`): with a CA the channel is TLS and checks the
+worker's certificate against it; with a token every call carries ``authorization: Bearer <token>``.
+
 Every ``grpc.RpcError`` is turned into the mesh exception tree here (via
 :func:`~ethen.mesh.orchestrator.errors.from_grpc`), so nothing above this module sees gRPC.
 """
@@ -15,6 +18,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from ethen.mesh.auth import ClientCredentials
 from ethen.mesh.orchestrator.errors import NodeError, NodeUnavailable, from_grpc, from_status
 from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
 
@@ -45,12 +49,14 @@ class WorkerClient:
     """Blocking client of one worker (thread-safe: gRPC channels are)."""
 
     def __init__(self, node_id: str, address: str, forward_timeout_s: float = 60.0,
-                 health_timeout_s: float = 0.5) -> None:
+                 health_timeout_s: float = 0.5, credentials: ClientCredentials | None = None) -> None:
         self.node_id = node_id
         self.address = address
         self.forward_timeout_s = forward_timeout_s
         self.health_timeout_s = health_timeout_s
-        self._channel = grpc.insecure_channel(address, options=_OPTIONS)
+        creds = credentials or ClientCredentials()
+        self._md = creds.metadata
+        self._channel = creds.channel(address, _OPTIONS)
         self._stub: Any = mesh_pb2_grpc.MeshWorkerStub(self._channel)  # type: ignore[no-untyped-call]
 
     @staticmethod
@@ -69,12 +75,15 @@ class WorkerClient:
         out: F32 = np.frombuffer(reply.hidden.data, dtype="<f4").reshape(shape)
         return out
 
-    def forward_many(self, items: list[tuple[str, int, int, F32, int]]) -> list[ForwardResult | NodeError]:
+    def forward_many(self, items: list[tuple[str, int, int, F32, int]],
+                     timeout_s: float | None = None) -> list[ForwardResult | NodeError]:
         """Several ``(session_id, first, last, hidden, start)`` steps in one ``ForwardBatch`` RPC; each item
-        gets its result or its own error (a failed RPC fails every item)."""
+        gets its result or its own error (a failed RPC fails every item). ``timeout_s``: this call's
+        deadline (default ``forward_timeout_s``)."""
         request = mesh_pb2.ForwardBatchRequest(items=[self._request(*item) for item in items])
         try:
-            reply = self._stub.ForwardBatch(request, timeout=self.forward_timeout_s)
+            reply = self._stub.ForwardBatch(request, timeout=timeout_s or self.forward_timeout_s,
+                                            metadata=self._md)
         except grpc.RpcError as exc:
             return [from_grpc(self.node_id, exc) for _ in items]
         if len(reply.items) != len(items):
@@ -93,12 +102,13 @@ class WorkerClient:
                 out.append(exc)
         return out
 
-    def forward(self, session_id: str, first: int, last: int, hidden: F32, start: int) -> ForwardResult:
+    def forward(self, session_id: str, first: int, last: int, hidden: F32, start: int,
+                timeout_s: float | None = None) -> ForwardResult:
         """Run layers ``first..last`` on ``hidden`` [T, d] at positions ``start .. start+T-1``."""
         data: F32 = np.ascontiguousarray(hidden, dtype="<f4")
         try:
             reply = self._stub.Forward(self._request(session_id, first, last, data, start),
-                                       timeout=self.forward_timeout_s)
+                                       timeout=timeout_s or self.forward_timeout_s, metadata=self._md)
         except grpc.RpcError as exc:
             raise from_grpc(self.node_id, exc) from None
         return ForwardResult(self._check(reply, tuple(data.shape)), reply.compute_ms, reply.queue_ms,
@@ -107,7 +117,8 @@ class WorkerClient:
     def health(self) -> mesh_pb2.HealthResponse:
         try:
             reply: mesh_pb2.HealthResponse = self._stub.Health(mesh_pb2.HealthRequest(),
-                                                               timeout=self.health_timeout_s)
+                                                               timeout=self.health_timeout_s,
+                                                               metadata=self._md)
         except grpc.RpcError as exc:
             raise from_grpc(self.node_id, exc) from None
         return reply
@@ -115,7 +126,7 @@ class WorkerClient:
     def close_session(self, session_id: str) -> bool:
         try:
             reply = self._stub.CloseSession(mesh_pb2.CloseSessionRequest(session_id=session_id),
-                                            timeout=self.health_timeout_s)
+                                            timeout=self.health_timeout_s, metadata=self._md)
         except grpc.RpcError as exc:
             raise from_grpc(self.node_id, exc) from None
         return bool(reply.closed)

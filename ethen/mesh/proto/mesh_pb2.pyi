@@ -77,7 +77,7 @@ class LayerRange(_message.Message):
     def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
 
 class HealthResponse(_message.Message):
-    __slots__ = ("node_id", "served_layers", "latency_ms", "load", "served_requests", "failed_requests", "alive", "capacity_score", "active_sessions", "cache_bytes", "cache_bytes_limit")
+    __slots__ = ("node_id", "served_layers", "latency_ms", "load", "served_requests", "failed_requests", "alive", "capacity_score", "active_sessions", "cache_bytes", "cache_bytes_limit", "draining")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SERVED_LAYERS_FIELD_NUMBER: _ClassVar[int]
     LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,7 @@ class HealthResponse(_message.Message):
     ACTIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CACHE_BYTES_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     served_layers: _containers.RepeatedCompositeFieldContainer[LayerRange]
     latency_ms: float
@@ -100,7 +101,8 @@ class HealthResponse(_message.Message):
     active_sessions: int
     cache_bytes: int
     cache_bytes_limit: int
-    def __init__(self, node_id: _Optional[str] = ..., served_layers: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., latency_ms: _Optional[float] = ..., load: _Optional[float] = ..., served_requests: _Optional[int] = ..., failed_requests: _Optional[int] = ..., alive: _Optional[bool] = ..., capacity_score: _Optional[float] = ..., active_sessions: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_bytes_limit: _Optional[int] = ...) -> None: ...
+    draining: bool
+    def __init__(self, node_id: _Optional[str] = ..., served_layers: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., latency_ms: _Optional[float] = ..., load: _Optional[float] = ..., served_requests: _Optional[int] = ..., failed_requests: _Optional[int] = ..., alive: _Optional[bool] = ..., capacity_score: _Optional[float] = ..., active_sessions: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_bytes_limit: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)
@@ -113,3 +115,35 @@ class CloseSessionResponse(_message.Message):
     CLOSED_FIELD_NUMBER: _ClassVar[int]
     closed: bool
     def __init__(self, closed: _Optional[bool] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("node_id", "address", "served_layers")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    served_layers: _containers.RepeatedCompositeFieldContainer[LayerRange]
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., served_layers: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ...) -> None: ...
+
+class JoinResponse(_message.Message):
+    __slots__ = ("added", "heartbeat_s")
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
+    added: bool
+    heartbeat_s: float
+    def __init__(self, added: _Optional[bool] = ..., heartbeat_s: _Optional[float] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("node_id", "address")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class LeaveResponse(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: bool
+    def __init__(self, removed: _Optional[bool] = ...) -> None: ...

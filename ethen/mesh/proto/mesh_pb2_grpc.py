@@ -25,6 +25,121 @@ if _version_not_supported:
     )
 
 
+class MeshRegistryStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Join = channel.unary_unary(
+                '/ethen.mesh.v1.MeshRegistry/Join',
+                request_serializer=mesh__pb2.JoinRequest.SerializeToString,
+                response_deserializer=mesh__pb2.JoinResponse.FromString,
+                _registered_method=True)
+        self.Leave = channel.unary_unary(
+                '/ethen.mesh.v1.MeshRegistry/Leave',
+                request_serializer=mesh__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=mesh__pb2.LeaveResponse.FromString,
+                _registered_method=True)
+
+
+class MeshRegistryServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Join(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Leave(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_MeshRegistryServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=mesh__pb2.JoinRequest.FromString,
+                    response_serializer=mesh__pb2.JoinResponse.SerializeToString,
+            ),
+            'Leave': grpc.unary_unary_rpc_method_handler(
+                    servicer.Leave,
+                    request_deserializer=mesh__pb2.LeaveRequest.FromString,
+                    response_serializer=mesh__pb2.LeaveResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'ethen.mesh.v1.MeshRegistry', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('ethen.mesh.v1.MeshRegistry', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class MeshRegistry:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ethen.mesh.v1.MeshRegistry/Join',
+            mesh__pb2.JoinRequest.SerializeToString,
+            mesh__pb2.JoinResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leave(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ethen.mesh.v1.MeshRegistry/Leave',
+            mesh__pb2.LeaveRequest.SerializeToString,
+            mesh__pb2.LeaveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class MeshWorkerStub:
     """Missing associated documentation comment in .proto file."""
 

@@ -3,7 +3,18 @@
 Prints ``READY <host>:<port>`` on stdout (flushed) once the layers are loaded and the port is bound, so a
 parent process (``ethen up``, tests, benchmarks) can wait for it; ``--port 0`` binds a free port and reports
 it there.
-SIGINT / SIGTERM stop it within a second. Started by :func:`ethen.mesh.worker.launch.spawn_worker` (``ethen
+Credentials (:mod:`ethen.mesh.auth`): ``--tls-cert F --tls-key F`` serve TLS, ``--token-file F`` requires
+``authorization: Bearer <token>`` on every call. Binding a non-loopback ``--host`` without both refuses to
+start (exit 2, before the model loads) unless ``--insecure``.
+
+Membership (:mod:`ethen.mesh.worker.membership`): ``--join HOST:PORT`` announces this worker (node id,
+``--advertise HOST:PORT`` or the bound address, fragments) to a mesh provider's registry and re-announces it
+every couple of seconds; ``--ca-file`` verifies the registry's certificate (TLS), the token file's first token
+authenticates it.
+
+SIGTERM drains: the worker opens no new session (``UNAVAILABLE``, Health ``draining``), waits up to
+``--drain-timeout`` seconds (30) for its open sessions to end, sends ``Leave`` when it joined, then stops.
+SIGINT (Ctrl-C) stops it within a second. Started by :func:`ethen.mesh.worker.launch.spawn_worker` (``ethen
 up``, tests, benchmarks), it also stops when that parent dies, whatever the signal (``die_with_parent``).
 
 BLAS runs single-threaded unless ``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` are set:
@@ -21,13 +32,15 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER
 
 if TYPE_CHECKING:
+    from ethen.mesh.auth import TokenAuth
+    from ethen.mesh.worker.membership import JoinSpec
     from ethen.mesh.worker.server import WorkerConfig
 
 __all__ = ["one_blas_thread", "run_worker", "worker"]
@@ -39,29 +52,47 @@ def one_blas_thread() -> None:
         os.environ.setdefault(var, "1")
 
 
-def run_worker(config: WorkerConfig, host: str, port: int, model_path: Path | None = None) -> None:
-    """Load the layers (of the GGUF ``model_path``, default SmolLM2's), serve until SIGINT/SIGTERM."""
+def run_worker(config: WorkerConfig, host: str, port: int, model_path: Path | None = None, *,
+               tls: Any = None, auth: TokenAuth | None = None, join: JoinSpec | None = None,
+               drain_timeout_s: float = 30.0) -> None:
+    """Load the layers (of the GGUF ``model_path``, default SmolLM2's), serve until SIGINT, or SIGTERM and
+    a drain."""
     from ethen.mesh.worker.backend import ModelBackend
+    from ethen.mesh.worker.membership import Announcer
     from ethen.mesh.worker.server import WorkerService, serve
     from ethen.model.gguf_loader import open_weight_store
     from ethen.model.model import load_layer_stacks
 
     t0 = time.perf_counter()
     backend = ModelBackend(load_layer_stacks(list(config.fragments), open_weight_store(model_path)))
-    service = WorkerService(config, backend)
-    server, bound = serve(service, host, port)
+    service = WorkerService(config, backend, auth=auth)
+    server, bound = serve(service, host, port, tls=tls)
     layers = ",".join(f"{a}-{b}" for a, b in config.fragments)
     print(f"ethen worker {config.node_id!r}: layers {layers} loaded in {time.perf_counter() - t0:.1f}s, "
           f"serving on {host}:{bound}", file=sys.stderr, flush=True)
+    announcer = None
+    if join is not None:
+        advertise = join.advertise or f"{host}:{bound}"
+        announcer = Announcer(join, config.node_id, advertise, list(config.fragments)).start()
     print(f"READY {host}:{bound}", flush=True)
     done = threading.Event()
+    drain = threading.Event()
 
     def stop(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGTERM:
+            drain.set()
         done.set()
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     done.wait()
+    if drain.is_set():
+        service.drain()
+        left = service.wait_drained(drain_timeout_s)
+        print(f"ethen worker {config.node_id!r}: drained ({left} session(s) still open)", file=sys.stderr,
+              flush=True)
+    if announcer is not None:
+        announcer.leave()
     server.stop(grace=0.5).wait(1.0)
     service.stop()
 
@@ -84,6 +115,18 @@ def worker(
         help="Open sessions per caller host (more: RESOURCE_EXHAUSTED)."),
     model: Path = typer.Option(  # noqa: B008
         None, "--model", help="GGUF model file (llama, qwen2; default: SmolLM2-135M-Instruct)."),
+    tls_cert: Path = typer.Option(None, "--tls-cert", help="PEM server certificate (ethen mesh certs)."),  # noqa: B008
+    tls_key: Path = typer.Option(None, "--tls-key", help="PEM private key of --tls-cert."),  # noqa: B008
+    token_file: Path = typer.Option(  # noqa: B008
+        None, "--token-file", help="Mesh token file: every call must carry one of its tokens."),
+    insecure: bool = typer.Option(
+        False, "--insecure", help="Allow a non-loopback --host without TLS and token."),
+    join: str = typer.Option(None, "--join", help="HOST:PORT of a mesh provider's registry to join."),
+    advertise: str = typer.Option(
+        None, "--advertise", help="HOST:PORT where the orchestrator reaches this worker (default: bound)."),
+    ca_file: Path = typer.Option(None, "--ca-file", help="CA of the registry's certificate (TLS join)."),  # noqa: B008
+    drain_timeout: float = typer.Option(
+        30.0, "--drain-timeout", help="SIGTERM: seconds to let open sessions finish."),
 ) -> None:
     """Serve fragments of the model's layers to the mesh over gRPC."""
     from ethen.mesh.worker.launch import die_with_parent
@@ -102,10 +145,20 @@ def worker(
                               max_sessions_per_caller=max_sessions_per_caller)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
+    from ethen.mesh.auth import CredentialsError
+    from ethen.mesh.worker.membership import credentials_of
+
+    try:  # before the model loads: a refused start costs nothing
+        tls, auth, join_spec = credentials_of(host, tls_cert, tls_key, token_file, insecure, join, advertise,
+                                              ca_file)
+    except CredentialsError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise typer.Exit(2) from None
     from ethen.model.errors import ModelError
 
     try:
-        run_worker(config, host, port, model)
+        run_worker(config, host, port, model, tls=tls, auth=auth, join=join_spec,
+                   drain_timeout_s=drain_timeout)
     except ModelError as exc:  # a layer the model does not have, weights not installed, ...
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise typer.Exit(2) from None

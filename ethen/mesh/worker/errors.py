@@ -13,6 +13,7 @@ __all__ = [
     "RequestCancelledError",
     "SessionCapacityError",
     "SessionNotFoundError",
+    "WorkerDrainingError",
     "WorkerError",
     "WorkerInputError",
 ]
@@ -43,3 +44,8 @@ class DeadlineExceededError(WorkerError):
 
 class RequestCancelledError(WorkerError):
     """The caller cancelled the RPC; the step was abandoned: ``CANCELLED``."""
+
+
+class WorkerDrainingError(WorkerError):
+    """The worker is draining (SIGTERM): it finishes open sessions but opens no new one: ``UNAVAILABLE`` (the
+    orchestrator routes elsewhere)."""

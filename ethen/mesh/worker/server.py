@@ -25,6 +25,19 @@ Choices where the spec is silent:
 - Positions must be consecutive and start exactly at the session's cached length on those layers; anything
   else would silently corrupt the KV cache (Petals bug #587), so it is refused.
 
+Authentication (see :mod:`ethen.mesh.auth`): :func:`serve` takes TLS server credentials and a
+:class:`~ethen.mesh.auth.TokenAuth`; with a token, an interceptor answers every call without it
+``UNAUTHENTICATED``. A caller is its token's principal plus its peer host (the peer host alone without
+tokens), and each session is keyed by the caller that opened it plus the id it sent: another caller naming
+the same id reaches a different (or no) session, so it can neither extend nor close the first one, and learns
+nothing of it (``NOT_FOUND`` / ``closed=False``, exactly as for an id nobody used). The orchestrator's ids are
+``uuid4`` hex anyway.
+
+Draining (:meth:`WorkerService.drain`, on SIGTERM): a ``Forward`` that would open a new session gets
+``UNAVAILABLE`` ("... is draining"; the orchestrator fails over to another replica, replaying), steps of open
+sessions go on, and Health answers ``alive=false, draining=true`` so routers stop choosing the worker.
+:meth:`WorkerService.wait_drained` waits (bounded) until no session is open.
+
 Limits on one caller (see :mod:`ethen.mesh.worker.limits` for the defaults and why):
 
 - A ``Forward`` carries at most ``max_prefill_tokens`` rows (``INVALID_ARGUMENT`` naming ``hidden.shape[0]``).
@@ -50,6 +63,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from ethen.mesh.auth import TokenAuth, TokenInterceptor
 from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
 from ethen.mesh.worker.backend import F32, FragmentBackend
 from ethen.mesh.worker.batching import Job, StepBatcher
@@ -58,6 +72,7 @@ from ethen.mesh.worker.errors import (
     RequestCancelledError,
     SessionCapacityError,
     SessionNotFoundError,
+    WorkerDrainingError,
     WorkerError,
     WorkerInputError,
 )
@@ -80,6 +95,7 @@ _STATUS: dict[type[WorkerError], grpc.StatusCode] = {
     SessionCapacityError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
     RequestCancelledError: grpc.StatusCode.CANCELLED,
+    WorkerDrainingError: grpc.StatusCode.UNAVAILABLE,
 }
 
 
@@ -155,9 +171,11 @@ class WorkerConfig:
 class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
     """Implements the ``MeshWorker`` service over a :class:`FragmentBackend`."""
 
-    def __init__(self, config: WorkerConfig, backend: FragmentBackend) -> None:
+    def __init__(self, config: WorkerConfig, backend: FragmentBackend, auth: TokenAuth | None = None) -> None:
         self.config = config
         self.backend = backend
+        self.auth = auth  # with tokens: sessions belong to the token's principal + peer host
+        self.draining = False
         self._served = set(config.layers)
         self._starts = {first for first, _ in config.fragments}
         self._ends = {last for _, last in config.fragments}
@@ -221,12 +239,23 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         job = Job(session_id=request.session_id, first_layer=first, last_layer=last, positions=positions,
                   hidden=hidden)
         if context is not None:
-            job.caller = caller_of(context.peer())
+            job.caller = self._caller(context)
+            job.session_id = _scoped(job.caller, request.session_id)
             job.is_active = context.is_active
             remaining = context.time_remaining()
             if remaining is not None:
                 job.deadline = time.monotonic() + remaining
         return job
+
+    def _caller(self, context: Any) -> str:
+        """Who calls: the token's principal and the peer host (the peer host alone without tokens)."""
+        host = caller_of(context.peer())
+        if self.auth is None:
+            return host
+        principal = self.auth.principal(context.invocation_metadata())
+        if principal is None:  # the interceptor refuses these before any handler: defence in depth
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong mesh token")
+        return f"{principal}@{host}"
 
     # ---- compute (batch leader) ----------------------------------------------------------------------
 
@@ -236,6 +265,10 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
 
     def _admit(self, job: Job, fragments: list[int], now: float) -> list[KVCache]:
         start = job.positions[0]
+        if self.draining and job.session_id not in self.store:
+            raise WorkerDrainingError(
+                f"{self.config.node_id!r} is draining (shutting down): it opens no new session; route "
+                f"{job.session_id!r} elsewhere")
         if start > 0 and job.session_id not in self.store:
             raise SessionNotFoundError(
                 f"unknown session_id {job.session_id!r} on {self.config.node_id!r} (closed, expired or never "
@@ -384,31 +417,63 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             node_id=self.config.node_id,
             served_layers=[mesh_pb2.LayerRange(first=a, last=b) for a, b in self.config.fragments],
             latency_ms=snap.latency_ms, load=snap.load, served_requests=snap.served_requests,
-            failed_requests=snap.failed_requests, alive=True, capacity_score=self.config.capacity_score,
-            active_sessions=sessions, cache_bytes=nbytes, cache_bytes_limit=self.store.max_bytes)
+            failed_requests=snap.failed_requests, alive=not self.draining,
+            capacity_score=self.config.capacity_score, active_sessions=sessions, cache_bytes=nbytes,
+            cache_bytes_limit=self.store.max_bytes, draining=self.draining)
 
     def CloseSession(
         self, request: mesh_pb2.CloseSessionRequest, context: Any
     ) -> mesh_pb2.CloseSessionResponse:
+        sid = request.session_id
+        key = sid if context is None else _scoped(self._caller(context), sid)
         with self._lock:
-            closed = self.store.close(request.session_id)
-        self.batcher.forget(request.session_id)
+            closed = self.store.close(key)
+        self.batcher.forget(key)
         return mesh_pb2.CloseSessionResponse(closed=closed)
+
+    def drain(self) -> None:
+        """Open no new session from now on (Health says ``draining``); open sessions go on."""
+        self.draining = True
+
+    def open_sessions(self) -> int:
+        with self._lock:
+            self.store.evict_idle(time.monotonic())
+            return len(self.store)
+
+    def wait_drained(self, timeout_s: float, poll_s: float = 0.05) -> int:
+        """Wait until no session is open or ``timeout_s`` passed; returns the sessions still open."""
+        deadline = time.monotonic() + timeout_s
+        left = self.open_sessions()
+        while left and time.monotonic() < deadline:
+            time.sleep(poll_s)
+            left = self.open_sessions()
+        return left
 
     def stop(self) -> None:
         self.batcher.stop()
 
 
-def serve(service: WorkerService, host: str, port: int, max_workers: int = 32) -> tuple[Any, int]:
-    """Start a gRPC server for ``service``; returns (server, bound port). ``port=0`` picks a free port."""
+def _scoped(caller: str, session_id: str) -> str:
+    """The store's key of a caller's session: callers never share a session namespace."""
+    return f"{caller}/{session_id}"
+
+
+def serve(service: WorkerService, host: str, port: int, max_workers: int = 32, *,
+          tls: Any = None) -> tuple[Any, int]:
+    """Start a gRPC server for ``service``; returns (server, bound port). ``port=0`` picks a free port.
+    ``tls``: grpc server credentials (:func:`ethen.mesh.auth.server_credentials`); ``service.auth``, when
+    set, is enforced on every call by an interceptor."""
+    interceptors = [] if service.auth is None else [TokenInterceptor(service.auth)]
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="ethen-rpc"),
         options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
                  ("grpc.max_send_message_length", 64 * 1024 * 1024),
                  ("grpc.so_reuseport", 0)],
+        interceptors=interceptors,
     )
     mesh_pb2_grpc.add_MeshWorkerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = server.add_insecure_port(address) if tls is None else server.add_secure_port(address, tls)
     if bound == 0:
         raise OSError(f"cannot bind {host}:{port}")
     server.start()
