@@ -26,7 +26,7 @@ import numpy.typing as npt
 from ethen.mesh.orchestrator.backoff import Backoff
 from ethen.mesh.orchestrator.client import WorkerClient
 from ethen.mesh.orchestrator.planning import plan_route, recompose
-from ethen.mesh.orchestrator.rounds import DecodeRounds
+from ethen.mesh.orchestrator.rounds import DEFAULT_PROGRESS_TIMEOUT_S, DecodeRounds
 from ethen.mesh.orchestrator.session import MeshSession
 from ethen.mesh.orchestrator.telemetry import HealthMonitor
 from ethen.mesh.routing import NodeState, Route, RouteWeights
@@ -149,7 +149,9 @@ class Orchestrator:
         forward_timeout_s: float = 60.0,
         round_lanes: int = 1,
         max_step_tokens: int = MAX_PREFILL_TOKENS,
+        progress_timeout_s: float | None = DEFAULT_PROGRESS_TIMEOUT_S,
     ) -> None:
+        self.progress_timeout_s = progress_timeout_s  # a stage call's deadline per 128 rows (stuck nodes)
         if not workers:
             raise ValueError("an orchestrator needs at least one worker (node_id -> host:port)")
         self.ends = ends
@@ -166,7 +168,8 @@ class Orchestrator:
         self.monitor = HealthMonitor(self.clients, backoff or Backoff(), interval_s=health_interval_s)
         self._head = StepBatcher(self._head_batch, max_batch=64, window_s=0.002, active_horizon_s=0.5,
                                  name="ethen-head")
-        self.rounds = DecodeRounds(self.clients, self.ends.logits, lanes=round_lanes)
+        self.rounds = DecodeRounds(self.clients, self.ends.logits, lanes=round_lanes,
+                                   progress_timeout_s=progress_timeout_s, observe=self.monitor.observe_call)
 
     @classmethod
     def load(cls, workers: Mapping[str, str], store: WeightStore | None = None,
@@ -222,7 +225,8 @@ class Orchestrator:
         chosen = route if route is not None else self.route_for(prompt_tokens)
         session = MeshSession(chosen, self.clients, self.ends.embed, lambda h: self.head(h),
                               self._recompose, self.monitor.mark_failed, exact_replay=self.exact_replay,
-                              rounds=self.rounds, max_step_tokens=self.max_step_tokens)
+                              rounds=self.rounds, max_step_tokens=self.max_step_tokens,
+                              progress_timeout_s=self.progress_timeout_s, observe=self.monitor.observe_call)
         return session
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:

@@ -27,6 +27,9 @@ Failover and replay (Petals-style):
   the last float bits).
 - Each stage uses its own worker session id (``<session>@<first layer>``), so a node that runs two stages of
   a route keeps two independent caches.
+- A stage that makes no progress (a stuck node) is a failure too: every stage call carries the progress
+  deadline of :func:`~ethen.mesh.orchestrator.rounds.call_timeout` (``progress_timeout_s`` per started
+  128-position chunk), so it ends in ``DEADLINE_EXCEEDED`` and fails over like a dead node.
 - A step longer than ``max_step_tokens`` (default: the workers' default ``--max-prefill-tokens``, 2,048) runs
   as several steps of at most that many tokens (a long prompt is prefilled in pieces), so no ``Forward`` ever
   exceeds a worker's cap; replay reuses those sizes, and a one-call replay (``exact_replay=False``) is cut
@@ -37,21 +40,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from ethen.mesh.orchestrator.client import WorkerClient
 from ethen.mesh.orchestrator.errors import MeshRuntimeError, NodeError, NodeUnavailable
+from ethen.mesh.orchestrator.rounds import DEFAULT_PROGRESS_TIMEOUT_S, DecodeRounds, Observe, call_timeout
 from ethen.mesh.routing import Route, Stage
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS
-
-if TYPE_CHECKING:
-    from ethen.mesh.orchestrator.rounds import DecodeRounds
 
 __all__ = ["FailoverEvent", "MeshSession"]
 
@@ -117,11 +118,15 @@ class MeshSession:
         session_id: str | None = None,
         rounds: DecodeRounds | None = None,
         max_step_tokens: int = MAX_PREFILL_TOKENS,
+        progress_timeout_s: float | None = DEFAULT_PROGRESS_TIMEOUT_S,
+        observe: Observe | None = None,
     ) -> None:
         if max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1, got {max_step_tokens}")
         self.id = session_id or uuid.uuid4().hex
         self.max_step_tokens = max_step_tokens
+        self.progress_timeout_s = progress_timeout_s
+        self._observe = observe  # (node, rows, call ms, worker ms): the telemetry's latency samples
         self.route = route
         self.routes: list[Route] = [route]
         self.failovers: list[FailoverEvent] = []
@@ -265,7 +270,13 @@ class MeshSession:
     def _forward(self, stage: Stage, hidden: F32, start: int) -> F32:
         client = self.clients[stage.node_id]
         self._opened.add((stage.node_id, stage.first))
-        return client.forward(self._wsid(stage), stage.first, stage.last, hidden, start).hidden
+        timeout = call_timeout(self.progress_timeout_s, int(hidden.shape[0]), client.forward_timeout_s)
+        t0 = time.perf_counter()
+        reply = client.forward(self._wsid(stage), stage.first, stage.last, hidden, start, timeout_s=timeout)
+        if self._observe is not None:
+            self._observe(stage.node_id, int(hidden.shape[0]), (time.perf_counter() - t0) * 1000.0,
+                          reply.queue_ms + reply.compute_ms)
+        return reply.hidden
 
     def _replay(self, stage: Stage, full: F32) -> F32:
         """Rebuild ``stage``'s cache from scratch with ``full`` [P+T, d]; returns its outputs [P+T, d]."""

@@ -10,13 +10,20 @@ timeout (0.25 + 0.5 s) of its last answer. A node in back-off (it just failed a 
 back-off ends.
 
 ``current_load`` is the worker's data-plane ``load`` (spec §7: it reaches the node through Health).
-``latency_ms`` is the latency *as the orchestrator sees it*: the worker's own EWMA of queue + compute time per
-``Forward`` plus an EWMA (alpha ``rtt_alpha``, default 0.3) of the round trip of the Health polls, measured
-here around the call (network both ways plus the gRPC call's own cost: what every stage call pays on top of
-the worker's compute). The spec's §8/§9 assumed the worker's EWMA covers the data plane; it does not see the
-wire, and with one replica 40 ms away and another 2 ms away routing alternated between them. The shell keeps
-both EWMAs; the pure router reads their sum. At 4 polls a second a changed delay moves the EWMA 97 % of the
-way in 10 polls (2.5 s). A failed poll forgets the round trip (a node that comes back starts afresh).
+``latency_ms`` is the latency *as the orchestrator sees it*, the spec's EWMA over network round trip plus
+compute, kept here (the shell) as two EWMAs (alpha ``alpha``, default 0.3) whose sum the pure router reads:
+
+- **round trip**: each Health poll's duration measured around the call, and each stage call's duration minus
+  the queue + compute time the worker reports in its reply (:meth:`HealthMonitor.observe_call`): network both
+  ways plus the gRPC call's own cost, what every stage call pays on top of the worker's compute. A failed
+  poll forgets it (a node that comes back starts afresh). At 4 polls a second an idle node's EWMA follows a
+  changed delay 97 % of the way in 10 polls (2.5 s); a node in use gets a sample per stage call.
+- **compute per step**: the worker's queue + compute time of one-row (decode) calls, from the replies. The
+  worker's own Health ``latency_ms`` (its EWMA over every ``Forward``) is used only until the first such
+  reply: it mixes prompt prefills (a 40-token prefill costs ~10 decode steps) with decode steps, so the node
+  just used for a prefill looked slower than a replica 40 ms away and routing alternated between them.
+
+The spec's §8/§9 assumed the worker's EWMA covers the data plane; it does not see the wire.
 
 Logs (logger ``ethen.mesh.orchestrator``, one line per transition, never per poll): WARNING when a worker
 that answered its Health polls stops answering (or reports itself not alive), and when a request to a worker
@@ -54,14 +61,16 @@ class NodeHealth:
 
 
 def state_from_health(node_id: str, reply: mesh_pb2.HealthResponse | None, alive: bool,
-                      rtt_ms: float = 0.0) -> NodeState:
-    """A router ``NodeState`` from a Health reply (a node never heard from serves nothing); ``rtt_ms``, the
-    orchestrator's round-trip EWMA to the node, is added to the worker's own latency."""
+                      rtt_ms: float = 0.0, step_ms: float | None = None) -> NodeState:
+    """A router ``NodeState`` from a Health reply (a node never heard from serves nothing). ``latency_ms`` is
+    ``rtt_ms`` (the orchestrator's round-trip EWMA to the node) plus ``step_ms`` (its compute EWMA per decode
+    step), or plus the worker's own latency EWMA while ``step_ms`` is unknown."""
     if reply is None:
         return NodeState(node_id, 0.0, 0.0, 0.0, (), alive=False)
+    compute = reply.latency_ms if step_ms is None else step_ms
     return NodeState(
         node_id=node_id,
-        latency_ms=max(0.0, reply.latency_ms) + max(0.0, rtt_ms),
+        latency_ms=max(0.0, compute) + max(0.0, rtt_ms),
         current_load=max(0.0, reply.load),
         capacity_score=reply.capacity_score,
         served_layers=tuple((r.first, r.last) for r in reply.served_layers),
@@ -72,14 +81,15 @@ def state_from_health(node_id: str, reply: mesh_pb2.HealthResponse | None, alive
 class HealthMonitor:
     def __init__(self, clients: Mapping[str, WorkerClient], backoff: Backoff, interval_s: float = 0.25,
                  max_age_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
-                 rtt_alpha: float = 0.3) -> None:
+                 alpha: float = 0.3) -> None:
         self.clients = dict(clients)
         self.backoff = backoff
         self.interval_s = interval_s
         self.max_age_s = max_age_s
         self.clock = clock
-        self.rtt_alpha = rtt_alpha
-        self._rtt: dict[str, float] = {}  # EWMA of the Health round trip, ms
+        self.alpha = alpha
+        self._rtt: dict[str, float] = {}  # EWMA of the round trip, ms
+        self._step: dict[str, float] = {}  # EWMA of the worker's queue + compute per decode step, ms
         self._lock = threading.Lock()
         self._last: dict[str, NodeHealth] = {}
         self._last_good: dict[str, NodeHealth] = {}
@@ -114,9 +124,22 @@ class HealthMonitor:
             log.warning("mesh worker %s answers Health again", node_id)
         return health
 
+    def _ewma(self, table: dict[str, float], node_id: str, sample: float) -> None:  # under self._lock
+        old = table.get(node_id)
+        table[node_id] = sample if old is None else old + self.alpha * (sample - old)
+
     def _record_rtt(self, node_id: str, rtt_ms: float) -> None:  # under self._lock
-        old = self._rtt.get(node_id)
-        self._rtt[node_id] = rtt_ms if old is None else old + self.rtt_alpha * (rtt_ms - old)
+        self._ewma(self._rtt, node_id, rtt_ms)
+
+    def observe_call(self, node_id: str, rows: int, duration_ms: float, worker_ms: float) -> None:
+        """A stage call to ``node_id`` carrying ``rows`` positions per session took ``duration_ms`` here and
+        ``worker_ms`` (queue + compute) on the worker: a round-trip sample, and for one row a step sample."""
+        with self._lock:
+            if node_id not in self.clients:
+                return
+            self._record_rtt(node_id, max(0.0, duration_ms - worker_ms))
+            if rows == 1:
+                self._ewma(self._step, node_id, max(0.0, worker_ms))
 
     def rtt_ms(self, node_id: str) -> float | None:
         """The round-trip EWMA to ``node_id`` (None before a good poll)."""
@@ -151,7 +174,7 @@ class HealthMonitor:
         """Stop watching ``node_id`` (its thread ends within one interval)."""
         self.clients.pop(node_id, None)
         with self._lock:
-            for table in (self._last, self._last_good, self._alive, self._rtt):
+            for table in (self._last, self._last_good, self._alive, self._rtt, self._step):
                 table.pop(node_id, None)
 
     def _loop(self, node_id: str) -> None:
@@ -192,10 +215,11 @@ class HealthMonitor:
             with self._lock:
                 known = self._last_good.get(node_id)
                 rtt = self._rtt.get(node_id, 0.0)
+                step = self._step.get(node_id)
             # A node that fails its poll keeps its last known fragments (failover needs them), but is dead.
             reply = last.reply if last.reply is not None else (known.reply if known is not None else None)
             out.append(state_from_health(node_id, reply, alive=last.reply is not None and not blocked,
-                                         rtt_ms=rtt))
+                                         rtt_ms=rtt, step_ms=step))
         return tuple(out)
 
     def snapshot(self) -> dict[str, NodeHealth]:
