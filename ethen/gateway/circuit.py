@@ -23,6 +23,13 @@ like attempts (a probe's success is the evidence that lifts the gate); transitio
 closed) are logged once each at WARNING on ``ethen.gateway.circuit`` -- that is the exclusion log, never one
 line per excluded request. Time is ``time.monotonic()`` (injectable); the view handed to the core converts
 trial times to the request's wall clock.
+
+Several instances (``[shared]`` Redis, :mod:`ethen.gateway.shared`): each process keeps its own board, but
+its telemetry holds every instance's outcomes, so a gate tripped by failures seen on one instance opens the
+circuit on all of them, and a successful trial anywhere (its success sample, and its "forget the outage's
+failures", are shared too) lifts the gate and closes the circuit everywhere at their next sync (the telemetry
+reader syncs on every batch it receives). Cool-downs, trial slots and probes stay per process (simple: at
+most one trial per circuit per instance; N instances may probe a failing provider N times per cool-down).
 """
 
 from __future__ import annotations
@@ -101,7 +108,8 @@ class CircuitBoard:
             )  # fmt: skip
         for key in self._keys - want:
             c = self.circuits.pop(key)
-            why = "a trial succeeded" if c.recovered else "its failures left the telemetry window"
+            why = ("a trial succeeded" if c.recovered
+                   else "a success was recorded, or its failures left the telemetry window")
             log.warning("circuit closed: %s is routed to again (%s)", key, why)
         self._keys = frozenset(want)
         self._view_valid_until = -1.0

@@ -1,4 +1,9 @@
-"""``ethen gateway --config FILE [--host H] [--port P]``: serve the gateway with uvicorn.
+"""``ethen gateway --config FILE [--host H] [--port P] [--workers N]``: serve the gateway with uvicorn.
+
+``--workers N`` (default 1) runs N gateway processes on the one port
+(:func:`ethen.gateway.serve.serve_workers`): each is a separate instance; give them ``[shared]`` Redis to
+share telemetry and rate limits. ``--fd`` and ``--worker-index`` are how the parent starts each worker
+(not for direct use).
 
 The config is validated before the server starts; a bad config prints the error (which names the key and
 the value) and exits with status 2. ``--hash-key`` reads a client key on stdin and prints the SHA-256 digest
@@ -24,6 +29,9 @@ def gateway(
     port: int | None = typer.Option(None, "--port", help="Port (default: [server].port)."),
     log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
     hash_key: bool = typer.Option(False, "--hash-key", help="Read a key on stdin, print its SHA-256 digest."),
+    workers: int = typer.Option(1, "--workers", min=1, max=256, help="Gateway processes sharing the port."),
+    fd: int | None = typer.Option(None, "--fd", hidden=True, help="Serve this inherited listening socket."),
+    worker_index: int | None = typer.Option(None, "--worker-index", hidden=True),
 ) -> None:
     """Serve the OpenAI-compatible gateway (``/api/gateway/v1``) with ethen/* smart routing."""
     from ethen.gateway.auth import KEY_PREFIX
@@ -43,7 +51,7 @@ def gateway(
     from ethen.gateway.app import create_app
     from ethen.gateway.catalog import Catalog
     from ethen.gateway.config import load_config, skip_providers_without_keys
-    from ethen.gateway.serve import serve
+    from ethen.gateway.serve import serve, serve_workers
 
     level = log_level.upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -52,12 +60,28 @@ def gateway(
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if level != "ERROR":  # start-up progress (a mesh provider loading its model) shows at the default level
         logging.getLogger("ethen.gateway.startup").setLevel(logging.INFO)
+    sock = None
+    if fd is not None:  # a --workers child: die with the parent, serve its socket
+        import socket
+
+        from ethen.mesh.worker.launch import die_with_parent
+
+        die_with_parent()
+        sock = socket.socket(fileno=fd)
     try:
         cfg = skip_providers_without_keys(load_config(config))  # WARNING per provider whose key is unset
+        if workers > 1 and fd is None:
+            if not serve_workers(str(config), workers, host=host or cfg.server.host, log_level=log_level,
+                                 port=port if port is not None else cfg.server.port):
+                raise typer.Exit(3)  # the port was taken (logged)
+            return
+        if worker_index is not None and cfg.store is not None and cfg.store.instance_id is not None:
+            iid = f"{cfg.store.instance_id[:56]}-w{worker_index}"  # two processes never share a lease
+            cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"instance_id": iid})})
         app = create_app(cfg, catalog=Catalog.load())
     except GatewayConfigError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(2) from None
     if not serve(app, host=host or cfg.server.host, port=port if port is not None else cfg.server.port,
-                 log_level=log_level, limits=cfg.server):
+                 log_level=log_level, limits=cfg.server, sock=sock):
         raise typer.Exit(3)  # the lifespan start-up failed (logged above) or the port was taken

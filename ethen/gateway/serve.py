@@ -20,6 +20,15 @@ to send a request, so a slowloris client (one header byte a second) held its con
 - ``max_connections`` (1000) is uvicorn's ``limit_concurrency``: a request arriving while that many
   connections (or requests) are open gets 503 ``server_overloaded`` with ``Retry-After: 1``.
 
+``ethen gateway --workers N`` (:func:`serve_workers`): the parent binds the listening socket once and starts N
+``ethen gateway`` child processes that inherit it (pre-fork, as gunicorn and uvicorn's own ``--workers`` do:
+the kernel hands each connection to one of them; ``--port 0`` works, every worker serves the one port). Each
+child is a separate instance (its own telemetry, circuits, budget grants and lease; with ``[shared]`` Redis
+they share telemetry and rate limits, like instances on separate hosts). A child that dies is restarted after
+1 s (one WARNING line each); SIGINT/SIGTERM to the parent stops them all gracefully; the children also stop
+when the parent dies of any signal (``ethen.mesh.worker.launch.die_with_parent``). A ``[store] instance_id``
+gets ``-w<i>`` appended per worker (two processes must never share a lease).
+
 The 408/503 bodies are the OpenAI error envelope, written straight to the socket (they never reach the app).
 A body cut off by its timeout reaches the app as a client disconnect; uvicorn's "Exception in ASGI
 application" log of that ``ClientDisconnect`` is dropped (nothing failed on the server, and a log line per
@@ -33,7 +42,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -46,7 +59,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ethen.gateway.config import ServerConfig
 
-__all__ = ["GatewayServer", "SlowClientProtocol", "serve", "slow_client_protocol"]
+__all__ = ["GatewayServer", "SlowClientProtocol", "serve", "serve_workers", "slow_client_protocol"]
+
+log = logging.getLogger("ethen.gateway.serve")
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -170,10 +185,12 @@ _QUIET = _DropClientDisconnects()
 
 
 def serve(app: Any, *, host: str, port: int, log_level: str = "warning",
-          on_started: Callable[[], None] | None = None, limits: ServerConfig | None = None) -> bool:
+          on_started: Callable[[], None] | None = None, limits: ServerConfig | None = None,
+          sock: socket.socket | None = None) -> bool:
     """Run ``app`` until a signal; ``on_started`` runs (in a thread) once the port accepts connections.
-    ``limits``: the slow-client limits (default: :class:`ServerConfig`'s). Returns whether the server started
-    (``False``: the lifespan start-up failed or the port was taken)."""
+    ``limits``: the slow-client limits (default: :class:`ServerConfig`'s). ``sock``: an already listening
+    socket to serve instead of binding ``host:port`` (a ``--workers`` child). Returns whether the server
+    started (``False``: the lifespan start-up failed or the port was taken)."""
     level = log_level.lower()
     lim = limits if limits is not None else ServerConfig()
     config = uvicorn.Config(app, host=host, port=port, log_level=level, access_log=level == "debug",
@@ -189,5 +206,75 @@ def serve(app: Any, *, host: str, port: int, log_level: str = "warning",
                 on_started()
 
         threading.Thread(target=watch, name="ethen-started", daemon=True).start()
-    server.run()
+    server.run(sockets=[sock] if sock is not None else None)
     return bool(server.started)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve_workers(config: str, workers: int, *, host: str, port: int, log_level: str = "warning",
+                  on_started: Callable[[int], None] | None = None) -> bool:
+    """``ethen gateway --workers N``: bind ``host:port`` once, run N child gateways on it until SIGINT/SIGTERM
+    (module docstring). ``on_started(port)`` runs once the socket listens. Returns ``False`` when the port
+    cannot be bound (logged)."""
+    from ethen.mesh.worker.launch import PARENT_DEATHSIG_ENV, PARENT_PID_ENV
+
+    try:
+        sock = _listen(host, port)
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", host, port, exc.strerror or exc)
+        return False
+    fd = sock.fileno()
+    env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), PARENT_DEATHSIG_ENV: "1"}
+
+    def spawn(i: int) -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "ethen", "gateway", "--config", config, "--fd", str(fd),
+               "--worker-index", str(i), "--log-level", log_level]
+        return subprocess.Popen(cmd, pass_fds=(fd,), env=env, stdin=subprocess.PIPE)
+
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _SIGNALS}
+    procs = [spawn(i) for i in range(workers)]
+    restart_at: dict[int, float] = {}
+    if on_started is not None:
+        on_started(sock.getsockname()[1])
+    try:
+        while not stop.wait(0.2):
+            for i, p in enumerate(procs):
+                if p.poll() is None:
+                    continue
+                if i not in restart_at:
+                    log.warning("gateway worker %d (pid %d) exited with status %s; restarting in 1 s",
+                                i, p.pid, p.returncode)
+                    restart_at[i] = time.monotonic() + 1.0
+                elif time.monotonic() >= restart_at[i]:
+                    del restart_at[i]
+                    procs[i] = spawn(i)
+                    log.warning("gateway worker %d restarted (pid %d)", i, procs[i].pid)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        sock.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return True

@@ -1,7 +1,8 @@
-"""Rate limits over real HTTP (gateway and scripted upstream on 127.0.0.1): requests and tokens per window, per
-config key and per store project/key, in process memory (no ``[shared]``) and in Redis (``ETHEN_TEST_REDIS_URL``,
-skipped without it); 429 ``rate_limit_exceeded`` with ``Retry-After`` and no upstream call; Redis unreachable:
-503 ``rate_limiter_unavailable`` for limited keys only; config errors name the key and the value."""
+"""Rate limits over real HTTP (gateway and scripted upstream on 127.0.0.1): requests and tokens per window,
+per config key and per store project/key, in process memory (no ``[shared]``) and in Redis
+(``ETHEN_TEST_REDIS_URL``, skipped without it); 429 ``rate_limit_exceeded`` with ``Retry-After`` and no
+upstream call; Redis unreachable: 503 ``rate_limiter_unavailable`` for limited keys only; config errors name
+the key and the value."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from budget_harness import store_cfg, with_store
-from service_harness import CLIENT_KEY, config_dict, live
+from service_harness import CLIENT_KEY, Live, config_dict, live
 
 from ethen.gateway.config import parse_config, shared_redis_url
 from ethen.gateway.errors import GatewayConfigError
@@ -40,6 +41,10 @@ def keys(**limits: int) -> list[dict[str, Any]]:
     ]
 
 
+def client(lv: Live) -> httpx.Client:
+    return httpx.Client(base_url=lv.base_url, timeout=10)
+
+
 def chat(c: httpx.Client, key: str, **body: Any) -> httpx.Response:
     return c.post(
         "/chat/completions",
@@ -57,43 +62,41 @@ def shared(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 
 def test_rpm_over_the_limit_is_429_with_retry_after_and_no_upstream_call(shared: dict[str, Any]) -> None:
-    with live(api_keys=keys(rpm=3), rate_limits={"window_s": 2.0}, **shared) as lv:
-        with httpx.Client(base_url=lv.base_url, timeout=10) as c:
-            t0 = time.monotonic()
-            assert [chat(c, LIMITED_KEY).status_code for _ in range(3)] == [200, 200, 200]
-            calls = len(lv.script.calls)
-            r = chat(c, LIMITED_KEY)
-            assert r.status_code == 429, r.text
-            err = r.json()["error"]
-            assert err["code"] == "rate_limit_exceeded" and err["type"] == "requests"
-            assert "key 'limited'" in err["message"] and "limit 3" in err["message"]
-            retry = int(r.headers["retry-after"])
-            assert 1 <= retry <= 2 and err["retry_after_s"] == retry
-            assert len(lv.script.calls) == calls  # refused before any upstream call
-            assert chat(c, CLIENT_KEY).status_code == 200  # a key without a limit is not held back
-            # the window slides: the first requests leave it 2 s after they were admitted
-            time.sleep(max(0.0, t0 + 2.1 - time.monotonic()))
-            assert chat(c, LIMITED_KEY).status_code == 200
+    with live(api_keys=keys(rpm=3), rate_limits={"window_s": 2.0}, **shared) as lv, client(lv) as c:
+        t0 = time.monotonic()
+        assert [chat(c, LIMITED_KEY).status_code for _ in range(3)] == [200, 200, 200]
+        calls = len(lv.script.calls)
+        r = chat(c, LIMITED_KEY)
+        assert r.status_code == 429, r.text
+        err = r.json()["error"]
+        assert err["code"] == "rate_limit_exceeded" and err["type"] == "requests"
+        assert "key 'limited'" in err["message"] and "limit 3" in err["message"]
+        retry = int(r.headers["retry-after"])
+        assert 1 <= retry <= 2 and err["retry_after_s"] == retry
+        assert len(lv.script.calls) == calls  # refused before any upstream call
+        assert chat(c, CLIENT_KEY).status_code == 200  # a key without a limit is not held back
+        # the window slides: the first requests leave it 2 s after they were admitted
+        time.sleep(max(0.0, t0 + 2.1 - time.monotonic()))
+        assert chat(c, LIMITED_KEY).status_code == 200
 
 
 def test_tpm_admits_on_the_estimate_and_corrects_with_the_usage(shared: dict[str, Any]) -> None:
     # the upstream reports 11 prompt + 3 completion tokens; the estimate is the input + max_tokens (~79)
-    with live(api_keys=keys(tpm=100), **shared) as lv:
-        with httpx.Client(base_url=lv.base_url, timeout=10) as c:
-            r = chat(c, LIMITED_KEY, max_tokens=70)
-            assert r.status_code == 200, r.text
-            assert r.json()["usage"]["total_tokens"] == 14
-            # two estimates (~2 x 79) would exceed 100; the first one was corrected to its 14 tokens
-            deadline = time.monotonic() + 2
-            while (r := chat(c, LIMITED_KEY, max_tokens=70)).status_code == 429:  # the correction is async
-                assert time.monotonic() < deadline, r.text
-                time.sleep(0.05)
-            assert r.status_code == 200
-            r = chat(c, LIMITED_KEY, max_tokens=70)
-            assert r.status_code == 429, r.text  # 28 used + ~79 estimated > 100
-            assert r.json()["error"]["type"] == "tokens" and int(r.headers["retry-after"]) >= 1
-            big = chat(c, LIMITED_KEY, max_tokens=500)  # larger than the limit itself: no wait would do
-            assert big.status_code == 429 and "Request too large" in big.json()["error"]["message"]
+    with live(api_keys=keys(tpm=100), **shared) as lv, client(lv) as c:
+        r = chat(c, LIMITED_KEY, max_tokens=70)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["total_tokens"] == 14
+        # two estimates (~2 x 79) would exceed 100; the first one was corrected to its 14 tokens
+        deadline = time.monotonic() + 2
+        while (r := chat(c, LIMITED_KEY, max_tokens=70)).status_code == 429:  # the correction is async
+            assert time.monotonic() < deadline, r.text
+            time.sleep(0.05)
+        assert r.status_code == 200
+        r = chat(c, LIMITED_KEY, max_tokens=70)
+        assert r.status_code == 429, r.text  # 28 used + ~79 estimated > 100
+        assert r.json()["error"]["type"] == "tokens" and int(r.headers["retry-after"]) >= 1
+        big = chat(c, LIMITED_KEY, max_tokens=500)  # larger than the limit itself: no wait would do
+        assert big.status_code == 429 and "Request too large" in big.json()["error"]["message"]
 
 
 def test_store_project_and_key_limits(tmp_path: Path) -> None:
@@ -107,7 +110,7 @@ def test_store_project_and_key_limits(tmp_path: Path) -> None:
 
     k1, k2, k2_id = with_store(db, setup)
     limits = {"window_s": 30.0, "projects": {"acme": {"rpm": 4}}, "keys": {k2_id: {"rpm": 1}}}
-    with live(store=store_cfg(db), rate_limits=limits) as lv, httpx.Client(base_url=lv.base_url, timeout=10) as c:
+    with live(store=store_cfg(db), rate_limits=limits) as lv, client(lv) as c:
         assert chat(c, k2).status_code == 200
         r = chat(c, k2)  # its key's own limit (1)
         assert r.status_code == 429 and f"key {k2_id!r}" in r.json()["error"]["message"]
@@ -117,15 +120,15 @@ def test_store_project_and_key_limits(tmp_path: Path) -> None:
 
 
 def test_redis_unreachable_fails_closed_for_limited_keys_only() -> None:
-    with socket_nobody_listens() as url:
-        with live(api_keys=keys(rpm=100), shared={"redis_url": url, "timeout_s": 0.3}) as lv:
-            with httpx.Client(base_url=lv.base_url, timeout=10) as c:
-                r = chat(c, LIMITED_KEY)
-                assert r.status_code == 503, r.text
-                assert r.json()["error"]["code"] == "rate_limiter_unavailable"
-                assert r.headers["retry-after"] == "1" and url not in r.text
-                assert chat(c, CLIENT_KEY).status_code == 200  # no limit: served, telemetry stays local
-                assert len(lv.script.calls) == 1
+    with socket_nobody_listens() as url, live(
+        api_keys=keys(rpm=100), shared={"redis_url": url, "timeout_s": 0.3}
+    ) as lv, client(lv) as c:
+        r = chat(c, LIMITED_KEY)
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "rate_limiter_unavailable"
+        assert r.headers["retry-after"] == "1" and url not in r.text
+        assert chat(c, CLIENT_KEY).status_code == 200  # no limit: served, telemetry stays local
+        assert len(lv.script.calls) == 1
 
 
 class socket_nobody_listens:
@@ -166,7 +169,7 @@ def test_config_errors_name_the_key_and_value(patch: dict[str, Any], message: st
 def test_redis_url_env() -> None:
     cfg = parse_config(config_dict("http://127.0.0.1:1", shared={"redis_url_env": "MY_REDIS"}))
     assert shared_redis_url(cfg, {"MY_REDIS": "redis://127.0.0.1:6379/0"}) == "redis://127.0.0.1:6379/0"
-    with pytest.raises(GatewayConfigError, match="shared.redis_url_env = 'MY_REDIS': variable is not set"):
+    with pytest.raises(GatewayConfigError, match=r"shared\.redis_url_env = 'MY_REDIS': variable is not set"):
         shared_redis_url(cfg, {})
     with pytest.raises(GatewayConfigError) as ei:
         shared_redis_url(cfg, {"MY_REDIS": "postgres://user:pw@h/db"})
