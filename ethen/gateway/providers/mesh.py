@@ -177,6 +177,7 @@ class MeshProvider(Provider):
             return Orchestrator.load(
                 workers, store, weights=weights, fallback_model=p.fallback_model,
                 health_interval_s=p.health_interval_s, forward_timeout_s=p.forward_timeout_s,
+                progress_timeout_s=p.progress_timeout_s,
             ).start()
 
         return cls(name=p.id, loader=load, start_timeout_s=p.start_timeout_s)
