@@ -18,10 +18,13 @@ compute, kept here (the shell) as two EWMAs (alpha ``alpha``, default 0.3) whose
   ways plus the gRPC call's own cost, what every stage call pays on top of the worker's compute. A failed
   poll forgets it (a node that comes back starts afresh). At 4 polls a second an idle node's EWMA follows a
   changed delay 97 % of the way in 10 polls (2.5 s); a node in use gets a sample per stage call.
-- **compute per step**: the worker's queue + compute time of one-row (decode) calls, from the replies. The
-  worker's own Health ``latency_ms`` (its EWMA over every ``Forward``) is used only until the first such
-  reply: it mixes prompt prefills (a 40-token prefill costs ~10 decode steps) with decode steps, so the node
-  just used for a prefill looked slower than a replica 40 ms away and routing alternated between them.
+- **compute per step**: the worker's queue + compute time of one-row (decode) calls, from the replies. Not
+  the worker's own Health ``latency_ms`` (its EWMA over every ``Forward``): that mixes prompt prefills (a
+  40-token prefill costs ~10 decode steps) with decode steps, and is 0 on a node that never served, so the
+  node just used looked slower than an unused replica 40 ms away and routing alternated between them. A node
+  with no decode step measured yet counts the mean of the measured nodes' (the mesh's average speed; its
+  capacity score still tells the router about declared differences); with none measured at all, the
+  worker's own EWMA.
 
 The spec's §8/§9 assumed the worker's EWMA covers the data plane; it does not see the wire.
 
@@ -216,6 +219,8 @@ class HealthMonitor:
                 known = self._last_good.get(node_id)
                 rtt = self._rtt.get(node_id, 0.0)
                 step = self._step.get(node_id)
+                if step is None and self._step:
+                    step = sum(self._step.values()) / len(self._step)
             # A node that fails its poll keeps its last known fragments (failover needs them), but is dead.
             reply = last.reply if last.reply is not None else (known.reply if known is not None else None)
             out.append(state_from_health(node_id, reply, alive=last.reply is not None and not blocked,
