@@ -141,6 +141,19 @@ def admin_key() -> tuple[str, str]:
     return _secret("ETHEN_ADMIN_KEY", "admin_key", "ethen-admin")
 
 
+def mesh_token_file() -> Path:
+    """The mesh token of ``ethen up`` (``<data dir>/mesh_token``, mode 600, generated on first run): its
+    workers require it on every gRPC call and its gateway config sends it, so another local user cannot drive
+    the workers (see :mod:`ethen.mesh.auth`)."""
+    path = data_dir() / "mesh_token"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
 def check_port(host: str, port: int) -> int:
     """Bind ``host:port`` (``SO_REUSEADDR``, as uvicorn does) and close: the port the gateway will get.
     ``port`` 0 returns a free port. Raises ``OSError`` with a message naming the address."""
@@ -191,7 +204,7 @@ def load_layout(path: Path | None) -> list[tuple[str, str, float]]:
 
 def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
                      user: dict[str, Any] | None = None, *, admin_key_sha256: str | None = None,
-                     model_path: str | None = None) -> dict[str, Any]:
+                     model_path: str | None = None, token_file: str | None = None) -> dict[str, Any]:
     """The gateway config ``ethen up`` serves (a TOML document as a dict): the mesh over ``workers``, the
     local key, and the optional user config's providers, routes, keys, canaries, policy and store. With
     ``admin_key_sha256``: the embedded store (unless the user config has a ``[store]``) with that admin key
@@ -203,7 +216,8 @@ def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
     doc: dict[str, Any] = {
         "server": {"host": host, "port": port},
         "providers": [{"id": "mesh", "kind": "mesh", "workers": workers, "start_timeout_s": 60.0,
-                       **({} if model_path is None else {"model_path": model_path})}],
+                       **({} if model_path is None else {"model_path": model_path}),
+                       **({} if token_file is None else {"token_file": token_file})}],
         "routes": [{"model": MODEL, "provider": "mesh"}],
         "api_keys": [{"name": "local", "sha256": hash_key(key)}],
     }
@@ -383,6 +397,8 @@ def up(
         _say("[1/4] model weights: the float32 cache (the first run builds it from the GGUF) ...")
         _open_weights(model)
         model_args = [] if model is None else ["--model", str(model.resolve())]
+        token_file = str(mesh_token_file().resolve())
+        model_args += ["--token-file", token_file]
         for i, (node, layers, score) in enumerate(workers_spec, 1):
             _say(f"[2/4] worker {i}/{len(workers_spec)}: {node} layers {layers} ...")
             w = supervisor.add(node, layers, extra_args=["--capacity-score", str(score), *model_args])
@@ -397,7 +413,8 @@ def up(
 
         doc = gateway_document(host, port, key, supervisor.addresses, user,
                                admin_key_sha256=hash_key(admin[0]) if admin else None,
-                               model_path=None if model is None else str(model.resolve()))
+                               model_path=None if model is None else str(model.resolve()),
+                               token_file=token_file)
         path = write_config(doc, up_config_path())
         _say(f"[3/4] gateway config: {path}")
         try:

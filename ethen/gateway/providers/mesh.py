@@ -25,6 +25,14 @@ whose workers are not up yet still starts (it logs a warning); mesh requests the
 ``UpstreamConnectionError`` until the workers answer Health, so other providers can take the traffic. A
 request reaching a provider nobody started (e.g. ``ethen certify`` outside a server) loads it on first use.
 
+Credentials and membership (config keys ``ca_file``, ``token_file`` / ``token_env``, ``join``, ``tls_cert``,
+``tls_key``; see :mod:`ethen.mesh.auth`): the orchestrator's channels use TLS with ``ca_file`` and send the
+mesh token (the file's first token) on every call. With ``join = "host:port"`` the provider opens the mesh
+registry (:mod:`ethen.mesh.orchestrator.registry`) there once the orchestrator loads (before it waits for a
+route, so a mesh of joined workers only can start), TLS with ``tls_cert``/``tls_key`` when set, accepting any
+token of the token file; it closes with the orchestrator. An unreadable file or an unset ``token_env`` is a
+:class:`GatewayConfigError` naming the key.
+
 Honesty (``/healthz``, ``/metrics``): :meth:`MeshProvider.health` and :meth:`MeshProvider.node_stats`
 read the orchestrator's last Health poll of each worker (its background thread polls every
 ``health_interval_s``), never a worker: no RPC per probe or scrape. A worker counts as live when its last
@@ -46,7 +54,12 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ethen.gateway.errors import UpstreamBadRequestError, UpstreamConnectionError, UpstreamStreamError
+from ethen.gateway.errors import (
+    GatewayConfigError,
+    UpstreamBadRequestError,
+    UpstreamConnectionError,
+    UpstreamStreamError,
+)
 from ethen.gateway.providers.base import (
     Completion,
     NodeStats,
@@ -56,8 +69,10 @@ from ethen.gateway.providers.base import (
     Usage,
 )
 from ethen.gateway.sse import dumps
+from ethen.mesh.auth import ClientCredentials, CredentialsError, TokenAuth, read_tokens, server_credentials
 from ethen.mesh.orchestrator import MeshGeneration, Orchestrator
 from ethen.mesh.orchestrator.planning import plan_route
+from ethen.mesh.orchestrator.registry import start_registry
 from ethen.mesh.orchestrator.telemetry import state_from_health
 from ethen.mesh.proto import mesh_pb2
 from ethen.mesh.routing import NodeState, RouteWeights
@@ -154,6 +169,7 @@ class MeshProvider(Provider):
         *,
         loader: Callable[[], Orchestrator] | None = None,
         start_timeout_s: float = 0.0,
+        registry: Callable[[Orchestrator], tuple[Any, int]] | None = None,
     ) -> None:
         if (orchestrator is None) == (loader is None):
             raise ValueError("MeshProvider needs exactly one of an orchestrator and a loader")
@@ -162,6 +178,9 @@ class MeshProvider(Provider):
         self._loader = loader
         self._lock = asyncio.Lock()
         self.start_timeout_s = start_timeout_s
+        self._open_registry = registry
+        self._registry: Any = None  # the registry's grpc server, once open
+        self.registry_port: int | None = None
         self._sessions: Counter[str] = Counter()  # generations routed through each node (event loop only)
         self._failovers: Counter[str] = Counter()  # generations that failed over away from each node
 
@@ -171,6 +190,15 @@ class MeshProvider(Provider):
         overrides = {k: v for k, v in p.weights.model_dump().items() if v is not None}
         weights = RouteWeights().with_overrides(overrides)
         workers = dict(p.workers)
+        where = f"providers[id={p.id!r}]"
+        try:
+            credentials = ClientCredentials.load(p.ca_file, p.token_file, p.token_env)
+            tokens = (read_tokens(p.token_file) if p.token_file is not None
+                      else [credentials.token] if credentials.token is not None else [])
+            tls = (None if p.tls_cert is None or p.tls_key is None
+                   else server_credentials(p.tls_cert, p.tls_key))
+        except CredentialsError as exc:
+            raise GatewayConfigError(f"{where}.{exc}") from None
 
         def load() -> Orchestrator:
             store = None if p.model_path is None else open_weight_store(p.model_path)
@@ -178,9 +206,18 @@ class MeshProvider(Provider):
                 workers, store, weights=weights, fallback_model=p.fallback_model,
                 health_interval_s=p.health_interval_s, forward_timeout_s=p.forward_timeout_s,
                 progress_timeout_s=p.progress_timeout_s,
+                credentials=credentials,
             ).start()
 
-        return cls(name=p.id, loader=load, start_timeout_s=p.start_timeout_s)
+        registry = None
+        if p.join is not None:
+            host, _, port = p.join.rpartition(":")
+            auth = TokenAuth(tokens) if tokens else None
+
+            def registry(orch: Orchestrator) -> tuple[Any, int]:
+                return start_registry(orch, host.strip("[]"), int(port), tls=tls, auth=auth)
+
+        return cls(name=p.id, loader=load, start_timeout_s=p.start_timeout_s, registry=registry)
 
     @property
     def orchestrator(self) -> Orchestrator | None:
@@ -198,7 +235,7 @@ class MeshProvider(Provider):
         now = monitor.clock()
         last = monitor.snapshot()
         out: list[tuple[NodeState, mesh_pb2.HealthResponse | None]] = []
-        for node_id in sorted(orch.clients):
+        for node_id in sorted(monitor.clients):  # the watched nodes (a worker that left is not listed)
             h = last.get(node_id)
             reply = h.reply if h is not None and now - h.at <= _STALE_S else None
             alive = reply is not None and reply.alive and not monitor.backoff.blocked(node_id, now)
@@ -265,6 +302,14 @@ class MeshProvider(Provider):
                                                   self.name) from None
                 startup_log.info("mesh %r: loaded in %.1fs; polling the health of %d worker(s)", self.name,
                                  time.perf_counter() - t0, len(self._orchestrator.clients))
+                if self._open_registry is not None:
+                    try:
+                        self._registry, self.registry_port = self._open_registry(self._orchestrator)
+                    except (OSError, RuntimeError) as exc:
+                        startup_log.error("mesh %r: cannot open the join registry: %s", self.name, exc)
+                    else:
+                        startup_log.info("mesh %r: workers may join on port %d", self.name,
+                                         self.registry_port)
                 await self._await_route(self._orchestrator)
             return self._orchestrator
 
@@ -286,6 +331,9 @@ class MeshProvider(Provider):
 
     async def aclose(self) -> None:
         orch = self._orchestrator
+        if self._registry is not None:
+            self._registry.stop(0.5)
+            self._registry = None
         if self._loader is not None and orch is not None:
             self._orchestrator = None
             await asyncio.to_thread(orch.close)

@@ -8,6 +8,11 @@ Choices where the spec is silent:
 - Concurrent generations run on their own threads (blocking gRPC on persistent channels is the fastest
   Python client); their decode steps meet on the workers, which batch them, and their head matmuls meet here
   in a :class:`~ethen.mesh.worker.batching.StepBatcher` (one ``[B, d] x [d, V]`` matmul for B sessions).
+- Membership: :meth:`Orchestrator.add_worker` / :meth:`Orchestrator.remove_worker` (the mesh provider's
+  registry calls them when a worker joins or leaves, see :mod:`ethen.mesh.orchestrator.registry`). A joined
+  node is polled at once, so it is routable as soon as its first Health answers. A node that left is no longer
+  watched nor routed to; its client stays in ``clients`` (sessions still on it finish or fail over; a channel
+  per node that ever joined, closed with the orchestrator). ``workers`` may be empty when nodes join later.
 - The async API (:meth:`MeshGeneration.__aiter__`) runs the blocking loop on a thread and hands chunks to the
   event loop, so an ASGI gateway can stream without blocking.
 """
@@ -23,6 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ethen.mesh.auth import ClientCredentials
 from ethen.mesh.orchestrator.backoff import Backoff
 from ethen.mesh.orchestrator.client import WorkerClient
 from ethen.mesh.orchestrator.planning import plan_route, recompose
@@ -149,11 +155,13 @@ class Orchestrator:
         forward_timeout_s: float = 60.0,
         round_lanes: int = 1,
         max_step_tokens: int = MAX_PREFILL_TOKENS,
+        credentials: ClientCredentials | None = None,
         progress_timeout_s: float | None = DEFAULT_PROGRESS_TIMEOUT_S,
     ) -> None:
         self.progress_timeout_s = progress_timeout_s  # a stage call's deadline per 128 rows (stuck nodes)
-        if not workers:
-            raise ValueError("an orchestrator needs at least one worker (node_id -> host:port)")
+        self.credentials = credentials
+        self.forward_timeout_s = forward_timeout_s
+        self._members = threading.Lock()
         self.ends = ends
         self.config = ends.config
         self.tokenizer = tokenizer
@@ -163,7 +171,8 @@ class Orchestrator:
         self.model_name = model_name
         self.exact_replay = exact_replay
         self.max_step_tokens = max_step_tokens  # a longer prompt is prefilled in steps of at most this
-        self.clients = {node: WorkerClient(node, addr, forward_timeout_s=forward_timeout_s)
+        self.clients = {node: WorkerClient(node, addr, forward_timeout_s=forward_timeout_s,
+                                           credentials=credentials)
                         for node, addr in workers.items()}
         self.monitor = HealthMonitor(self.clients, backoff or Backoff(), interval_s=health_interval_s)
         self._head = StepBatcher(self._head_batch, max_batch=64, window_s=0.002, active_horizon_s=0.5,
@@ -184,6 +193,32 @@ class Orchestrator:
     def start(self) -> Orchestrator:
         self.monitor.start()
         return self
+
+    def add_worker(self, node_id: str, address: str) -> bool:
+        """Route to ``node_id`` at ``address`` from now on (a worker joined); False when it was already
+        watched at that address (a heartbeat). A new address replaces the old one."""
+        with self._members:
+            old = self.clients.get(node_id)
+            if old is not None and old.address == address and node_id in self.monitor.clients:
+                return False
+            client = WorkerClient(node_id, address, forward_timeout_s=self.forward_timeout_s,
+                                  credentials=self.credentials)
+            self.clients[node_id] = client  # in place: sessions and decode rounds hold this mapping
+            if node_id in self.monitor.clients:
+                self.monitor.clients[node_id] = client
+                self.monitor.poll(node_id)
+            else:
+                self.monitor.add(node_id, client)
+        return True
+
+    def remove_worker(self, node_id: str, address: str | None = None) -> bool:
+        """Stop routing to ``node_id`` (a worker left); with ``address``, only if it is still the node's."""
+        with self._members:
+            client = self.monitor.clients.get(node_id)
+            if client is None or (address is not None and client.address != address):
+                return False
+            self.monitor.remove(node_id)
+        return True
 
     def close(self) -> None:
         self.monitor.stop()
