@@ -48,10 +48,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as s
 from ._common import budget_nano, epoch_ms, now_utc
@@ -119,10 +118,14 @@ class Admission:
         """Release stale rows (own id, expired leases), register the lease, start the background tasks.
         Returns how many stale grants/reservations were released."""
         released = await self.store.release_stale(self.instance_id)
-        await self._heartbeat()
-        self._counter = await self.store.changes()
-        self.store.on_change.append(self.invalidate)
         self._writer.start()
+        try:
+            await self._heartbeat()
+            self._counter = await self.store.changes()
+        except BaseException:
+            await self._writer.aclose()
+            raise
+        self.store.on_change.append(self.invalidate)
         self._tasks = [
             asyncio.create_task(self._every(self.heartbeat_s, self._heartbeat)),
             asyncio.create_task(self._every(self.poll_s, self._poll)),
@@ -137,24 +140,25 @@ class Admission:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
-        await self._writer.aclose()
-        if self.invalidate in self.store.on_change:
-            self.store.on_change.remove(self.invalidate)
         for t in list(self._background):
             with contextlib.suppress(Exception):
                 await t
+        await self._writer.stop()
+        if self.invalidate in self.store.on_change:
+            self.store.on_change.remove(self.invalidate)
+        me = self.instance_id
+
+        def give_back(conn: Connection) -> None:
+            conn.execute(delete(s.budget_grants).where(s.budget_grants.c.instance_id == me))
+            conn.execute(delete(s.gateway_instances).where(s.gateway_instances.c.instance_id == me))
+
         if self._registered:
             try:
-                with boundary("return grants"):
-                    async with self.store.writer.begin() as conn:
-                        me = self.instance_id
-                        await conn.execute(delete(s.budget_grants).where(s.budget_grants.c.instance_id == me))
-                        await conn.execute(
-                            delete(s.gateway_instances).where(s.gateway_instances.c.instance_id == me)
-                        )
+                await self._writer.transaction(give_back, "return grants")
             except StoreError as exc:  # the lease expires on its own
-                log.warning("instance %s: returning grants failed: %s", self.instance_id, exc.message)
+                log.warning("instance %s: returning grants failed: %s", me, exc.message)
             self._registered = False
+        self._writer.dispose()
 
     async def _every(self, period: float, fn: Callable[[], Awaitable[None]]) -> None:
         while True:
@@ -232,20 +236,26 @@ class Admission:
 
     async def _read_free(self, project: Project, g: _Grant) -> None:
         now = datetime.now(UTC)
-        with boundary("read spend"):
-            async with self.store.engine.connect() as conn:
-                row = await self._budget_row(conn, project, lock=False)
-                budget, window = row
-                settled, reserved, granted = await self.store._sums(
-                    conn, project.id, window_start(window, now), now
-                )
-        g.free = max(0, budget - settled - reserved - granted) if budget is not None else 0
 
-    async def _budget_row(self, conn: AsyncConnection, project: Project, *, lock: bool) -> Any:
+        def read(conn: Connection) -> int:
+            budget, window = self._budget_row(conn, project, lock=False)
+            if budget is None:
+                return 0
+            settled, reserved, granted = self.store.sums_sync(
+                conn, project.id, window_start(window, now), now
+            )
+            return max(0, int(budget) - settled - reserved - granted)
+
+        with boundary("read spend"):
+            async with self.store.engine.connect() as conn:  # a reader: never waits for the write lock
+                g.free = await conn.run_sync(read)
+
+    @staticmethod
+    def _budget_row(conn: Connection, project: Project, *, lock: bool) -> Any:
         q = select(s.projects.c.budget_nano, s.projects.c.budget_window).where(s.projects.c.id == project.id)
         # FOR NO KEY UPDATE: serializes claims without blocking the foreign-key checks (KEY SHARE) of ledger
         # batches; FOR UPDATE made claim -> batch -> batch -> claim lock cycles (deadlocks) possible.
-        row = (await conn.execute(q.with_for_update(key_share=True) if lock else q)).first()
+        row = conn.execute(q.with_for_update(key_share=True) if lock else q).first()
         if row is None:
             raise StoreNotFoundError(f"project = {project.name!r}: no such project")
         return row
@@ -281,39 +291,47 @@ class Admission:
         """Take more of the project's budget into this instance's grant (one locked transaction): what
         ``amount`` needs plus up to :data:`_CLAIM_AHEAD` requests of ``ahead`` (default ``amount``) more."""
         per = amount if ahead is None else ahead
-        now = datetime.now(UTC)
         started = time.monotonic()
-        with boundary("reserve budget"):
-            async with self.store.writer.begin() as conn:
-                budget, window = await self._budget_row(conn, project, lock=True)
-                await self._ensure_lease(conn, epoch_ms(now))
-                needed = max(0, g.reserved + amount - g.granted)
-                if budget is None:
-                    take = needed
-                else:
-                    settled, reserved, granted = await self.store._sums(
-                        conn, project.id, window_start(window, now), now
-                    )
-                    free = budget - settled - reserved - granted
-                    if needed > free:
-                        g.free = max(0, free)
-                        return False
-                    spare = free - needed
-                    take = needed + min(spare // 4, _CLAIM_AHEAD * per)
-                    g.free = free - take
-                if take:
-                    await self._add_grant(conn, project.id, take)
+        reserved_now, granted_now = g.reserved, g.granted
+
+        def tx(conn: Connection) -> tuple[int | None, int | None, bool]:
+            """(taken or None when refused, what is left free, lease lost)."""
+            now = datetime.now(UTC)
+            budget, window = self._budget_row(conn, project, lock=True)
+            lost = self._ensure_lease(conn, epoch_ms(now))
+            needed = max(0, reserved_now + amount - (0 if lost else granted_now))
+            if budget is None:
+                take, free_after = needed, None
+            else:
+                settled, reserved, granted = self.store.sums_sync(
+                    conn, project.id, window_start(window, now), now
+                )
+                free = budget - settled - reserved - granted
+                if needed > free:
+                    return None, max(0, free), lost
+                take = needed + min((free - needed) // 4, _CLAIM_AHEAD * per)
+                free_after = free - take
+            if take:
+                self._add_grant(conn, project.id, take)
+            return take, free_after, lost
+
+        take, free, lost = await self._writer.transaction(tx, "reserve budget")
+        if lost:
+            self._lost()
+        g.free = free
+        if take is None:
+            return False
         self._lease_ok_until = started + self._lease_window()
         g.granted += take
         g.last_claim = time.monotonic()
         return True
 
-    async def _add_grant(self, conn: AsyncConnection, project_id: int, take: int) -> None:
+    def _add_grant(self, conn: Connection, project_id: int, take: int) -> None:
         ins = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
         stmt = ins(s.budget_grants).values(
             instance_id=self.instance_id, project_id=project_id, amount_nano=take
         )
-        await conn.execute(
+        conn.execute(
             stmt.on_conflict_do_update(
                 index_elements=["instance_id", "project_id"],
                 set_={"amount_nano": s.budget_grants.c.amount_nano + take},
@@ -323,29 +341,34 @@ class Admission:
     def _lease_window(self) -> float:
         return self.lease_ms / 1000 - 2 * self.heartbeat_s
 
-    async def _ensure_lease(self, conn: AsyncConnection, now_ms: int) -> None:
-        """Renew this instance's lease inside ``conn``'s transaction. A lease found expired (or gone) while
-        registered was lost: others may have claimed this instance's grants, so they restart from zero."""
+    def _ensure_lease(self, conn: Connection, now_ms: int) -> bool:
+        """Renew this instance's lease inside ``conn``'s transaction; ``True`` when the lease was lost (found
+        expired or gone while registered): others may have claimed this instance's grants, so they restart
+        from zero (the caller applies :meth:`_lost` in memory)."""
         gi = s.gateway_instances.c
         me = self.instance_id
-        lease = await conn.scalar(select(gi.lease_until_ms).where(gi.instance_id == me))
+        lease = conn.scalar(select(gi.lease_until_ms).where(gi.instance_id == me))
         until = now_ms + self.lease_ms
         if lease is not None and lease > now_ms:
-            await conn.execute(
-                update(s.gateway_instances).where(gi.instance_id == me).values(lease_until_ms=until)
-            )
-            return
-        if self._registered:
-            log.error("instance %s: lease lost (stalled longer than the lease); grants restart from zero", me)
-            for g in self._grants.values():
-                g.granted = 0
-                g.free = None
-        await conn.execute(delete(s.budget_grants).where(s.budget_grants.c.instance_id == me))
-        await conn.execute(delete(s.gateway_instances).where(gi.instance_id == me))
-        await conn.execute(
+            conn.execute(update(s.gateway_instances).where(gi.instance_id == me).values(lease_until_ms=until))
+            return False
+        lost = self._registered
+        conn.execute(delete(s.budget_grants).where(s.budget_grants.c.instance_id == me))
+        conn.execute(delete(s.gateway_instances).where(gi.instance_id == me))
+        conn.execute(
             s.gateway_instances.insert().values(instance_id=me, started_at_ms=now_ms, lease_until_ms=until)
         )
         self._registered = True
+        return lost
+
+    def _lost(self) -> None:
+        log.error(
+            "instance %s: lease lost (stalled longer than the lease); grants restart from zero",
+            self.instance_id,
+        )
+        for g in self._grants.values():
+            g.granted = 0
+            g.free = None
 
     async def _heartbeat(self) -> None:
         """Renew the lease and give back the unused part of grants that saw no claim for a heartbeat."""
@@ -358,15 +381,19 @@ class Admission:
                 trims[pid] = excess
             g.free = None
         bg = s.budget_grants.c
-        with boundary("renew lease"):
-            async with self.store.writer.begin() as conn:
-                await self._ensure_lease(conn, epoch_ms(datetime.now(UTC)))
-                for pid, excess in trims.items():
-                    await conn.execute(
-                        update(s.budget_grants)
-                        .where(bg.instance_id == self.instance_id, bg.project_id == pid)
-                        .values(amount_nano=bg.amount_nano - excess)
-                    )
+
+        def tx(conn: Connection) -> bool:
+            lost = self._ensure_lease(conn, epoch_ms(datetime.now(UTC)))
+            for pid, excess in trims.items():
+                conn.execute(
+                    update(s.budget_grants)
+                    .where(bg.instance_id == self.instance_id, bg.project_id == pid)
+                    .values(amount_nano=bg.amount_nano - excess)
+                )
+            return lost
+
+        if await self._writer.transaction(tx, "renew lease"):
+            self._lost()
         self._lease_ok_until = started + self._lease_window()
 
     async def release(self, ticket: Ticket | None) -> None:

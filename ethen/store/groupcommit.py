@@ -17,9 +17,9 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Engine, update
+from sqlalchemy import Connection, Engine, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -29,6 +29,8 @@ from .errors import StoreError, StoreUnavailableError
 from .store import Store
 
 __all__ = ["MAX_BATCH", "Entry", "GroupCommit"]
+
+T = TypeVar("T")
 
 #: Most settlements committed in one transaction.
 MAX_BATCH = 512
@@ -155,19 +157,41 @@ class GroupCommit:
             self._sync = sqlite_thread_engine(self.store.engine)
         self._task = asyncio.create_task(self._run())
 
-    async def aclose(self) -> None:
-        """Commit what is queued, then stop."""
+    async def stop(self) -> None:
+        """Commit what is queued, then stop the writer task (:meth:`transaction` still works)."""
         self._closing = True
         if self._task is not None:
             self._wake.set()
             await self._task
             self._task = None
+
+    def dispose(self) -> None:
+        """Stop the SQLite thread and its engine (after :meth:`stop`)."""
         if self._thread is not None:
             self._thread.shutdown(wait=True)
             self._thread = None
         if self._sync is not None:
             self._sync.dispose()
             self._sync = None
+
+    async def aclose(self) -> None:
+        await self.stop()
+        self.dispose()
+
+    async def transaction(self, fn: Callable[[Connection], T], what: str) -> T:
+        """Run ``fn`` in one write transaction. On SQLite it runs on the writer's thread and connection, so
+        this process's claims, heartbeats and ledger batches never contend for SQLite's write lock (a
+        contended ``BEGIN IMMEDIATE`` sleeps in SQLite's busy handler, up to 100 ms at a time)."""
+        with boundary(what):
+            if self._thread is not None:
+                return await asyncio.get_running_loop().run_in_executor(self._thread, self._in_thread, fn)
+            async with self.store.writer.begin() as conn:
+                return await conn.run_sync(fn)
+
+    def _in_thread(self, fn: Callable[[Connection], T]) -> T:
+        assert self._sync is not None
+        with self._sync.execution_options(**{WRITE_OPTION: True}).begin() as conn:
+            return fn(conn)
 
     async def submit(self, row: dict[str, Any], grant_project: int | None, held_nano: int) -> None:
         """Queue one settlement and wait until its batch is committed (raises the store error otherwise)."""
@@ -221,7 +245,8 @@ class GroupCommit:
                             raise
 
     def _commit_sync(self, batch: list[Entry]) -> None:
-        assert self._sync is not None
-        with self._sync.execution_options(**{WRITE_OPTION: True}).begin() as conn:
+        def run(conn: Connection) -> None:
             for stmt, params in _statements("sqlite", self.instance_id, batch):
                 conn.execute(stmt, params)
+
+        self._in_thread(run)

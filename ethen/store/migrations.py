@@ -24,6 +24,7 @@ from sqlalchemy import Connection, select, text
 
 from . import schema as s
 from .errors import StoreError
+from .requests import create_request_log
 
 __all__ = ["MIGRATIONS", "applied", "migrate_sync"]
 
@@ -59,6 +60,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("0001_initial", _initial),
     ("0002_daily_spend", _daily_spend),
     ("0003_instances_grants_changes", _instances),
+    ("0004_request_log", create_request_log),  # issue 14: ethen.store.requests
 )
 
 

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import and_, delete, func, select
+from sqlalchemy import Connection, and_, delete, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -23,21 +24,16 @@ __all__ = ["SpendLedger"]
 class SpendLedger(EngineBase):
     """Window spend, reservations, settlement and usage (mixed into :class:`ethen.store.Store`)."""
 
-    async def _sums(
-        self, conn: AsyncConnection, project_id: int, start: datetime, now: datetime
-    ) -> tuple[int, int, int]:
-        """(settled in the window, active reservations, grants of live instances), nano-USD."""
-        settled = await conn.scalar(
-            select(func.coalesce(func.sum(s.daily_spend.c.settled_nano), 0)).where(
-                s.daily_spend.c.project_id == project_id, s.daily_spend.c.day >= start.date().isoformat()
-            )
+    @staticmethod
+    def _sum_queries(project_id: int, start: datetime, now: datetime) -> tuple[Any, Any, Any]:
+        """Settled in the window, active reservations, grants of live instances (each a scalar select)."""
+        settled = select(func.coalesce(func.sum(s.daily_spend.c.settled_nano), 0)).where(
+            s.daily_spend.c.project_id == project_id, s.daily_spend.c.day >= start.date().isoformat()
         )
-        reserved = await conn.scalar(
-            select(func.coalesce(func.sum(s.reservations.c.amount_nano), 0)).where(
-                s.reservations.c.project_id == project_id, s.reservations.c.expires_at > now
-            )
+        reserved = select(func.coalesce(func.sum(s.reservations.c.amount_nano), 0)).where(
+            s.reservations.c.project_id == project_id, s.reservations.c.expires_at > now
         )
-        granted = await conn.scalar(
+        granted = (
             select(func.coalesce(func.sum(s.budget_grants.c.amount_nano), 0))
             .join(s.gateway_instances, s.gateway_instances.c.instance_id == s.budget_grants.c.instance_id)
             .where(
@@ -45,7 +41,26 @@ class SpendLedger(EngineBase):
                 s.gateway_instances.c.lease_until_ms > epoch_ms(now),
             )
         )
-        return int(settled or 0), int(reserved or 0), int(granted or 0)
+        return settled, reserved, granted
+
+    async def _sums(
+        self, conn: AsyncConnection, project_id: int, start: datetime, now: datetime
+    ) -> tuple[int, int, int]:
+        """(settled in the window, active reservations, grants of live instances), nano-USD."""
+        settled, reserved, granted = self._sum_queries(project_id, start, now)
+        return (
+            int(await conn.scalar(settled) or 0),
+            int(await conn.scalar(reserved) or 0),
+            int(await conn.scalar(granted) or 0),
+        )
+
+    @classmethod
+    def sums_sync(
+        cls, conn: Connection, project_id: int, start: datetime, now: datetime
+    ) -> tuple[int, int, int]:
+        """:meth:`_sums` on a synchronous connection."""
+        settled, reserved, granted = cls._sum_queries(project_id, start, now)
+        return int(conn.scalar(settled) or 0), int(conn.scalar(reserved) or 0), int(conn.scalar(granted) or 0)
 
     async def spend(self, project: Project, *, now: datetime | None = None) -> Spend:
         at = now_utc(now)

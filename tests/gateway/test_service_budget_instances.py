@@ -43,7 +43,7 @@ def test_second_instance_and_rolling_restart_during_load_never_overspend(db_url:
                 timeout=10,
             )
             est = r.json()["ethen"]["routing"]["estimated_cost_usd"]
-            budget = est * 300.5  # ~10 s of this load: spans the second start and the rolling restart
+            budget = est * 600.5  # ~20 s of this load: spans the second start and the rolling restart
 
             async def setup(st: Store) -> str:
                 await st.create_project("shared", budget_usd=budget, budget_window="day")
