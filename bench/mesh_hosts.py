@@ -1,0 +1,217 @@
+"""Mesh across three namespaced hosts: decode speed against the physical limit, latency hiding, detection.
+
+    sudo .venv/bin/python bench/mesh_hosts.py [--tokens 32] [--sessions 8] [--lanes 1,4]
+
+Needs root and ``ip netns`` (the hosts of :mod:`tests.mesh.netns`: one network namespace per host on a bridge,
+a worker bound to the namespace's loopback behind a relay that holds each chunk D ms each way). One run:
+
+- hosts ``a`` (layers 0-9, 10-19), ``b`` (10-19, 20-29), ``c`` (0-9, 20-29); the measured route is the
+  3-stage pipeline a 0-9 -> b 10-19 -> c 20-29 (star: the orchestrator, in the root namespace, calls each
+  stage in turn); every host also holds a replica of another stage, for the failover measurements.
+- for one-way delays 0, 5 and 20 ms per link: the echo round trip through each relay (measured); one
+  session's decode tokens/s and the physical limit ``1 / (sum of stage compute per token + sum of hop round
+  trips)``, where stage compute is the workers' own queue + compute time reported in each reply of the same
+  run and the hop round trips are the echo round trips; the aggregate decode tokens/s of ``--sessions``
+  concurrent sessions for each ``--lanes`` value (independent decode-round groups in flight at once).
+- detection, at 5 ms: a dead node (``kill -9``, no request in flight) and a partition (``ip link set down``):
+  seconds until the orchestrator's states say dead; a stuck node (``SIGSTOP`` mid-generation,
+  ``progress_timeout_s`` 2 s): the longest gap between two tokens, and whether the greedy output equals an
+  uninterrupted run (tokens lost on failover).
+
+Decode is measured with ``MeshSession.step`` (prefill the prompt, then feed the argmax token), so the
+measured steps never stop early at an end-of-sequence token. BLAS is single-threaded in every process.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse
+import itertools
+import statistics
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.mesh.netns: the namespaced hosts
+
+from ethen.mesh.orchestrator import Orchestrator, plan_route
+from ethen.mesh.routing import NodeState, Route
+from tests.mesh.netns import Hosts, unavailable_reason
+
+LAYOUT = {"a": "0-9,10-19", "b": "10-19,20-29", "c": "0-9,20-29"}
+PIPELINE = {"a": (0, 9), "b": (10, 19), "c": (20, 29)}
+PROMPT = [{"role": "user", "content": "Write a short poem about the sea."}]
+
+
+class Recorder:
+    """Wraps the telemetry's per-call observer: the workers' queue + compute per one-row call, per node."""
+
+    def __init__(self, orch: Orchestrator) -> None:
+        self.inner = orch.monitor.observe_call
+        self.worker_ms: dict[str, list[float]] = defaultdict(list)
+        self.lock = threading.Lock()
+        orch.rounds.observe = self
+
+    def __call__(self, node: str, rows: int, duration_ms: float, worker_ms: float) -> None:
+        self.inner(node, rows, duration_ms, worker_ms)
+        if rows == 1:
+            with self.lock:
+                self.worker_ms[node].append(worker_ms)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.worker_ms.clear()
+
+
+def pipeline_route(orch: Orchestrator, prompt_tokens: int) -> Route:
+    states = [NodeState(s.node_id, s.latency_ms, s.current_load, s.capacity_score, [PIPELINE[s.node_id]],
+                        s.alive) for s in orch.states()]
+    return plan_route(states, 30, prompt_tokens, orch.weights, orch.model_name)
+
+
+def decode(orch: Orchestrator, ids: list[int], tokens: int, route: Route) -> tuple[float, list[int]]:
+    """Seconds for ``tokens`` greedy decode steps after the prefill, and the tokens."""
+    session = orch.open_session(len(ids), route=route)
+    try:
+        tok = int(np.argmax(session.step(ids)))
+        out = [tok]
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            tok = int(np.argmax(session.step([tok])))
+            out.append(tok)
+        return time.perf_counter() - t0, out
+    finally:
+        session.close()
+
+
+def aggregate(orch: Orchestrator, ids: list[int], sessions: int, tokens: int, route: Route) -> float:
+    barrier = threading.Barrier(sessions)
+    spans: list[tuple[float, float]] = []
+
+    def run() -> None:
+        session = orch.open_session(len(ids), route=route)
+        try:
+            tok = int(np.argmax(session.step(ids)))
+            barrier.wait(timeout=120)
+            t0 = time.perf_counter()
+            for _ in range(tokens):
+                tok = int(np.argmax(session.step([tok])))
+            spans.append((t0, time.perf_counter()))
+        finally:
+            session.close()
+
+    threads = [threading.Thread(target=run) for _ in range(sessions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    start, end = min(s for s, _ in spans), max(e for _, e in spans)
+    return sessions * tokens / (end - start)
+
+
+def until_dead(orch: Orchestrator, node: str, timeout_s: float = 5.0) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if not next(s.alive for s in orch.states() if s.node_id == node):
+            return time.monotonic() - t0
+        time.sleep(0.01)
+    return float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=32, help="decode steps per measured session")
+    ap.add_argument("--sessions", type=int, default=8, help="concurrent sessions for the aggregate")
+    ap.add_argument("--lanes", default="1,4", help="decode-round lanes to measure the aggregate with")
+    ap.add_argument("--delays", default="0,5,20", help="one-way delays per link, ms")
+    args = ap.parse_args()
+    reason = unavailable_reason()
+    if reason:
+        sys.exit(f"mesh_hosts: {reason}")
+    lanes = [int(x) for x in args.lanes.split(",")]
+    delays = [float(x) for x in args.delays.split(",")]
+    with Hosts(3) as hosts:
+        for i, (node, layers) in enumerate(LAYOUT.items()):
+            hosts[i].start(node, layers)
+        addresses = {node: hosts[i].address for i, node in enumerate(LAYOUT)}
+        orchs = {n: Orchestrator.load(addresses, round_lanes=n).start() for n in lanes}
+        try:
+            base = orchs[lanes[0]]
+            ids = base.chat_prompt(PROMPT)
+            rec = Recorder(base)
+            route = pipeline_route(base, len(ids))
+            print(f"route {' -> '.join(f'{s.node_id} {s.first}-{s.last}' for s in route.stages)}; prompt "
+                  f"{len(ids)} tokens; {args.tokens} decode steps per session")
+            agg0: dict[int, float] = {}
+            for delay in delays:
+                for h in hosts.hosts:
+                    h.set_delay(delay)
+                rtts = [h.echo_rtt_ms(9) for h in hosts.hosts]
+                decode(base, ids, 4, route)  # warm
+                rec.reset()
+                secs, _ = decode(base, ids, args.tokens, route)
+                compute = sum(statistics.median(rec.worker_ms[n]) for n in PIPELINE)
+                limit_s = (compute + sum(rtts)) / 1000.0
+                tps = args.tokens / secs
+                hops = ", ".join(f"{r:.1f}" for r in rtts)
+                print(f"\none-way {delay:g} ms: echo round trip per hop {hops} ms;"
+                      f" stage compute {compute:.1f} ms/token (workers' own, medians)")
+                print(f"  1 session: {tps:.1f} tok/s; physical limit {1 / limit_s:.1f} tok/s -> "
+                      f"{100 * tps * limit_s:.0f} % of it (step {1000 * secs / args.tokens:.1f} ms vs "
+                      f"{1000 * limit_s:.1f} ms)")
+                for n, orch in orchs.items():
+                    r = pipeline_route(orch, len(ids))
+                    agg = aggregate(orch, ids, args.sessions, args.tokens, r)
+                    if delay == 0:
+                        agg0[n] = agg
+                    rel = f" = {100 * agg / agg0[n]:.0f} % of 0 ms" if n in agg0 and delay else ""
+                    print(f"  {args.sessions} sessions, {n} lane(s): {agg:.1f} tok/s aggregate{rel}")
+            # ---- detection, at 5 ms ----------------------------------------------------------------------
+            for h in hosts.hosts:
+                h.set_delay(5)
+            _ref_secs, reference = decode(base, ids, args.tokens, route)
+            stuck = Orchestrator.load(addresses, progress_timeout_s=2.0).start()
+            try:
+                session = stuck.open_session(len(ids), route=pipeline_route(stuck, len(ids)))
+                tok = int(np.argmax(session.step(ids)))
+                out, stamps = [tok], [time.perf_counter()]
+                for i in range(args.tokens):
+                    if i == 5:
+                        hosts[1].stop_worker()  # b: alive, no progress
+                    tok = int(np.argmax(session.step([tok])))
+                    out.append(tok)
+                    stamps.append(time.perf_counter())
+                session.close()
+                gap = max(y - x for x, y in itertools.pairwise(stamps))
+                lost = sum(1 for x, y in zip(out, reference, strict=True) if x != y)
+                print(f"\nstuck node (SIGSTOP b mid-decode, progress_timeout_s 2): longest gap between "
+                      f"tokens {gap:.2f} s; failovers {[f.failed_node for f in session.failovers]}; replayed "
+                      f"{session.replayed_positions} positions; tokens differing from the uninterrupted run: "
+                      f"{lost} of {len(out)}")
+            finally:
+                hosts[1].continue_worker()
+                stuck.close()
+            time.sleep(1.5)  # b answers Health again
+            hosts[0].partition()
+            print(f"partition (ip link set down a, idle): out of routing after {until_dead(base, 'a'):.2f} s")
+            hosts[0].heal()
+            hosts[2].kill_worker()
+            print(f"dead node (kill -9 c, idle): out of routing after {until_dead(base, 'c'):.2f} s")
+        finally:
+            for orch in orchs.values():
+                orch.close()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"\nload average {load} (2 shared vCPUs: compare figures within a run)")
+
+
+if __name__ == "__main__":
+    main()
+
