@@ -25,7 +25,7 @@ _LIGHT = {"up": ("ethen.up", "up"), "worker": ("ethen.mesh.worker.cli", "worker"
 
 @functools.cache
 def _app() -> typer.Typer:
-    from ethen.admin.cli import certify_command, keys_app, projects_app, usage_command
+    from ethen.admin.cli import certify_command, keys_app, logs_command, projects_app, usage_command
     from ethen.gateway.cli import gateway as gateway_command
     from ethen.mesh.cli import app as mesh_app
     from ethen.mesh.worker.cli import worker as worker_command
@@ -44,6 +44,7 @@ def _app() -> typer.Typer:
     full.add_typer(keys_app, name="keys", help="Project API keys (ethen_...), shown once at creation.")
     full.add_typer(projects_app, name="projects", help="Projects: allowed providers/models, window budget.")
     full.command("usage")(usage_command)
+    full.command("logs")(logs_command)
     full.command("certify")(certify_command)
     return full
 

@@ -1,4 +1,5 @@
-"""``ethen keys``, ``ethen projects``, ``ethen usage`` and ``ethen certify``: manage the store from a shell.
+"""``ethen keys``, ``ethen projects``, ``ethen usage``, ``ethen logs`` and ``ethen certify``: manage the store
+from a shell.
 
 The database comes from ``--db URL``, else ``$ETHEN_DATABASE_URL``, else the ``[store]`` section of
 ``--config FILE``, else the store of ``ethen up``: the ``[store]`` of the config it last wrote
@@ -14,6 +15,7 @@ exit with status 2 and a message naming the field and value; a failed probe exit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import Awaitable, Callable
@@ -26,7 +28,7 @@ import typer
 from ethen.gateway.errors import GatewayError
 from ethen.store import UNSET, Store, StoreConflictError, StoreError, StoreNotFoundError
 
-__all__ = ["certify_command", "keys_app", "projects_app", "usage_command"]
+__all__ = ["certify_command", "keys_app", "logs_command", "projects_app", "usage_command"]
 
 T = TypeVar("T")
 DB_ENV = "ETHEN_DATABASE_URL"
@@ -277,3 +279,50 @@ def certify_command(
         raise _fail(exc.message) from None
     receipt = _run(db, config, lambda st: certify(cfg, st, target, valid_for=ttl))
     _print(receipt.to_dict())
+
+
+def _log_line(r: dict[str, Any]) -> str:
+    served = f"{r['selected_provider']}/{r['selected_model']}" if r["selected_model"] else "-"
+    tokens = f"{r['prompt_tokens']}+{r['completion_tokens']} tok" if r["prompt_tokens"] is not None else "-"
+    cost = f"${r['cost_usd']:.6f}" if r["cost_usd"] is not None else "-"
+    flags = " fallback" if r["fallback_used"] else ""
+    flags += " canary" if r["canary_hit"] else ""
+    flags += " stream" if r["stream"] else ""
+    err = f" {r['error_code']}" if r["error_code"] else ""
+    return (f"{r['at']} {r['request_id']} {r['status']} {r['outcome']}{err} project={r['project'] or '-'} "
+            f"{r['requested_model'] or '-'} -> {served} {r['latency_ms']:.1f} ms {tokens} {cost}{flags}")
+
+
+def logs_command(
+    project: str | None = typer.Option(None, "--project", "-p"),
+    model: str | None = typer.Option(None, "--model", help="Requested or served model."),
+    status: str | None = typer.Option(None, "--status", help="HTTP status, or ok / error / stream_error."),
+    limit: int = typer.Option(50, "--limit", "-n", min=1, max=500, help="How many of the latest to show."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new requests (Ctrl-C stops)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per line, with the receipt."),
+    db: str | None = _DB,
+    config: Path | None = _CONFIG,
+) -> None:
+    """The gateway's request log: the latest requests, oldest first (each with its outcome, route, cost)."""
+    from ethen.store.requests import RequestQuery, list_requests, parse_status
+
+    try:
+        st_filter = parse_status(status) if status is not None else None
+    except ValueError as exc:
+        raise _fail(f"--status: {exc}") from None
+    query = RequestQuery(project=project, model=model, status=st_filter, limit=limit)
+
+    def show(rows: list[dict[str, Any]]) -> int | None:
+        for r in reversed(rows):
+            typer.echo(json.dumps(r, separators=(",", ":")) if as_json else _log_line(r))
+        return rows[0]["id"] if rows else None
+
+    async def run(st: Store) -> None:
+        last = show(await list_requests(st, query, receipt=as_json))
+        while follow:  # until Ctrl-C
+            await asyncio.sleep(1.0)
+            q = RequestQuery(project=project, model=model, status=st_filter, limit=500, after_id=last or 0)
+            last = show(await list_requests(st, q, receipt=as_json)) or last
+
+    with contextlib.suppress(KeyboardInterrupt):  # --follow ends with Ctrl-C
+        _run(db, config, run)

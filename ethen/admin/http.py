@@ -12,9 +12,15 @@ Endpoints (JSON in and out, OpenAI-style error envelopes)::
     DELETE /keys/{key_id}                 revoke a key
     GET    /usage?project=&since=&until=  settled usage per project, key, model (ISO-8601 times, UTC if naive)
     GET    /certifications                live-certification receipts
+    GET    /requests?project=&model=&status=&since=&until=&limit=&cursor=
+                                          the request log, newest first (``ethen.store.requests``): ``limit``
+                                          1-500 (50), ``next_cursor`` for the next page (keyset, stable)
+    GET    /requests/{request_id}         one logged request with its full receipt
 
 The admin key is compared as SHA-256 digests with :func:`hmac.compare_digest`; it is a separate secret from
-client keys (a project key gets 401 here). The routes exist only when a store and an admin key are configured.
+client keys (a project key gets 401 here). The routes exist only when a store and an admin key are configured,
+except ``/requests``: a gateway without a store serves its memory ring there when ``[log] admin_key_sha256``
+is set.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import hmac
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -39,10 +45,15 @@ from ethen.store import (
     StoreInvalidError,
     StoreNotFoundError,
 )
+from ethen.store.requests import RequestQuery, parse_status
 
 from .accounts import Accounts, AccountsUnavailableError
 
-__all__ = ["ADMIN_PREFIX", "admin_routes"]
+if TYPE_CHECKING:
+    from ethen.gateway.requestlog import RequestLog
+
+__all__ = ["ADMIN_PREFIX", "admin_routes", "request_routes"]
+_MAX_LIMIT = 500
 
 ADMIN_PREFIX = "/api/admin/v1"
 _JSON = "application/json"
@@ -189,6 +200,82 @@ async def _certifications(request: Request, st: Store) -> Response:
     return _json({"object": "list", "data": [c.to_dict() for c in await st.certifications()]})
 
 
+def _authorized(request: Request, expected: bytes) -> bool:
+    scheme, _, key = (request.headers.get("authorization") or "").partition(" ")
+    given = hashlib.sha256(key.strip().encode()).digest()
+    return scheme.lower() == "bearer" and hmac.compare_digest(given, expected)
+
+
+def _denied() -> Response:
+    return _error(AuthenticationError("A valid admin key is required: 'Authorization: Bearer <admin key>'."))
+
+
+def _int(request: Request, name: str, default: int | None, lo: int, hi: int) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not lo <= int(raw) <= hi:
+        raise InvalidRequestError(f"{name} = {raw!r}: an integer from {lo} to {hi}.", code="invalid_value",
+                                  param=name)
+    return int(raw)
+
+
+def _request_query(request: Request) -> RequestQuery:
+    qp = request.query_params
+    status = qp.get("status")
+    try:
+        parsed = parse_status(status) if status is not None else None
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc), code="invalid_value", param="status") from None
+    return RequestQuery(
+        project=qp.get("project"),
+        model=qp.get("model"),
+        status=parsed,
+        since=_time(request, "since"),
+        until=_time(request, "until"),
+        limit=_int(request, "limit", 50, 1, _MAX_LIMIT) or 50,
+        before_id=_int(request, "cursor", None, 1, 2**63 - 1),
+    )
+
+
+def request_routes(requests: RequestLog, admin_key_sha256: str | None) -> list[Route]:
+    """``GET /requests`` and ``GET /requests/{request_id}`` (none without an admin key)."""
+    if admin_key_sha256 is None:
+        return []
+    expected = bytes.fromhex(admin_key_sha256)
+
+    async def listing(request: Request) -> Response:
+        if not _authorized(request, expected):
+            return _denied()
+        try:
+            q = _request_query(request)
+            rows = await requests.query(q)
+        except GatewayError as err:
+            return _error(err)
+        except StoreError as exc:
+            return _store_error(exc)
+        cursor = str(rows[-1]["id"]) if len(rows) == q.limit else None
+        return _json({"object": "list", "data": rows, "next_cursor": cursor})
+
+    async def one(request: Request) -> Response:
+        if not _authorized(request, expected):
+            return _denied()
+        rid = request.path_params["request_id"]
+        try:
+            row = await requests.get(rid)
+        except StoreError as exc:
+            return _store_error(exc)
+        if row is None:
+            return _error(GatewayError(f"request_id = {rid!r}: no such request in the log", code="not_found",
+                                       type="invalid_request_error"), 404)
+        return _json(row)
+
+    return [
+        Route(f"{ADMIN_PREFIX}/requests", listing, methods=["GET"]),
+        Route(f"{ADMIN_PREFIX}/requests/{{request_id}}", one, methods=["GET"]),
+    ]
+
+
 def admin_routes(accounts: Accounts, admin_key_sha256: str | None) -> list[Route]:
     """The admin routes (none when no admin key is configured)."""
     if admin_key_sha256 is None or accounts.store_url is None:
@@ -197,12 +284,8 @@ def admin_routes(accounts: Accounts, admin_key_sha256: str | None) -> list[Route
 
     def wrap(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            scheme, _, key = (request.headers.get("authorization") or "").partition(" ")
-            given = hashlib.sha256(key.strip().encode()).digest()
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given, expected):
-                return _error(
-                    AuthenticationError("A valid admin key is required: 'Authorization: Bearer <admin key>'.")
-                )
+            if not _authorized(request, expected):
+                return _denied()
             st = accounts.store
             if st is None:
                 return _error(AccountsUnavailableError("The gateway's store is not open."))

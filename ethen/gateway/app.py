@@ -65,7 +65,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from ethen.admin.accounts import Accounts, Hold, accounts_for
-from ethen.admin.http import admin_routes
+from ethen.admin.http import admin_routes, request_routes
 from ethen.gateway.auth import KeyRing
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.circuit import CircuitBoard
@@ -88,12 +88,14 @@ from ethen.gateway.pipeline import Pipeline, routing_receipt
 from ethen.gateway.providers import build_providers
 from ethen.gateway.providers.base import Provider
 from ethen.gateway.ratelimit import RateLimits
-from ethen.gateway.relay import StreamRelay
+from ethen.gateway.relay import OnEnd, StreamRelay
+from ethen.gateway.requestlog import RequestLog
 from ethen.gateway.responses_http import responses_endpoint
 from ethen.gateway.routing import ALIASES, Decision, RoutingContext
 from ethen.gateway.shared import SharedRuntime
 from ethen.gateway.sse import dumps
 from ethen.gateway.telemetry_store import TelemetryStore
+from ethen.gateway.tracing import tracing_for
 
 __all__ = ["PREFIX", "Gateway", "build_providers", "create_app"]
 
@@ -287,6 +289,8 @@ class Gateway:
         cc = cfg.circuit
         self.circuits = CircuitBoard(cc.cooldown_s, cc.max_cooldown_s)
         self.executor = Executor(targets, self.store, self.metrics, self.circuits, probe=cc.probe)
+        self.metrics.watch_circuits(self.circuits)
+        self.requestlog = RequestLog(cfg.log, self.metrics, tracing_for(cfg.otel))  # issue 14
         self.limits = RateLimits(cfg)  # rpm/tpm in process memory; create_app sets the Redis-backed one
         self.known_models = frozenset({c.model for c in self.pool} | set(ALIASES))
         created = int(time.time())
@@ -343,6 +347,7 @@ def create_app(
     ``catalog`` (model intelligence + prices) defaults to none: routes then carry their own limits/prices."""
     gw = Gateway(cfg, providers=providers or build_providers(cfg, env), catalog=catalog, store=store)
     gw.accounts = acc = accounts_for(cfg, gw.keyring, env)
+    gw.requestlog.store = lambda: acc.store  # the request log goes to the store when there is one
     shared = SharedRuntime.for_gateway(gw, cfg, env)  # [shared] Redis: telemetry bus, exact rate limits
     gw.limits = shared.limits  # the pipeline admits through gw.limits
     m = gw.metrics
@@ -363,7 +368,8 @@ def create_app(
             if call.stream:
                 run = await pipe.open_stream(call)
                 return _stream_response(
-                    call.decision, run, call.include_usage, call.rid, call.t0, call.label, call.hold
+                    call.decision, run, call.include_usage, call.rid, call.t0, call.label, call.hold,
+                    pipe.stream_end(call),
                 )
             res = await pipe.run_buffered(call)  # settled before the answer leaves: durable spend
             out = res.body
@@ -373,13 +379,14 @@ def create_app(
             return pipe.failed(call, err)
 
     def _stream_response(
-        decision: Decision, run: StreamRun, include_usage: bool, rid: str, t0: float, label: str, hold: Hold
+        decision: Decision, run: StreamRun, include_usage: bool, rid: str, t0: float, label: str, hold: Hold,
+        on_end: OnEnd,
     ) -> Response:
         def receipt(attempts: list[Attempt], target: RouteTarget, extra: Mapping[str, Any] | None
                     ) -> dict[str, Any]:
             return routing_receipt(decision, attempts, target, extra)
 
-        relay = StreamRelay(run, receipt, include_usage, rid, t0, label, hold, m)
+        relay = StreamRelay(run, receipt, include_usage, rid, t0, label, hold, m, on_end)
         headers = {
             "x-request-id": rid,
             "x-ethen-overhead-ms": f"{relay.overhead_at_open * 1000:.3f}",
@@ -447,12 +454,14 @@ def create_app(
         gc.freeze()
         try:
             await acc.start()  # opens/migrates the store, releases dangling reservations
+            gw.requestlog.start()  # the request log's writer (store or memory ring)
             await shared.start()  # Redis unreachable: logged, served degraded (ethen.gateway.shared)
             for provider in gw.providers.values():
                 await provider.start()  # the mesh loads its orchestrator (logger ethen.gateway.startup)
             yield
         finally:
             await shared.aclose()
+            await gw.requestlog.aclose()  # writes what is queued while the store is still open
             await acc.aclose()
             await gw.aclose()
 
@@ -471,6 +480,8 @@ def create_app(
             *(Route(f"{prefix}{path}", fn, methods=[method])
               for prefix in (PREFIX, V1_PREFIX) for path, fn, method in endpoints),
             *admin_routes(acc, cfg.store.admin_key_sha256 if cfg.store else None),
+            *request_routes(gw.requestlog, cfg.store.admin_key_sha256 if cfg.store
+                            else cfg.log.admin_key_sha256),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,

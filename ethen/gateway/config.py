@@ -30,6 +30,9 @@ Layout (see ``examples/gateway.toml``)::
                         several gateway instances (telemetry, rate limits; see ethen.gateway.shared)
     [rate_limits]       window_s (60), [rate_limits.projects.NAME] / [rate_limits.keys.KEY_ID] rpm, tpm
                         (store projects and keys; see ethen.gateway.ratelimit)
+    [log]               retention_days (30), max_rows (1,000,000), memory_rows (10,000), queue_size,
+                        prune_interval_s, admin_key_sha256: the request log (see ethen.gateway.requestlog)
+    [otel]              endpoint (OTLP/HTTP traces; unset: off), service_name (see ethen.gateway.tracing)
 
 Choices where the issue is silent:
 - TOML only (the issue allows YAML or TOML; TOML needs no extra dependency).
@@ -71,7 +74,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-
 from pydantic_core import PydanticCustomError
 
 from ethen.gateway.catalog import Catalog
@@ -427,6 +429,33 @@ class RateLimitsConfig(_Strict):
         return _float(v)
 
 
+class LogConfig(_Strict):
+    """The request log (``ethen.gateway.requestlog``): kept in the store (``retention_days``, ``max_rows``;
+    pruned at start and every ``prune_interval_s``), else in a memory ring of the last ``memory_rows``.
+    ``queue_size`` bounds the records waiting for the writer (past it a record is dropped and counted).
+    ``admin_key_sha256`` opens ``/api/admin/v1/requests`` on a gateway without a ``[store]``."""
+
+    retention_days: float = Field(default=30.0, gt=0, le=36_500)
+    max_rows: int | None = Field(default=1_000_000, ge=1)
+    memory_rows: int = Field(default=10_000, ge=1, le=10_000_000)
+    queue_size: int = Field(default=10_000, ge=1, le=10_000_000)
+    prune_interval_s: float = Field(default=600.0, gt=0)
+    admin_key_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("retention_days", "prune_interval_s", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return _float(v)
+
+
+class OtelConfig(_Strict):
+    """OpenTelemetry traces (``ethen.gateway.tracing``), exported over OTLP/HTTP to ``endpoint`` (e.g.
+    ``http://localhost:4318/v1/traces``); unset: no tracing at all."""
+
+    endpoint: str | None = Field(default=None, pattern=r"^https?://\S+$")
+    service_name: str = Field(default="ethen-gateway", min_length=1, max_length=200)
+
+
 class GatewayConfig(_Strict):
     server: ServerConfig = Field(default_factory=lambda: ServerConfig())
     providers: list[AnyProviderConfig] = Field(min_length=1)
@@ -438,6 +467,8 @@ class GatewayConfig(_Strict):
     circuit: CircuitConfig = Field(default_factory=lambda: CircuitConfig())
     shared: SharedConfig | None = None
     rate_limits: RateLimitsConfig = Field(default_factory=lambda: RateLimitsConfig())
+    log: LogConfig = Field(default_factory=lambda: LogConfig())
+    otel: OtelConfig = Field(default_factory=lambda: OtelConfig())
 
     def provider(self, provider_id: str) -> ProviderConfig | MeshProviderConfig:
         for p in self.providers:

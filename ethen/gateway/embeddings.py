@@ -138,7 +138,7 @@ def embeddings_endpoint(
     async def embeddings(request: Request) -> Response:
         call = pipe.start(request)
         try:
-            access = await acc.authenticate(request.headers.get("authorization"))
+            access = call.access = await acc.authenticate(request.headers.get("authorization"))
             body = call.body = await pipe.read_body(request)
             model = body.get("model")
             if not isinstance(model, str) or not model:
@@ -168,13 +168,16 @@ def embeddings_endpoint(
             hold = await _admit(pipe, access, call.rid, amount)
             out, served, usage, attempts, upstream_s = await hold.guard(_run(pipe, chain, body, call.rid))
             await hold.settle(served.candidate, usage if usage is not None else Usage(tokens, 0))
-            out["ethen"] = {"routing": {
+            routing = {
                 "requested_model": model,
                 "selected_provider": served.candidate.provider,
                 "selected_model": served.candidate.model,
                 "attempts": [a.to_dict() for a in attempts],
-            }}
-            return Response(dumps(out), 200, pipe.served(call, upstream_s), media_type="application/json")
+            }
+            out["ethen"] = {"routing": routing}
+            headers = pipe.served(call, upstream_s, candidate=served.candidate, attempts=attempts,
+                                  usage=usage, receipt=routing)  # the request log's record
+            return Response(dumps(out), 200, headers, media_type="application/json")
         except GatewayError as err:
             return pipe.failed(call, err)
 

@@ -11,20 +11,37 @@ fraction, from its last Health poll; absent while it does not answer), ``ethen_m
 ``ethen_mesh_node_failovers_total`` (generations that failed over away from it). A custom collector reads
 them from the providers' :meth:`~ethen.gateway.providers.base.Provider.node_stats` at scrape time, so the
 request path does not update any of them.
+
+Request-log families (issue 14), counted by the request log's writer task from each finished request's record
+(:meth:`GatewayMetrics.account`), so the request path does not update them either (they lag it by the
+writer's batch, ~50 ms): ``ethen_gateway_tokens_total{project, provider, model, direction}`` (``input`` /
+``output``), ``ethen_gateway_cost_usd_total{project, provider, model}``,
+``ethen_gateway_attempts_total{provider, model, outcome}`` (``ok`` / ``error``),
+``ethen_gateway_fallback_served_total{provider, model}`` (requests a fallback answered, by that candidate),
+``ethen_gateway_canary_requests_total{candidate, hit}``, ``ethen_gateway_budget_remaining_usd{project}``
+(the remaining window budget the admission layer held in memory at the project's last request), and
+``ethen_gateway_request_log_dropped_total`` / ``ethen_gateway_request_log_write_errors_total``.
+``project`` is ``-`` for a config key. At scrape time: ``ethen_gateway_circuit_state{circuit, state}`` (1 per
+open circuit; ``state`` is ``open`` while cooling down, ``half_open`` once a trial may go).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ethen.gateway.providers.base import Provider
 
-__all__ = ["CONTENT_TYPE_LATEST", "GatewayMetrics", "NodeCollector"]
+if TYPE_CHECKING:
+    from ethen.gateway.circuit import CircuitBoard
+    from ethen.gateway.requestlog import RequestRecord
+
+__all__ = ["CONTENT_TYPE_LATEST", "CircuitCollector", "GatewayMetrics", "NodeCollector"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
@@ -68,6 +85,25 @@ class NodeCollector(Collector):
                 failovers.add_metric(key, float(n.failovers))
         if any_node:
             yield from (alive, latency, load, active, sessions, failovers)
+
+
+class CircuitCollector(Collector):
+    """``ethen_gateway_circuit_state``: one sample per open circuit, read from the board at scrape time."""
+
+    def __init__(self, board: CircuitBoard) -> None:
+        self.board = board
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        fam = GaugeMetricFamily("ethen_gateway_circuit_state",
+                                "1 per open circuit: open (cooling down) or half_open (a trial may go).",
+                                labels=["circuit", "reason", "state"])
+        now = self.board.clock()
+        for key, c in list(self.board.circuits.items()):
+            fam.add_metric([key, c.reason, "half_open" if c.trial_at <= now else "open"], 1.0)
+        yield fam
 
 
 class GatewayMetrics:
@@ -121,6 +157,52 @@ class GatewayMetrics:
             buckets=_OVERHEAD_BUCKETS,
             registry=r,
         )
+
+        self.tokens = Counter("ethen_gateway_tokens", "Tokens by project and served model.",
+                              ["project", "provider", "model", "direction"], registry=r)
+        self.cost = Counter("ethen_gateway_cost_usd", "Cost (usage x prices) by project and served model.",
+                            ["project", "provider", "model"], registry=r)
+        self.attempts = Counter("ethen_gateway_attempts", "Upstream attempts by candidate and outcome.",
+                                ["provider", "model", "outcome"], registry=r)
+        self.fallback_served = Counter("ethen_gateway_fallback_served",
+                                       "Requests answered by a fallback, by the candidate that answered.",
+                                       ["provider", "model"], registry=r)
+        self.canary = Counter("ethen_gateway_canary_requests", "Requests that evaluated a canary, by hit.",
+                              ["candidate", "hit"], registry=r)
+        self.budget_remaining = Gauge("ethen_gateway_budget_remaining_usd",
+                                      "A project's remaining window budget at its last request.",
+                                      ["project"], registry=r)
+        self.log_dropped = Counter("ethen_gateway_request_log_dropped",
+                                   "Request-log records dropped because the writer's queue was full.",
+                                   registry=r)
+        self.log_write_errors = Counter("ethen_gateway_request_log_write_errors",
+                                        "Request-log batches the store refused (dropped).", registry=r)
+
+    def watch_circuits(self, board: CircuitBoard) -> None:
+        """Expose the board's circuits at scrape time."""
+        self.registry.register(CircuitCollector(board))
+
+    def account(self, rec: RequestRecord, row: Mapping[str, Any]) -> None:
+        """Count one finished request (called by the request log's writer, off the request path)."""
+        project = rec.project or "-"
+        for a in row["attempts"]:
+            self.attempts.labels(a["provider"], a["model"], "ok" if a["outcome"] == "ok" else "error").inc()
+        served = rec.served
+        if served is not None:
+            usage = rec.usage
+            if usage is not None:
+                self.tokens.labels(project, served.provider, served.model, "input").inc(usage.prompt_tokens)
+                self.tokens.labels(project, served.provider, served.model, "output").inc(
+                    usage.completion_tokens)
+            if row["cost_nano"]:
+                self.cost.labels(project, served.provider, served.model).inc(row["cost_nano"] / 1e9)
+            if row["fallback_used"]:
+                self.fallback_served.labels(served.provider, served.model).inc()
+        canary = rec.decision.canary if rec.decision is not None else None
+        if canary is not None:
+            self.canary.labels(canary.target.candidate, "true" if canary.hit else "false").inc()
+        if rec.project is not None and rec.remaining_usd is not None:
+            self.budget_remaining.labels(rec.project).set(rec.remaining_usd)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

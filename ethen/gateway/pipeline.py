@@ -12,6 +12,9 @@ requirements, fallback chain, budgets (reserve and settle), telemetry, metrics a
   :meth:`Pipeline.open_stream` run the executor under the budget hold.
 - :meth:`Pipeline.failed` turns a :class:`~ethen.gateway.errors.GatewayError` into the OpenAI error envelope
   and counts it.
+- Every finished request (:meth:`Pipeline.served`, :meth:`Pipeline.failed`, and a stream's end through
+  :meth:`Pipeline.stream_end`) hands one :class:`~ethen.gateway.requestlog.RequestRecord` to the request log
+  (an append to its queue; the writer task does the rest).
 
 The app passes in its body reader, ``stream`` checker, error-response builder and request-id reader (they
 live in :mod:`ethen.gateway.app`), which keeps this module free of an import cycle with it.
@@ -28,10 +31,21 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ethen.admin.accounts import Accounts, Hold
-from ethen.gateway.errors import GatewayError, NoHealthyCandidateError, http_status
+from ethen.admin.accounts import Access, Accounts, Hold
+from ethen.gateway.errors import (
+    FallbackExhaustedError,
+    GatewayError,
+    NoHealthyCandidateError,
+    UpstreamError,
+    http_status,
+)
 from ethen.gateway.execute import Attempt, BufferedRun, RouteTarget, StreamRun, upstream_payload
-from ethen.gateway.routing import Decision
+from ethen.gateway.providers.base import Usage
+from ethen.gateway.requestlog import RequestRecord
+from ethen.gateway.routing import Candidate, Decision
+
+if TYPE_CHECKING:
+    from ethen.gateway.relay import StreamRelay
 
 if TYPE_CHECKING:
     from ethen.gateway.app import Gateway
@@ -77,6 +91,13 @@ class Call:
     payload: dict[str, Any] | None = None  # the body as sent upstream (gateway-only fields stripped)
     hold: Hold | None = None
     label: str = "other"
+    wall: float = 0.0  # wall clock at arrival (the request log's time)
+    endpoint: str = "chat"
+    access: Access | None = None
+    decided_s: float | None = None  # arrival -> decision (the request log's route span)
+    admitted_s: float | None = None  # arrival -> admitted
+    remaining_usd: float | None = None  # the project's remaining budget as admission saw it
+    res: BufferedRun | None = None
 
     def receipt(
         self, attempts: list[Attempt], served: RouteTarget | None, extra: Mapping[str, Any] | None = None
@@ -106,24 +127,30 @@ class Pipeline:
 
     def start(self, request: Request) -> Call:
         """A new call: its arrival time and request id (the client's ``x-request-id`` when valid)."""
-        return Call(self.request_id(request), time.perf_counter())
+        path = request.scope["path"]
+        endpoint = "chat" if path.endswith("/completions") else path.rpartition("/")[2]
+        return Call(self.request_id(request), time.perf_counter(), wall=time.time(), endpoint=endpoint)
 
     async def admit(self, call: Call, request: Request, translate: Translate | None = None) -> Call:
         """Auth, parse (+ ``translate``), stream options, decide, reserve. Raises ``GatewayError``."""
         acc, gw = self.acc, self.gw
-        access = await acc.authenticate(request.headers.get("authorization"))
+        access = call.access = await acc.authenticate(request.headers.get("authorization"))
         body = await self.read_body(request)
         if translate is not None:
             call.body = body  # labels a refused Responses body by its model too
             body = translate(body)
         call.body = body
         call.stream, call.include_usage = self.stream_check(body)
-        call.decision = acc.decide(body, await acc.prepare(access, body, gw.context(call.rid)), access)
+        ctx = await acc.prepare(access, body, gw.context(call.rid))
+        call.remaining_usd = ctx.policy.remaining_budget_usd
+        call.decision = acc.decide(body, ctx, access)
+        call.decided_s = time.perf_counter() - call.t0
         call.label = gw.label(body)
         call.payload = upstream_payload(body)
         ticket = await gw.limits.admit(access, call.decision.requirements)  # rpm/tpm: ethen.gateway.ratelimit
         hold = await acc.admit(access, call.decision, call.rid)  # reserves the estimated cost
         call.hold = gw.limits.wrap(hold, ticket)
+        call.admitted_s = time.perf_counter() - call.t0
         return call
 
     async def run_buffered(self, call: Call) -> BufferedRun:
@@ -131,6 +158,7 @@ class Pipeline:
         assert call.hold is not None and call.decision is not None and call.payload is not None
         res = await call.hold.guard(self.gw.executor.run_buffered(call.decision, call.payload, call.rid))
         await call.hold.settle(res.target.candidate, res.usage)
+        call.res = res
         return res
 
     async def open_stream(self, call: Call) -> StreamRun:
@@ -138,15 +166,56 @@ class Pipeline:
         assert call.hold is not None and call.decision is not None and call.payload is not None
         return await call.hold.guard(self.gw.executor.open_stream(call.decision, call.payload, call.rid))
 
-    def served(self, call: Call, upstream_s: float) -> dict[str, str]:
-        """Count a buffered 200 and return its headers (request id, overhead)."""
+    def served(
+        self,
+        call: Call,
+        upstream_s: float,
+        *,
+        candidate: Candidate | None = None,
+        attempts: list[Attempt] | None = None,
+        usage: Usage | None = None,
+        receipt: Mapping[str, Any] | None = None,
+    ) -> dict[str, str]:
+        """Count and log a buffered 200 and return its headers (request id, overhead). Chat and responses
+        ran :meth:`run_buffered` (its result is on ``call``); an endpoint of its own passes what it served."""
         m = self.gw.metrics
         elapsed = time.perf_counter() - call.t0
         overhead = max(0.0, elapsed - upstream_s)
         m.requests.labels(call.label, "false", "200").inc()
         m.latency.labels("false").observe(elapsed)
         m.overhead.observe(overhead)
+        res = call.res
+        if res is not None:
+            candidate, attempts, usage = res.target.candidate, res.attempts, res.usage
+        self._log(call, 200, "ok", elapsed, served=candidate, attempts=attempts or (), usage=usage,
+                  extra=res.receipt_extra if res is not None else None, receipt=receipt, overhead_s=overhead)
         return {"x-request-id": call.rid, "x-ethen-overhead-ms": f"{overhead * 1000:.3f}"}
+
+    def _log(self, call: Call, status: int, outcome: str, elapsed: float, **kw: Any) -> None:
+        access = call.access
+        body = call.body
+        principal = access.principal if access is not None else None
+        self.gw.requestlog.record(RequestRecord(
+            call.wall, call.rid, call.endpoint, call.stream, status, outcome, elapsed,
+            project=access.project.name if principal is not None else None,  # type: ignore[union-attr]
+            key_id=principal.key_id if principal is not None
+            else (f"config:{access.name}" if access is not None else None),
+            requested_model=body.get("model") if body is not None else None,
+            decision=call.decision, decided_s=call.decided_s, admitted_s=call.admitted_s,
+            remaining_usd=call.remaining_usd, **kw,
+        ))  # fmt: skip
+
+    def stream_end(self, call: Call) -> Callable[[StreamRelay, str, str | None, float], None]:
+        """The relay's end-of-stream hook: logs the stream's outcome (``ok``, ``stream_error``,
+        ``client_closed``) with its attempts, usage and TTFT."""
+
+        def end(relay: StreamRelay, outcome: str, code: str | None, at: float) -> None:
+            run = relay.run
+            self._log(call, 200, outcome, at - call.t0, served=run.target.candidate, attempts=run.attempts,
+                      usage=run.stream.usage, extra=run.stream.receipt_extra, ttft_s=relay.ttft_s,
+                      overhead_s=relay.overhead_s, error_code=code)
+
+        return end
 
     def failed(self, call: Call, err: GatewayError) -> Response:
         """Count a refused or failed request and answer with its OpenAI error envelope."""
@@ -155,4 +224,9 @@ class Pipeline:
         self.gw.metrics.requests.labels(label, "true" if call.stream else "false", str(status)).inc()
         if status >= 500 and not isinstance(err, NoHealthyCandidateError):  # circuits log their changes
             log.warning("request %s failed: %s", call.rid, err.code)
+        self._log(
+            call, status, "error", time.perf_counter() - call.t0, error_code=err.code,
+            attempts=err.attempts if isinstance(err, FallbackExhaustedError) else (),
+            error_provider=err.provider if isinstance(err, UpstreamError) else None,
+        )  # fmt: skip
         return self.error_response(err, call.rid)

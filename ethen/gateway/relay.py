@@ -14,6 +14,9 @@ time to the first chunk that carries content: a non-empty ``delta.content`` or `
 role-only chunk (``{"role": "assistant", "content": ""}``) within milliseconds, long before the first token
 (~1 s on the mesh), so timing the first chunk measured the connection, not the model. Only chunks until the
 first content are scanned; a stream that never carries content records no TTFT.
+
+``on_end`` (the pipeline's :meth:`~ethen.gateway.pipeline.Pipeline.stream_end`) is called once when the
+stream ends, whichever way (``ok``, ``stream_error``, ``client_closed``): the request log's hook.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ log = logging.getLogger("ethen.gateway")
 
 #: ``(attempts, served target, provider receipt extras) -> ethen.routing`` of the request's decision
 Receipt = Callable[[list[Attempt], RouteTarget, Mapping[str, Any] | None], dict[str, Any]]
+#: ``(relay, outcome, error code, perf_counter at the end)``: called once when the stream ends
+OnEnd = Callable[["StreamRelay", str, str | None, float], None]
 
 #: a stream chunk whose ``finish_reason`` is set (a string, not ``null``)
 _FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
@@ -56,7 +61,7 @@ class StreamRelay:
     """One streamed answer; iterate :meth:`frames` (once) for the SSE body."""
 
     def __init__(self, run: StreamRun, receipt: Receipt, include_usage: bool, rid: str, t0: float,
-                 label: str, hold: Hold, metrics: GatewayMetrics) -> None:
+                 label: str, hold: Hold, metrics: GatewayMetrics, on_end: OnEnd | None = None) -> None:
         self.run = run
         self.receipt = receipt
         self.include_usage = include_usage
@@ -69,9 +74,13 @@ class StreamRelay:
         self.done = False  # the stream reached an end it reported (terminal chunk or error event)
         self.opened = time.perf_counter()
         self.overhead_at_open = max(0.0, self.opened - t0 - run.upstream_s)
+        self.on_end = on_end
+        self.ttft_s: float | None = None  # arrival -> first content chunk
+        self.overhead_s: float | None = None  # the whole stream's overhead (set at its terminal chunk)
         self.awaiting_content = not has_content(run.first)
         if not self.awaiting_content:
-            metrics.ttft.observe(self.opened - t0)
+            self.ttft_s = self.opened - t0
+            metrics.ttft.observe(self.ttft_s)
 
     async def frames(self) -> AsyncIterator[bytes]:
         """The SSE frames; whatever way the stream ends, the attempt is recorded and the spend settled."""
@@ -106,6 +115,7 @@ class StreamRelay:
         if not await self.hold.settle_or_log(run.target.candidate, run.stream.usage):
             self.done = True
             lost = AccountsUnavailableError("The gateway could not record the request's spend.")
+            self._ended("stream_error", lost.code, time.perf_counter())
             yield encode_error(lost.to_dict())
             return
         end = time.perf_counter()
@@ -116,7 +126,9 @@ class StreamRelay:
         self.done = True
         self.m.requests.labels(self.label, "true", "200").inc()
         self.m.latency.labels("true").observe(end - self.t0)
-        self.m.overhead.observe(max(0.0, end - self.t0 - upstream))
+        self.overhead_s = max(0.0, end - self.t0 - upstream)
+        self.m.overhead.observe(self.overhead_s)
+        self._ended("ok", None, end)
         yield encode_json(terminal)
         yield DONE_FRAME
 
@@ -124,7 +136,8 @@ class StreamRelay:
         now = time.perf_counter()
         self.awaiting_content = False
         self.run.ttft_s = now - self.run.started  # the serving attempt's TTFT, for the router's telemetry
-        self.m.ttft.observe(now - self.t0)
+        self.ttft_s = now - self.t0
+        self.m.ttft.observe(self.ttft_s)
 
     def _release(self) -> tuple[bytes, ...]:
         """The held finish chunk, if any (it turned out not to be the last)."""
@@ -150,6 +163,7 @@ class StreamRelay:
         self.done = True
         self.m.requests.labels(self.label, "true", "stream_error").inc()
         log.warning("stream %s broke after the first chunk: %s", self.rid, err.code)
+        self._ended("stream_error", err.code, time.perf_counter())
         return encode_error(env)
 
     def _terminal(self, end: float, upstream: float) -> tuple[dict[str, Any], bytes | None]:
@@ -173,3 +187,9 @@ class StreamRelay:
         run.finish(None, client_gone=True)
         await self.hold.settle_or_log(run.target.candidate, run.stream.usage)
         self.m.requests.labels(self.label, "true", "client_closed").inc()
+        self._ended("client_closed", None, time.perf_counter())
+
+    def _ended(self, outcome: str, code: str | None, at: float) -> None:
+        if self.on_end is not None:
+            on_end, self.on_end = self.on_end, None
+            on_end(self, outcome, code, at)

@@ -35,7 +35,8 @@ _ERROR_FRAME = b"event: error\n"
 
 def _stream(pipe: Pipeline, call: Call, run: StreamRun, events: ResponsesEvents) -> Response:
     assert call.hold is not None
-    relay = StreamRelay(run, call.receipt, True, call.rid, call.t0, call.label, call.hold, pipe.gw.metrics)
+    relay = StreamRelay(run, call.receipt, True, call.rid, call.t0, call.label, call.hold, pipe.gw.metrics,
+                        pipe.stream_end(call))
 
     async def frames() -> AsyncIterator[bytes]:
         inner: AsyncGenerator[bytes, None] = relay.frames()  # type: ignore[assignment]

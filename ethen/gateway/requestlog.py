@@ -1,0 +1,312 @@
+"""The request log (issue 14): every finished request's outcome, written off the request path.
+
+The request path (:mod:`ethen.gateway.pipeline`, :mod:`ethen.gateway.relay`) builds one small frozen
+:class:`RequestRecord` per finished request, holding references it already has (the decision, the attempts,
+the served candidate, the usage) and a few numbers, and hands it to :meth:`RequestLog.record`: an append to a
+bounded queue, nothing else. Everything else happens in the writer task, in batches: the ``ethen.routing``
+receipt is built (the same function the answer's receipt came from), the row serialized, the per-project and
+per-model metrics counted (:meth:`~ethen.gateway.metrics.GatewayMetrics.account`), the OpenTelemetry spans
+emitted (:mod:`ethen.gateway.tracing`, when configured), and the batch written in one transaction.
+
+Choices where the issue is silent:
+- Queue full (``[log] queue_size``, 10,000 records): the record is dropped and counted in
+  ``ethen_gateway_request_log_dropped_total``; the request never waits. A failed write (store down) drops the
+  batch, logs one WARNING per failure streak and counts ``ethen_gateway_request_log_write_errors_total``.
+- Where: with a ``[store]`` in its ``request_log`` table (:mod:`ethen.store.requests`), pruned at start and
+  every ``prune_interval_s`` (rows older than ``retention_days``, and all but the newest ``max_rows``);
+  without one, a memory ring of the last ``memory_rows`` (lost at restart).
+- Key: the store key's id, or ``config:<name>`` for a ``[[api_keys]]`` key; never the key. No message body
+  is logged (the requested model and the receipt only).
+- Cost: the served candidate's usage x its prices (``cost_usd`` as telemetry prices it); the ledger's settled
+  amount may differ when the usage was not credible (then it settles the reservation).
+- A request that failed on its only attempt records that attempt from its error (provider and code; the
+  model is the chain's first candidate of that provider); a failed fallback chain records every attempt.
+- Refused requests (401, 402, 422, 429...) are logged too, with what was known when they were refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from ethen.gateway.execute import Attempt, cost_usd
+from ethen.gateway.providers.base import Usage
+from ethen.gateway.routing import Candidate, Decision
+from ethen.store import Store, StoreError
+from ethen.store.requests import (
+    RequestQuery,
+    get_request,
+    insert_requests,
+    list_requests,
+    prune_requests,
+    public_row,
+    row_matches,
+)
+
+if TYPE_CHECKING:
+    from ethen.gateway.config import LogConfig
+    from ethen.gateway.metrics import GatewayMetrics
+    from ethen.gateway.tracing import Tracing
+
+__all__ = ["RequestLog", "RequestRecord", "to_row"]
+
+log = logging.getLogger("ethen.gateway.requestlog")
+_BATCH = 500  # rows per transaction at most
+_LINGER_S = 0.05  # after a write, let the next batch gather this long (fewer, larger transactions)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One finished request, as the request path knows it (references, not copies; nothing serialized)."""
+
+    at: float  # wall clock (epoch s) at arrival
+    request_id: str
+    endpoint: str  # chat | responses | embeddings
+    stream: bool
+    status: int  # HTTP status sent
+    outcome: str  # ok | error | stream_error | client_closed
+    latency_s: float
+    project: str | None = None
+    key_id: str | None = None
+    requested_model: Any = None  # the body's "model" (any JSON: checked when the row is built)
+    decision: Decision | None = None
+    attempts: Sequence[Attempt | Mapping[str, Any]] = ()
+    served: Candidate | None = None
+    extra: Mapping[str, Any] | None = None  # the provider's receipt extras
+    receipt: Mapping[str, Any] | None = None  # a receipt built by the endpoint (embeddings)
+    usage: Usage | None = None
+    ttft_s: float | None = None
+    overhead_s: float | None = None
+    error_code: str | None = None
+    error_provider: str | None = None  # an UpstreamError's provider (its only attempt)
+    decided_s: float | None = None  # arrival -> decision made
+    admitted_s: float | None = None  # arrival -> admitted (the first attempt starts)
+    remaining_usd: float | None = None  # the project's remaining budget at admission (memory)
+
+
+def _attempt(a: Attempt | Mapping[str, Any]) -> dict[str, Any]:
+    d = a.to_dict() if isinstance(a, Attempt) else dict(a)
+    provider, _, model = str(d.get("candidate", "")).partition("/")
+    d["provider"], d["model"] = provider, model
+    d["status"] = d.get("upstream_status") or (200 if d.get("outcome") == "ok" else None)
+    return d
+
+
+def _attempts(rec: RequestRecord) -> list[dict[str, Any]]:
+    if rec.attempts:
+        return [_attempt(a) for a in rec.attempts]
+    if rec.error_provider is not None and rec.decision is not None:  # failed on its only attempt
+        sc = next((sc for sc in rec.decision.chain if sc.candidate.provider == rec.error_provider), None)
+        if sc is not None:
+            return [{"candidate": sc.id, "provider": sc.candidate.provider, "model": sc.candidate.model,
+                     "outcome": "error", "code": rec.error_code, "status": None}]
+    return []
+
+
+def _receipt(rec: RequestRecord, attempts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if rec.receipt is not None:
+        return dict(rec.receipt)
+    if rec.decision is None:
+        return None
+    from ethen.gateway.pipeline import routing_receipt  # the answer's own receipt builder (import cycle)
+
+    if rec.served is not None:  # served: the attempts are the executor's own
+        attempts_ = [a for a in rec.attempts if isinstance(a, Attempt)]
+        out = routing_receipt(rec.decision, attempts_, _Served(rec.served), rec.extra)  # type: ignore[arg-type]
+    else:
+        out = rec.decision.receipt.to_dict()
+        out["attempts"] = attempts
+    if rec.stream and rec.overhead_s is not None:
+        out["overhead_ms"] = round(rec.overhead_s * 1000, 3)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """What :func:`~ethen.gateway.pipeline.routing_receipt` reads of a route target."""
+
+    candidate: Candidate
+
+
+def to_row(rec: RequestRecord) -> dict[str, Any]:
+    """The stored row of a record (done by the writer, off the request path)."""
+    attempts = _attempts(rec)
+    receipt = _receipt(rec, attempts)
+    primary = rec.decision.chain[0].candidate if rec.decision is not None and rec.decision.chain else None
+    served = rec.served
+    if served is None and receipt is not None and rec.decision is None:  # an endpoint's own receipt
+        sp, sm = receipt.get("selected_provider"), receipt.get("selected_model")
+    else:
+        sp, sm = (served.provider, served.model) if served is not None else (None, None)
+    usage = rec.usage
+    cost = cost_usd(served, usage) if served is not None else None
+    canary = rec.decision.canary if rec.decision is not None else None
+    model = rec.requested_model if isinstance(rec.requested_model, str) else None
+    return {
+        "request_id": rec.request_id,
+        "at": datetime.fromtimestamp(rec.at, UTC),
+        "endpoint": rec.endpoint,
+        "stream": rec.stream,
+        "project": rec.project,
+        "key_id": rec.key_id,
+        "requested_model": model[:200] if model is not None else None,
+        "selected_provider": sp,
+        "selected_model": sm,
+        "primary_provider": primary.provider if primary is not None else None,
+        "primary_model": primary.model if primary is not None else None,
+        "fallback_used": (served is not None and primary is not None and served.id != primary.id)
+        or (served is None and len(attempts) > 1),
+        "canary_hit": canary.hit if canary is not None else None,
+        "prompt_tokens": usage.prompt_tokens if usage is not None else None,
+        "completion_tokens": usage.completion_tokens if usage is not None else None,
+        "cost_nano": round(cost * 1e9) if cost is not None else None,
+        "ttft_ms": round(rec.ttft_s * 1000, 3) if rec.ttft_s is not None else None,
+        "latency_ms": round(rec.latency_s * 1000, 3),
+        "overhead_ms": round(rec.overhead_s * 1000, 3) if rec.overhead_s is not None else None,
+        "status": rec.status,
+        "outcome": rec.outcome,
+        "error_code": rec.error_code,
+        "attempts": attempts,
+        "receipt": receipt,
+    }
+
+
+class RequestLog:
+    """The bounded queue, its writer task, and the reads of the admin API (store or memory ring)."""
+
+    def __init__(self, cfg: LogConfig, metrics: GatewayMetrics, tracing: Tracing | None = None) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self.tracing = tracing
+        self.store: Callable[[], Store | None] = lambda: None  # set by the app: the accounts' open store
+        self._queue: deque[RequestRecord] = deque()
+        self._max = cfg.queue_size
+        self._wake = asyncio.Event()
+        self.ring: deque[dict[str, Any]] = deque(maxlen=cfg.memory_rows)
+        self._next_id = 1
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+        self._last_prune = 0.0
+        self.written = 0  # records handled by the writer (stored, ringed or failed)
+
+    # -- the request path ------------------------------------------------------------------------------
+    def record(self, rec: RequestRecord) -> None:
+        """Queue a record (never blocks; drops and counts it when the queue is full)."""
+        q = self._queue
+        if len(q) >= self._max:
+            self.metrics.log_dropped.inc()
+            return
+        q.append(rec)
+        if len(q) == 1:
+            self._wake.set()
+
+    # -- life cycle ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="ethen-request-log")
+
+    async def aclose(self) -> None:
+        """Stop the writer after writing what is queued."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        while self._queue:
+            await self._write_batch()
+        if self.tracing is not None:
+            self.tracing.shutdown()
+
+    async def flush(self) -> None:
+        """Write everything queued now (tests, shutdown)."""
+        while self._queue:
+            await self._write_batch()
+
+    async def _run(self) -> None:
+        await self._maybe_prune()
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+            await self._write_batch()
+            await self._maybe_prune()
+            if len(self._queue) < _BATCH:
+                await asyncio.sleep(_LINGER_S)
+
+    async def _write_batch(self) -> None:
+        q = self._queue
+        batch = [q.popleft() for _ in range(min(len(q), _BATCH))]
+        if not batch:
+            return
+        rows = []
+        for rec in batch:
+            try:
+                row = to_row(rec)
+                self.metrics.account(rec, row)
+                if self.tracing is not None:
+                    self.tracing.emit(rec, row)
+            except Exception:  # a bug here must not stop the writer
+                log.exception("request log: could not record request %s", rec.request_id)
+                continue
+            rows.append(row)
+        self.written += len(batch)
+        st = self.store()
+        if st is None:
+            for row in rows:
+                row["id"] = self._next_id
+                self._next_id += 1
+                self.ring.append(row)
+            return
+        try:
+            await insert_requests(st, rows)
+        except StoreError as exc:
+            self.metrics.log_write_errors.inc()
+            if not self._failing:
+                log.warning("request log: writing %d row(s) failed: %s (dropped)", len(rows), exc.message)
+            self._failing = True
+            return
+        self._failing = False
+
+    async def _maybe_prune(self) -> None:
+        st = self.store()
+        now = time.monotonic()
+        if st is None or (self._last_prune and now - self._last_prune < self.cfg.prune_interval_s):
+            return
+        self._last_prune = now
+        before = datetime.now(UTC) - timedelta(days=self.cfg.retention_days)
+        try:
+            n = await prune_requests(st, before=before, max_rows=self.cfg.max_rows)
+        except StoreError as exc:
+            log.warning("request log: pruning failed: %s", exc.message)
+            return
+        if n:
+            log.info("request log: pruned %d row(s) (retention %s days, max %s rows)",
+                     n, self.cfg.retention_days, self.cfg.max_rows)
+
+    # -- reads (admin API) -----------------------------------------------------------------------------
+    async def query(self, q: RequestQuery) -> list[dict[str, Any]]:
+        """Rows passing ``q``, newest first (store or ring)."""
+        st = self.store()
+        if st is not None:
+            return await list_requests(st, q)
+        out: list[dict[str, Any]] = []
+        for row in reversed(self.ring):
+            if row_matches(row, q):
+                out.append(public_row(row, receipt=False))
+                if len(out) >= q.limit:
+                    break
+        return out
+
+    async def get(self, request_id: str) -> dict[str, Any] | None:
+        st = self.store()
+        if st is not None:
+            return await get_request(st, request_id)
+        row = next((r for r in reversed(self.ring) if r["request_id"] == request_id), None)
+        return public_row(row) if row is not None else None

@@ -1,0 +1,138 @@
+"""OpenTelemetry traces of gateway requests, per the GenAI semantic conventions (issue 14).
+
+Off by default: without ``[otel] endpoint`` no tracer exists and nothing here runs. When configured, spans are
+built by the request log's writer task (:mod:`ethen.gateway.requestlog`) from each finished request's record,
+with the times the request path measured, and exported over OTLP/HTTP in batches; so even then the request
+path makes no tracer call.
+
+Spans of one request (one trace):
+- ``{operation} {requested model}`` (kind SERVER), arrival to the last byte: ``gen_ai.operation.name``
+  (``chat``, or ``embeddings``; ``/responses`` is ``chat`` with ``ethen.endpoint = responses``),
+  ``gen_ai.request.model`` (the requested alias or model), ``gen_ai.response.model`` and
+  ``gen_ai.provider.name`` (the candidate that answered), ``gen_ai.usage.input_tokens`` /
+  ``gen_ai.usage.output_tokens``, and the receipt's key facts: ``ethen.request_id``, ``ethen.project``,
+  ``ethen.routing.selected`` / ``primary`` / ``alias_profile`` / ``candidate_count`` / ``rejected_count`` /
+  ``reason_codes``, ``ethen.fallback_used``, ``ethen.canary.hit``, ``ethen.cost_usd``, ``ethen.ttft_ms``,
+  ``http.response.status_code``; on failure ``error.type`` (the error code) and an ERROR status.
+- ``ethen.route`` (INTERNAL): arrival to the routing decision (auth, parse, decide).
+- one ``{operation} {model}`` (kind CLIENT) per attempt, in order from admission, each as long as the
+  attempt's own latency, with ``gen_ai.provider.name``, ``gen_ai.request.model``, ``ethen.attempt.outcome``
+  and ``error.type``.
+
+Choice where the issue is silent: the trace starts at the gateway (an incoming ``traceparent`` is not
+joined); mesh stages get no spans of their own yet (the mesh route is on the receipt attribute).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+
+if TYPE_CHECKING:
+    from ethen.gateway.config import OtelConfig
+    from ethen.gateway.requestlog import RequestRecord
+
+__all__ = ["Tracing", "tracing_for"]
+
+_NS = 1_000_000_000
+
+
+def _operation(endpoint: str) -> str:
+    return "embeddings" if endpoint == "embeddings" else "chat"
+
+
+def _clean(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in attrs.items() if v is not None}
+
+
+class Tracing:
+    """A tracer provider of its own (not the global one) and :meth:`emit`. ``exporter`` with ``batch=False``
+    exports each span as it ends (tests: the SDK's ``InMemorySpanExporter``)."""
+
+    def __init__(self, exporter: SpanExporter, *, service_name: str = "ethen-gateway", batch: bool = True):
+        self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+        processor = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
+        self.provider.add_span_processor(processor)
+        self.tracer = self.provider.get_tracer("ethen.gateway")
+
+    def emit(self, rec: RequestRecord, row: Mapping[str, Any]) -> None:
+        """The spans of one finished request (called by the request log's writer)."""
+        op = _operation(rec.endpoint)
+        start = int(rec.at * _NS)
+        end = start + int(rec.latency_s * _NS)
+        receipt = row.get("receipt") or {}
+        attrs = _clean({
+            "gen_ai.operation.name": op,
+            "gen_ai.request.model": row["requested_model"],
+            "gen_ai.response.model": row["selected_model"],
+            "gen_ai.provider.name": row["selected_provider"],
+            "gen_ai.usage.input_tokens": row["prompt_tokens"],
+            "gen_ai.usage.output_tokens": row["completion_tokens"],
+            "http.response.status_code": rec.status,
+            "ethen.endpoint": rec.endpoint,
+            "ethen.request_id": rec.request_id,
+            "ethen.project": rec.project,
+            "ethen.stream": rec.stream,
+            "ethen.outcome": rec.outcome,
+            "ethen.routing.selected": f"{row['selected_provider']}/{row['selected_model']}"
+            if row["selected_model"] else None,
+            "ethen.routing.primary": f"{row['primary_provider']}/{row['primary_model']}"
+            if row["primary_model"] else None,
+            "ethen.routing.alias_profile": receipt.get("alias_profile"),
+            "ethen.routing.candidate_count": receipt.get("candidate_count"),
+            "ethen.routing.rejected_count": receipt.get("rejected_count"),
+            "ethen.routing.reason_codes": _strings(receipt.get("reason_codes")),
+            "ethen.fallback_used": row["fallback_used"],
+            "ethen.canary.hit": row["canary_hit"],
+            "ethen.cost_usd": row["cost_nano"] / 1e9 if row["cost_nano"] is not None else None,
+            "ethen.ttft_ms": row["ttft_ms"],
+            "error.type": rec.error_code,
+        })
+        name = f"{op} {row['requested_model']}" if row["requested_model"] else op
+        root = self.tracer.start_span(name, kind=SpanKind.SERVER, attributes=attrs, start_time=start)
+        if rec.outcome != "ok":
+            root.set_status(Status(StatusCode.ERROR, rec.error_code or rec.outcome))
+        ctx = set_span_in_context(root)
+        if rec.decided_s is not None:
+            span = self.tracer.start_span("ethen.route", ctx, attributes=_clean({
+                "ethen.routing.chain": _strings(receipt.get("chain")),
+                "ethen.routing.selected": attrs.get("ethen.routing.primary"),
+            }), start_time=start)
+            span.end(start + int(rec.decided_s * _NS))
+        at = start + int((rec.admitted_s or rec.decided_s or 0.0) * _NS)
+        for a in row["attempts"]:
+            dur = int(float(a.get("latency_ms") or 0.0) * 1_000_000)
+            span = self.tracer.start_span(f"{op} {a['model']}", ctx, kind=SpanKind.CLIENT, attributes=_clean({
+                "gen_ai.operation.name": op,
+                "gen_ai.provider.name": a["provider"],
+                "gen_ai.request.model": a["model"],
+                "ethen.attempt.outcome": a.get("outcome"),
+                "error.type": a.get("code"),
+                "http.response.status_code": a.get("status"),
+            }), start_time=at)
+            if a.get("outcome") != "ok":
+                span.set_status(Status(StatusCode.ERROR, str(a.get("code"))))
+            span.end(at + dur)
+            at += dur
+        root.end(end)
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()  # flushes the batch processor
+
+
+def _strings(v: Any) -> Sequence[str] | None:
+    return [str(x) for x in v] if isinstance(v, list) else None
+
+
+def tracing_for(cfg: OtelConfig) -> Tracing | None:
+    """The configured tracing (OTLP/HTTP to ``[otel] endpoint``), or ``None`` when it is unset."""
+    if cfg.endpoint is None:
+        return None
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return Tracing(OTLPSpanExporter(endpoint=cfg.endpoint), service_name=cfg.service_name)
