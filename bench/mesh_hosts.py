@@ -117,8 +117,8 @@ def aggregate(orch: Orchestrator, ids: list[int], sessions: int, tokens: int, ro
     return sessions * tokens / (end - start)
 
 
-def until_dead(orch: Orchestrator, node: str, timeout_s: float = 5.0) -> float:
-    t0 = time.monotonic()
+def until_dead(orch: Orchestrator, node: str, t0: float, timeout_s: float = 5.0) -> float:
+    """Seconds from ``t0`` (just before the fault) until the orchestrator's states say ``node`` is dead."""
     while time.monotonic() - t0 < timeout_s:
         if not next(s.alive for s in orch.states() if s.node_id == node):
             return time.monotonic() - t0
@@ -200,11 +200,14 @@ def main() -> None:
                 hosts[1].continue_worker()
                 stuck.close()
             time.sleep(1.5)  # b answers Health again
+            t0 = time.monotonic()
             hosts[0].partition()
-            print(f"partition (ip link set down a, idle): out of routing after {until_dead(base, 'a'):.2f} s")
+            took = until_dead(base, "a", t0)
+            print(f"partition (ip link set down a, idle): out of routing after {took:.2f} s")
             hosts[0].heal()
+            t0 = time.monotonic()
             hosts[2].kill_worker()
-            print(f"dead node (kill -9 c, idle): out of routing after {until_dead(base, 'c'):.2f} s")
+            print(f"dead node (kill -9 c, idle): out of routing after {until_dead(base, 'c', t0):.2f} s")
         finally:
             for orch in orchs.values():
                 orch.close()
