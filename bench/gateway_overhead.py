@@ -21,7 +21,12 @@ Measured per offered rate, in the same run:
 - the highest offered rate sustained with no errors (every request 200, achieved >= 95 % of offered, p99 below
   1 s), stepping up a ladder of rates.
 
-Run:  .venv/bin/python bench/gateway_overhead.py [--rates 100,500,1000] [--duration 10]
+With ``--store sqlite`` and/or ``--store postgresql://...`` (issue 11), the same run also starts one ethen
+gateway per store with a ``[store]`` section and measures it with a budgeted project key (a project with a
+large day budget, so every request authenticates, holds budget and settles into the ledger) at the same rates
+and on the same ladder: "store added p50" is its p50 minus the no-store gateway's at the same rate.
+
+Run:  .venv/bin/python bench/gateway_overhead.py [--rates 100,500,1000] [--duration 10] [--store sqlite]
 Targets (issue 4): overhead p50 <= 1 ms and p99 <= 5 ms at 500 RPS; p50 overhead >= 5x lower than LiteLLM's;
 max sustained rate >= 3x LiteLLM's.
 """
@@ -253,7 +258,26 @@ def ethen_overhead_quantiles(metrics_url: str) -> tuple[float, float, int]:
     return q(0.5), q(0.99), int(total)
 
 
-def write_ethen_config(path: Path, upstream: str) -> None:
+def store_project_key(url: str) -> str:
+    """A project with a large day budget in the store at ``url`` and a key of it (migrates a new database)."""
+    import asyncio
+
+    from ethen.store import Store
+
+    async def go() -> str:
+        st = await Store.open(url)
+        try:
+            name = f"bench{time.time_ns()}"
+            await st.create_project(name, budget_usd=1e6, budget_window="day")
+            key, _ = await st.create_key(name)
+            return key
+        finally:
+            await st.aclose()
+
+    return asyncio.run(go())
+
+
+def write_ethen_config(path: Path, upstream: str, store_url: str | None = None) -> None:
     digest = hashlib.sha256(CLIENT_KEY.encode()).hexdigest()
     routes = ""
     for i, (quality, price) in enumerate(((0.6, 0.5), (0.7, 1.0), (0.8, 3.0))):
@@ -277,7 +301,7 @@ timeouts = {{ connect_s = 5.0, first_byte_s = 10.0, total_s = 30.0 }}
 [[api_keys]]
 name = "bench"
 sha256 = "{digest}"
-""")
+""" + (f'\n[store]\nurl = "{store_url}"\n' if store_url else ""))
 
 
 def write_litellm_config(path: Path, upstream: str) -> None:
@@ -312,6 +336,14 @@ def main() -> None:
         help="open-loop aiohttp generator (default) or hey (closed-loop workers, rate-limited)",
     )
     ap.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    ap.add_argument(
+        "--store",
+        action="append",
+        default=[],
+        help="also measure a gateway with this [store] ('sqlite' = a temp file, or a postgresql:// URL) "
+        "and a "
+        "budgeted project key; repeatable",
+    )
     args = ap.parse_args()
     rates = [int(r) for r in args.rates.split(",") if r]
     ladder = [int(r) for r in args.ladder.split(",") if r]
@@ -375,6 +407,24 @@ def main() -> None:
         wait_ready(f"{gw}/healthz", p, 60)
 
         messages = [{"role": "user", "content": "Say hello"}]
+        store_targets: list[Target] = []
+        for spec in args.store:
+            url = f"sqlite:///{tmp}/store.db" if spec == "sqlite" else spec
+            label = "st-sqlite" if spec == "sqlite" else "st-pg"
+            key = store_project_key(url)
+            write_ethen_config(tmp / f"{label}.toml", upstream, url)
+            port = free_port()
+            p = spawn(
+                [sys.executable, "-m", "ethen", "gateway", "--config", str(tmp / f"{label}.toml"), "--port",
+                 str(port)],
+                f"{label}.log",
+            )
+            base = f"http://127.0.0.1:{port}/api/gateway/v1"
+            wait_ready(f"{base}/healthz", p, 60)
+            store_targets.append(
+                Target(label, f"{base}/chat/completions", {"Authorization": f"Bearer {key}"},
+                       json.dumps({"model": "ethen/auto", "messages": messages}))
+            )
         targets = [
             Target(
                 "direct",
@@ -389,6 +439,7 @@ def main() -> None:
                 json.dumps({"model": "ethen/auto", "messages": messages}),
             ),
         ]
+        targets += store_targets
         litellm_version = None
         if args.litellm and ensure_litellm(args.litellm):
             write_litellm_config(tmp / "litellm.yaml", upstream)
@@ -463,12 +514,14 @@ def main() -> None:
         table: dict[int, dict[str, Result]] = {rate: {} for rate in rates}
         by_name = {t.name: t for t in targets}
         for rate in rates:
-            for name in ("direct", "ethen"):
+            for name in ("direct", "ethen", *(t.name for t in store_targets)):
                 settle(by_name[name])
                 r = table[rate][name] = measure(by_name[name], rate, args.duration)
                 show("rate", name, rate, r)
         self_p50, self_p99, self_n = ethen_overhead_quantiles(f"{gw}/metrics")
         max_rate = {"ethen": ladder_for(by_name["ethen"])}
+        for st in store_targets:
+            max_rate[st.name] = ladder_for(st)
         if "litellm" in by_name:
             ll = by_name["litellm"]
             max_rate["litellm"] = ladder_for(ll)
@@ -523,6 +576,19 @@ def main() -> None:
             f"n={self_n}): p50 <= {self_p50:.2f} ms, p99 <= {self_p99:.2f} ms"
         )
         report["ethen_self_reported_overhead_ms"] = {"p50_le": self_p50, "p99_le": self_p99, "n": self_n}
+        if store_targets:
+            print("\n== store-backed gateway (budgeted project key) vs the no-store gateway, same run ==")
+            report["store"] = {}
+            for st in store_targets:
+                added = {rate: row[st.name].p50_ms - row["ethen"].p50_ms for rate, row in table.items()}
+                ratio = max_rate[st.name] / max_rate["ethen"] if max_rate["ethen"] else float("nan")
+                cells = ", ".join(f"{rate}/s: {a:+.2f} ms" for rate, a in added.items())
+                print(f"  {st.name}: added p50 {cells}; max rate {max_rate[st.name]} vs {max_rate['ethen']} "
+                      f"({ratio:.0%})")
+                report["store"][st.name] = {  # type: ignore[index]
+                    "added_p50_ms": {str(k): v for k, v in added.items()},
+                    "max_rate_ratio": ratio,
+                }
         print(f"max sustained rate (no errors, >= 95 % of offered, p99 < 1 s): {max_rate}")
         if max_rate.get("litellm"):
             print(

@@ -25,8 +25,10 @@ class SpendLedger(EngineBase):
     """Window spend, reservations, settlement and usage (mixed into :class:`ethen.store.Store`)."""
 
     @staticmethod
-    def _sum_queries(project_id: int, start: datetime, now: datetime) -> tuple[Any, Any, Any]:
-        """Settled in the window, active reservations, grants of live instances (each a scalar select)."""
+    def _sum_query(project_id: int, start: datetime, now: datetime) -> Any:
+        """One select of (settled in the window, active reservations, grants of live instances). One
+        statement, so one snapshot: under Postgres READ COMMITTED, separate statements could see a ledger
+        batch commit between them (settled before it, grants after it) and count its cost in neither."""
         settled = select(func.coalesce(func.sum(s.daily_spend.c.settled_nano), 0)).where(
             s.daily_spend.c.project_id == project_id, s.daily_spend.c.day >= start.date().isoformat()
         )
@@ -41,26 +43,22 @@ class SpendLedger(EngineBase):
                 s.gateway_instances.c.lease_until_ms > epoch_ms(now),
             )
         )
-        return settled, reserved, granted
+        return select(settled.scalar_subquery(), reserved.scalar_subquery(), granted.scalar_subquery())
 
     async def _sums(
         self, conn: AsyncConnection, project_id: int, start: datetime, now: datetime
     ) -> tuple[int, int, int]:
         """(settled in the window, active reservations, grants of live instances), nano-USD."""
-        settled, reserved, granted = self._sum_queries(project_id, start, now)
-        return (
-            int(await conn.scalar(settled) or 0),
-            int(await conn.scalar(reserved) or 0),
-            int(await conn.scalar(granted) or 0),
-        )
+        row = (await conn.execute(self._sum_query(project_id, start, now))).one()
+        return int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)
 
     @classmethod
     def sums_sync(
         cls, conn: Connection, project_id: int, start: datetime, now: datetime
     ) -> tuple[int, int, int]:
         """:meth:`_sums` on a synchronous connection."""
-        settled, reserved, granted = cls._sum_queries(project_id, start, now)
-        return int(conn.scalar(settled) or 0), int(conn.scalar(reserved) or 0), int(conn.scalar(granted) or 0)
+        row = conn.execute(cls._sum_query(project_id, start, now)).one()
+        return int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)
 
     async def spend(self, project: Project, *, now: datetime | None = None) -> Spend:
         at = now_utc(now)
