@@ -31,7 +31,14 @@ def test_second_instance_and_rolling_restart_during_load_never_overspend(db_url:
     script = Script(default=Behavior(latency_s=0.25), record=False)
     with ServerThread(make_upstream_app(script)) as up:
         cfg = tmp_path / "gw.toml"
-        write_toml(config_dict(up.url, store={**store_cfg(db_url), "lease_s": 3.0}), cfg)
+        write_toml(
+            config_dict(
+                up.url,
+                store={**store_cfg(db_url), "lease_s": 3.0},
+                timeouts={"connect_s": 5.0, "first_byte_s": 20.0, "total_s": 30.0},  # a loaded machine
+            ),
+            cfg,
+        )
         ports = [free_port(), free_port()]
         logs = [tmp_path / "a.log", tmp_path / "b.log"]
         procs: list[Any] = [_start(cfg, ports[0], logs[0]), None]
