@@ -7,10 +7,13 @@ One "request" is what ``ethen.admin.accounts`` does per chat completion with a p
 budget: authenticate (key lookup + salted-hash check), read the window spend (for ``decide``), reserve the
 estimate (locked write transaction), settle (ledger insert + reservation delete, one transaction).
 
-Measured: median and p99 milliseconds per request, sequential, and requests/second with 32 concurrent
-requests (one event loop, like one gateway process). Baseline in the same run: the same work on SQLite with
-``synchronous=NORMAL`` (durable across a process crash but not across power loss), to show what the
-shipped ``synchronous=FULL`` choice costs. No target is set by the issue; these figures document the cost.
+Two paths, same run: "per-request" is one transaction per step (the protocol before issue 11, still
+``Store.reserve``/``Store.settle``); "fast" is :class:`ethen.store.Admission`, the gateway's path since issue
+11 (key from the in-memory cache, remaining budget and the hold from memory, the settlement awaited through
+the group commit). Measured: median and p99 milliseconds per request, sequential, and requests/second with
+32 concurrent requests (one event loop, like one gateway process), on SQLite ``synchronous=NORMAL`` (durable
+across a process crash, not power loss) and the shipped ``FULL``, and Postgres with ``--pg``. A sequential
+request's floor is one commit (fsync): the settled entry must be durable before the answer leaves.
 """
 
 from __future__ import annotations
