@@ -288,8 +288,11 @@ def _open_weights(model: Path | None = None) -> Any:
 
 def _startup_logging(level: str) -> None:
     """Start-up progress (``ethen.gateway.startup``, e.g. the mesh loading) as indented plain lines."""
+    from ethen.gateway.logformat import LOG_FORMAT_ENV, JsonFormatter
+
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("      %(message)s"))
+    json_lines = os.environ.get(LOG_FORMAT_ENV) == "json"  # --log-format json
+    handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter("      %(message)s"))
     startup = logging.getLogger("ethen.gateway.startup")
     startup.addHandler(handler)
     startup.setLevel(logging.INFO if level != "ERROR" else logging.ERROR)
@@ -365,6 +368,8 @@ def up(
         None, "--config", help="Gateway TOML whose providers/routes/keys/canaries/policy/store are merged in."
     ),
     log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
+    log_format: str = typer.Option("text", "--log-format", envvar="ETHEN_LOG_FORMAT",
+                                   help="text, or json (one JSON object per line)."),
     model: Path = typer.Option(  # noqa: B008
         None, "--model", help="GGUF model file (llama, qwen2; default: SmolLM2-135M-Instruct)."),
 ) -> None:
@@ -378,7 +383,11 @@ def up(
     except OSError as exc:
         _say(f"error: {exc}")
         raise typer.Exit(1) from None
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ethen.gateway.logformat import FORMATS, configure_logging
+
+    if log_format not in FORMATS:
+        raise typer.BadParameter(f"--log-format = {log_format!r}: use text or json")
+    configure_logging(level, log_format)
     _startup_logging(level)
     from ethen.mesh.worker.cli import one_blas_thread
 

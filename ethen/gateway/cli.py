@@ -28,6 +28,8 @@ def gateway(
     host: str | None = typer.Option(None, "--host", help="Bind address (default: [server].host)."),
     port: int | None = typer.Option(None, "--port", help="Port (default: [server].port)."),
     log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
+    log_format: str = typer.Option("text", "--log-format", envvar="ETHEN_LOG_FORMAT",
+                                   help="text, or json (one JSON object per line)."),
     hash_key: bool = typer.Option(False, "--hash-key", help="Read a key on stdin, print its SHA-256 digest."),
     workers: int = typer.Option(1, "--workers", min=1, max=256, help="Gateway processes sharing the port."),
     fd: int | None = typer.Option(None, "--fd", hidden=True, help="Serve this inherited listening socket."),
@@ -57,7 +59,12 @@ def gateway(
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         typer.echo(f"error: --log-level = {log_level!r}: use debug, info, warning or error", err=True)
         raise typer.Exit(2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ethen.gateway.logformat import FORMATS, configure_logging
+
+    if log_format not in FORMATS:
+        typer.echo(f"error: --log-format = {log_format!r}: use text or json", err=True)
+        raise typer.Exit(2)
+    configure_logging(level, log_format)
     if level != "ERROR":  # start-up progress (a mesh provider loading its model) shows at the default level
         logging.getLogger("ethen.gateway.startup").setLevel(logging.INFO)
     sock = None
