@@ -144,9 +144,12 @@ def test_healthz_is_ok_and_metrics_list_every_node(up: Up) -> None:
 
 
 def test_a_worker_killed_mid_stream_is_restarted_on_its_address_and_serves_again(up: Up) -> None:
+    # The victim: the node besides laptop (the only holder of 20-29) on this stream's route, found by the
+    # provider's per-node session counter once the stream runs (the route depends on measured latency, so it
+    # is read, not assumed). gpu's 0-9 are also on mini; mini's 0-9/10-19 also on gpu + laptop.
     before = up.metrics()
-    route = "mini"  # on every route (gpu -> mini -> laptop or mini -> laptop); gpu + laptop can replace it
-    addr, pid = up.workers[route]
+    route = ""
+    addr, pid = "", 0
     chunks: list[dict[str, object]] = []
     with httpx.stream("POST", f"{up.base}/chat/completions", timeout=120, headers=up.auth(),
                       json={"model": "ethen/auto", "temperature": 0, "max_tokens": 96, "stream": True,
@@ -157,6 +160,10 @@ def test_a_worker_killed_mid_stream_is_restarted_on_its_address_and_serves_again
                 continue
             chunks.append(json.loads(line[6:]))
             if len(chunks) == 4:
+                now = up.metrics()
+                (route,) = [n for n in ("gpu", "mini")
+                            if now[_series(n, "sessions_total")] > before[_series(n, "sessions_total")]]
+                addr, pid = up.workers[route]
                 os.kill(pid, signal.SIGKILL)
     mesh = chunks[-1]["ethen"]["routing"]["mesh"]  # type: ignore[index]
     assert [f["failed_node"] for f in mesh["failovers"]] == [route], mesh  # the stream completed
