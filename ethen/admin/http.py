@@ -16,6 +16,7 @@ Endpoints (JSON in and out, OpenAI-style error envelopes)::
                                           the request log, newest first (``ethen.store.requests``): ``limit``
                                           1-500 (50), ``next_cursor`` for the next page (keyset, stable)
     GET    /requests/{request_id}         one logged request with its full receipt
+    GET    /health                        circuits (open / half-open), mesh nodes, the request log's queue
 
 The admin key is compared as SHA-256 digests with :func:`hmac.compare_digest`; it is a separate secret from
 client keys (a project key gets 401 here). The routes exist only when a store and an admin key are configured,
@@ -238,11 +239,18 @@ def _request_query(request: Request) -> RequestQuery:
     )
 
 
-def request_routes(requests: RequestLog, admin_key_sha256: str | None) -> list[Route]:
-    """``GET /requests`` and ``GET /requests/{request_id}`` (none without an admin key)."""
+def request_routes(
+    requests: RequestLog, admin_key_sha256: str | None, health: Callable[[], dict[str, Any]] | None = None
+) -> list[Route]:
+    """``GET /requests``, ``GET /requests/{request_id}`` and ``GET /health`` (none without an admin key)."""
     if admin_key_sha256 is None:
         return []
     expected = bytes.fromhex(admin_key_sha256)
+
+    async def status(request: Request) -> Response:
+        if not _authorized(request, expected):
+            return _denied()
+        return _json(health() if health is not None else {})
 
     async def listing(request: Request) -> Response:
         if not _authorized(request, expected):
@@ -273,6 +281,7 @@ def request_routes(requests: RequestLog, admin_key_sha256: str | None) -> list[R
     return [
         Route(f"{ADMIN_PREFIX}/requests", listing, methods=["GET"]),
         Route(f"{ADMIN_PREFIX}/requests/{{request_id}}", one, methods=["GET"]),
+        Route(f"{ADMIN_PREFIX}/health", status, methods=["GET"]),
     ]
 
 

@@ -75,6 +75,7 @@ from ethen.gateway.config import (
     build_policy,
     build_pool,
 )
+from ethen.gateway.dashboard import gateway_health, ui_routes
 from ethen.gateway.embeddings import embedding_routes, embeddings_endpoint
 from ethen.gateway.errors import (
     GatewayError,
@@ -481,7 +482,8 @@ def create_app(
               for prefix in (PREFIX, V1_PREFIX) for path, fn, method in endpoints),
             *admin_routes(acc, cfg.store.admin_key_sha256 if cfg.store else None),
             *request_routes(gw.requestlog, cfg.store.admin_key_sha256 if cfg.store
-                            else cfg.log.admin_key_sha256),
+                            else cfg.log.admin_key_sha256, lambda: gateway_health(gw)),
+            *ui_routes(),  # the dashboard (ethen.gateway.dashboard): a static page reading the admin API
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,

@@ -128,7 +128,7 @@ class Pipeline:
     def start(self, request: Request) -> Call:
         """A new call: its arrival time and request id (the client's ``x-request-id`` when valid)."""
         path = request.scope["path"]
-        endpoint = "chat" if path.endswith("/completions") else path.rpartition("/")[2]
+        endpoint = "chat" if path.endswith("/chat/completions") else path.rpartition("/")[2]
         return Call(self.request_id(request), time.perf_counter(), wall=time.time(), endpoint=endpoint)
 
     async def admit(self, call: Call, request: Request, translate: Translate | None = None) -> Call:

@@ -290,6 +290,11 @@ class RequestLog:
             log.info("request log: pruned %d row(s) (retention %s days, max %s rows)",
                      n, self.cfg.retention_days, self.cfg.max_rows)
 
+    @property
+    def queued(self) -> int:
+        """Records waiting for the writer."""
+        return len(self._queue)
+
     # -- reads (admin API) -----------------------------------------------------------------------------
     async def query(self, q: RequestQuery) -> list[dict[str, Any]]:
         """Rows passing ``q``, newest first (store or ring)."""

@@ -1,0 +1,151 @@
+// Ethen gateway dashboard: reads the admin API with the admin key kept in sessionStorage.
+// Data goes into the page with textContent only (never as HTML).
+"use strict";
+const API = "/api/admin/v1";
+const KEY = "ethen.adminKey";
+const $ = (id) => document.getElementById(id);
+let cursor = null;
+
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+function row(cells, cls) {
+  const tr = el("tr", null, cls);
+  for (const c of cells) tr.appendChild(c instanceof Node ? c : el("td", c));
+  return tr;
+}
+function num(v, digits) { return v === null || v === undefined ? "-" : Number(v).toFixed(digits); }
+
+async function api(path) {
+  const r = await fetch(API + path, { headers: { authorization: "Bearer " + sessionStorage.getItem(KEY) } });
+  const body = await r.json().catch(() => ({}));
+  if (r.status === 401) { logout("the admin key was refused"); throw new Error("unauthorized"); }
+  if (!r.ok) throw new Error((body.error && body.error.message) || r.status + "");
+  return body;
+}
+
+function logout(why) {
+  sessionStorage.removeItem(KEY);
+  $("app").hidden = true; $("login").hidden = false;
+  $("login-error").textContent = why || "";
+}
+
+async function login(ev) {
+  ev.preventDefault();
+  sessionStorage.setItem(KEY, $("admin-key").value.trim());
+  $("admin-key").value = "";
+  try { await api("/health"); } catch (e) { return; }
+  $("login").hidden = true; $("app").hidden = false;
+  loadRequests(true);
+}
+
+function filters() {
+  const p = new URLSearchParams();
+  for (const [id, name] of [["f-project", "project"], ["f-model", "model"], ["f-status", "status"]]) {
+    const v = $(id).value.trim(); if (v) p.set(name, v);
+  }
+  return p;
+}
+
+async function loadRequests(fresh) {
+  const p = filters(); p.set("limit", "50");
+  if (!fresh && cursor) p.set("cursor", cursor);
+  try {
+    const page = await api("/requests?" + p.toString());
+    $("req-error").textContent = "";
+    const body = $("req-rows");
+    if (fresh) body.replaceChildren();
+    for (const r of page.data) {
+      const status = el("td", r.status + (r.outcome !== "ok" ? " " + (r.error_code || r.outcome) : ""),
+                        r.outcome === "ok" ? "ok" : "err");
+      const served = r.selected_model ? r.selected_provider + "/" + r.selected_model : "-";
+      const tr = row([r.at.replace("T", " ").slice(0, 23), r.request_id, status, r.project || "-",
+        r.requested_model || "-", served + (r.fallback_used ? " (fallback)" : ""), r.attempts.length,
+        num(r.latency_ms, 1), r.prompt_tokens === null ? "-" : r.prompt_tokens + "/" + r.completion_tokens,
+        num(r.cost_usd, 6)], "row");
+      tr.addEventListener("click", () => showRequest(r.request_id));
+      body.appendChild(tr);
+    }
+    cursor = page.next_cursor;
+    $("more").disabled = !cursor;
+  } catch (e) { $("req-error").textContent = e.message; }
+}
+
+async function showRequest(id) {
+  const r = await api("/requests/" + encodeURIComponent(id));
+  const rc = r.receipt || {};
+  $("detail").hidden = false;
+  $("d-title").textContent = "Request " + r.request_id;
+  $("d-summary").textContent = `${r.at} · ${r.endpoint}${r.stream ? " (stream)" : ""} · status ${r.status} ` +
+    `${r.outcome}${r.error_code ? " " + r.error_code : ""} · requested ${r.requested_model || "-"} · served by ` +
+    `${r.selected_model ? r.selected_provider + "/" + r.selected_model : "nobody"} · primary ` +
+    `${r.primary_model ? r.primary_provider + "/" + r.primary_model : "-"} · cost $${num(r.cost_usd, 6)} · ` +
+    `latency ${num(r.latency_ms, 1)} ms · TTFT ${num(r.ttft_ms, 1)} ms · reasons ` +
+    (rc.reason_codes || []).join(", ");
+  $("d-chain").replaceChildren(...(rc.chain || []).map((c) => el("li", c)));
+  $("d-attempts").replaceChildren(...r.attempts.map((a, i) => row([i + 1, a.candidate, a.outcome,
+    a.code || "", a.status || "", num(a.latency_ms, 1)], a.outcome === "ok" ? "ok" : "err")));
+  $("d-rejected").replaceChildren(...(rc.rejected || []).map((j) =>
+    el("li", (j.candidate || "") + ": " + (j.reasons || []).join(", "))));
+  $("d-receipt").textContent = JSON.stringify(rc, null, 2);
+}
+
+async function loadSpend() {
+  try {
+    const projects = await api("/projects");
+    const rows = [];
+    for (const p of projects.data) {
+      const v = await api("/projects/" + encodeURIComponent(p.name));
+      rows.push(row([p.name, num(p.budget_usd, 2), p.budget_window, num(v.window.settled_usd, 6),
+        v.window.remaining_usd === null ? "no budget" : num(v.window.remaining_usd, 6)]));
+    }
+    $("projects").replaceChildren(...rows);
+    const usage = await api("/usage");
+    const top = Math.max(1e-12, ...usage.data.map((u) => u.cost_usd));
+    $("usage").replaceChildren(...usage.data.map((u) => {
+      const bar = el("td", null, "barchart"); const b = el("div");
+      b.style.width = Math.round(200 * u.cost_usd / top) + "px"; bar.appendChild(b);
+      return row([u.project, u.key_id || "-", u.model, u.requests, u.prompt_tokens + "/" + u.completion_tokens,
+        num(u.cost_usd, 6), bar]);
+    }));
+    $("spend-error").textContent = "";
+  } catch (e) { $("spend-error").textContent = "Spend needs the gateway's store: " + e.message; }
+}
+
+async function loadHealth() {
+  try {
+    const h = await api("/health");
+    $("circuits").replaceChildren(...(h.circuits.length ? h.circuits.map((c) =>
+      row([c.circuit, c.reason, c.state, num(c.trial_in_s, 1)], "err")) : [row(["all circuits closed"])]));
+    $("nodes").replaceChildren(...h.nodes.map((n) => row([n.provider, n.node_id, n.alive ? "yes" : "no",
+      num(n.latency_ms, 1), num(n.load, 2), n.active_sessions ?? "-", n.sessions, n.failovers],
+      n.alive ? "ok" : "err")));
+    $("log-state").textContent = `providers: ${h.providers.join(", ")} · request log: ` +
+      `${h.request_log.store ? "store" : "memory ring"}, ${h.request_log.queued} queued`;
+    $("health-error").textContent = "";
+  } catch (e) { $("health-error").textContent = e.message; }
+}
+
+function tab(name) {
+  for (const b of document.querySelectorAll("nav button")) b.classList.toggle("on", b.dataset.tab === name);
+  for (const s of document.querySelectorAll("section")) s.classList.toggle("on", s.id === name);
+  if (name === "spend") loadSpend();
+  if (name === "health") loadHealth();
+}
+
+$("login-form").addEventListener("submit", login);
+$("logout").addEventListener("click", () => logout(""));
+$("apply").addEventListener("click", () => loadRequests(true));
+$("more").addEventListener("click", () => loadRequests(false));
+for (const b of document.querySelectorAll("nav button")) b.addEventListener("click", () => tab(b.dataset.tab));
+setInterval(() => {
+  if (!$("app").hidden && $("auto").checked && $("requests").classList.contains("on")) loadRequests(true);
+  if (!$("app").hidden && $("health").classList.contains("on")) loadHealth();
+}, 5000);
+if (sessionStorage.getItem(KEY)) {
+  api("/health").then(() => { $("login").hidden = true; $("app").hidden = false; loadRequests(true); },
+                      () => {});
+}
