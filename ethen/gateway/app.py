@@ -69,6 +69,7 @@ from ethen.admin.http import admin_routes, request_routes
 from ethen.gateway.auth import KeyRing
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.circuit import CircuitBoard
+from ethen.gateway.completions import completions_endpoint
 from ethen.gateway.config import (
     GatewayConfig,
     build_canaries,
@@ -469,6 +470,7 @@ def create_app(
     endpoints = [
         ("/chat/completions", chat, "POST"),
         ("/responses", responses_endpoint(pipe), "POST"),
+        ("/completions", completions_endpoint(pipe), "POST"),  # legacy: ethen.gateway.completions
         ("/embeddings", embeddings_endpoint(pipe, embeddings), "POST"),
         ("/routing/explain", explain, "POST"),
         ("/models", models, "GET"),
