@@ -27,7 +27,11 @@ SIGSTOP: longest token gap 3.1-3.2 s at ``progress_timeout_s`` 2, 0 tokens lost.
 sessions, 16 steps) found the rounds full (mostly 7-8 sessions with 1 lane, 4 with 2) and a 2-lane round
 taking ~160 ms longer at 20 ms than at 0 ms, i.e. the wire time of the two lanes did not overlap at all: they
 start together and the worker batches their concurrent steps into one, so they stay in phase. Latency
-hiding needs lanes staggered by a stage (a pipeline schedule); not done.
+hiding needs lanes staggered by a stage (a pipeline schedule); not done. A bound to keep in mind (Little's
+law): N sessions in a star at one-way delay D cannot exceed N / (6 D + compute latency per token) tokens/s
+(8 sessions at 20 ms: at most 8 / (0.12 s + compute)), so on a quiet machine, where 8 batched sessions reach
+~100 tokens/s at 0 ms, 80 % at 20 ms is out of reach for 8 sessions whatever the schedule; a chain
+(worker to worker, 4 D per token instead of 6 D) or more sessions in flight raise that bound.
 
 Decode is measured with ``MeshSession.step`` (prefill the prompt, then feed the argmax token), so the
 measured steps never stop early at an end-of-sequence token. BLAS is single-threaded in every process.
