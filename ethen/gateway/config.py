@@ -45,7 +45,8 @@ Choices where the issue is silent:
   unsalted hash is enough here (no password stretching); ``ethen gateway hash-key`` prints a digest.
 - The mesh provider (``kind = "mesh"``) lists worker addresses, not a layout: each worker reports the layers
   it serves in its Health replies, so a layout in the gateway config could only disagree with the workers. It
-  serves one model (:data:`MESH_MODEL`); a route on it naming another upstream model is a config error, and
+  serves one model (:data:`MESH_MODEL`, or its ``model_path`` GGUF, whose routes may name it freely: ``ethen
+  up --model`` uses the file's slug); a route on it naming another upstream model is a config error, and
   its routes look the model up in the catalog under provider ``mesh`` unless ``catalog_provider`` says
   otherwise. ``health_interval_s`` is capped at 1 s (the orchestrator's node states are never older than 1 s).
 - Every error is a :class:`~ethen.gateway.errors.GatewayConfigError` whose message names the dotted key and
@@ -518,7 +519,7 @@ def _cross_check(cfg: GatewayConfig) -> None:
             )
         routes[cid] = i
         prov = cfg.providers[seen[r.provider]]
-        if isinstance(prov, MeshProviderConfig) and r.upstream != MESH_MODEL:
+        if isinstance(prov, MeshProviderConfig) and prov.model_path is None and r.upstream != MESH_MODEL:
             raise GatewayConfigError(
                 f"routes[{i}].upstream_model = {r.upstream!r}: provider {r.provider!r} (kind mesh) serves "
                 f"only {MESH_MODEL!r}"

