@@ -15,8 +15,8 @@ Choices where the issue and the API are silent:
   ``n`` > 1, ``best_of`` > 1, ``echo: true``, a non-empty ``suffix`` and any ``logprobs`` are refused
   with 400 ``unsupported_parameter`` naming the field (they have no chat equivalent; their defaults
   ``null`` / 1 / ``false`` / ``""`` are accepted). ``prompt`` missing: 400 ``missing_required_parameter``.
-- Passed on as on chat (validated there): ``model``, ``n`` (1), ``max_tokens`` (the legacy API's default 16 when
-  unset, so budgets reserve what will be billed), ``temperature``, ``top_p``, ``stop``, ``seed``,
+- Passed on as on chat (validated there): ``model``, ``n`` (1), ``max_tokens`` (the legacy API's default 16
+  when unset, so budgets reserve what will be billed), ``temperature``, ``top_p``, ``stop``, ``seed``,
   ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``user``, ``stream``, ``stream_options``,
   ``metadata`` (its ``routing`` hints as on chat) and ``providerOptions``. Any other key is ignored.
 - Answer: ``choices[0].text`` is the message content (``""`` for none); a chat ``finish_reason`` other than
