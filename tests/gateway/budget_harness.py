@@ -68,3 +68,11 @@ def new_project_key(lv: Live, name: str, **policy: Any) -> str:
         assert r.status_code == 201, r.text
         key: str = r.json()["key"]
         return key
+
+
+def held_reserved(lv: Live, project: str) -> int:
+    """The live gateway's in-flight budget holds for ``project`` (nano-USD): holds live in the admission
+    layer's memory (``ethen.store.admission``), not in the reservations table."""
+    admission = lv.gateway.server.config.app.state.gateway.accounts.admission
+    project_id = with_store(lv.cfg.store.url, lambda st: st.get_project(project)).id  # type: ignore[union-attr]
+    return int(admission.held_nano(project_id)[1])

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from budget_harness import ADMIN_KEY, admin, db_url, live_store, new_project_key, with_store
+from budget_harness import ADMIN_KEY, admin, db_url, held_reserved, live_store, new_project_key, with_store
 from service_harness import CLIENT_KEY, ENV, PROVIDER_KEY, config_dict
 from test_service_cli import write_toml
 from upstream import Behavior
@@ -149,13 +149,14 @@ def test_100_concurrent_requests_never_overspend(db_url: str) -> None:
         assert all(x.json()["error"]["code"] == "budget_exceeded" for x in rejected)
         assert 1 <= len(ok) <= 10
 
-        async def check(st: Store) -> tuple[float, int, int]:
+        async def check(st: Store) -> tuple[float, int]:
             p = await st.get_project("race")
             spend = await st.spend(p)
             rows = await st.usage(project="race")
-            return spend.settled_usd, sum(u.requests for u in rows), await st.count_reservations()
+            return spend.settled_usd, sum(u.requests for u in rows)
 
-        settled, entries, left = with_store(db_url, check)
+        settled, entries = with_store(db_url, check)
+        left = held_reserved(lv, "race")  # every hold settled or released
         print(f"race: {len(ok)}/100 admitted, settled ${settled:.6f} of a ${budget:.6f} budget")
         assert settled <= budget
         assert entries == len(ok) and left == 0
@@ -328,12 +329,10 @@ def test_client_gone_mid_stream_settles_the_estimate_and_releases(db_url: str) -
             assert r.status_code == 200
             next(r.iter_lines())  # the first chunk, then hang up
 
-        async def check(st: Store) -> tuple[list[Any], int]:
-            return await st.usage(project="gone"), await st.count_reservations()
-
         deadline = time.monotonic() + 10
         while True:
-            rows, left = with_store(db_url, check)
+            rows = with_store(db_url, lambda st: st.usage(project="gone"))
+            left = held_reserved(lv, "gone")
             if rows or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
@@ -366,12 +365,10 @@ def test_client_gone_before_the_first_byte_settles_and_releases(db_url: str) -> 
             httpx.post(f"{lv.base_url}/chat/completions", json=body,
                        headers={"authorization": f"Bearer {key}"}, timeout=0.3)
 
-        async def check(st: Store) -> tuple[list[Any], int]:
-            return await st.usage(project="early"), await st.count_reservations()
-
         deadline = time.monotonic() + 10
         while True:
-            rows, left = with_store(db_url, check)
+            rows = with_store(db_url, lambda st: st.usage(project="early"))
+            left = held_reserved(lv, "early")
             if (rows and left == 0) or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
