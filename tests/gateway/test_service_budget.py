@@ -308,6 +308,13 @@ def test_bad_store_config_names_the_key(tmp_path: Path) -> None:
         create_app(parse_config({**base, "store": {"url_env": "NO_SUCH_VAR"}}), env=ENV)
     with pytest.raises(GatewayConfigError, match="api_keys = \\[\\]"):
         parse_config({**base, "api_keys": []})
+    sq = {"url": f"sqlite:///{tmp_path}/x.db"}
+    with pytest.raises(GatewayConfigError, match=r"store\.lease_s = 0\.5: .*greater than or equal to 1"):
+        parse_config({**base, "store": {**sq, "lease_s": 0.5}})
+    with pytest.raises(GatewayConfigError, match=r"store\.lease_s = 'abc': .*valid number"):
+        parse_config({**base, "store": {**sq, "lease_s": "abc"}})
+    with pytest.raises(GatewayConfigError, match=r"store\.instance_id = 'bad id!': .*pattern"):
+        parse_config({**base, "store": {**sq, "instance_id": "bad id!"}})
     # with a store, config keys are optional (project keys come from the database)
     cfg = parse_config({**base, "api_keys": [], "store": {"url": f"sqlite:///{tmp_path}/x.db"}})
     assert cfg.store is not None and cfg.api_keys == []
