@@ -1,20 +1,5 @@
-"""Administration of the gateway's durable state: the request-path accounts (keys, project policy, budget
-admission and settlement), the admin HTTP API and the ``ethen keys / projects / usage / certify`` commands."""
+"""The admin surfaces of the gateway: the admin HTTP API (``/api/admin/v1``: projects, keys, usage, request
+log, certifications) and the ``ethen keys / projects / usage / logs / certify`` commands. The request path's
+accounts (keys, project policy, budget admission and settlement) live in :mod:`ethen.gateway.accounts`."""
 
-from .accounts import (
-    Access,
-    Accounts,
-    AccountsUnavailableError,
-    BudgetExceededError,
-    Hold,
-    with_certifications,
-)
-
-__all__ = [
-    "Access",
-    "Accounts",
-    "AccountsUnavailableError",
-    "BudgetExceededError",
-    "Hold",
-    "with_certifications",
-]
+__all__: list[str] = []

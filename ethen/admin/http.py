@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ethen.gateway.accounts import Accounts, AccountsUnavailableError
 from ethen.gateway.errors import AuthenticationError, GatewayError, InvalidRequestError, http_status
 from ethen.store import (
     UNSET,
@@ -47,8 +48,6 @@ from ethen.store import (
     StoreNotFoundError,
 )
 from ethen.store.requests import RequestQuery, parse_status
-
-from .accounts import Accounts, AccountsUnavailableError
 
 if TYPE_CHECKING:
     from ethen.gateway.requestlog import RequestLog

@@ -64,8 +64,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from ethen.admin.accounts import Accounts, Hold, accounts_for
 from ethen.admin.http import admin_routes, request_routes
+from ethen.gateway.accounts import Accounts, Hold, accounts_for
 from ethen.gateway.auth import KeyRing
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.circuit import CircuitBoard

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ethen.admin.accounts import PROMPT_FACTOR, PROMPT_SLACK_TOKENS, Hold
+from ethen.gateway.accounts import PROMPT_FACTOR, PROMPT_SLACK_TOKENS, Hold
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.config import GatewayConfig, build_candidate
 from ethen.gateway.errors import (

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ethen.admin.accounts import Access, Accounts, Hold
+from ethen.gateway.accounts import Access, Accounts, Hold
 from ethen.gateway.errors import (
     FallbackExhaustedError,
     GatewayError,

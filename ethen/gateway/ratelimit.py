@@ -47,7 +47,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ethen.admin.accounts import Access, Hold
+from ethen.gateway.accounts import Access, Hold
 from ethen.gateway.config import GatewayConfig, RateLimitConfig
 from ethen.gateway.errors import (
     RateLimiterUnavailableError,
@@ -333,7 +333,7 @@ class RateLimits:
 
 
 class _CorrectingHold(Hold):
-    """A budget :class:`~ethen.admin.accounts.Hold` that also corrects the rate limiter's token count (the
+    """A budget :class:`~ethen.gateway.accounts.Hold` that also corrects the rate limiter's token count (the
     served usage, or 0 when released). Delegates every public method to the wrapped hold."""
 
     def __init__(self, inner: Hold, limits: RateLimits, ticket: Ticket) -> None:

@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any
 
-from ethen.admin.accounts import AccountsUnavailableError, Hold
+from ethen.gateway.accounts import AccountsUnavailableError, Hold
 from ethen.gateway.errors import UpstreamError
 from ethen.gateway.execute import Attempt, RouteTarget, StreamRun, chunk_meta, has_content
 from ethen.gateway.metrics import GatewayMetrics

@@ -55,3 +55,14 @@ def test_one_exception_tree_per_package(package: str) -> None:
         and not issubclass(cls, root)
     ]
     assert not strays, f"exceptions outside {root.__name__}'s tree: {strays}"
+
+
+def test_the_request_path_does_not_live_in_the_admin_package() -> None:
+    """``ethen.admin`` is the admin surfaces only (HTTP API, CLI); the request path's accounts are the
+    gateway's (``ethen.gateway.accounts``), and no request-path module imports the admin package."""
+    admin = [m.__name__ for m in _modules("ethen.admin")]
+    assert "ethen.admin.accounts" not in admin
+    request_path = ["accounts", "pipeline", "relay", "execute", "ratelimit", "embeddings", "responses_http"]
+    for name in request_path:
+        mod = importlib.import_module(f"ethen.gateway.{name}")
+        assert "ethen.admin" not in inspect.getsource(mod), f"ethen.gateway.{name} imports ethen.admin"
