@@ -343,7 +343,9 @@ class ServerThread:
 
     def __enter__(self) -> ServerThread:
         self.thread.start()
-        deadline = time.monotonic() + 10
+        # a bound, not a timing: a gateway with a mesh provider loads the model's ends at start, and on a
+        # fresh machine the first one builds the float32 weight cache first (~10-20 s on a loaded 2-core VM)
+        deadline = time.monotonic() + 120
         while not self.server.started:
             if time.monotonic() > deadline or not self.thread.is_alive():
                 raise RuntimeError("server did not start")
