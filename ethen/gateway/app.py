@@ -350,6 +350,7 @@ def create_app(
     gw = Gateway(cfg, providers=providers or build_providers(cfg, env), catalog=catalog, store=store)
     gw.accounts = acc = accounts_for(cfg, gw.keyring, env)
     gw.requestlog.store = lambda: acc.store  # the request log goes to the store when there is one
+    gw.requestlog.write = lambda: acc.admission.write if acc.admission is not None else None
     shared = SharedRuntime.for_gateway(gw, cfg, env)  # [shared] Redis: telemetry bus, exact rate limits
     gw.limits = shared.limits  # the pipeline admits through gw.limits
     m = gw.metrics

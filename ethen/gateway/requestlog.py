@@ -42,6 +42,7 @@ from ethen.gateway.routing import Candidate, Decision
 from ethen.store import Store, StoreError
 from ethen.store.requests import (
     RequestQuery,
+    Write,
     get_request,
     insert_requests,
     list_requests,
@@ -186,6 +187,8 @@ class RequestLog:
         self.metrics = metrics
         self.tracing = tracing
         self.store: Callable[[], Store | None] = lambda: None  # set by the app: the accounts' open store
+        #: set by the app: the ledger writer's transaction runner (``Admission.write``), when there is one
+        self.write: Callable[[], Write | None] = lambda: None
         self._queue: deque[RequestRecord] = deque()
         self._max = cfg.queue_size
         self._wake = asyncio.Event()
@@ -265,7 +268,7 @@ class RequestLog:
                 self.ring.append(row)
             return
         try:
-            await insert_requests(st, rows)
+            await insert_requests(st, rows, self.write())
         except StoreError as exc:
             self.metrics.log_write_errors.inc()
             if not self._failing:
@@ -282,7 +285,7 @@ class RequestLog:
         self._last_prune = now
         before = datetime.now(UTC) - timedelta(days=self.cfg.retention_days)
         try:
-            n = await prune_requests(st, before=before, max_rows=self.cfg.max_rows)
+            n = await prune_requests(st, before=before, max_rows=self.cfg.max_rows, write=self.write())
         except StoreError as exc:
             log.warning("request log: pruning failed: %s", exc.message)
             return

@@ -46,7 +46,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -60,6 +60,8 @@ from .groupcommit import Entry, GroupCommit
 from .models import Principal, Project
 from .store import LAST_USED_GRANULARITY, Store
 from .values import from_nano, to_nano, window_start
+
+T = TypeVar("T")
 
 __all__ = ["Admission", "Ticket"]
 
@@ -218,6 +220,11 @@ class Admission:
         if g is None:
             g = self._grants[project_id] = _Grant()
         return g
+
+    async def write(self, fn: Callable[[Connection], T], what: str) -> T:
+        """Run ``fn`` in one write transaction on the ledger writer's connection (on SQLite its one thread:
+        other writes of this process, e.g. the request log, never contend with settlements for the lock)."""
+        return await self._writer.transaction(fn, what)
 
     def held_nano(self, project_id: int) -> tuple[int, int]:
         """``(grant, reserved)`` of this instance for a project, in nano-USD (for tests and reports)."""

@@ -315,3 +315,26 @@ def test_new_metric_families_after_traffic(tmp_path: Path) -> None:
         assert left is not None and 0 < left <= 5.0
         assert _metric(text, "ethen_gateway_circuit_state", circuit="alpha") == 1.0
         assert "ethen_gateway_request_log_dropped_total 0.0" in text
+
+
+def test_the_log_writes_through_the_ledger_writer(db_url: str) -> None:
+    """With a store, the request log's inserts run as transactions of the ledger writer
+    (``Admission.write``): on SQLite a second writer connection contended with settlements for the write lock
+    and slept in SQLite's busy handler (bench/gateway_scale.py: p99 overhead 67 -> 14 ms at 100 rps)."""
+    with live_store(db_url) as lv:
+        acc = lv.gateway.server.config.app.state.gateway.accounts
+        real = acc.admission.write
+        seen: list[str] = []
+
+        async def spy(fn: Callable[..., Any], what: str) -> Any:
+            seen.append(what)
+            return await real(fn, what)
+
+        acc.admission.write = spy
+        for i in range(3):
+            assert httpx.post(f"{lv.base_url}/chat/completions", timeout=10, headers={
+                "authorization": f"Bearer {CLIENT_KEY}", "x-request-id": f"w-{i}"},
+                json={"model": "beta-small", "messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+        _wait(lambda: "write request log" in seen, "a log batch through the writer")
+        with admin(lv) as a:
+            _wait(lambda: {f"w-{i}" for i in range(3)} <= {r["request_id"] for r in _listing(a)["data"]}, "rows")
