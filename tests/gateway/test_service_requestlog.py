@@ -331,10 +331,12 @@ def test_the_log_writes_through_the_ledger_writer(db_url: str) -> None:
             return await real(fn, what)
 
         acc.admission.write = spy
+        body = {"model": "beta-small", "messages": [{"role": "user", "content": "hi"}]}
         for i in range(3):
-            assert httpx.post(f"{lv.base_url}/chat/completions", timeout=10, headers={
-                "authorization": f"Bearer {CLIENT_KEY}", "x-request-id": f"w-{i}"},
-                json={"model": "beta-small", "messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+            headers = {"authorization": f"Bearer {CLIENT_KEY}", "x-request-id": f"w-{i}"}
+            r = httpx.post(f"{lv.base_url}/chat/completions", timeout=10, headers=headers, json=body)
+            assert r.status_code == 200, r.text
         _wait(lambda: "write request log" in seen, "a log batch through the writer")
+        want = {f"w-{i}" for i in range(3)}
         with admin(lv) as a:
-            _wait(lambda: {f"w-{i}" for i in range(3)} <= {r["request_id"] for r in _listing(a)["data"]}, "rows")
+            _wait(lambda: want <= {r["request_id"] for r in _listing(a)["data"]}, "rows")
