@@ -1,0 +1,65 @@
+"""Turning a parsed config into the routing core's inputs: the candidate pool, the policy, the canaries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ethen.gateway.catalog import Catalog
+from ethen.gateway.errors import GatewayConfigError
+from ethen.gateway.routing import CanaryTarget, Candidate, ProjectPolicy
+
+from .schema import GatewayConfig, RouteConfig
+
+__all__ = [
+    "build_canaries",
+    "build_candidate",
+    "build_policy",
+    "build_pool",
+]
+
+
+def build_candidate(
+    i: int, route: RouteConfig, catalog: Catalog, catalog_provider: str | None = None
+) -> Candidate:
+    """Join one route profile with the catalog's model intelligence and prices; config overrides win.
+    The catalog provider is the route's ``catalog_provider``, else ``catalog_provider``, else its provider."""
+    overrides: dict[str, Any] = {k: v for k, v in route.info.model_dump().items() if v is not None}
+    overrides.update({k: v for k, v in route.prices.model_dump().items() if v is not None})
+    try:
+        entry = catalog.entry(
+            route.catalog_provider or catalog_provider or route.provider,
+            route.model,
+            lookup_model=route.catalog_id,
+            overrides=overrides,
+        )
+        return Candidate(route.provider, route.model, entry.info, entry.prices)
+    except (GatewayConfigError, ValueError) as exc:
+        msg = exc.message if isinstance(exc, GatewayConfigError) else str(exc)
+        raise GatewayConfigError(f"routes[{i}] ({route.provider}/{route.model}): {msg}") from None
+
+
+def build_pool(cfg: GatewayConfig, catalog: Catalog | None = None) -> tuple[Candidate, ...]:
+    """The candidate pool of every configured route. Without a catalog, every route must set its limits and
+    prices in ``[routes.info]`` / ``[routes.prices]`` (the tests do that to stay hermetic)."""
+    cat = catalog if catalog is not None else Catalog({}, use_genai_prices=False)
+    kinds = {p.id: p.kind for p in cfg.providers}
+    return tuple(
+        build_candidate(i, r, cat, "mesh" if kinds.get(r.provider) == "mesh" else None)
+        for i, r in enumerate(cfg.routes)
+        if r.endpoint == "chat"  # an embeddings route never serves a chat request
+    )
+
+
+def build_policy(cfg: GatewayConfig) -> ProjectPolicy:
+    p = cfg.policy
+    return ProjectPolicy(
+        allowed_providers=frozenset(p.allowed_providers) if p.allowed_providers is not None else None,
+        allowed_models=frozenset(p.allowed_models) if p.allowed_models is not None else None,
+        remaining_budget_usd=p.remaining_budget_usd,
+    )
+
+
+def build_canaries(cfg: GatewayConfig) -> tuple[CanaryTarget, ...]:
+    return tuple(
+        CanaryTarget(c.alias, c.candidate, c.percent, c.min_success_rate, c.min_samples) for c in cfg.canaries
+    )
