@@ -19,15 +19,14 @@ Endpoints (JSON in and out, OpenAI-style error envelopes)::
     GET    /health                        circuits (open / half-open), mesh nodes, the request log's queue
 
 The admin key is compared as SHA-256 digests with :func:`hmac.compare_digest`; it is a separate secret from
-client keys (a project key gets 401 here). The routes exist only when a store and an admin key are configured,
+client keys (a project key gets 401 here). The dashboard's session cookie is accepted too, with its CSRF token
+for writes (``ethen.admin.sessions``). The routes exist only when a store and an admin key are configured,
 except ``/requests``: a gateway without a store serves its memory ring there when ``[log] admin_key_sha256``
 is set.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -37,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ethen.admin.sessions import AdminAuth
 from ethen.gateway.accounts import Accounts, AccountsUnavailableError
 from ethen.gateway.errors import AuthenticationError, GatewayError, InvalidRequestError, http_status
 from ethen.store import (
@@ -200,14 +200,9 @@ async def _certifications(request: Request, st: Store) -> Response:
     return _json({"object": "list", "data": [c.to_dict() for c in await st.certifications()]})
 
 
-def _authorized(request: Request, expected: bytes) -> bool:
-    scheme, _, key = (request.headers.get("authorization") or "").partition(" ")
-    given = hashlib.sha256(key.strip().encode()).digest()
-    return scheme.lower() == "bearer" and hmac.compare_digest(given, expected)
-
-
 def _denied() -> Response:
-    return _error(AuthenticationError("A valid admin key is required: 'Authorization: Bearer <admin key>'."))
+    return _error(AuthenticationError("A valid admin key is required: 'Authorization: Bearer <admin key>' "
+                                      "(or a dashboard session, with its x-csrf-token for a write)."))
 
 
 def _int(request: Request, name: str, default: int | None, lo: int, hi: int) -> int | None:
@@ -239,20 +234,19 @@ def _request_query(request: Request) -> RequestQuery:
 
 
 def request_routes(
-    requests: RequestLog, admin_key_sha256: str | None, health: Callable[[], dict[str, Any]] | None = None
+    requests: RequestLog, auth: AdminAuth | None, health: Callable[[], dict[str, Any]] | None = None
 ) -> list[Route]:
     """``GET /requests``, ``GET /requests/{request_id}`` and ``GET /health`` (none without an admin key)."""
-    if admin_key_sha256 is None:
+    if auth is None:
         return []
-    expected = bytes.fromhex(admin_key_sha256)
 
     async def status(request: Request) -> Response:
-        if not _authorized(request, expected):
+        if not auth.allows(request):
             return _denied()
         return _json(health() if health is not None else {})
 
     async def listing(request: Request) -> Response:
-        if not _authorized(request, expected):
+        if not auth.allows(request):
             return _denied()
         try:
             q = _request_query(request)
@@ -265,7 +259,7 @@ def request_routes(
         return _json({"object": "list", "data": rows, "next_cursor": cursor})
 
     async def one(request: Request) -> Response:
-        if not _authorized(request, expected):
+        if not auth.allows(request):
             return _denied()
         rid = request.path_params["request_id"]
         try:
@@ -284,15 +278,14 @@ def request_routes(
     ]
 
 
-def admin_routes(accounts: Accounts, admin_key_sha256: str | None) -> list[Route]:
+def admin_routes(accounts: Accounts, auth: AdminAuth | None) -> list[Route]:
     """The admin routes (none when no admin key is configured)."""
-    if admin_key_sha256 is None or accounts.store_url is None:
+    if auth is None or accounts.store_url is None:
         return []
-    expected = bytes.fromhex(admin_key_sha256)
 
     def wrap(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            if not _authorized(request, expected):
+            if not auth.allows(request):
                 return _denied()
             st = accounts.store
             if st is None:

@@ -65,6 +65,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from ethen.admin.http import admin_routes, request_routes
+from ethen.admin.sessions import AdminAuth
 from ethen.gateway.accounts import Accounts, Hold, accounts_for
 from ethen.gateway.auth import KeyRing
 from ethen.gateway.catalog import Catalog
@@ -478,15 +479,16 @@ def create_app(
         ("/healthz", healthz, "GET"),
         ("/metrics", metrics, "GET"),
     ]
+    admin_key = cfg.store.admin_key_sha256 if cfg.store else cfg.log.admin_key_sha256
+    admin_auth = AdminAuth(admin_key) if admin_key else None  # admin key or dashboard session (ethen.admin)
     app = Starlette(
         routes=[
             # every gateway endpoint under PREFIX and under /v1 (clients whose base URL ends in /v1)
             *(Route(f"{prefix}{path}", fn, methods=[method])
               for prefix in (PREFIX, V1_PREFIX) for path, fn, method in endpoints),
-            *admin_routes(acc, cfg.store.admin_key_sha256 if cfg.store else None),
-            *request_routes(gw.requestlog, cfg.store.admin_key_sha256 if cfg.store
-                            else cfg.log.admin_key_sha256, lambda: gateway_health(gw)),
-            *ui_routes(),  # the dashboard (ethen.gateway.dashboard): a static page reading the admin API
+            *admin_routes(acc, admin_auth if cfg.store else None),
+            *request_routes(gw.requestlog, admin_auth, lambda: gateway_health(gw)),
+            *ui_routes(admin_auth),  # the dashboard (ethen.gateway.dashboard): pages reading the admin API
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,

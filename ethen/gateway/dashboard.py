@@ -1,25 +1,33 @@
-"""The web dashboard at ``/ui`` (issue 14): one static page and its script, reading the admin API.
+"""The web dashboard at ``/ui`` (issue 14): server-served pages and a small script reading the admin API.
 
-The page (``ethen/gateway/ui/index.html`` + ``app.js``: plain HTML and vanilla JS, no build step, no CDN)
-asks for the admin key in a login field and keeps it in ``sessionStorage`` (gone when the tab closes); every
-call sends it as ``Authorization: Bearer``, so the page itself holds no data and needs no key. It shows the
-request log (filters, newest first, auto-refresh, a request's receipt: the chain, each rejected candidate with
-its reasons, the attempts with their timings, the cost), spend per project (``/projects``, ``/usage``: a
-store is needed), provider health (open circuits) and mesh nodes (``/health``).
+``GET /ui`` is the login form (``ui/login.html``) until ``POST /ui/login`` (form field ``admin_key``) checks
+the admin key and sets the session cookie (``ethen.admin.sessions``: ``HttpOnly``, ``SameSite=Strict``,
+``Secure`` off loopback, 8 h); then ``GET /ui`` is the app (``ui/index.html`` + ``app.js``: plain HTML and
+vanilla JS, no build step, no CDN) with the session's CSRF token in a ``<meta>``. The script calls the admin
+API with the cookie and sends ``x-csrf-token`` on writes; ``POST /ui/logout`` (CSRF token required) ends the
+session. Without a session, the app, its script and the chart library are 401 (a wrong key sees nothing).
+It shows the request log (filters, newest first, auto-refresh, a request's receipt: the chain, each rejected
+candidate with its reasons, the attempts with their timings, the cost), spend per project (``/projects``,
+``/usage``: a store is needed), projects and keys (create a project, create a key shown once, revoke a key),
+provider health (open circuits) and mesh nodes (``/health``).
 
-Choices where the issue is silent: read-only (no writes, so no CSRF surface; projects and keys stay with
-``ethen projects`` / ``ethen keys`` and the admin API); data is put in the page with ``textContent`` only,
-and the page is served with a Content-Security-Policy that allows scripts from the gateway alone.
+Choices where the issue is silent: data is put in the page with ``textContent`` only, and every page is served
+with a Content-Security-Policy that allows scripts from the gateway alone and forms posting to it alone; no
+dashboard without an admin key (``[store]`` or ``[log] admin_key_sha256``).
 """
 
 from __future__ import annotations
 
+import html
 from importlib import resources
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from ethen.admin.sessions import COOKIE, AdminAuth, secure_cookie
 
 if TYPE_CHECKING:
     from ethen.gateway.app import Gateway
@@ -27,7 +35,9 @@ if TYPE_CHECKING:
 __all__ = ["gateway_health", "ui_routes"]
 
 _CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; connect-src 'self'; "
-        "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+        "img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+_MAX_LOGIN_BODY = 4096
+_ASSETS = {"app.js": "text/javascript"}
 
 
 def gateway_health(gw: Gateway) -> dict[str, Any]:
@@ -56,16 +66,56 @@ def _asset(name: str) -> bytes:
     return resources.files("ethen.gateway").joinpath("ui", name).read_bytes()
 
 
-def ui_routes() -> list[Route]:
-    """``GET /ui`` (the page) and ``GET /ui/app.js``; read once, at app build."""
-    page, script = _asset("index.html"), _asset("app.js")
+def ui_routes(auth: AdminAuth | None) -> list[Route]:
+    """``/ui`` (login form or app), ``/ui/login``, ``/ui/logout``, the static files (read once, at build)."""
+    if auth is None:
+        return []
+    app_page, login_page = _asset("index.html").decode(), _asset("login.html").decode()
+    assets = {name: (_asset(name), media) for name, media in _ASSETS.items()}
     headers = {"content-security-policy": _CSP, "x-content-type-options": "nosniff",
                "cache-control": "no-store", "referrer-policy": "no-referrer"}
 
+    def login_form(error: str, status: int) -> Response:
+        body = login_page.replace("<!--error-->", html.escape(error))
+        return Response(body, status, headers, media_type="text/html; charset=utf-8")
+
     async def index(request: Request) -> Response:
+        s = auth.session(request)
+        if s is None:
+            return login_form("", 200)
+        page = app_page.replace("__CSRF_TOKEN__", s.csrf)  # token_urlsafe: no HTML-special characters
         return Response(page, 200, headers, media_type="text/html; charset=utf-8")
 
-    async def app_js(request: Request) -> Response:
-        return Response(script, 200, headers, media_type="text/javascript; charset=utf-8")
+    async def login(request: Request) -> Response:
+        raw = await request.body()
+        if len(raw) > _MAX_LOGIN_BODY:
+            return login_form("The form is too large.", 413)
+        key = (parse_qs(raw.decode("utf-8", "replace")).get("admin_key") or [""])[0]
+        if not auth.key_ok(key):
+            return login_form("That is not the admin key.", 401)
+        sid, _ = auth.login()
+        r = Response(None, 303, {**headers, "location": "/ui"})
+        r.set_cookie(COOKIE, sid, max_age=int(auth.ttl_s), path="/", secure=secure_cookie(request),
+                     httponly=True, samesite="strict")
+        return r
 
-    return [Route("/ui", index, methods=["GET"]), Route("/ui/app.js", app_js, methods=["GET"])]
+    async def logout(request: Request) -> Response:
+        s = auth.session(request)
+        if s is None or not auth.csrf_ok(request, s):
+            return Response('{"error":{"message":"A live session and its x-csrf-token are required.",'
+                            '"type":"invalid_request_error","code":"invalid_session","param":null}}',
+                            401, headers, media_type="application/json")
+        auth.logout(request)
+        r = Response(None, 204, headers)
+        r.delete_cookie(COOKIE, path="/", secure=secure_cookie(request), httponly=True, samesite="strict")
+        return r
+
+    async def asset(request: Request) -> Response:
+        if auth.session(request) is None:
+            return Response("sign in at /ui", 401, headers, media_type="text/plain")
+        body, media = assets[request.url.path.rsplit("/", 1)[1]]
+        return Response(body, 200, headers, media_type=f"{media}; charset=utf-8")
+
+    return [Route("/ui", index, methods=["GET"]), Route("/ui/login", login, methods=["POST"]),
+            Route("/ui/logout", logout, methods=["POST"])] + [
+            Route(f"/ui/{name}", asset, methods=["GET"]) for name in assets]

@@ -1,6 +1,6 @@
-"""The ``/ui`` dashboard (issue 14), tested at the HTTP level: Chromium is not installed on this machine
-(``/usr/bin/chromium`` absent), so no browser test; the page, its script, and every admin API call the script
-makes are checked against a live store-backed gateway after real traffic."""
+"""The ``/ui`` dashboard (issue 14), tested at the HTTP level (the browser test is test_browser_dashboard.py):
+login and the session cookie, CSRF on cookie writes, the page, its script, and every admin API call the script
+makes, checked against a live store-backed gateway after real traffic."""
 
 from __future__ import annotations
 
@@ -11,9 +11,18 @@ from typing import Any
 
 import httpx
 from budget_harness import ADMIN_KEY, live_store, new_project_key
+from starlette.requests import Request
 from upstream import Behavior
 
+from ethen.admin.sessions import COOKIE, AdminAuth, secure_cookie
+
 USER = [{"role": "user", "content": "hello"}]
+
+
+def _login(url: str, key: str = ADMIN_KEY) -> dict[str, str]:
+    r = httpx.post(f"{url}/ui/login", data={"admin_key": key})
+    assert r.status_code == 303 and r.headers["location"] == "/ui", r.text
+    return {"cookie": f"{COOKIE}={r.cookies[COOKIE]}"}
 
 
 def test_dashboard_page_and_every_api_it_reads(tmp_path: Path) -> None:
@@ -26,14 +35,14 @@ def test_dashboard_page_and_every_api_it_reads(tmp_path: Path) -> None:
             # a fallback answers the alias; beta-small alone fails until its circuit opens (then 503)
             assert r.status_code == (200 if i == 0 else 502 if i < 3 else 503), r.text
 
-        page = httpx.get(f"{lv.gateway.url}/ui")
+        cookie = _login(lv.gateway.url)
+        page = httpx.get(f"{lv.gateway.url}/ui", headers=cookie)
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-        assert 'id="admin-key"' in page.text and 'type="password"' in page.text
-        assert '<script src="/ui/app.js"></script>' in page.text
+        assert '<script src="/ui/app.js"></script>' in page.text and 'id="req-rows"' in page.text
         assert "script-src 'self'" in page.headers["content-security-policy"]
-        js = httpx.get(f"{lv.gateway.url}/ui/app.js")
+        js = httpx.get(f"{lv.gateway.url}/ui/app.js", headers=cookie)
         assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
-        assert "sessionStorage" in js.text and "innerHTML" not in js.text
+        assert "x-csrf-token" in js.text and "innerHTML" not in js.text and "sessionStorage" not in js.text
 
         # every admin API path the script calls
         called = set(re.findall(r'api\("(/[a-z]+)', js.text))
@@ -71,3 +80,68 @@ def test_dashboard_page_and_every_api_it_reads(tmp_path: Path) -> None:
         assert window["remaining_usd"] <= 2.0
         usage = httpx.get(f"{base}/usage", headers=hdr).json()["data"]
         assert usage and all({"project", "key_id", "model", "requests", "cost_usd"} <= set(u) for u in usage)
+
+
+def test_login_session_cookie_csrf_and_logout(tmp_path: Path) -> None:
+    with live_store(f"sqlite:///{tmp_path / 'login.db'}", {}) as lv:
+        url, base = lv.gateway.url, f"{lv.gateway.url}/api/admin/v1"
+        # a wrong key: the login form again (401), no cookie, and no page, script or API
+        bad = httpx.post(f"{url}/ui/login", data={"admin_key": "not-the-admin-key"})
+        assert bad.status_code == 401 and "That is not the admin key." in bad.text
+        assert "set-cookie" not in bad.headers
+        forged = {"cookie": f"{COOKIE}=made-up-session-id"}
+        for hdr in ({}, forged):
+            anon = httpx.get(f"{url}/ui", headers=hdr)
+            assert anon.status_code == 200 and 'name="admin_key"' in anon.text and "req-rows" not in anon.text
+            assert httpx.get(f"{url}/ui/app.js", headers=hdr).status_code == 401
+            for path in ("/health", "/requests", "/projects", "/usage"):
+                assert httpx.get(base + path, headers=hdr).status_code == 401, path
+
+        ok = httpx.post(f"{url}/ui/login", data={"admin_key": ADMIN_KEY})
+        assert ok.status_code == 303 and ok.headers["location"] == "/ui"
+        set_cookie = ok.headers["set-cookie"].lower()
+        assert "httponly" in set_cookie and "samesite=strict" in set_cookie and "path=/" in set_cookie
+        assert "max-age=28800" in set_cookie and "secure" not in set_cookie  # loopback: plain HTTP works
+        cookie = {"cookie": f"{COOKIE}={ok.cookies[COOKIE]}"}
+        page = httpx.get(f"{url}/ui", headers=cookie).text
+        csrf = re.search(r'<meta name="csrf-token" content="([A-Za-z0-9_-]{40,})">', page)
+        assert csrf is not None and "req-rows" in page
+        for path in ("/health", "/requests", "/projects", "/usage"):
+            assert httpx.get(base + path, headers=cookie).status_code == 200, path
+
+        # a cookie write needs the session's CSRF token (a cross-site form cannot send the header)
+        body = {"name": "acme", "budget_usd": 5.0}
+        assert httpx.post(f"{base}/projects", json=body, headers=cookie).status_code == 401
+        wrong = {**cookie, "x-csrf-token": "x" * 43}
+        assert httpx.post(f"{base}/projects", json=body, headers=wrong).status_code == 401
+        good = {**cookie, "x-csrf-token": csrf.group(1)}
+        assert httpx.post(f"{base}/projects", json=body, headers=good).status_code == 201
+        assert httpx.post(f"{base}/projects/acme/keys", json={"name": "k"}, headers=cookie).status_code == 401
+        created = httpx.post(f"{base}/projects/acme/keys", json={"name": "k"}, headers=good)
+        assert created.status_code == 201 and created.json()["key"].startswith("ethen")
+        assert httpx.delete(f"{base}/keys/{created.json()['key_id']}", headers=cookie).status_code == 401
+        assert httpx.delete(f"{base}/keys/{created.json()['key_id']}", headers=good).status_code == 200
+
+        # logout needs the token too; afterwards the cookie is dead
+        assert httpx.post(f"{url}/ui/logout", headers=cookie).status_code == 401
+        out = httpx.post(f"{url}/ui/logout", headers=good)
+        assert out.status_code == 204 and f'{COOKIE}=""' in out.headers["set-cookie"]
+        assert httpx.get(f"{base}/projects", headers=cookie).status_code == 401
+        assert "req-rows" not in httpx.get(f"{url}/ui", headers=cookie).text
+
+
+def _request(client: str, cookie: str = "") -> Request:
+    headers = [(b"cookie", cookie.encode())] if cookie else []
+    scope = {"type": "http", "method": "GET", "path": "/ui", "headers": headers, "client": (client, 5)}
+    return Request(scope)
+
+
+def test_session_expiry_and_secure_cookie_off_loopback() -> None:
+    now = [1000.0]
+    auth = AdminAuth("00" * 32, ttl_s=60, clock=lambda: now[0])
+    sid, _ = auth.login()
+    assert auth.session(_request("127.0.0.1", f"{COOKIE}={sid}")) is not None
+    now[0] += 61
+    assert auth.session(_request("127.0.0.1", f"{COOKIE}={sid}")) is None and auth.sessions == {}
+    assert not secure_cookie(_request("127.0.0.1")) and not secure_cookie(_request("::1"))
+    assert secure_cookie(_request("10.1.2.3")) and secure_cookie(_request("192.168.0.9"))

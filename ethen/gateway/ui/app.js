@@ -1,8 +1,9 @@
-// Ethen gateway dashboard: reads the admin API with the admin key kept in sessionStorage.
+// Ethen gateway dashboard: reads the admin API with the session cookie (set by POST /ui/login);
+// writes send the session's CSRF token (from the page's <meta>) in x-csrf-token.
 // Data goes into the page with textContent only (never as HTML).
 "use strict";
 const API = "/api/admin/v1";
-const KEY = "ethen.adminKey";
+const CSRF = document.querySelector('meta[name="csrf-token"]').content;
 const $ = (id) => document.getElementById(id);
 let cursor = null;
 
@@ -19,27 +20,20 @@ function row(cells, cls) {
 }
 function num(v, digits) { return v === null || v === undefined ? "-" : Number(v).toFixed(digits); }
 
-async function api(path) {
-  const r = await fetch(API + path, { headers: { authorization: "Bearer " + sessionStorage.getItem(KEY) } });
+async function api(path, method, data) {
+  const init = { method: method || "GET", credentials: "same-origin", headers: {} };
+  if (init.method !== "GET") init.headers["x-csrf-token"] = CSRF;
+  if (data !== undefined) { init.headers["content-type"] = "application/json"; init.body = JSON.stringify(data); }
+  const r = await fetch(API + path, init);
   const body = await r.json().catch(() => ({}));
-  if (r.status === 401) { logout("the admin key was refused"); throw new Error("unauthorized"); }
+  if (r.status === 401) { location.assign("/ui"); throw new Error("the session has ended"); }
   if (!r.ok) throw new Error((body.error && body.error.message) || r.status + "");
   return body;
 }
 
-function logout(why) {
-  sessionStorage.removeItem(KEY);
-  $("app").hidden = true; $("login").hidden = false;
-  $("login-error").textContent = why || "";
-}
-
-async function login(ev) {
-  ev.preventDefault();
-  sessionStorage.setItem(KEY, $("admin-key").value.trim());
-  $("admin-key").value = "";
-  try { await api("/health"); } catch (e) { return; }
-  $("login").hidden = true; $("app").hidden = false;
-  loadRequests(true);
+async function logout() {
+  await fetch("/ui/logout", { method: "POST", credentials: "same-origin", headers: { "x-csrf-token": CSRF } });
+  location.assign("/ui");
 }
 
 function filters() {
@@ -136,16 +130,12 @@ function tab(name) {
   if (name === "health") loadHealth();
 }
 
-$("login-form").addEventListener("submit", login);
-$("logout").addEventListener("click", () => logout(""));
+$("logout").addEventListener("click", logout);
 $("apply").addEventListener("click", () => loadRequests(true));
 $("more").addEventListener("click", () => loadRequests(false));
 for (const b of document.querySelectorAll("nav button")) b.addEventListener("click", () => tab(b.dataset.tab));
 setInterval(() => {
-  if (!$("app").hidden && $("auto").checked && $("requests").classList.contains("on")) loadRequests(true);
-  if (!$("app").hidden && $("health").classList.contains("on")) loadHealth();
+  if ($("auto").checked && $("requests").classList.contains("on")) loadRequests(true);
+  if ($("health").classList.contains("on")) loadHealth();
 }, 5000);
-if (sessionStorage.getItem(KEY)) {
-  api("/health").then(() => { $("login").hidden = true; $("app").hidden = false; loadRequests(true); },
-                      () => {});
-}
+loadRequests(true);
