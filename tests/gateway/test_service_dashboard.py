@@ -46,7 +46,7 @@ def test_dashboard_page_and_every_api_it_reads(tmp_path: Path) -> None:
 
         # every admin API path the script calls
         called = set(re.findall(r'api\("(/[a-z]+)', js.text))
-        assert called == {"/health", "/requests", "/projects", "/usage"}
+        assert called == {"/health", "/requests", "/projects", "/usage", "/keys"}
         base = f"{lv.gateway.url}/api/admin/v1"
         hdr = {"authorization": f"Bearer {ADMIN_KEY}"}
         paths = ("/health", "/requests?limit=50", "/requests/ui-0", "/projects", "/projects/acme", "/usage")

@@ -109,6 +109,67 @@ async function loadSpend() {
   } catch (e) { $("spend-error").textContent = "Spend needs the gateway's store: " + e.message; }
 }
 
+async function loadProjects() {
+  try {
+    const projects = (await api("/projects")).data;
+    const sel = $("k-project"); const keep = sel.value;
+    sel.replaceChildren(...projects.map((p) => el("option", p.name)));
+    if (projects.some((p) => p.name === keep)) sel.value = keep;
+    await loadKeys();
+    $("keys-error").textContent = "";
+  } catch (e) { $("keys-error").textContent = "Projects need the gateway's store: " + e.message; }
+}
+
+async function loadKeys() {
+  const project = $("k-project").value;
+  if (!project) { $("keys-rows").replaceChildren(); return; }
+  const keys = (await api("/projects/" + encodeURIComponent(project) + "/keys")).data;
+  $("keys-rows").replaceChildren(...keys.map((k) => {
+    const cell = el("td");
+    if (!k.revoked_at) {
+      const b = el("button", "Revoke"); b.dataset.key = k.key_id;
+      b.addEventListener("click", () => revokeKey(k.key_id));
+      cell.appendChild(b);
+    }
+    return row([k.key_id, k.name || "-", k.created_at.slice(0, 19), (k.last_used_at || "-").slice(0, 19),
+      k.revoked_at ? k.revoked_at.slice(0, 19) : "no", cell], k.revoked_at ? "muted" : "");
+  }));
+}
+
+async function createProject(ev) {
+  ev.preventDefault();
+  const budget = $("p-budget").value.trim();
+  try {
+    const p = await api("/projects", "POST", { name: $("p-name").value.trim(),
+      budget_usd: budget ? Number(budget) : null, budget_window: $("p-window").value });
+    $("p-name").value = ""; $("p-budget").value = "";
+    await loadProjects();
+    $("k-project").value = p.name; await loadKeys();
+  } catch (e) { $("keys-error").textContent = e.message; }
+}
+
+async function createKey(ev) {
+  ev.preventDefault();
+  const project = $("k-project").value;
+  try {
+    if (!project) throw new Error("create a project first");
+    const name = $("k-name").value.trim();
+    const k = await api("/projects/" + encodeURIComponent(project) + "/keys", "POST", name ? { name } : {});
+    $("k-name").value = "";
+    $("new-key-value").textContent = k.key; $("new-key").hidden = false;
+    await loadKeys();
+    $("keys-error").textContent = "";
+  } catch (e) { $("keys-error").textContent = e.message; }
+}
+
+async function revokeKey(id) {
+  try {
+    await api("/keys/" + encodeURIComponent(id), "DELETE");
+    $("new-key").hidden = true; $("new-key-value").textContent = "";
+    await loadKeys();
+  } catch (e) { $("keys-error").textContent = e.message; }
+}
+
 async function loadHealth() {
   try {
     const h = await api("/health");
@@ -128,9 +189,13 @@ function tab(name) {
   for (const s of document.querySelectorAll("section")) s.classList.toggle("on", s.id === name);
   if (name === "spend") loadSpend();
   if (name === "health") loadHealth();
+  if (name === "keys") loadProjects();
 }
 
 $("logout").addEventListener("click", logout);
+$("project-form").addEventListener("submit", createProject);
+$("key-form").addEventListener("submit", createKey);
+$("k-project").addEventListener("change", loadKeys);
 $("apply").addEventListener("click", () => loadRequests(true));
 $("more").addEventListener("click", () => loadRequests(false));
 for (const b of document.querySelectorAll("nav button")) b.addEventListener("click", () => tab(b.dataset.tab));
