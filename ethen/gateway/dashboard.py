@@ -8,8 +8,9 @@ API with the cookie and sends ``x-csrf-token`` on writes; ``POST /ui/logout`` (C
 session. Without a session, the app, its script and the chart library are 401 (a wrong key sees nothing).
 It shows the request log (filters, newest first, auto-refresh, a request's receipt: the chain, each rejected
 candidate with its reasons, the attempts with their timings, the cost), spend per project (``/projects``,
-``/usage``: a store is needed), projects and keys (create a project, create a key shown once, revoke a key),
-provider health (open circuits) and mesh nodes (``/health``).
+``/usage``: a store is needed; charts of spend per project and per model over time, drawn with uPlot from the
+newest 2000 rows of the request log), projects and keys (create a project, create a key shown once, revoke a
+key), provider health (open circuits) and mesh nodes (``/health``).
 
 Choices where the issue is silent: data is put in the page with ``textContent`` only, and every page is served
 with a Content-Security-Policy that allows scripts from the gateway alone and forms posting to it alone; no
@@ -37,7 +38,8 @@ __all__ = ["gateway_health", "ui_routes"]
 _CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; connect-src 'self'; "
         "img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 _MAX_LOGIN_BODY = 4096
-_ASSETS = {"app.js": "text/javascript"}
+# uPlot 1.6.32 (npm "uplot", MIT; version and license in the files' header comments): the spend charts
+_ASSETS = {"app.js": "text/javascript", "uplot.iife.min.js": "text/javascript", "uplot.min.css": "text/css"}
 
 
 def gateway_health(gw: Gateway) -> dict[str, Any]:

@@ -43,6 +43,14 @@ def test_dashboard_page_and_every_api_it_reads(tmp_path: Path) -> None:
         js = httpx.get(f"{lv.gateway.url}/ui/app.js", headers=cookie)
         assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
         assert "x-csrf-token" in js.text and "innerHTML" not in js.text and "sessionStorage" not in js.text
+        # the chart library ships in the package (no CDN): served with the session only
+        assert '<script src="/ui/uplot.iife.min.js"></script>' in page.text and "https://" not in page.text
+        for name, kind, marker in (("uplot.iife.min.js", "text/javascript", "uPlot 1.6.32"),
+                                   ("uplot.min.css", "text/css", ".uplot")):
+            asset = httpx.get(f"{lv.gateway.url}/ui/{name}", headers=cookie)
+            assert asset.status_code == 200 and asset.headers["content-type"].startswith(kind)
+            assert marker in asset.text and "MIT" in asset.text
+            assert httpx.get(f"{lv.gateway.url}/ui/{name}").status_code == 401
 
         # every admin API path the script calls
         called = set(re.findall(r'api\("(/[a-z]+)', js.text))

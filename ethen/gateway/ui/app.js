@@ -87,8 +87,46 @@ async function showRequest(id) {
   $("d-receipt").textContent = JSON.stringify(rc, null, 2);
 }
 
+const COLORS = ["#2f6fde", "#e8590c", "#2b8a3e", "#c2255c", "#7048e8", "#0b7285", "#a61e4d", "#5c940d"];
+let charts = [];
+
+// Spend per bucket of time, one line per project (or model), from the request log's newest rows.
+function drawSpend(target, rows, keyOf, what) {
+  const priced = rows.filter((r) => r.cost_usd !== null && keyOf(r) !== null);
+  target.replaceChildren();
+  if (!priced.length) { target.appendChild(el("p", "no priced requests yet", "muted")); return; }
+  const times = priced.map((r) => Date.parse(r.at) / 1000);
+  const t0 = times.reduce((a, b) => Math.min(a, b)), t1 = times.reduce((a, b) => Math.max(a, b));
+  const step = Math.max(60, Math.ceil((t1 - t0) / 24));
+  const start = Math.floor(t0 / step) * step, n = Math.floor((t1 - start) / step) + 2;
+  const xs = Array.from({ length: n }, (_, i) => start + i * step);
+  const names = [...new Set(priced.map(keyOf))].sort();
+  const ys = names.map(() => new Array(n).fill(0));
+  priced.forEach((r, i) => { ys[names.indexOf(keyOf(r))][Math.floor((times[i] - start) / step)] += r.cost_usd; });
+  const series = [{}, ...names.map((label, i) => ({ label, stroke: COLORS[i % COLORS.length], width: 2 }))];
+  const opts = { width: 760, height: 220, title: `spend per ${what} ($ per ${step} s)`, series,
+    axes: [{}, { size: 70, values: (u, vals) => vals.map((v) => "$" + Number(v.toPrecision(3))) }] };
+  charts.push(new uPlot(opts, [xs, ...ys], target));
+}
+
+async function loadCharts() {
+  let rows = [], next = null;
+  for (let i = 0; i < 4; i++) {  // bounded: 4 pages of 500
+    const p = new URLSearchParams({ limit: "500" }); if (next) p.set("cursor", next);
+    const page = await api("/requests?" + p.toString());
+    rows = rows.concat(page.data); next = page.next_cursor;
+    if (!next) break;
+  }
+  for (const c of charts) c.destroy();
+  charts = [];
+  drawSpend($("chart-project"), rows, (r) => r.project || "(no project)", "project");
+  drawSpend($("chart-model"), rows, (r) => r.selected_model ? r.selected_provider + "/" + r.selected_model : null,
+            "model");
+}
+
 async function loadSpend() {
   try {
+    await loadCharts();
     const projects = await api("/projects");
     const rows = [];
     for (const p of projects.data) {
