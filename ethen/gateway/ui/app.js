@@ -105,7 +105,7 @@ function drawSpend(target, rows, keyOf, what) {
   priced.forEach((r, i) => { ys[names.indexOf(keyOf(r))][Math.floor((times[i] - start) / step)] += r.cost_usd; });
   const series = [{}, ...names.map((label, i) => ({ label, stroke: COLORS[i % COLORS.length], width: 2 }))];
   const opts = { width: 760, height: 220, title: `spend per ${what} ($ per ${step} s)`, series,
-    axes: [{}, { size: 70, values: (u, vals) => vals.map((v) => "$" + Number(v.toPrecision(3))) }] };
+    axes: [{}, { size: 100, values: (u, vals) => vals.map((v) => "$" + Number(v.toPrecision(3))) }] };
   charts.push(new uPlot(opts, [xs, ...ys], target));
 }
 

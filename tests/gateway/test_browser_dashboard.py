@@ -1,0 +1,159 @@
+"""The ``/ui`` dashboard in a real browser (issue 14): Playwright driving Debian's Chromium
+(``/usr/bin/chromium``, installed by ``.ci/run``; never ``playwright install``) against a live store-backed
+gateway with a scripted upstream. A wrong key sees nothing; after signing in: the request log with a fallback
+request and its receipt, the spend charts (pixels of the series colour on the canvas), a project and a key
+created, the key used, then revoked. Screenshots of each page go to ``$ETHEN_TEST_ARTIFACTS/dashboard`` (else
+the test's tmp_path).
+
+Skips, with the reason, without Chromium or the ``playwright`` package."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from budget_harness import ADMIN_KEY, live_store, new_project_key
+from upstream import Behavior
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+USER = [{"role": "user", "content": "hello"}]
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent (apt-get install "
+                                "chromium; .ci/run does it)")
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is absent (dev extra)")
+
+
+@pytest.fixture()
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _artifacts(tmp_path: Path) -> Path:
+    root = os.environ.get("ETHEN_TEST_ARTIFACTS")
+    out = (Path(root) if root else tmp_path) / "dashboard"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _chat(url: str, key: str, model: str, rid: str) -> httpx.Response:
+    return httpx.post(f"{url}/chat/completions", timeout=15,
+                      headers={"authorization": f"Bearer {key}", "x-request-id": rid},
+                      json={"model": model, "messages": USER, "max_tokens": 5})
+
+
+# pixels of the first series' colour (#2f6fde) on a chart's canvas: the line is drawn, not just the axes
+_SERIES_PIXELS = """(sel) => {
+  const c = document.querySelector(sel + " canvas");
+  if (!c) return -1;
+  const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+  let n = 0;
+  for (let i = 0; i < d.length; i += 4)
+    if (Math.abs(d[i] - 47) < 8 && Math.abs(d[i + 1] - 111) < 8 && Math.abs(d[i + 2] - 222) < 8
+        && d[i + 3] > 200) n++;
+  return n;
+}"""
+
+
+def test_dashboard_in_chromium(tmp_path: Path, browser: Any) -> None:
+    shots = _artifacts(tmp_path)
+    with live_store(f"sqlite:///{tmp_path / 'b.db'}", {"up-beta-small": Behavior(fail_status=500)}) as lv:
+        url = lv.gateway.url
+        key = new_project_key(lv, "acme", budget_usd=2.0)
+        assert _chat(lv.base_url, key, "ethen/auto", "ui-fallback").status_code == 200  # beta fails, next one
+        assert _chat(lv.base_url, key, "beta-small", "ui-failed").status_code == 502
+        deadline = time.monotonic() + 10
+        while True:  # bounded: the request log's writer lags by a batch
+            rows = httpx.get(f"{url}/api/admin/v1/requests",
+                             headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()["data"]
+            if len(rows) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert len(rows) == 2
+
+        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+        ctx.set_default_timeout(15_000)
+        page = ctx.new_page()
+
+        # a wrong key: the login form again, no page and no API with whatever cookies the browser holds
+        page.goto(f"{url}/ui")
+        page.fill("#admin-key", "not-the-admin-key")
+        page.click("button[type=submit]")
+        page.wait_for_selector("text=That is not the admin key.")
+        assert page.locator("#req-rows").count() == 0
+        page.screenshot(path=str(shots / "0-wrong-key.png"))
+        assert ctx.request.get(f"{url}/api/admin/v1/requests").status == 401
+        assert ctx.request.get(f"{url}/ui/app.js").status == 401
+
+        # sign in: the request log, newest first, the fallback marked
+        page.fill("#admin-key", ADMIN_KEY)
+        page.click("button[type=submit]")
+        page.wait_for_selector("#req-rows tr >> text=ui-fallback")
+        ids = page.locator("#req-rows tr td:nth-child(2)").all_text_contents()
+        assert ids == ["ui-failed", "ui-fallback"]
+        assert "(fallback)" in page.locator("#req-rows tr", has_text="ui-fallback").inner_text()
+        page.screenshot(path=str(shots / "1-requests.png"), full_page=True)
+
+        # the fallback request's page: the chain, both attempts, the receipt
+        page.click("#req-rows tr >> text=ui-fallback")
+        page.wait_for_selector("#d-title >> text=Request ui-fallback")
+        chain = page.locator("#d-chain li").all_text_contents()
+        assert chain[0] == "beta/beta-small" and len(chain) >= 2
+        attempts = page.locator("#d-attempts tr").all_inner_texts()
+        assert len(attempts) == 2 and "error" in attempts[0] and "ok" in attempts[1]
+        assert '"chain"' in page.inner_text("#d-receipt")
+        page.screenshot(path=str(shots / "2-fallback-request.png"), full_page=True)
+
+        # spend: both charts drawn (series pixels on the canvas), the project's window
+        page.click("nav button[data-tab=spend]")
+        page.wait_for_selector("#chart-project canvas")
+        page.wait_for_selector("#chart-model canvas")
+        page.wait_for_selector("#projects tr >> text=acme")
+        assert page.evaluate(_SERIES_PIXELS, "#chart-project") > 50
+        assert page.evaluate(_SERIES_PIXELS, "#chart-model") > 50
+        page.screenshot(path=str(shots / "3-spend.png"), full_page=True)
+
+        # projects and keys: create a project, a key (shown once, and it works), revoke it (then it does not)
+        page.click("nav button[data-tab=keys]")
+        page.fill("#p-name", "team-b")
+        page.fill("#p-budget", "3")
+        page.select_option("#p-window", "day")
+        page.click("#project-form button[type=submit]")
+        sync_api.expect(page.locator("#k-project")).to_have_value("team-b")
+        page.fill("#k-name", "ci-key")
+        page.click("#key-form button[type=submit]")
+        page.wait_for_selector("#new-key:not([hidden])")
+        new_key = page.inner_text("#new-key-value").strip()
+        assert new_key.startswith("ethen")
+        page.wait_for_selector("#keys-rows tr >> text=ci-key")
+        page.screenshot(path=str(shots / "4-key-created.png"), full_page=True)
+        assert _chat(lv.base_url, new_key, "ethen/auto", "ui-new-key").status_code == 200
+        project = httpx.get(f"{url}/api/admin/v1/projects/team-b",
+                            headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()
+        assert project["budget_usd"] == 3.0 and project["budget_window"] == "day"
+
+        page.click("#keys-rows tr >> text=Revoke")
+        page.wait_for_selector("#keys-rows tr >> text=Revoke", state="detached")
+        assert page.locator("#new-key-value").inner_text() == ""
+        assert _chat(lv.base_url, new_key, "ethen/auto", "ui-revoked").status_code == 401
+        page.screenshot(path=str(shots / "5-key-revoked.png"), full_page=True)
+
+        # sign out: the login form, and the cookie opens nothing any more
+        page.click("#logout")
+        page.wait_for_selector("#admin-key")
+        assert ctx.request.get(f"{url}/api/admin/v1/projects").status == 401
+        ctx.close()
+    assert sorted(p.name for p in shots.glob("*.png")) == [
+        "0-wrong-key.png", "1-requests.png", "2-fallback-request.png", "3-spend.png", "4-key-created.png",
+        "5-key-revoked.png"]
