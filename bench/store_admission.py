@@ -139,6 +139,41 @@ def main() -> None:
     print(f"{'path / backend':40} {'median ms':>10} {'p99 ms':>8} {'req/s':>8} {'median vs first':>15}")
     for label, med, p99, rps in rows:
         print(f"{label:40} {med:10.3f} {p99:8.3f} {rps:8.0f} {med / base[1]:14.2f}x")
+    with tempfile.TemporaryDirectory() as d:
+        fsync_ms, commit_ms = durability_floor(Path(d), args.n)
+    print(f"floor, same disk and run: os.fsync median {fsync_ms:.3f} ms; a bare sqlite3 commit of one row "
+          f"(WAL, synchronous=FULL) median {commit_ms:.3f} ms: a settlement durable before the answer "
+          "costs at least one of these")
+
+
+def durability_floor(d: Path, n: int) -> tuple[float, float]:
+    """Median ms of ``os.fsync`` on a small file, and of a bare one-row sqlite3 commit (WAL, FULL)."""
+    import os
+    import sqlite3
+
+    times = []
+    fd = os.open(d / "probe", os.O_WRONLY | os.O_CREAT)
+    try:
+        for _ in range(n):
+            os.write(fd, b"x" * 100)
+            t0 = time.perf_counter()
+            os.fsync(fd)
+            times.append((time.perf_counter() - t0) * 1000)
+    finally:
+        os.close(fd)
+    conn = sqlite3.connect(d / "floor.db", isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("CREATE TABLE t (a INTEGER)")
+    commits = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO t VALUES (?)", (i,))
+        conn.execute("COMMIT")
+        commits.append((time.perf_counter() - t0) * 1000)
+    conn.close()
+    return statistics.median(times), statistics.median(commits)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import Connection, Engine, bindparam, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from . import schema as s
@@ -47,7 +46,8 @@ class Entry:
     future: asyncio.Future[None]
 
 
-def _statements(dialect: str, instance_id: str, batch: list[Entry]) -> list[tuple[Any, Any]]:
+def _sums(batch: list[Entry]) -> tuple[dict[tuple[int, str], int], dict[int, int]]:
+    """Per (project, UTC day) settled totals and per-project grant decrements of a batch."""
     days: dict[tuple[int, str], int] = {}
     spent: dict[int, int] = {}
     for e in batch:
@@ -55,29 +55,41 @@ def _statements(dialect: str, instance_id: str, batch: list[Entry]) -> list[tupl
         days[key] = days.get(key, 0) + e.row["cost_nano"]
         if e.grant_project is not None:
             spent[e.grant_project] = spent.get(e.grant_project, 0) + e.row["cost_nano"]
-    ins = pg_insert if dialect == "postgresql" else sqlite_insert
-    out: list[tuple[Any, Any]] = []
-    for (pid, day), cost in days.items():
-        stmt = ins(s.daily_spend).values(project_id=pid, day=day, settled_nano=cost)
-        out.append(
-            (
-                stmt.on_conflict_do_update(
-                    index_elements=["project_id", "day"],
-                    set_={"settled_nano": s.daily_spend.c.settled_nano + cost},
-                ),
-                None,
-            )
-        )
-    out.append((s.ledger.insert(), [e.row for e in batch]))
-    bg = s.budget_grants.c
-    for pid, cost in spent.items():
-        if cost:
-            dec = (
-                update(s.budget_grants)
-                .where(bg.instance_id == instance_id, bg.project_id == pid)
-                .values(amount_nano=bg.amount_nano - cost)
-            )
-            out.append((dec, None))
+    return days, spent
+
+
+def _sqlite_day_upsert() -> Any:
+    stmt = sqlite_insert(s.daily_spend).values(
+        project_id=bindparam("pid"), day=bindparam("day"), settled_nano=bindparam("cost")
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=["project_id", "day"],
+        set_={"settled_nano": s.daily_spend.c.settled_nano + stmt.excluded.settled_nano},
+    )
+
+
+#: SQLite: three constant statements (built once, so SQLAlchemy's compiled cache always hits; building
+#: them per batch cost more than the commit itself: ~2.6 ms vs ~0.5 ms for a one-entry batch, measured).
+_SQLITE_DAY = _sqlite_day_upsert()
+_SQLITE_LEDGER = s.ledger.insert()
+_bg = s.budget_grants.c
+_SQLITE_GRANT = (
+    update(s.budget_grants)
+    .where(_bg.instance_id == bindparam("iid"), _bg.project_id == bindparam("pid"))
+    .values(amount_nano=_bg.amount_nano - bindparam("cost"))
+)
+
+
+def _statements(instance_id: str, batch: list[Entry]) -> list[tuple[Any, list[dict[str, Any]]]]:
+    """The SQLite statements of a batch, each with its parameter list (run as executemany)."""
+    days, spent = _sums(batch)
+    out: list[tuple[Any, list[dict[str, Any]]]] = [
+        (_SQLITE_DAY, [{"pid": pid, "day": day, "cost": cost} for (pid, day), cost in days.items()]),
+        (_SQLITE_LEDGER, [e.row for e in batch]),
+    ]
+    grants = [{"iid": instance_id, "pid": pid, "cost": cost} for pid, cost in spent.items() if cost]
+    if grants:
+        out.append((_SQLITE_GRANT, grants))
     return out
 
 
@@ -114,13 +126,7 @@ def _pg_args(instance_id: str, batch: list[Entry]) -> list[Any]:
         "at",
     )
     args: list[Any] = [[e.row[c] for e in batch] for c in cols]
-    days: dict[tuple[int, str], int] = {}
-    spent: dict[int, int] = {}
-    for e in batch:
-        key = (e.row["project_id"], e.row["at"].date().isoformat())
-        days[key] = days.get(key, 0) + e.row["cost_nano"]
-        if e.grant_project is not None:
-            spent[e.grant_project] = spent.get(e.grant_project, 0) + e.row["cost_nano"]
+    days, spent = _sums(batch)
     args += [[k[0] for k in days], [k[1] for k in days], list(days.values())]
     args += [list(spent), list(spent.values()), instance_id]
     return args
@@ -246,7 +252,7 @@ class GroupCommit:
 
     def _commit_sync(self, batch: list[Entry]) -> None:
         def run(conn: Connection) -> None:
-            for stmt, params in _statements("sqlite", self.instance_id, batch):
+            for stmt, params in _statements(self.instance_id, batch):
                 conn.execute(stmt, params)
 
         self._in_thread(run)

@@ -66,3 +66,15 @@ def test_the_request_path_does_not_live_in_the_admin_package() -> None:
     for name in request_path:
         mod = importlib.import_module(f"ethen.gateway.{name}")
         assert "ethen.admin" not in inspect.getsource(mod), f"ethen.gateway.{name} imports ethen.admin"
+
+
+def test_the_config_package_exports_every_section_model() -> None:
+    """``ethen.gateway.config`` is a package of small modules: every public class or function of its modules
+    is importable from the package itself (callers never need to know which module holds it)."""
+    import ethen.gateway.config as config
+
+    for mod in _modules("ethen.gateway.config")[1:]:
+        for name, obj in vars(mod).items():
+            if (inspect.isclass(obj) or inspect.isfunction(obj)) and obj.__module__ == mod.__name__ \
+                    and not name.startswith("_"):
+                assert name in config.__all__ and getattr(config, name) is obj, f"{mod.__name__}.{name}"
