@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from ethen.gateway.catalog import Catalog
-from ethen.gateway.config import GatewayConfigError, build_pool, parse_config
+from ethen.gateway.config import build_pool, parse_config
+from ethen.gateway.errors import GatewayConfigError
 from ethen.gateway.providers.mesh import model_slug, served_model_id
 from ethen.model import open_weight_store
 from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
