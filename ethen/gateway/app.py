@@ -220,13 +220,13 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
         )
     # a memchr for any escape, then one regex scan of the bytes; the walk only when that matches
     if b"\\" in raw and _SURROGATE_ESCAPE.search(raw) is not None:
-        path = _lone_surrogate_path(body)
-        if path is not None:
+        where = _lone_surrogate_path(body)
+        if where is not None:
             raise InvalidRequestError(
-                f"{repr(path) if path else 'The body'} holds a lone UTF-16 surrogate escape (\\uD800-\\uDFFF "
-                "without its pair), which is not valid Unicode.",
+                f"{repr(where) if where else 'The body'} holds a lone UTF-16 surrogate escape "
+                "(\\uD800-\\uDFFF without its pair), which is not valid Unicode.",
                 code="invalid_value",
-                param=path or None,
+                param=where or None,
             )
     return body
 

@@ -38,10 +38,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import MappingProxyType
+from typing import Any
 
 from ethen.gateway.routing import EMPTY_CIRCUITS, CircuitView, TelemetrySnapshot
 
@@ -210,7 +211,7 @@ class Prober:
         board: CircuitBoard,
         snapshot: Callable[[], TelemetrySnapshot],
         target: Callable[[str], str | None],
-        probe: Callable[[str, tuple[str, ...]], Awaitable[None]],
+        probe: Callable[[str, tuple[str, ...]], Coroutine[Any, Any, None]],
     ) -> None:
         self.board = board
         self.snapshot = snapshot

@@ -421,7 +421,8 @@ class Executor:
             return key if key in self.targets else None
         mine = sorted(cid for cid, t in self.targets.items() if t.candidate.provider == key)
         healthy = [cid for cid in mine if cid not in self.circuits.circuits]
-        return (healthy or mine or [None])[0]
+        pick = healthy or mine
+        return pick[0] if pick else None
 
     async def _probe(self, candidate_id: str, keys: tuple[str, ...]) -> None:
         target = self.targets[candidate_id]

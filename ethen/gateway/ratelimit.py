@@ -179,7 +179,7 @@ class _MemoryLog:
         for t, c, _ in self.entries:
             freed += c
             if freed >= need:
-                return t + window - now
+                return float(t + window - now)
         return window
 
 

@@ -128,8 +128,8 @@ class SlowClientProtocol(HttpToolsProtocol):
             self._read_timer.cancel()
             self._read_timer = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
-        super().connection_made(transport)  # type: ignore[arg-type]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
         self._arm(self.header_timeout_s, self._headers_too_slow)
 
     def connection_lost(self, exc: Exception | None) -> None:
