@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for set-up on a fresh machine (Python 3.11 + package registries, nothing else).
 #   bash run.sh up    -> install into .venv what the main job needs (no dev extras), then run it
-#   bash run.sh test  -> install into .venv (with dev extras), then ruff, mypy --strict on the cores, pytest
+#   bash run.sh test  -> install into .venv (with dev extras), then ruff, mypy --strict on all of ethen, pytest
 set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3.11}"
@@ -51,7 +51,7 @@ case "$cmd" in
     test)
         install dev
         "$VENV/bin/ruff" check ethen tests bench
-        "$VENV/bin/mypy" --strict ethen/mesh ethen/gateway/routing ethen/store
+        "$VENV/bin/mypy" --strict ethen
         exec "$VENV/bin/python" -m pytest "$@"
         ;;
     *)
