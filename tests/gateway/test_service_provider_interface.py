@@ -137,3 +137,18 @@ def test_client_disconnect_mid_stream_is_recorded_as_incomplete_not_as_a_failure
         assert rec.success and rec.stream and rec.stream_completed is False
         metrics = httpx.get(f"{lv.base_url}/metrics").text
         assert 'status="client_closed"' in metrics
+
+
+def test_a_provider_without_embeddings_refuses_them_with_a_gateway_error() -> None:
+    """The base ``embed`` is the refusal of a provider that offers none: an error of the gateway's one tree
+    (``gateway_config_error``), not a ``NotImplementedError`` escaping as a 500 of unknown kind."""
+    import asyncio
+
+    import pytest
+
+    from ethen.gateway.errors import GatewayConfigError
+
+    p = InProcess()
+    assert p.supports_embeddings is False
+    with pytest.raises(GatewayConfigError, match="offers no embeddings"):
+        asyncio.run(p.embed(UpstreamCall({"input": "x"}, "m", "rid-1")))

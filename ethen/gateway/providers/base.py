@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from ethen.gateway.errors import GatewayConfigError
+
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
@@ -168,8 +170,9 @@ class Provider(abc.ABC):
 
     async def embed(self, call: UpstreamCall) -> Embeddings:
         """Embed ``call.body`` (an OpenAI ``CreateEmbeddingRequest``) with ``call.upstream_model``. Only
-        providers with ``supports_embeddings`` implement it."""
-        raise NotImplementedError(f"provider {self.name!r} offers no embeddings")
+        providers with ``supports_embeddings`` implement it; the config refuses an embeddings route on any
+        other provider at start, so this is reached only by a caller that skipped that check."""
+        raise GatewayConfigError(f"provider {self.name!r} offers no embeddings")
 
     def health(self) -> tuple[str, ...]:
         """Why this provider cannot serve right now (one sentence per problem; empty: nothing known to be
