@@ -391,12 +391,7 @@ def create_app(
             return routing_receipt(decision, attempts, target, extra)
 
         relay = StreamRelay(run, receipt, include_usage, rid, t0, label, hold, m, on_end)
-        headers = {
-            "x-request-id": rid,
-            "x-ethen-overhead-ms": f"{relay.overhead_at_open * 1000:.3f}",
-            "cache-control": "no-cache",
-        }
-        return StreamingResponse(relay.frames(), 200, headers, media_type="text/event-stream")
+        return StreamingResponse(relay.frames(), 200, relay.headers(), media_type="text/event-stream")
 
     async def explain(request: Request) -> Response:
         rid = _request_id(request)

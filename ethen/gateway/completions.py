@@ -193,12 +193,7 @@ def _stream(pipe: Pipeline, call: Call, run: StreamRun) -> Response:
             with contextlib.suppress(Exception):
                 await inner.aclose()  # a client gone: the relay settles and records the attempt
 
-    headers = {
-        "x-request-id": call.rid,
-        "x-ethen-overhead-ms": f"{relay.overhead_at_open * 1000:.3f}",
-        "cache-control": "no-cache",
-    }
-    return StreamingResponse(frames(), 200, headers, media_type="text/event-stream")
+    return StreamingResponse(frames(), 200, relay.headers(), media_type="text/event-stream")
 
 
 def completions_endpoint(pipe: Pipeline) -> Callable[[Request], Awaitable[Response]]:

@@ -132,6 +132,15 @@ class StreamRelay:
         yield encode_json(terminal)
         yield DONE_FRAME
 
+
+    def headers(self) -> dict[str, str]:
+        """The stream response's headers: request id, the gateway's overhead until it opened, no caching."""
+        return {
+            "x-request-id": self.rid,
+            "x-ethen-overhead-ms": f"{self.overhead_at_open * 1000:.3f}",
+            "cache-control": "no-cache",
+        }
+
     def _first_content(self) -> None:
         now = time.perf_counter()
         self.awaiting_content = False
