@@ -216,7 +216,9 @@ def test_memory_ring_without_a_store() -> None:
             assert _post(lv, {"model": "beta-small", "messages": USER}, f"ring-{i}").status_code == 200
         hdr = {"authorization": f"Bearer {ADMIN_KEY}"}
         url = f"{lv.gateway.url}/api/admin/v1/requests"
-        rows = _wait(lambda: len(d := httpx.get(url, headers=hdr).json()["data"]) == 3 and d, "three rows")
+        # the writer is asynchronous: wait for the last request's row, not only for a full ring
+        rows = _wait(lambda: (d := httpx.get(url, headers=hdr).json()["data"]) and d[0]["request_id"] == "ring-4"
+                     and d, "the last row")
         assert [r["request_id"] for r in rows] == ["ring-4", "ring-3", "ring-2"]
         assert rows[0]["key_id"] == "config:test" and rows[0]["project"] is None
         one = httpx.get(f"{url}/ring-3", headers=hdr).json()
