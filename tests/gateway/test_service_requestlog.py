@@ -217,8 +217,10 @@ def test_memory_ring_without_a_store() -> None:
         hdr = {"authorization": f"Bearer {ADMIN_KEY}"}
         url = f"{lv.gateway.url}/api/admin/v1/requests"
         # the writer is asynchronous: wait for the last request's row, not only for a full ring
-        rows = _wait(lambda: (d := httpx.get(url, headers=hdr).json()["data"]) and d[0]["request_id"] == "ring-4"
-                     and d, "the last row")
+        def listing() -> list[dict[str, Any]]:
+            return httpx.get(url, headers=hdr).json()["data"]  # type: ignore[no-any-return]
+
+        rows = _wait(lambda: (d := listing()) and d[0]["request_id"] == "ring-4" and d, "the last row")
         assert [r["request_id"] for r in rows] == ["ring-4", "ring-3", "ring-2"]
         assert rows[0]["key_id"] == "config:test" and rows[0]["project"] is None
         one = httpx.get(f"{url}/ring-3", headers=hdr).json()
