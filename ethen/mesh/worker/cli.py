@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from ethen.mesh.worker.launch import orphaned
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def run_worker(config: WorkerConfig, host: str, port: int, model_path: Path | No
     drain = threading.Event()
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGTERM:
+        if signum == signal.SIGTERM and not orphaned():  # the parent died: nobody to drain for
             drain.set()
         done.set()
 

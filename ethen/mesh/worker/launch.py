@@ -19,8 +19,10 @@ pipe; the worker calls :func:`die_with_parent` first thing, which
   write end, so end-of-file means the parent is gone; the same thread also checks the parent pid once a second
   (a forked grandchild holding a copy of the pipe cannot keep the worker alive).
 
-Either way the worker sends itself ``SIGTERM``: the default action while it loads, the graceful stop (well
-under a second) once it serves.
+Either way the worker sends itself ``SIGTERM``: the default action while it loads, a prompt stop once it
+serves. A SIGTERM normally drains (open sessions may finish, up to ``--drain-timeout``), but an orphaned
+worker (:func:`orphaned`: its parent is gone) has nobody left to finish sessions for and nobody to answer, so
+it stops without draining (a session left open by the dead parent must not keep it alive for 30 s).
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["PARENT_DEATHSIG_ENV", "PARENT_PID_ENV", "WorkerProcess", "die_with_parent", "spawn_worker",
-           "worker_env"]
+__all__ = ["PARENT_DEATHSIG_ENV", "PARENT_PID_ENV", "WorkerProcess", "die_with_parent", "orphaned",
+           "spawn_worker", "worker_env"]
 
 PARENT_PID_ENV = "ETHEN_PARENT_PID"
 PARENT_DEATHSIG_ENV = "ETHEN_PARENT_DEATHSIG"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_watched_parent: int | None = None  # set by die_with_parent
 
 
 @dataclass
@@ -130,6 +133,11 @@ def _watch_parent(parent: int) -> None:
     _terminate_self()
 
 
+def orphaned() -> bool:
+    """True when :func:`die_with_parent` watches a parent and that parent is gone (or never was)."""
+    return _watched_parent is not None and os.getppid() != _watched_parent
+
+
 def die_with_parent() -> None:
     """In a worker started by :func:`spawn_worker` (``ETHEN_PARENT_PID`` set): stop when the parent dies.
     A no-op otherwise (a worker started by hand keeps its terminal's stdin untouched)."""
@@ -137,7 +145,8 @@ def die_with_parent() -> None:
     deathsig = os.environ.pop(PARENT_DEATHSIG_ENV, None) == "1"
     if raw is None or not raw.isdigit():
         return
-    parent = int(raw)
+    global _watched_parent
+    parent = _watched_parent = int(raw)
     if deathsig:
         _request_death_signal()
     if os.getppid() != parent:  # gone already (before the death signal was requested)

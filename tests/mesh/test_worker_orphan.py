@@ -1,0 +1,61 @@
+"""A worker whose parent dies stops promptly, even with a session open: SIGTERM normally drains (open sessions
+may finish, up to 30 s), but an orphan has nobody to finish them for (a CI run once saw ``kill -9`` of
+``ethen up`` leave a worker draining a session the dead gateway had opened)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
+
+PARENT = textwrap.dedent("""
+    import sys, time
+    from ethen.mesh.worker.launch import spawn_worker
+    w = spawn_worker("orphan", "0-0")
+    print(w.pid, w.address, flush=True)
+    time.sleep(600)
+""")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie (exited, not yet reaped) is gone too
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def test_an_orphaned_worker_with_an_open_session_stops_without_draining() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        pid_text, address = parent.stdout.readline().split()
+        pid = int(pid_text)
+        with grpc.insecure_channel(address) as channel:
+            stub = mesh_pb2_grpc.MeshWorkerStub(channel)  # type: ignore[no-untyped-call]
+            hidden = np.zeros((3, 576), np.float32)
+            stub.Forward(mesh_pb2.ForwardRequest(
+                session_id="left-open", first_layer=0, last_layer=0, positions=[0, 1, 2],
+                hidden=mesh_pb2.Tensor(data=hidden.tobytes(), shape=[3, 576], dtype="float32")), timeout=60)
+            assert stub.Health(mesh_pb2.HealthRequest(), timeout=5).active_sessions == 1
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 8.0  # a drain would hold it for --drain-timeout (30 s)
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(pid), "the orphaned worker is still running (draining a session nobody will finish?)"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=10)
