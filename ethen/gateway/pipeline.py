@@ -98,6 +98,7 @@ class Call:
     admitted_s: float | None = None  # arrival -> admitted
     remaining_usd: float | None = None  # the project's remaining budget as admission saw it
     res: BufferedRun | None = None
+    trace_headers: tuple[str, str | None] | None = None  # (traceparent, tracestate) when traces are on
 
     def receipt(
         self, attempts: list[Attempt], served: RouteTarget | None, extra: Mapping[str, Any] | None = None
@@ -129,7 +130,12 @@ class Pipeline:
         """A new call: its arrival time and request id (the client's ``x-request-id`` when valid)."""
         path = request.scope["path"]
         endpoint = "chat" if path.endswith("/chat/completions") else path.rpartition("/")[2]
-        return Call(self.request_id(request), time.perf_counter(), wall=time.time(), endpoint=endpoint)
+        call = Call(self.request_id(request), time.perf_counter(), wall=time.time(), endpoint=endpoint)
+        if self.gw.requestlog.tracing is not None:  # join the caller's trace (W3C Trace Context)
+            parent = request.headers.get("traceparent")
+            if parent is not None:
+                call.trace_headers = (parent, request.headers.get("tracestate"))
+        return call
 
     async def admit(self, call: Call, request: Request, translate: Translate | None = None) -> Call:
         """Auth, parse (+ ``translate``), stream options, decide, reserve. Raises ``GatewayError``."""
@@ -202,7 +208,7 @@ class Pipeline:
             else (f"config:{access.name}" if access is not None else None),
             requested_model=body.get("model") if body is not None else None,
             decision=call.decision, decided_s=call.decided_s, admitted_s=call.admitted_s,
-            remaining_usd=call.remaining_usd, **kw,
+            remaining_usd=call.remaining_usd, trace_headers=call.trace_headers, **kw,
         ))  # fmt: skip
 
     def stream_end(self, call: Call) -> Callable[[StreamRelay, str, str | None, float], None]:

@@ -90,6 +90,7 @@ class RequestRecord:
     decided_s: float | None = None  # arrival -> decision made
     admitted_s: float | None = None  # arrival -> admitted (the first attempt starts)
     remaining_usd: float | None = None  # the project's remaining budget at admission (memory)
+    trace_headers: tuple[str, str | None] | None = None  # the caller's (traceparent, tracestate)
 
 
 def _attempt(a: Attempt | Mapping[str, Any]) -> dict[str, Any]:

@@ -19,8 +19,12 @@ Spans of one request (one trace):
   attempt's own latency, with ``gen_ai.provider.name``, ``gen_ai.request.model``, ``ethen.attempt.outcome``
   and ``error.type``.
 
-Choice where the issue is silent: the trace starts at the gateway (an incoming ``traceparent`` is not
-joined); mesh stages get no spans of their own yet (the mesh route is on the receipt attribute).
+A request that carries a W3C ``traceparent`` (and ``tracestate``) header joins the caller's trace: the
+request span is the child of the caller's span (an invalid header starts a new trace, as the W3C spec asks).
+The headers are read only when tracing is configured.
+
+Choice where the issue is silent: mesh stages get no spans of their own yet (the mesh route is on the
+receipt attribute).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
     from ethen.gateway.config import OtelConfig
@@ -40,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = ["Tracing", "tracing_for"]
 
 _NS = 1_000_000_000
+_W3C = TraceContextTextMapPropagator()
 
 
 def _operation(endpoint: str) -> str:
@@ -94,7 +100,13 @@ class Tracing:
             "error.type": rec.error_code,
         })
         name = f"{op} {row['requested_model']}" if row["requested_model"] else op
-        root = self.tracer.start_span(name, kind=SpanKind.SERVER, attributes=attrs, start_time=start)
+        parent = None
+        if rec.trace_headers is not None:
+            traceparent, tracestate = rec.trace_headers
+            carrier = {"traceparent": traceparent} if tracestate is None else \
+                {"traceparent": traceparent, "tracestate": tracestate}
+            parent = _W3C.extract(carrier)
+        root = self.tracer.start_span(name, parent, kind=SpanKind.SERVER, attributes=attrs, start_time=start)
         if rec.outcome != "ok":
             root.set_status(Status(StatusCode.ERROR, rec.error_code or rec.outcome))
         ctx = set_span_in_context(root)

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from budget_harness import ADMIN_KEY, admin, db_url, live_store, new_project_key, with_store
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 from service_harness import CLIENT_KEY, PROVIDER_KEY, Live, live
 from upstream import Behavior
 
@@ -275,6 +276,32 @@ def test_otel_spans_follow_the_genai_conventions() -> None:
         assert root.start_time is not None and root.end_time is not None
         assert all(root.start_time <= (s.start_time or 0) <= (s.end_time or 0) <= root.end_time + 10**6
                    for s in children)
+
+
+def test_otel_request_span_joins_the_callers_w3c_trace() -> None:
+    """A ``traceparent`` header makes the request span a child of the caller's span, in the caller's trace
+    (``tracestate`` kept); a malformed one starts a new trace; a request without one is a root."""
+    trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    with live() as lv:
+        exporter = InMemorySpanExporter()
+        gw = lv.gateway.server.config.app.state.gateway  # type: ignore[attr-defined]
+        gw.requestlog.tracing = Tracing(exporter, batch=False)
+        body = {"model": "beta-small", "messages": USER, "max_tokens": 5}
+        headers = {"authorization": f"Bearer {CLIENT_KEY}", "x-request-id": "tp-1",
+                   "traceparent": f"00-{trace_id}-{span_id}-01", "tracestate": "vendor=abc"}
+        assert httpx.post(f"{lv.base_url}/chat/completions", json=body, headers=headers).status_code == 200
+        headers.update({"x-request-id": "tp-2", "traceparent": "00-zz-not-a-trace-01"})
+        assert httpx.post(f"{lv.base_url}/chat/completions", json=body, headers=headers).status_code == 200
+        spans = _wait(lambda: len(s := exporter.get_finished_spans()) >= 6 and s, "six spans")
+        servers = {dict(s.attributes or {})["ethen.request_id"]: s
+                   for s in spans if s.kind == SpanKind.SERVER}
+        joined, fresh = servers["tp-1"], servers["tp-2"]
+        assert joined.context.trace_id == int(trace_id, 16)
+        assert joined.parent is not None and joined.parent.span_id == int(span_id, 16)
+        assert joined.parent.is_remote and joined.context.trace_state.get("vendor") == "abc"
+        assert fresh.parent is None and fresh.context.trace_id != int(trace_id, 16)
+        route = next(s for s in spans if s.name == "ethen.route" and s.context.trace_id == int(trace_id, 16))
+        assert route.parent is not None and route.parent.span_id == joined.context.span_id
 
 
 def test_otel_off_by_default() -> None:
