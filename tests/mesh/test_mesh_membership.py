@@ -22,6 +22,7 @@ from ethen.gateway.auth import hash_key
 from ethen.mesh.auth import ClientCredentials, TokenAuth, read_tokens, server_credentials
 from ethen.mesh.certs import make_certs
 from ethen.mesh.orchestrator import Orchestrator
+from ethen.mesh.orchestrator.members import Membership
 from ethen.mesh.orchestrator.registry import start_registry
 from ethen.mesh.worker.launch import WorkerProcess, spawn_worker
 from ethen.model.sampling import SamplingParams
@@ -165,7 +166,7 @@ def test_sigterm_drains_a_worker_its_stream_completes_then_it_leaves(certs: dict
     a = spawn_worker("a", layers, extra_args=[*_tls_args(certs), "--capacity-score", "0.5"])
     b: WorkerProcess | None = None
     orch = Orchestrator.load({"a": a.address}, credentials=creds, health_interval_s=0.1).start()
-    registry, port = start_registry(orch, "127.0.0.1", 0, auth=TokenAuth(read_tokens(certs["token"])),
+    registry, port = start_registry(Membership(orch), "127.0.0.1", 0, auth=TokenAuth(read_tokens(certs["token"])),
                                     tls=server_credentials(certs["server.pem"], certs["server.key"]))
     try:
         b = spawn_worker("b", layers, extra_args=[*_join_args(certs, f"127.0.0.1:{port}"),

@@ -142,6 +142,8 @@ class MeshProviderConfig(_Strict):
     forward_timeout_s: float = Field(default=60.0, gt=0)
     progress_timeout_s: float = Field(default=5.0, gt=0)  # per 128 rows of a stage call (stuck nodes)
     start_timeout_s: float = Field(default=30.0, ge=0)
+    # a joined worker not announced for this long leaves the membership (ethen.mesh.orchestrator.members)
+    member_expiry_s: float = Field(default=10.0, ge=0.5, le=3600)
     # data-plane credentials (ethen.mesh.auth; ``ethen mesh certs`` makes them): the CA of the workers'
     # certificates (TLS), and the mesh token from a file or an environment variable
     ca_file: str | None = None
@@ -151,7 +153,7 @@ class MeshProviderConfig(_Strict):
     tls_key: str | None = None
 
     @field_validator("health_interval_s", "forward_timeout_s", "progress_timeout_s", "start_timeout_s",
-                     mode="before")
+                     "member_expiry_s", mode="before")
     @classmethod
     def _num(cls, v: Any) -> Any:
         return _float(v)

@@ -53,10 +53,15 @@ def _anthropic(p: Any, env: Mapping[str, str] | None) -> Provider:
                              max_connections=p.max_connections, headers=p.headers)
 
 
-def _mesh(p: Any, env: Mapping[str, str] | None) -> Provider:
+def _mesh(p: Any, env: Mapping[str, str] | None, cfg: GatewayConfig | None = None) -> Provider:
     from .mesh import MeshProvider
 
-    return MeshProvider.from_config(p)
+    if cfg is None or cfg.shared is None or p.join is None:
+        return MeshProvider.from_config(p)
+    from ethen.gateway.config import shared_redis_url  # joined workers are shared through [shared] Redis
+
+    return MeshProvider.from_config(p, redis_url=shared_redis_url(cfg, env), key_prefix=cfg.shared.key_prefix,
+                                    redis_timeout_s=cfg.shared.timeout_s)
 
 
 PROVIDER_KINDS: Mapping[str, ProviderFactory] = {
@@ -74,4 +79,4 @@ def build_provider(p: Any, env: Mapping[str, str] | None = None) -> Provider:
 def build_providers(cfg: GatewayConfig, env: Mapping[str, str] | None = None) -> dict[str, Provider]:
     """One provider instance (one pooled client, or one mesh orchestrator) per configured provider. Nothing is
     connected or loaded yet: the gateway's lifespan calls :meth:`Provider.start`."""
-    return {p.id: build_provider(p, env) for p in cfg.providers}
+    return {p.id: _mesh(p, env, cfg) if p.kind == "mesh" else build_provider(p, env) for p in cfg.providers}

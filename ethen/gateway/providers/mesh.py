@@ -38,8 +38,10 @@ Credentials and membership (config keys ``ca_file``, ``token_file`` / ``token_en
 mesh token (the file's first token) on every call. With ``join = "host:port"`` the provider opens the mesh
 registry (:mod:`ethen.mesh.orchestrator.registry`) there once the orchestrator loads (before it waits for a
 route, so a mesh of joined workers only can start), TLS with ``tls_cert``/``tls_key`` when set, accepting any
-token of the token file; it closes with the orchestrator. An unreadable file or an unset ``token_env`` is a
-:class:`GatewayConfigError` naming the key.
+token of the token file; it closes with the orchestrator. Joined workers expire after ``member_expiry_s``
+(10 s) without an announcement and, when the gateway has ``[shared]`` Redis, are shared with every instance
+(:mod:`ethen.mesh.orchestrator.members`; of several processes on one host the first binds the join port).
+An unreadable file or an unset ``token_env`` is a :class:`GatewayConfigError` naming the key.
 
 Honesty (``/healthz``, ``/metrics``): :meth:`MeshProvider.health` and :meth:`MeshProvider.node_stats`
 read the orchestrator's last Health poll of each worker (its background thread polls every
@@ -82,7 +84,8 @@ from ethen.gateway.sse import dumps
 from ethen.mesh.auth import ClientCredentials, CredentialsError, TokenAuth, read_tokens, server_credentials
 from ethen.mesh.orchestrator import MeshGeneration, Orchestrator
 from ethen.mesh.orchestrator.planning import plan_route
-from ethen.mesh.orchestrator.registry import start_registry
+from ethen.mesh.orchestrator.registry import JoinPoint, open_join_point
+from ethen.mesh.orchestrator.shared_members import SharedMembers
 from ethen.mesh.orchestrator.telemetry import state_from_health
 from ethen.mesh.proto import mesh_pb2
 from ethen.mesh.routing import NodeState, RouteWeights
@@ -205,7 +208,7 @@ class MeshProvider(Provider):
         *,
         loader: Callable[[], Orchestrator] | None = None,
         start_timeout_s: float = 0.0,
-        registry: Callable[[Orchestrator], tuple[Any, int]] | None = None,
+        registry: Callable[[Orchestrator], JoinPoint] | None = None,
         model_file: str | None = None,
         model_name: str | None = None,
     ) -> None:
@@ -217,7 +220,7 @@ class MeshProvider(Provider):
         self._lock = asyncio.Lock()
         self.start_timeout_s = start_timeout_s
         self._open_registry = registry
-        self._registry: Any = None  # the registry's grpc server, once open
+        self.join_point: JoinPoint | None = None  # the membership and the registry, once open
         self.registry_port: int | None = None
         self._sessions: Counter[str] = Counter()  # generations routed through each node (event loop only)
         self._failovers: Counter[str] = Counter()  # generations that failed over away from each node
@@ -225,8 +228,10 @@ class MeshProvider(Provider):
         self.model_name = model_name
 
     @classmethod
-    def from_config(cls, p: MeshProviderConfig) -> MeshProvider:
-        """A provider that loads its own orchestrator over ``p.workers`` at :meth:`start`."""
+    def from_config(cls, p: MeshProviderConfig, *, redis_url: str | None = None, key_prefix: str = "ethen",
+                    redis_timeout_s: float = 0.5) -> MeshProvider:
+        """A provider that loads its own orchestrator over ``p.workers`` at :meth:`start`; with ``join`` and
+        ``redis_url`` (the gateway's ``[shared]``) its joined workers are shared with the other instances."""
         overrides = {k: v for k, v in p.weights.model_dump().items() if v is not None}
         weights = RouteWeights().with_overrides(overrides)
         workers = dict(p.workers)
@@ -257,8 +262,11 @@ class MeshProvider(Provider):
             host, _, port = p.join.rpartition(":")
             auth = TokenAuth(tokens) if tokens else None
 
-            def registry(orch: Orchestrator) -> tuple[Any, int]:
-                return start_registry(orch, host.strip("[]"), int(port), tls=tls, auth=auth)
+            def registry(orch: Orchestrator) -> JoinPoint:
+                shared = None if redis_url is None else SharedMembers(
+                    redis_url, p.id, key_prefix=key_prefix, timeout_s=redis_timeout_s)
+                return open_join_point(orch, host.strip("[]"), int(port), static=workers,
+                                       expiry_s=p.member_expiry_s, shared=shared, tls=tls, auth=auth)
 
         provider = cls(name=p.id, loader=load, start_timeout_s=p.start_timeout_s, registry=registry)
         return provider
@@ -347,15 +355,20 @@ class MeshProvider(Provider):
                 startup_log.info("mesh %r: loaded in %.1fs; polling the health of %d worker(s)", self.name,
                                  time.perf_counter() - t0, len(self._orchestrator.clients))
                 if self._open_registry is not None:
-                    try:
-                        self._registry, self.registry_port = self._open_registry(self._orchestrator)
-                    except (OSError, RuntimeError) as exc:
-                        startup_log.error("mesh %r: cannot open the join registry: %s", self.name, exc)
-                    else:
-                        startup_log.info("mesh %r: workers may join on port %d", self.name,
-                                         self.registry_port)
+                    self._join_opened(self._open_registry(self._orchestrator))
                 await self._await_route(self._orchestrator)
             return self._orchestrator
+
+    def _join_opened(self, point: JoinPoint) -> None:
+        self.join_point, self.registry_port = point, point.port
+        if point.port is not None:
+            startup_log.info("mesh %r: workers may join on port %d", self.name, point.port)
+        elif point.membership.shared is not None:
+            startup_log.info("mesh %r: %s (another process serves it); this process routes the joined "
+                             "workers of the shared membership", self.name, point.error)
+        else:
+            startup_log.error("mesh %r: %s; without [shared] redis this process sees no joined worker",
+                              self.name, point.error)
 
     async def _await_route(self, orch: Orchestrator) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -375,9 +388,9 @@ class MeshProvider(Provider):
 
     async def aclose(self) -> None:
         orch = self._orchestrator
-        if self._registry is not None:
-            self._registry.stop(0.5)
-            self._registry = None
+        if self.join_point is not None:
+            await asyncio.to_thread(self.join_point.close)
+            self.join_point = None
         if self._loader is not None and orch is not None:
             self._orchestrator = None
             await asyncio.to_thread(orch.close)

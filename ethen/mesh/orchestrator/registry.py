@@ -6,41 +6,53 @@ Choices where the issue is silent:
 - A gRPC port of its own (not an HTTP endpoint of the gateway): the workers already speak gRPC with the same
   credentials (TLS certificate of ``ethen mesh certs``, the mesh token in ``authorization`` metadata, checked
   by the same interceptor as the workers'), and an orchestrator used without a gateway can open it too.
-- ``Join`` is idempotent and doubles as the heartbeat (every :data:`HEARTBEAT_S` seconds): a restarted
-  gateway learns its workers again within one heartbeat. A joined node is Health-polled at once, so the router
-  can choose it well within 2 s. A node that stops heartbeating is not removed by the registry: its failed
-  Health polls take it out of routing within 1 s, like a static worker's (it stays listed as dead).
+- ``Join`` is idempotent and doubles as the heartbeat (every ``heartbeat_s``: min(2 s, expiry / 4), sent in
+  the reply): a restarted gateway learns its workers again within one heartbeat. A joined node is
+  Health-polled at once, so the router can choose it well within 2 s. What happens to the announcement
+  (shared through Redis, expired when the heartbeats stop) is :class:`~ethen.mesh.orchestrator.members.
+  Membership`'s business. A ``Join`` naming a statically configured worker is ``ALREADY_EXISTS``.
 - ``Leave`` (sent by a draining worker) removes the node from routing; it only removes the node at the
   address it names, so a late ``Leave`` of an old process never drops its successor.
-- Membership lives in this process (the orchestrator's client table). Several gateway instances each run
-  their own registry; a worker joins one of them (sharing membership through the store or Redis: not done).
+- One process per host binds the join port (``grpc.so_reuseport`` off): of the N processes of
+  ``ethen gateway --workers N`` (or several gateways on one host) the first to bind serves the registry,
+  the others fail to bind (:func:`open_join_point` logs it and returns no server) and, with ``[shared]``
+  Redis, route the joined workers through the shared membership; without Redis they see static workers
+  only. A process that failed to bind does not retry.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable, Sequence
 from concurrent import futures
 from typing import Any, Protocol
 
 import grpc
 
 from ethen.mesh.auth import TokenAuth, TokenInterceptor
+from ethen.mesh.orchestrator.members import DEFAULT_EXPIRY_S, Membership, Routing
+from ethen.mesh.orchestrator.shared_members import SharedMembers
 from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
 
-__all__ = ["HEARTBEAT_S", "Members", "RegistryService", "start_registry"]
+__all__ = ["JoinPoint", "Members", "RegistryService", "open_join_point", "start_registry"]
 
 log = logging.getLogger("ethen.mesh.orchestrator")
 
-HEARTBEAT_S = 2.0
 _NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ADDRESS = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):([0-9]{1,5})$")
 
 
 class Members(Protocol):
-    def add_worker(self, node_id: str, address: str) -> bool: ...
+    """What the registry tells about workers (:class:`~ethen.mesh.orchestrator.members.Membership`)."""
 
-    def remove_worker(self, node_id: str, address: str | None = None) -> bool: ...
+    heartbeat_s: float
+
+    def refusal(self, node_id: str) -> str | None: ...
+
+    def join(self, node_id: str, address: str, fragments: Sequence[tuple[int, int]] = ()) -> bool: ...
+
+    def leave(self, node_id: str, address: str) -> bool: ...
 
 
 def _check(context: Any, node_id: str, address: str) -> None:
@@ -58,37 +70,74 @@ def _check(context: Any, node_id: str, address: str) -> None:
 
 
 class RegistryService(mesh_pb2_grpc.MeshRegistryServicer):
-    def __init__(self, members: Members, heartbeat_s: float = HEARTBEAT_S) -> None:
+    def __init__(self, members: Members) -> None:
         self.members = members
-        self.heartbeat_s = heartbeat_s
 
     def Join(self, request: mesh_pb2.JoinRequest, context: Any) -> mesh_pb2.JoinResponse:
         _check(context, request.node_id, request.address)
-        added = self.members.add_worker(request.node_id, request.address)
+        why = self.members.refusal(request.node_id)
+        if why is not None:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, why)
+        fragments = [(r.first, r.last) for r in request.served_layers]
+        added = self.members.join(request.node_id, request.address, fragments)
         if added:
-            layers = ",".join(f"{r.first}-{r.last}" for r in request.served_layers)
+            layers = ",".join(f"{a}-{b}" for a, b in fragments)
             log.warning("mesh worker %s joined at %s (layers %s)", request.node_id, request.address, layers)
-        return mesh_pb2.JoinResponse(added=added, heartbeat_s=self.heartbeat_s)
+        return mesh_pb2.JoinResponse(added=added, heartbeat_s=self.members.heartbeat_s)
 
     def Leave(self, request: mesh_pb2.LeaveRequest, context: Any) -> mesh_pb2.LeaveResponse:
         _check(context, request.node_id, request.address)
-        removed = self.members.remove_worker(request.node_id, request.address)
+        removed = self.members.leave(request.node_id, request.address)
         if removed:
             log.warning("mesh worker %s at %s left the mesh", request.node_id, request.address)
         return mesh_pb2.LeaveResponse(removed=removed)
 
 
-def start_registry(members: Members, host: str, port: int, *, tls: Any = None, auth: TokenAuth | None = None,
-                   heartbeat_s: float = HEARTBEAT_S) -> tuple[Any, int]:
-    """Serve ``MeshRegistry`` on ``host:port`` (0: a free port); returns (server, bound port)."""
+def start_registry(members: Members, host: str, port: int, *, tls: Any = None,
+                   auth: TokenAuth | None = None) -> tuple[Any, int]:
+    """Serve ``MeshRegistry`` on ``host:port`` (0: a free port); returns (server, bound port). Raises
+    ``OSError`` when the port cannot be bound."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ethen-registry"),
                          interceptors=[] if auth is None else [TokenInterceptor(auth)],
                          options=[("grpc.so_reuseport", 0)])
     mesh_pb2_grpc.add_MeshRegistryServicer_to_server(  # type: ignore[no-untyped-call]
-        RegistryService(members, heartbeat_s), server)
+        RegistryService(members), server)
     address = f"{host}:{port}"
-    bound = server.add_insecure_port(address) if tls is None else server.add_secure_port(address, tls)
+    try:
+        bound = server.add_insecure_port(address) if tls is None else server.add_secure_port(address, tls)
+    except RuntimeError:  # grpcio >= 1.60 raises where older versions returned 0
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind the mesh registry on {address}")
+        server.stop(None)
+        raise OSError(f"cannot bind the mesh registry on {address} (in use?)")
     server.start()
     return server, bound
+
+
+class JoinPoint:
+    """A provider's membership: the :class:`Membership` (always) and the registry server (when this process
+    bound the join port). :meth:`close` stops both."""
+
+    def __init__(self, membership: Membership, server: Any, port: int | None, error: str | None) -> None:
+        self.membership = membership
+        self.server = server
+        self.port = port
+        self.error = error  # why the registry is not served here (the port is taken), else None
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop(0.5)
+            self.server = None
+        self.membership.stop()
+
+
+def open_join_point(routing: Routing, host: str, port: int, *, static: Iterable[str] = (),
+                    expiry_s: float = DEFAULT_EXPIRY_S, shared: SharedMembers | None = None, tls: Any = None,
+                    auth: TokenAuth | None = None) -> JoinPoint:
+    """Start the membership loop over ``routing`` and try to serve the registry on ``host:port``."""
+    membership = Membership(routing, static=static, expiry_s=expiry_s, shared=shared).start()
+    try:
+        server, bound = start_registry(membership, host, port, tls=tls, auth=auth)
+    except OSError as exc:
+        return JoinPoint(membership, None, None, str(exc))
+    return JoinPoint(membership, server, bound, None)
