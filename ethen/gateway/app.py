@@ -87,6 +87,7 @@ from ethen.gateway.errors import (
 )
 from ethen.gateway.execute import Attempt, Executor, RouteTarget, StreamRun
 from ethen.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
+from ethen.gateway.observe import observe_routes
 from ethen.gateway.pipeline import Pipeline, routing_receipt
 from ethen.gateway.providers import build_providers
 from ethen.gateway.providers.base import Provider
@@ -484,6 +485,7 @@ def create_app(
             *admin_routes(acc, admin_auth if cfg.store else None),
             *request_routes(gw.requestlog, admin_auth, lambda: gateway_health(gw)),
             *ui_routes(admin_auth),  # the dashboard (ethen.gateway.dashboard): pages reading the admin API
+            *observe_routes(gw, admin_auth),  # its providers / canaries / mesh data (ethen.gateway.observe)
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,

@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -49,6 +50,7 @@ from ethen.gateway.routing import EMPTY_CIRCUITS, CircuitView, TelemetrySnapshot
 __all__ = ["CircuitBoard", "Prober"]
 
 log = logging.getLogger("ethen.gateway.circuit")
+_HISTORY = 1000  # transitions kept for the dashboard's circuit-state-over-time chart
 
 
 @dataclass(slots=True)
@@ -78,6 +80,8 @@ class CircuitBoard:
         self.clock = clock
         self.on_open: Callable[[], None] | None = None
         self.circuits: dict[str, _Circuit] = {}
+        #: the last transitions, oldest first: (``clock()`` time, key, opened?) (the dashboard's history)
+        self.history: deque[tuple[float, str, bool]] = deque(maxlen=_HISTORY)
         self._synced: TelemetrySnapshot | None = None
         self._keys: frozenset[str] = frozenset()
         self._view = EMPTY_CIRCUITS
@@ -101,6 +105,7 @@ class CircuitBoard:
         for key in want - self._keys:
             reason = "candidate_failing" if "/" in key else "provider_failing"
             self.circuits[key] = _Circuit(reason, self.cooldown_s, now + self.cooldown_s)
+            self.history.append((now, key, True))
             opened = True
             log.warning(
                 "circuit open: %s excluded from routing (%s: 0 successes over >= 3 recent samples); "
@@ -109,6 +114,7 @@ class CircuitBoard:
             )  # fmt: skip
         for key in self._keys - want:
             c = self.circuits.pop(key)
+            self.history.append((now, key, False))
             why = ("a trial succeeded" if c.recovered
                    else "a success was recorded, or its failures left the telemetry window")
             log.warning("circuit closed: %s is routed to again (%s)", key, why)
