@@ -166,7 +166,8 @@ def test_sigterm_drains_a_worker_its_stream_completes_then_it_leaves(certs: dict
     a = spawn_worker("a", layers, extra_args=[*_tls_args(certs), "--capacity-score", "0.5"])
     b: WorkerProcess | None = None
     orch = Orchestrator.load({"a": a.address}, credentials=creds, health_interval_s=0.1).start()
-    registry, port = start_registry(Membership(orch), "127.0.0.1", 0, auth=TokenAuth(read_tokens(certs["token"])),
+    registry, port = start_registry(Membership(orch), "127.0.0.1", 0,
+                                    auth=TokenAuth(read_tokens(certs["token"])),
                                     tls=server_credentials(certs["server.pem"], certs["server.key"]))
     try:
         b = spawn_worker("b", layers, extra_args=[*_join_args(certs, f"127.0.0.1:{port}"),
