@@ -9,7 +9,11 @@ works without flags and acts on the store that gateway serves. ``ethen certify``
 of ``--config``, else of ``ethen up``'s config. ``keys create`` prints the new key alone on stdout (so
 ``KEY=$(ethen keys create ...)`` works) and its public data on stderr; the key is not shown again. Without
 ``--project`` the key is for project ``default``, created (no budget, no restriction) on first use. Errors
-exit with status 2 and a message naming the field and value; a failed probe exits with status 1.
+exit with status 2 and a message naming the field (or flag) and value; a failed probe exits with status 1.
+
+Rate limits (:mod:`ethen.gateway.ratelimit`): ``--rpm`` / ``--tpm`` on ``projects create``, ``projects set``,
+``keys create`` and ``keys set`` (requests / tokens per ``[rate_limits] window_s``; a whole number >= 1, or
+``none`` to clear one with ``set``). Running gateways apply a change within about a second.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import typer
 
 from ethen.gateway.errors import GatewayError
 from ethen.store import UNSET, Store, StoreConflictError, StoreError, StoreNotFoundError
+from ethen.store.store import MAX_RATE
 
 __all__ = ["certify_command", "keys_app", "logs_command", "projects_app", "usage_command"]
 
@@ -40,6 +45,19 @@ _DB = typer.Option(None, "--db", help=f"Database URL (default: ${DB_ENV}, else [
                                       "else the store of `ethen up`).")
 _CONFIG = typer.Option(None, "--config", "-c", help="Gateway TOML config (its [store] section).")
 DEFAULT_PROJECT = "default"
+_RPM_HELP = "Requests per rate-limit window ([rate_limits] window_s, 60 s)"
+_TPM_HELP = "Tokens per rate-limit window"
+
+
+def _rate(flag: str, value: str | None, *, clearable: bool = False) -> int | None:
+    """A ``--rpm`` / ``--tpm`` value: a whole number from 1 to ``MAX_RATE`` (or ``none`` where it clears)."""
+    if value is None or (clearable and value.strip().lower() == "none"):
+        return None
+    v = value.strip()
+    if not (v.isascii() and v.isdigit()) or not 1 <= int(v) <= MAX_RATE:
+        extra = ", or 'none' to clear it" if clearable else ""
+        raise _fail(f"{flag} = {value!r}: a whole number from 1 to {MAX_RATE}{extra}")
+    return int(v)
 
 
 def _fail(msg: str, code: int = 2) -> typer.Exit:
@@ -122,15 +140,18 @@ def keys_create(
         None, "--project", "-p", help=f"Project the key acts for (default: {DEFAULT_PROJECT!r}, created)."
     ),
     name: str | None = typer.Option(None, "--name", help="A label for the key."),
+    rpm: str | None = typer.Option(None, "--rpm", help=f"{_RPM_HELP}, this key alone (default: none)."),
+    tpm: str | None = typer.Option(None, "--tpm", help=f"{_TPM_HELP}, this key alone (default: none)."),
     db: str | None = _DB,
     config: Path | None = _CONFIG,
 ) -> None:
     """Create a key: printed once on stdout."""
+    r, t = _rate("--rpm", rpm), _rate("--tpm", tpm)
 
     async def create(st: Store) -> tuple[str, Any]:
         if project is None:
             await _default_project(st)
-        return await st.create_key(project or DEFAULT_PROJECT, name=name)
+        return await st.create_key(project or DEFAULT_PROJECT, name=name, rpm=r, tpm=t)
 
     key, info = _run(db, config, create)
     project = info.project
@@ -153,6 +174,22 @@ def keys_revoke(
             raise _fail("key: not a well-formed ethen_ key (pass the key id shown by 'ethen keys list')")
         key_id = parsed.key_id
     _print(_run(db, config, lambda st: st.revoke_key(key_id)).to_dict())
+
+
+@keys_app.command("set")
+def keys_set(
+    key_id: str = typer.Argument(..., help="The key id (shown by 'ethen keys list')."),
+    rpm: str | None = typer.Option(None, "--rpm", help=f"{_RPM_HELP}, or 'none'."),
+    tpm: str | None = typer.Option(None, "--tpm", help=f"{_TPM_HELP}, or 'none'."),
+    db: str | None = _DB,
+    config: Path | None = _CONFIG,
+) -> None:
+    """Change a key's own rate limits (its project's apply too)."""
+    if rpm is None and tpm is None:
+        raise _fail("nothing to change: give --rpm and/or --tpm")
+    given = (("rpm", rpm), ("tpm", tpm))
+    changes = {f: _rate(f"--{f}", v, clearable=True) for f, v in given if v is not None}
+    _print(_run(db, config, lambda st: st.update_key(key_id, **changes)).to_dict())
 
 
 @keys_app.command("list")
@@ -182,11 +219,14 @@ def projects_create(
     provider: list[str] | None = typer.Option(None, "--provider", help="Allowed provider (repeat)."),  # noqa: B008
     model: list[str] | None = typer.Option(None, "--model", help="Allowed model (repeat)."),  # noqa: B008
     default_alias: str | None = typer.Option(None, "--default-alias", help="e.g. ethen/fast"),
+    rpm: str | None = typer.Option(None, "--rpm", help=f"{_RPM_HELP} (default: none)."),
+    tpm: str | None = typer.Option(None, "--tpm", help=f"{_TPM_HELP} (default: none)."),
     db: str | None = _DB,
     config: Path | None = _CONFIG,
 ) -> None:
     """Create a project."""
     b = _budget(budget)
+    r, t = _rate("--rpm", rpm), _rate("--tpm", tpm)
     p = _run(
         db,
         config,
@@ -197,6 +237,8 @@ def projects_create(
             budget_usd=b,
             budget_window=window,
             default_alias=default_alias,
+            rpm=r,
+            tpm=t,
         ),
     )
     _print(p.to_dict())
@@ -236,6 +278,30 @@ def projects_set_budget(
     b = _budget(budget)
     p = _run(db, config, lambda st: st.update_project(name, budget_usd=b, budget_window=window or UNSET))
     _print(p.to_dict())
+
+
+@projects_app.command("set")
+def projects_set(
+    name: str = typer.Argument(...),
+    budget: str | None = typer.Option(None, "--budget", help="USD per window, or 'none'."),
+    window: str | None = typer.Option(None, "--window", help="day or month."),
+    rpm: str | None = typer.Option(None, "--rpm", help=f"{_RPM_HELP}, or 'none'."),
+    tpm: str | None = typer.Option(None, "--tpm", help=f"{_TPM_HELP}, or 'none'."),
+    db: str | None = _DB,
+    config: Path | None = _CONFIG,
+) -> None:
+    """Change a project's policy: budget, window, rate limits (the flags given; the rest stays)."""
+    changes: dict[str, Any] = {}
+    if budget is not None:
+        changes["budget_usd"] = _budget(budget)
+    if window is not None:
+        changes["budget_window"] = window
+    for flag, value in (("rpm", rpm), ("tpm", tpm)):
+        if value is not None:
+            changes[flag] = _rate(f"--{flag}", value, clearable=True)
+    if not changes:
+        raise _fail("nothing to change: give --budget, --window, --rpm and/or --tpm")
+    _print(_run(db, config, lambda st: st.update_project(name, **changes)).to_dict())
 
 
 def usage_command(

@@ -4,11 +4,12 @@ Endpoints (JSON in and out, OpenAI-style error envelopes)::
 
     GET    /projects                      list projects
     POST   /projects                      create {name, allowed_providers, allowed_models, budget_usd,
-                                          budget_window, default_alias}
+                                          budget_window, default_alias, rpm, tpm}
     GET    /projects/{name}               the project and its current window spend
-    PATCH  /projects/{name}               change policy fields (null clears a restriction / the budget)
+    PATCH  /projects/{name}               change policy fields (null clears a restriction, budget or limit)
     GET    /projects/{name}/keys          the project's keys (public data only)
-    POST   /projects/{name}/keys          create a key {name}: the full key is in this answer only
+    POST   /projects/{name}/keys          create a key {name, rpm, tpm}: the full key is in this answer only
+    PATCH  /keys/{key_id}                 change a key's own rate limits {rpm, tpm} (null clears one)
     DELETE /keys/{key_id}                 revoke a key
     GET    /usage?project=&since=&until=  settled usage per project, key, model (ISO-8601 times, UTC if naive)
     GET    /certifications                live-certification receipts
@@ -17,6 +18,11 @@ Endpoints (JSON in and out, OpenAI-style error envelopes)::
                                           1-500 (50), ``next_cursor`` for the next page (keyset, stable)
     GET    /requests/{request_id}         one logged request with its full receipt
     GET    /health                        circuits (open / half-open), mesh nodes, the request log's queue
+
+``rpm`` / ``tpm`` (requests / tokens per ``[rate_limits] window_s``, :mod:`ethen.gateway.ratelimit`) are a
+whole number from 1 to ``MAX_RATE`` or null (no limit): anything else is a 400 whose ``param`` names the field
+(``invalid_type`` for a non-integer, ``invalid_value`` out of range). A change is applied by every gateway
+instance within about a second (the store's change counter, as a revocation).
 
 The admin key is compared as SHA-256 digests with :func:`hmac.compare_digest`; it is a separate secret from
 client keys (a project key gets 401 here). The dashboard's session cookie is accepted too, with its CSRF token
@@ -48,6 +54,7 @@ from ethen.store import (
     StoreNotFoundError,
 )
 from ethen.store.requests import RequestQuery, parse_status
+from ethen.store.store import MAX_RATE
 
 if TYPE_CHECKING:
     from ethen.gateway.requestlog import RequestLog
@@ -57,7 +64,9 @@ _MAX_LIMIT = 500
 
 ADMIN_PREFIX = "/api/admin/v1"
 _JSON = "application/json"
-_PROJECT_FIELDS = ("allowed_providers", "allowed_models", "budget_usd", "budget_window", "default_alias")
+_RATE_FIELDS = ("rpm", "tpm")
+_PROJECT_FIELDS = ("allowed_providers", "allowed_models", "budget_usd", "budget_window", "default_alias",
+                   *_RATE_FIELDS)
 Handler = Callable[[Request, Store], Awaitable[Response]]
 
 
@@ -106,6 +115,16 @@ async def _body(request: Request, allowed: tuple[str, ...]) -> dict[str, Any]:
         raise InvalidRequestError(
             "'budget_usd' must be a number or null.", code="invalid_type", param="budget_usd"
         )
+    for k in _RATE_FIELDS:
+        v = body.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise InvalidRequestError(f"{k!r} = {v!r}: must be a whole number or null.", code="invalid_type",
+                                      param=k)
+        if not 1 <= v <= MAX_RATE:
+            raise InvalidRequestError(f"{k!r} = {v!r}: must be from 1 to {MAX_RATE}, or null.",
+                                      code="invalid_value", param=k)
     return body
 
 
@@ -137,6 +156,8 @@ async def _create_project(request: Request, st: Store) -> Response:
         budget_usd=body.get("budget_usd"),
         budget_window=body.get("budget_window") or "month",
         default_alias=body.get("default_alias"),
+        rpm=body.get("rpm"),
+        tpm=body.get("tpm"),
     )
     return _json(p.to_dict(), 201)
 
@@ -177,9 +198,17 @@ async def _list_keys(request: Request, st: Store) -> Response:
 
 
 async def _create_key(request: Request, st: Store) -> Response:
-    body = await _body(request, ("name",))
-    key, info = await st.create_key(request.path_params["name"], name=body.get("name"))
+    body = await _body(request, ("name", *_RATE_FIELDS))
+    key, info = await st.create_key(
+        request.path_params["name"], name=body.get("name"), rpm=body.get("rpm"), tpm=body.get("tpm")
+    )
     return _json({**info.to_dict(), "key": key}, 201)
+
+
+async def _patch_key(request: Request, st: Store) -> Response:
+    body = await _body(request, _RATE_FIELDS)
+    info = await st.update_key(request.path_params["key_id"], **{k: body.get(k, UNSET) for k in _RATE_FIELDS})
+    return _json(info.to_dict())
 
 
 async def _revoke_key(request: Request, st: Store) -> Response:
@@ -307,6 +336,7 @@ def admin_routes(accounts: Accounts, auth: AdminAuth | None) -> list[Route]:
         Route(f"{p}/projects/{{name}}", wrap(_patch_project), methods=["PATCH"]),
         Route(f"{p}/projects/{{name}}/keys", wrap(_list_keys), methods=["GET"]),
         Route(f"{p}/projects/{{name}}/keys", wrap(_create_key), methods=["POST"]),
+        Route(f"{p}/keys/{{key_id}}", wrap(_patch_key), methods=["PATCH"]),
         Route(f"{p}/keys/{{key_id}}", wrap(_revoke_key), methods=["DELETE"]),
         Route(f"{p}/usage", wrap(_usage), methods=["GET"]),
         Route(f"{p}/certifications", wrap(_certifications), methods=["GET"]),

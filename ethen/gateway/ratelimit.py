@@ -1,9 +1,17 @@
 """Rate limits: requests and tokens per window, per key and per project, exact across gateway instances.
 
-Configured in the gateway config (``[rate_limits]``, :class:`~ethen.gateway.config.RateLimitsConfig`):
+Set in two places. The gateway config (``[rate_limits]``, :class:`~ethen.gateway.config.RateLimitsConfig`):
 ``rpm`` / ``tpm`` on a config key (``[[api_keys]]``), on a store project by name
-(``[rate_limits.projects.NAME]``) and on a store key by its id (``[rate_limits.keys.KEY_ID]``). A request of a
-store key counts against its key's limits *and* its project's; every limit must admit it.
+(``[rate_limits.projects.NAME]``) and on a store key by its id (``[rate_limits.keys.KEY_ID]``). And the store
+(issue 11): a project's policy and a key's row carry ``rpm`` / ``tpm``, set through the admin API and CLI
+(``ethen projects create|set --rpm --tpm``, ``ethen keys create|set``). They arrive with the request's
+principal (:class:`~ethen.store.Principal`, cached by :mod:`ethen.store.admission`, whose change counter
+drops the cache on every instance within about a second of a change): no extra lookup per request.
+**The store's value overrides the config file's**, field by field (a project with ``rpm`` in the store and
+``tpm`` only in the file is limited by both; clearing the store's ``rpm`` falls back to the file's): the admin
+API is the live control, the file the default. A request of a store key counts against its key's limits
+*and* its project's; every limit must admit it. A changed limit keeps the window's log (lowering ``rpm`` below
+what the window already admitted refuses until enough of it has passed).
 
 Algorithm (choice): a **sliding-window log**, exact for every window-long span (a fixed window lets twice the
 limit through around a boundary). Each limit keeps its admitted requests with their time and cost (1 for
@@ -155,6 +163,19 @@ def _limits(bucket: str, who: str, c: RateLimitConfig | None) -> tuple[Limit, ..
     return tuple(out)
 
 
+def _merged(
+    configured: tuple[Limit, ...], bucket: str, who: str, rpm: int | None, tpm: int | None
+) -> tuple[Limit, ...]:
+    """The store's ``rpm`` / ``tpm`` over the config file's limits of the same bucket (the store wins)."""
+    out = []
+    for kind, value in (("rpm", rpm), ("tpm", tpm)):
+        if value is not None:
+            out.append(Limit(bucket, kind, value, who))
+        else:
+            out.extend(lim for lim in configured if lim.kind == kind)
+    return tuple(out)
+
+
 class _MemoryLog:
     """The sliding-window log of one limit in process memory (no Redis)."""
 
@@ -210,12 +231,18 @@ class RateLimits:
         p = access.principal
         if p is None:
             return self._config_keys.get(access.name, ())
-        return self._keys.get(p.key_id, ()) + self._projects.get(p.project.name, ())
+        key, project = self._keys.get(p.key_id, ()), self._projects.get(p.project.name, ())
+        if p.rpm is not None or p.tpm is not None:
+            key = _merged(key, f"key:{p.key_id}", f"key {p.key_id!r}", p.rpm, p.tpm)
+        pp = p.project
+        if pp.rpm is not None or pp.tpm is not None:
+            project = _merged(project, f"project:{pp.name}", f"project {pp.name!r}", pp.rpm, pp.tpm)
+        return key + project
 
     async def admit(self, access: Access, req: Requirements) -> Ticket | None:
         """Count the request against its limits, or raise :class:`RateLimitExceededError` (429) /
         :class:`RateLimiterUnavailableError` (503). ``None`` when it has no limit (no I/O then)."""
-        if not self.enabled:
+        if not self.enabled and access.principal is None:
             return None
         limits = self.limits_for(access)
         if not limits:

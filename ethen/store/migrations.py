@@ -12,7 +12,8 @@ this code does not know (a newer version) is refused rather than silently run ag
 
 Rule for future migrations: append, never edit an applied one. ``0001_initial`` creates the tables as they
 are defined in :mod:`ethen.store.schema` at that version; later schema changes must come as new migrations
-with explicit DDL.
+with explicit DDL. ``0001`` runs ``create_all`` over the *current* definitions, so a fresh database already
+has a column a later migration adds: such a migration adds only the columns it finds missing.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from sqlalchemy import Connection, select, text
+from sqlalchemy import Connection, inspect, select, text
 
 from . import schema as s
 from .errors import StoreError
@@ -56,11 +57,26 @@ def _instances(conn: Connection) -> None:
     conn.execute(s.store_changes.insert().values(id=1, counter=0))
 
 
+def _add_columns(conn: Connection, table: str, columns: dict[str, str]) -> None:
+    """``ALTER TABLE ... ADD COLUMN`` for each of ``columns`` (name -> SQL type) the table lacks."""
+    have = {c["name"] for c in inspect(conn).get_columns(table)}
+    for name, sql_type in columns.items():
+        if name not in have:
+            conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}"))
+
+
+def _rate_limits(conn: Connection) -> None:
+    """Rate limits in the project policy and on each key (issue 11): ``rpm`` / ``tpm``, NULL = none."""
+    for table in ("projects", "api_keys"):
+        _add_columns(conn, table, {"rpm": "BIGINT", "tpm": "BIGINT"})
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("0001_initial", _initial),
     ("0002_daily_spend", _daily_spend),
     ("0003_instances_grants_changes", _instances),
     ("0004_request_log", create_request_log),  # issue 14: ethen.store.requests
+    ("0005_rate_limits", _rate_limits),  # issue 11: rpm / tpm on projects and keys
 )
 
 

@@ -21,6 +21,8 @@ class Project:
     budget_window: Window
     default_alias: str | None
     created_at: datetime
+    rpm: int | None = None  # requests per rate-limit window (ethen.gateway.ratelimit); None: no limit here
+    tpm: int | None = None  # tokens per rate-limit window
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -30,6 +32,8 @@ class Project:
             "budget_usd": self.budget_usd,
             "budget_window": self.budget_window,
             "default_alias": self.default_alias,
+            "rpm": self.rpm,
+            "tpm": self.tpm,
             "created_at": self.created_at.isoformat(),
         }
 
@@ -44,6 +48,8 @@ class KeyInfo:
     created_at: datetime
     revoked_at: datetime | None
     last_used_at: datetime | None
+    rpm: int | None = None  # the key's own rate limits (its project's apply too)
+    tpm: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -53,15 +59,19 @@ class KeyInfo:
             "created_at": self.created_at.isoformat(),
             "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
             "last_used_at": self.last_used_at.isoformat() if self.last_used_at else None,
+            "rpm": self.rpm,
+            "tpm": self.tpm,
         }
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who a request acts for: a store key and its project."""
+    """Who a request acts for: a store key (with its own rate limits) and its project."""
 
     key_id: str
     project: Project
+    rpm: int | None = None
+    tpm: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

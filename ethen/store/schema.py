@@ -52,6 +52,8 @@ projects = Table(
     Column("budget_window", String(10), nullable=False, default="month"),
     Column("default_alias", String(100), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("rpm", BigInteger, nullable=True),  # 0005: requests / tokens per rate-limit window (NULL: none)
+    Column("tpm", BigInteger, nullable=True),
 )
 
 api_keys = Table(
@@ -66,6 +68,8 @@ api_keys = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("revoked_at", DateTime(timezone=True), nullable=True),
     Column("last_used_at", DateTime(timezone=True), nullable=True),
+    Column("rpm", BigInteger, nullable=True),  # 0005
+    Column("tpm", BigInteger, nullable=True),
 )
 
 ledger = Table(

@@ -45,10 +45,12 @@ from .receipts import Receipts
 from .spending import SpendLedger
 from .values import WINDOWS, Window, from_nano
 
-__all__ = ["LAST_USED_GRANULARITY", "UNSET", "Store"]
+__all__ = ["LAST_USED_GRANULARITY", "MAX_RATE", "UNSET", "Store", "rate_limit"]
 
 #: ``last_used_at`` is refreshed when it is at least this old.
 LAST_USED_GRANULARITY = timedelta(seconds=60)
+#: The largest ``rpm`` / ``tpm`` a project or key may carry (far above any real limit; exact in Redis' Lua).
+MAX_RATE = 10**12
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -83,6 +85,15 @@ def _alias(value: str | None) -> str | None:
     return value
 
 
+def rate_limit(field: str, value: Any) -> int | None:
+    """A project's or key's ``rpm`` / ``tpm``: ``None`` (no limit) or a whole number 1..:data:`MAX_RATE`."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RATE:
+        raise StoreInvalidError(f"{field} = {value!r}: must be a whole number from 1 to {MAX_RATE}, or null")
+    return value
+
+
 def _project(r: Row[Any]) -> Project:
     m = r._mapping
     return Project(
@@ -94,6 +105,8 @@ def _project(r: Row[Any]) -> Project:
         budget_window=m["budget_window"],
         default_alias=m["default_alias"],
         created_at=utc(m["created_at"]) or datetime.now(UTC),
+        rpm=m["rpm"],
+        tpm=m["tpm"],
     )
 
 
@@ -168,6 +181,8 @@ class Store(SpendLedger, Receipts):
         budget_usd: float | None = None,
         budget_window: str = "month",
         default_alias: str | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
         now: datetime | None = None,
     ) -> Project:
         if not isinstance(name, str) or not _NAME.match(name):
@@ -179,6 +194,8 @@ class Store(SpendLedger, Receipts):
             "budget_nano": budget_nano(budget_usd),
             "budget_window": _window(budget_window),
             "default_alias": _alias(default_alias),
+            "rpm": rate_limit("rpm", rpm),
+            "tpm": rate_limit("tpm", tpm),
             "created_at": now_utc(now),
         }
         with boundary(f"create project {name!r}"):
@@ -212,8 +229,12 @@ class Store(SpendLedger, Receipts):
         budget_usd: float | None = UNSET,
         budget_window: str = UNSET,
         default_alias: str | None = UNSET,
+        rpm: int | None = UNSET,
+        tpm: int | None = UNSET,
     ) -> Project:
-        """Change some policy fields (``UNSET`` keeps a field; ``None`` clears a restriction/budget)."""
+        """Change some policy fields (``UNSET`` keeps a field; ``None`` clears a restriction/budget/limit).
+        Every instance applies it within about a second (the change counter, ``ethen.store.admission``).
+        """
         values: dict[str, Any] = {}
         if allowed_providers is not UNSET:
             values["allowed_providers"] = _names("allowed_providers", allowed_providers)
@@ -225,6 +246,9 @@ class Store(SpendLedger, Receipts):
             values["budget_window"] = _window(budget_window)
         if default_alias is not UNSET:
             values["default_alias"] = _alias(default_alias)
+        for field, value in (("rpm", rpm), ("tpm", tpm)):
+            if value is not UNSET:
+                values[field] = rate_limit(field, value)
         with boundary(f"update project {name!r}"):
             async with self.writer.begin() as conn:
                 if values:
@@ -241,9 +265,17 @@ class Store(SpendLedger, Receipts):
 
     # -- keys ------------------------------------------------------------------------------------------
     async def create_key(
-        self, project: str, *, name: str | None = None, now: datetime | None = None
+        self,
+        project: str,
+        *,
+        name: str | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        now: datetime | None = None,
     ) -> tuple[str, KeyInfo]:
-        """A new key for ``project``: ``(full key, shown once; public info)``."""
+        """A new key for ``project`` (with its own rate limits, if any): ``(full key, shown once; public
+        info)``."""
+        rpm, tpm = rate_limit("rpm", rpm), rate_limit("tpm", tpm)
         new = generate_key()
         at = now_utc(now)
         with boundary(f"create key for project {project!r}"):
@@ -257,19 +289,21 @@ class Store(SpendLedger, Receipts):
                         salt=new.salt,
                         digest=new.digest,
                         created_at=at,
+                        rpm=rpm,
+                        tpm=tpm,
                     )
                 )
-        return new.key, KeyInfo(new.key_id, project, name, at, None, None)
+        return new.key, KeyInfo(new.key_id, project, name, at, None, None, rpm, tpm)
 
     def _keys_query(self) -> Any:
         k = s.api_keys.c
-        return select(k.key_id, s.projects.c.name, k.name, k.created_at, k.revoked_at, k.last_used_at).join(
-            s.projects, s.projects.c.id == k.project_id
-        )
+        return select(
+            k.key_id, s.projects.c.name, k.name, k.created_at, k.revoked_at, k.last_used_at, k.rpm, k.tpm
+        ).join(s.projects, s.projects.c.id == k.project_id)
 
     @staticmethod
     def _keyinfo(r: Any) -> KeyInfo:
-        return KeyInfo(r[0], r[1], r[2], utc(r[3]) or datetime.now(UTC), utc(r[4]), utc(r[5]))
+        return KeyInfo(r[0], r[1], r[2], utc(r[3]) or datetime.now(UTC), utc(r[4]), utc(r[5]), r[6], r[7])
 
     async def list_keys(self, project: str | None = None) -> list[KeyInfo]:
         q = self._keys_query().order_by(s.api_keys.c.created_at, s.api_keys.c.key_id)
@@ -286,6 +320,23 @@ class Store(SpendLedger, Receipts):
         if r is None:
             raise StoreNotFoundError(f"key_id = {key_id!r}: no such key")
         return self._keyinfo(r)
+
+    async def update_key(self, key_id: str, *, rpm: int | None = UNSET, tpm: int | None = UNSET) -> KeyInfo:
+        """Change a key's own rate limits (``UNSET`` keeps one, ``None`` clears it); seen by every instance
+        within about a second, like a revocation."""
+        values = {f: rate_limit(f, v) for f, v in (("rpm", rpm), ("tpm", tpm)) if v is not UNSET}
+        with boundary("update key"):
+            async with self.writer.begin() as conn:
+                if values:
+                    res = await conn.execute(
+                        update(s.api_keys).where(s.api_keys.c.key_id == key_id).values(**values)
+                    )
+                    if res.rowcount == 0:
+                        raise StoreNotFoundError(f"key_id = {key_id!r}: no such key")
+                    await self._bump_changes(conn)
+        if values:
+            self._changed()
+        return await self.get_key(key_id)
 
     async def revoke_key(self, key_id: str, *, now: datetime | None = None) -> KeyInfo:
         with boundary("revoke key"):
@@ -319,7 +370,10 @@ class Store(SpendLedger, Receipts):
             async with self.engine.connect() as conn:
                 r = (
                     await conn.execute(
-                        select(k.salt, k.digest, k.revoked_at, k.last_used_at, s.projects)
+                        select(
+                            k.salt, k.digest, k.revoked_at, k.last_used_at, k.rpm.label("key_rpm"),
+                            k.tpm.label("key_tpm"), s.projects,
+                        )
                         .join(s.projects, s.projects.c.id == k.project_id)
                         .where(k.key_id == parsed.key_id)
                     )
@@ -333,4 +387,4 @@ class Store(SpendLedger, Receipts):
                     await conn.execute(
                         update(s.api_keys).where(k.key_id == parsed.key_id).values(last_used_at=at)
                     )
-        return Principal(parsed.key_id, _project(r))
+        return Principal(parsed.key_id, _project(r), r[4], r[5])

@@ -132,7 +132,8 @@ async function loadSpend() {
     for (const p of projects.data) {
       const v = await api("/projects/" + encodeURIComponent(p.name));
       rows.push(row([p.name, num(p.budget_usd, 2), p.budget_window, num(v.window.settled_usd, 6),
-        v.window.remaining_usd === null ? "no budget" : num(v.window.remaining_usd, 6)]));
+        v.window.remaining_usd === null ? "no budget" : num(v.window.remaining_usd, 6),
+        p.rpm === null ? "-" : p.rpm, p.tpm === null ? "-" : p.tpm]));
     }
     $("projects").replaceChildren(...rows);
     const usage = await api("/usage");
@@ -177,10 +178,12 @@ async function loadKeys() {
 async function createProject(ev) {
   ev.preventDefault();
   const budget = $("p-budget").value.trim();
+  const rpm = $("p-rpm").value.trim(), tpm = $("p-tpm").value.trim();
   try {
     const p = await api("/projects", "POST", { name: $("p-name").value.trim(),
-      budget_usd: budget ? Number(budget) : null, budget_window: $("p-window").value });
-    $("p-name").value = ""; $("p-budget").value = "";
+      budget_usd: budget ? Number(budget) : null, budget_window: $("p-window").value,
+      rpm: rpm ? Number(rpm) : null, tpm: tpm ? Number(tpm) : null });
+    $("p-name").value = ""; $("p-budget").value = ""; $("p-rpm").value = ""; $("p-tpm").value = "";
     await loadProjects();
     $("k-project").value = p.name; await loadKeys();
   } catch (e) { $("keys-error").textContent = e.message; }
