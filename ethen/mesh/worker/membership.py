@@ -6,9 +6,10 @@ model loads) a non-loopback bind without credentials, half a TLS pair, an unread
 from a wildcard bind without ``--advertise``.
 
 :class:`Announcer` sends ``Join`` (node id, advertised address, fragments) to the registry at once and then
-every ``heartbeat_s`` seconds (the registry's answer sets it; 2 s by default), so a restarted gateway learns
-the worker again; failures are logged once per transition (WARNING), never per beat. :meth:`Announcer.leave`
-stops the beats and sends ``Leave`` (bounded: 2 s).
+every ``heartbeat_s`` seconds (the registry's answer sets it: min(2 s, ``member_expiry_s`` / 4)), so a
+restarted gateway learns the worker again and a worker that stops announcing expires; failures are logged
+once per transition (WARNING), never per beat. :meth:`Announcer.leave` stops the beats and sends ``Leave``
+(bounded: 2 s); :meth:`Announcer.stop` only stops the beats (the registry lets the node expire).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +97,7 @@ class Announcer:
         self._thread: threading.Thread | None = None
         self._ok: bool | None = None
         self.joins = 0
+        self.last_joined_at: float | None = None  # time.monotonic() of the last answered Join
 
     def announce(self) -> bool:
         request = mesh_pb2.JoinRequest(
@@ -114,6 +117,7 @@ class Announcer:
                         self.address)
         self._ok = True
         self.joins += 1
+        self.last_joined_at = time.monotonic()
         if reply.heartbeat_s > 0:
             self.heartbeat_s = min(max(reply.heartbeat_s, 0.2), 60.0)
         return True
@@ -128,11 +132,20 @@ class Announcer:
         while not self._stop.wait(self.heartbeat_s):
             self.announce()
 
-    def leave(self) -> bool:
-        """Stop announcing and tell the registry this worker leaves; False when it could not be told."""
+    def _stop_beats(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=3.0)
+            self._thread = None
+
+    def stop(self) -> None:
+        """Stop announcing without ``Leave`` (the registry expires the node after its ``member_expiry_s``)."""
+        self._stop_beats()
+        self._channel.close()
+
+    def leave(self) -> bool:
+        """Stop announcing and tell the registry this worker leaves; False when it could not be told."""
+        self._stop_beats()
         try:
             reply = self._stub.Leave(mesh_pb2.LeaveRequest(node_id=self.node_id, address=self.address),
                                      timeout=2.0, metadata=self._md)
