@@ -10,7 +10,10 @@ It shows the request log (filters, newest first, auto-refresh, a request's recei
 candidate with its reasons, the attempts with their timings, the cost), spend per project (``/projects``,
 ``/usage``: a store is needed; charts of spend per project and per model over time, drawn with uPlot from the
 newest 2000 rows of the request log), projects and keys (create a project, create a key shown once, revoke a
-key), provider health (open circuits) and mesh nodes (``/health``).
+key), provider health (open circuits) and mesh nodes (``/health``). ``observe.js`` adds the Candidates tab
+(success rate, latency p50 / p95 and circuit state over time per candidate or provider, uPlot), Canaries and
+Mesh (nodes, layers, health, the route chosen now and its cost), from ``/api/admin/v1/observe/*``
+(:mod:`ethen.gateway.observe`).
 
 Choices where the issue is silent: data is put in the page with ``textContent`` only, and every page is served
 with a Content-Security-Policy that allows scripts from the gateway alone and forms posting to it alone; no
@@ -39,7 +42,8 @@ _CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'
         "img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 _MAX_LOGIN_BODY = 4096
 # uPlot 1.6.32 (npm "uplot", MIT; version and license in the files' header comments): the spend charts
-_ASSETS = {"app.js": "text/javascript", "uplot.iife.min.js": "text/javascript", "uplot.min.css": "text/css"}
+_ASSETS = {"app.js": "text/javascript", "observe.js": "text/javascript",  # observe.js: the observe/* tabs
+           "uplot.iife.min.js": "text/javascript", "uplot.min.css": "text/css"}
 
 
 def gateway_health(gw: Gateway) -> dict[str, Any]:

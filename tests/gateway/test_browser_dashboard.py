@@ -24,6 +24,7 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 USER = [{"role": "user", "content": "hello"}]
+CANARY = {"alias": "ethen/cheap", "candidate": "alpha/alpha-large", "percent": 100, "min_samples": 1}
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent (apt-get install "
                                 "chromium; .ci/run does it)")
@@ -65,10 +66,22 @@ _SERIES_PIXELS = """(sel) => {
   return n;
 }"""
 
+# pixels of any series colour on a chart's canvas (saturated: the axes, grid and text are grey or black)
+_COLOURED_PIXELS = """(sel) => {
+  const c = document.querySelector(sel + " canvas");
+  if (!c) return -1;
+  const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+  let n = 0;
+  for (let i = 0; i < d.length; i += 4)
+    if (Math.max(d[i], d[i + 1], d[i + 2]) - Math.min(d[i], d[i + 1], d[i + 2]) > 80 && d[i + 3] > 200) n++;
+  return n;
+}"""
+
 
 def test_dashboard_in_chromium(tmp_path: Path, browser: Any) -> None:
     shots = _artifacts(tmp_path)
-    with live_store(f"sqlite:///{tmp_path / 'b.db'}", {"up-beta-small": Behavior(fail_status=500)}) as lv:
+    with live_store(f"sqlite:///{tmp_path / 'b.db'}", {"up-beta-small": Behavior(fail_status=500)},
+                    canaries=[CANARY]) as lv:
         url = lv.gateway.url
         key = new_project_key(lv, "acme", budget_usd=2.0)
         assert _chat(lv.base_url, key, "ethen/auto", "ui-fallback").status_code == 200  # beta fails, next one
@@ -149,6 +162,34 @@ def test_dashboard_in_chromium(tmp_path: Path, browser: Any) -> None:
         assert _chat(lv.base_url, new_key, "ethen/auto", "ui-revoked").status_code == 401
         page.screenshot(path=str(shots / "5-key-revoked.png"), full_page=True)
 
+        # candidates: success rate, p50, p95 and circuit state drawn from the request log (series pixels)
+        assert _chat(lv.base_url, key, "ethen/cheap", "ui-canary").status_code == 200
+        assert _chat(lv.base_url, key, "beta-small", "ui-failed-2").status_code == 502  # its third failure
+        _wait_logged(url, 5)  # ui-fallback, ui-failed, ui-new-key, ui-canary, ui-failed-2 (not ui-revoked)
+        page.click("nav button[data-tab=providers]")
+        page.wait_for_selector("#o-rows tr >> text=beta/beta-small")
+        for chart in ("#chart-success", "#chart-p50", "#chart-p95", "#chart-circuit"):
+            page.wait_for_selector(f"{chart} canvas")
+            assert page.evaluate(_COLOURED_PIXELS, chart) > 40, chart
+        small = page.locator("#o-rows tr", has_text="beta/beta-small").inner_text()
+        assert "open" in small and "0%" in small  # its three failures opened its circuit
+        page.screenshot(path=str(shots / "6-candidates.png"), full_page=True)
+        page.select_option("#o-level", "providers")
+        page.wait_for_selector("#o-rows tr >> text=alpha")
+        assert page.locator("#o-rows tr td:first-child").all_text_contents() == ["alpha", "beta", "gamma"]
+        assert page.evaluate(_COLOURED_PIXELS, "#chart-success") > 40
+
+        # canaries: the target, its hit, and the acceptance the router applies (1 sample of 1 needed)
+        page.click("nav button[data-tab=canaries]")
+        page.wait_for_selector("#c-rows tr >> text=alpha/alpha-large")
+        cells = page.locator("#c-rows tr td").all_text_contents()
+        assert cells[:6] == ["ethen/cheap", "alpha/alpha-large", "100%", "1", "1", "1"] and cells[-1] == "yes"
+        page.screenshot(path=str(shots / "7-canaries.png"), full_page=True)
+
+        # mesh: this gateway has none, and says so
+        page.click("nav button[data-tab=mesh]")
+        page.wait_for_selector("#m-body >> text=no mesh provider")
+
         # sign out: the login form, and the cookie opens nothing any more
         page.click("#logout")
         page.wait_for_selector("#admin-key")
@@ -156,4 +197,14 @@ def test_dashboard_in_chromium(tmp_path: Path, browser: Any) -> None:
         ctx.close()
     assert sorted(p.name for p in shots.glob("*.png")) == [
         "0-wrong-key.png", "1-requests.png", "2-fallback-request.png", "3-spend.png", "4-key-created.png",
-        "5-key-revoked.png"]
+        "5-key-revoked.png", "6-candidates.png", "7-canaries.png"]
+
+
+def _wait_logged(url: str, n: int) -> None:
+    deadline = time.monotonic() + 10
+    while True:  # bounded: the request log's writer lags by a batch
+        rows = httpx.get(f"{url}/api/admin/v1/requests",
+                         headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()["data"]
+        if sum(bool(r["attempts"]) for r in rows) >= n or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)

@@ -55,9 +55,19 @@ def test_dashboard_page_and_every_api_it_reads(tmp_path: Path) -> None:
         # every admin API path the script calls
         called = set(re.findall(r'api\("(/[a-z]+)', js.text))
         assert called == {"/health", "/requests", "/projects", "/usage", "/keys"}
+        # the Candidates, Canaries and Mesh tabs: their own script, after app.js, session only
+        assert page.text.index('src="/ui/app.js"') < page.text.index('<script src="/ui/observe.js"></script>')
+        for tab in ("providers", "canaries", "mesh"):
+            assert f'data-tab="{tab}"' in page.text and f'<section id="{tab}">' in page.text
+        obs = httpx.get(f"{lv.gateway.url}/ui/observe.js", headers=cookie)
+        assert obs.status_code == 200 and obs.headers["content-type"].startswith("text/javascript")
+        assert "innerHTML" not in obs.text and httpx.get(f"{lv.gateway.url}/ui/observe.js").status_code == 401
+        observed = set(re.findall(r'api\([`"](/observe/[a-z]+)', obs.text))
+        assert observed == {"/observe/providers", "/observe/canaries", "/observe/mesh"}
         base = f"{lv.gateway.url}/api/admin/v1"
         hdr = {"authorization": f"Bearer {ADMIN_KEY}"}
-        paths = ("/health", "/requests?limit=50", "/requests/ui-0", "/projects", "/projects/acme", "/usage")
+        paths = ("/health", "/requests?limit=50", "/requests/ui-0", "/projects", "/projects/acme", "/usage",
+                 *sorted(observed))
         for path in paths:
             assert httpx.get(base + path.split("?")[0]).status_code == 401, path  # no key: nothing
             assert httpx.get(base + path, headers={"authorization": f"Bearer {key}"}).status_code == 401
@@ -102,7 +112,9 @@ def test_login_session_cookie_csrf_and_logout(tmp_path: Path) -> None:
             anon = httpx.get(f"{url}/ui", headers=hdr)
             assert anon.status_code == 200 and 'name="admin_key"' in anon.text and "req-rows" not in anon.text
             assert httpx.get(f"{url}/ui/app.js", headers=hdr).status_code == 401
-            for path in ("/health", "/requests", "/projects", "/usage"):
+            assert httpx.get(f"{url}/ui/observe.js", headers=hdr).status_code == 401
+            for path in ("/health", "/requests", "/projects", "/usage", "/observe/providers",
+                         "/observe/canaries", "/observe/mesh"):
                 assert httpx.get(base + path, headers=hdr).status_code == 401, path
 
         ok = httpx.post(f"{url}/ui/login", data={"admin_key": ADMIN_KEY})
@@ -114,7 +126,8 @@ def test_login_session_cookie_csrf_and_logout(tmp_path: Path) -> None:
         page = httpx.get(f"{url}/ui", headers=cookie).text
         csrf = re.search(r'<meta name="csrf-token" content="([A-Za-z0-9_-]{40,})">', page)
         assert csrf is not None and "req-rows" in page
-        for path in ("/health", "/requests", "/projects", "/usage"):
+        for path in ("/health", "/requests", "/projects", "/usage", "/observe/providers", "/observe/canaries",
+                     "/observe/mesh"):
             assert httpx.get(base + path, headers=cookie).status_code == 200, path
 
         # a cookie write needs the session's CSRF token (a cross-site form cannot send the header)
@@ -150,6 +163,6 @@ def test_session_expiry_and_secure_cookie_off_loopback() -> None:
     sid, _ = auth.login()
     assert auth.session(_request("127.0.0.1", f"{COOKIE}={sid}")) is not None
     now[0] += 61
-    assert auth.session(_request("127.0.0.1", f"{COOKIE}={sid}")) is None and auth.sessions == {}
+    assert auth.session(_request("127.0.0.1", f"{COOKIE}={sid}")) is None
     assert not secure_cookie(_request("127.0.0.1")) and not secure_cookie(_request("::1"))
     assert secure_cookie(_request("10.1.2.3")) and secure_cookie(_request("192.168.0.9"))

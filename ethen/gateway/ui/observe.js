@@ -1,0 +1,149 @@
+// Ethen gateway dashboard: the Candidates, Canaries and Mesh tabs. Reads /api/admin/v1/observe/* with the
+// session cookie through app.js's api() (loaded first; its helpers $, el, row, num are shared).
+// Data goes into the page with textContent only (never as HTML).
+"use strict";
+const OBS_COLORS = ["#2f6fde", "#e8590c", "#2b8a3e", "#c2255c", "#7048e8", "#0b7285", "#a61e4d", "#5c940d"];
+let obsCharts = [];
+let obsData = null;
+
+function obsLine(target, title, d, names, ys, fmt, stepped) {
+  const xs = d.buckets.map((t) => t + d.bucket_s / 2);  // each bucket's middle, over the whole window
+  target.replaceChildren();
+  if (!names.length) { target.appendChild(el("p", "no attempts in this window", "muted")); return; }
+  const color = (i) => OBS_COLORS[i % OBS_COLORS.length];
+  const series = [{}, ...names.map((label, i) => ({  // filled points: a bucket alone is still seen
+    label, stroke: color(i), width: 2, spanGaps: false, points: { show: true, size: 8, fill: color(i) },
+    ...(stepped ? { paths: uPlot.paths.stepped({ align: 1 }) } : {}) }))];
+  const opts = { width: 760, height: 200, title, series, scales: { x: { time: true, range: [d.since, d.until] } },
+    axes: [{}, { size: 70, values: (u, vals) => vals.map(fmt) }] };
+  obsCharts.push(new uPlot(opts, [xs, ...ys], target));
+}
+
+function drawObserve() {
+  const d = obsData;
+  if (!d) return;
+  for (const c of obsCharts) c.destroy();
+  obsCharts = [];
+  const level = $("o-level").value;
+  const entries = d[level];
+  const traffic = entries.filter((e) => e.attempts > 0);
+  const names = traffic.map((e) => e.key);
+  const pct = (v) => Math.round(v * 100) + "%";
+  const ms = (v) => Number(v.toPrecision(3)) + " ms";
+  const per = `per ${Math.round(d.bucket_s)} s`;
+  obsLine($("chart-success"), `success rate ${per}`, d, names,
+          traffic.map((e) => e.series.success_rate), pct);
+  obsLine($("chart-p50"), `latency p50 ${per}`, d, names, traffic.map((e) => e.series.p50_ms), ms);
+  obsLine($("chart-p95"), `latency p95 ${per}`, d, names, traffic.map((e) => e.series.p95_ms), ms);
+  const circuits = entries.filter((e) => e.series.circuit_open.some((v) => v > 0));
+  const circuitTarget = $("chart-circuit");
+  if (!circuits.length) {
+    circuitTarget.replaceChildren(el("p", "circuit state: every circuit closed over this window", "muted"));
+  } else {
+    obsLine(circuitTarget, `circuit open (fraction of each bucket)`, d, circuits.map((e) => e.key),
+            circuits.map((e) => e.series.circuit_open), pct, true);
+  }
+  $("o-rows").replaceChildren(...entries.map((e) => {
+    const live = e.live || {};
+    const state = live.circuit || "closed";
+    return row([e.key, e.attempts, e.success_rate === null ? "-" : pct(e.success_rate), num(e.p50_ms, 1),
+      num(e.p95_ms, 1), live.samples ?? "-", live.success_rate == null ? "-" : pct(live.success_rate),
+      num(live.latency_ms_mean, 1), state], state === "closed" ? "" : "err");
+  }));
+  $("o-info").textContent = `${d.rows} logged requests` + (d.truncated ? " (the newest only)" : "");
+}
+
+async function loadObserve() {
+  try {
+    obsData = await api(`/observe/providers?window_s=${$("o-window").value}&buckets=24`);
+    $("o-error").textContent = "";
+    drawObserve();
+  } catch (e) { $("o-error").textContent = e.message; }
+}
+
+async function loadCanaries() {
+  try {
+    const d = await api("/observe/canaries");
+    $("c-rows").replaceChildren(...(d.data.length ? d.data.map((c) => row([c.alias, c.candidate,
+      c.percent + "%", c.requests, c.hits, c.samples,
+      c.success_rate === null ? "-" : Math.round(c.success_rate * 1000) / 10 + "%",
+      `>= ${c.min_samples} samples, >= ${Math.round(c.min_success_rate * 1000) / 10}% success`,
+      c.acceptance_met ? "yes" : "no"], c.acceptance_met ? "ok" : "err"))
+      : [row(["no [[canaries]] configured"])]));
+    $("c-error").textContent = "";
+  } catch (e) { $("c-error").textContent = e.message; }
+}
+
+function layerMap(node, n, stages) {
+  const cells = el("div", null, "layers");
+  const held = (i) => node.layers.some(([a, b]) => a <= i && i <= b);
+  const used = (i) => stages.some((s) => s.node_id === node.node_id && s.first <= i && i <= s.last);
+  for (let i = 0; i < n; i++) {
+    const c = el("span", null, used(i) ? "used" : held(i) ? "held" : "");
+    c.title = `layer ${i}`;
+    cells.appendChild(c);
+  }
+  return cells;
+}
+
+function meshBlock(m) {
+  const box = el("div");
+  box.appendChild(el("h3", `${m.provider}` + (m.model ? ` · ${m.model} · ${m.n_layers} layers` : "")));
+  if (!m.loaded) { box.appendChild(el("p", m.error, "err")); return box; }
+  const r = m.route;
+  const stages = r ? r.stages : [];
+  box.appendChild(el("p", r ? `route now: ${r.nodes.join(" → ")} · cost ${num(r.cost, 1)} · ${r.hops} hop(s)` +
+    (r.degraded ? " · degraded" : "") + ` · weights latency ${r.weights.latency}, load ${r.weights.load}, ` +
+    `capacity ${r.weights.capacity}, hop ${r.weights.hop}, prompt ${r.weights.prompt}`
+    : "no route: " + m.error, r ? "route" : "err"));
+  const t = el("table");
+  t.appendChild(row(["node", "layers (blue: in the route)", "alive", "latency EWMA ms", "load", "capacity",
+    "worker ms", "sessions now", "routed", "failovers", "node cost (latency + load + capacity)"]
+    .map((h) => el("th", h))));
+  const body = el("tbody");
+  for (const n of m.nodes) {
+    const map = el("td"); map.appendChild(layerMap(n, m.n_layers, stages));
+    const terms = n.cost_terms ? ` (${num(n.cost_terms.latency, 1)} + ${num(n.cost_terms.load, 1)} + ` +
+      `${num(n.cost_terms.capacity, 1)})` : "";
+    body.appendChild(row([n.node_id, map, n.alive ? "yes" : "no", num(n.latency_ms_ewma, 1), num(n.load, 2),
+      num(n.capacity_score, 2), num(n.worker_latency_ms, 1), n.active_sessions ?? "-", n.sessions, n.failovers,
+      n.node_cost === null ? "-" : num(n.node_cost, 1) + terms], n.alive ? (n.in_route ? "ok" : "") : "err"));
+  }
+  t.appendChild(body);
+  box.appendChild(t);
+  if (r) {
+    box.appendChild(el("h4", "Route cost breakdown"));
+    const s = el("table");
+    s.appendChild(row(["stage", "node", "layers", "node", "hop", "prefill", "stage total"].map((h) => el("th", h))));
+    const sb = el("tbody");
+    stages.forEach((st, i) => sb.appendChild(row([i + 1, st.node_id, `${st.first}-${st.last}`,
+      num(st.node_cost, 2), num(st.hop_cost, 2), num(st.prefill_cost, 3), num(st.cost, 2)])));
+    sb.appendChild(row(["", "total", "", "", "", "", num(r.cost, 2)]));
+    s.appendChild(sb);
+    box.appendChild(s);
+    const rej = Object.entries(r.rejected).filter(([, ids]) => ids.length)
+      .map(([why, ids]) => `${why.replace("_", " ")}: ${ids.join(", ")}`);
+    if (rej.length) box.appendChild(el("p", "not in the route: " + rej.join(" · "), "muted"));
+  }
+  return box;
+}
+
+async function loadMesh() {
+  try {
+    const d = await api("/observe/mesh");
+    $("m-body").replaceChildren(...(d.data.length ? d.data.map(meshBlock)
+      : [el("p", "no mesh provider in this gateway's config", "muted")]));
+    $("m-error").textContent = "";
+  } catch (e) { $("m-error").textContent = e.message; }
+}
+
+const OBS_TABS = { providers: loadObserve, canaries: loadCanaries, mesh: loadMesh };
+for (const b of document.querySelectorAll("nav button")) {
+  const load = OBS_TABS[b.dataset.tab];
+  if (load) b.addEventListener("click", load);
+}
+$("o-level").addEventListener("change", drawObserve);
+$("o-window").addEventListener("change", loadObserve);
+setInterval(() => {
+  for (const [name, load] of Object.entries(OBS_TABS)) if ($(name).classList.contains("on")) load();
+}, 5000);
