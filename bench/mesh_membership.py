@@ -16,7 +16,8 @@ worker under a new node id:
 
 Baselines of the same run: one Health round trip to the worker (a node is routable only after one answers)
 and one read of the shared membership from Redis; B polls Redis every 0.25 s, so B's join figure should be
-about A's plus half a poll. Without ``--redis-url`` (or ``ETHEN_TEST_REDIS_URL``) only A is measured.
+about A's plus half a poll (the rounds start at spread offsets of B's poll). Without ``--redis-url`` (or
+``ETHEN_TEST_REDIS_URL``) only A is measured.
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ def main() -> None:
         for r in range(args.rounds):
             node = f"n{r}"
             ann = Announcer(spec, node, worker.address, [(0, 29)])
+            # each round starts right after a removal B saw on one of its polls: offset the start across the
+            # poll interval, or every join would land just after a poll and wait a whole one
+            time.sleep((r * 0.618) % 1.0 * 0.25)
             t0 = time.monotonic()
             ann.start()
             seen: dict[str, float] = {}
