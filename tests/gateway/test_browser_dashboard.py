@@ -9,6 +9,7 @@ Skips, with the reason, without Chromium or the ``playwright`` package."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from budget_harness import ADMIN_KEY, live_store, new_project_key
+from service_harness import live
 from upstream import Behavior
 
 CHROMIUM = "/usr/bin/chromium"
@@ -195,9 +197,48 @@ def test_dashboard_in_chromium(tmp_path: Path, browser: Any) -> None:
         page.wait_for_selector("#admin-key")
         assert ctx.request.get(f"{url}/api/admin/v1/projects").status == 401
         ctx.close()
-    assert sorted(p.name for p in shots.glob("*.png")) == [
-        "0-wrong-key.png", "1-requests.png", "2-fallback-request.png", "3-spend.png", "4-key-created.png",
-        "5-key-revoked.png", "6-candidates.png", "7-canaries.png"]
+    saved = {p.name for p in shots.glob("*.png")}
+    assert {"0-wrong-key.png", "1-requests.png", "2-fallback-request.png", "3-spend.png", "4-key-created.png",
+            "5-key-revoked.png", "6-candidates.png", "7-canaries.png"} <= saved
+
+
+def test_mesh_page_in_chromium(tmp_path: Path, browser: Any) -> None:
+    """The Mesh tab over three real worker processes: each node's layers, health and the route chosen now
+    (its stages cover layers 0-29), with its cost breakdown."""
+    from ethen.mesh.worker.launch import spawn_worker
+
+    shots = _artifacts(tmp_path)
+    layout = {"gpu": "0-9", "mini": "0-9,10-19", "laptop": "10-19,20-29"}
+    workers = {}
+    try:
+        for node, layers in layout.items():
+            workers[node] = spawn_worker(node, layers)
+        mesh = {"id": "mesh", "kind": "mesh", "workers": {n: w.address for n, w in workers.items()},
+                "health_interval_s": 0.1}
+        log = {"admin_key_sha256": hashlib.sha256(ADMIN_KEY.encode()).hexdigest()}
+        with live(providers=[mesh], routes=[{"model": "smollm2-135m-instruct", "provider": "mesh"}],
+                  log=log) as lv:
+            ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+            ctx.set_default_timeout(30_000)
+            page = ctx.new_page()
+            page.goto(f"{lv.gateway.url}/ui")
+            page.fill("#admin-key", ADMIN_KEY)
+            page.click("button[type=submit]")
+            page.wait_for_selector("nav button[data-tab=mesh]")
+            page.click("nav button[data-tab=mesh]")
+            page.wait_for_selector("#m-body >> text=route now:")  # the 5 s refresh until the polls arrived
+            assert page.locator("#m-body .layers").count() == 3
+            assert page.locator("#m-body .layers span").count() == 3 * 30
+            assert page.locator("#m-body .layers span.used").count() == 30  # the route covers every layer
+            summary = page.inner_text("#m-body p.route")
+            assert summary.startswith("route now: ") and "cost" in summary
+            assert page.locator("#m-body").get_by_role("cell", name="total", exact=True).count() == 1
+            page.screenshot(path=str(shots / "8-mesh.png"), full_page=True)
+            ctx.close()
+    finally:
+        for w in workers.values():
+            w.stop()
+    assert (shots / "8-mesh.png").exists()
 
 
 def _wait_logged(url: str, n: int) -> None:
