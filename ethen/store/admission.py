@@ -31,8 +31,10 @@ request it does no database round trip except the settlement's share of one grou
   (ledger rows, the day totals and the grant decrements: one fsync for many requests); each request awaits its
   batch's commit, so a settled entry is durable before the answer leaves.
 - ``remaining`` for ``decide`` comes from memory: ``free + grant - reserved``, ``free`` being what was left to
-  claim at the last claim or read (re-read at most once per heartbeat, or after a change); admission itself is
-  the exact gate.
+  claim at the last claim or read; admission itself is the exact gate. After a heartbeat the snapshot is
+  still served while one background read refreshes it; only after a change (or at first use) do requests
+  wait, and then all of them share one read (before, every request arriving after a heartbeat read it: a
+  burst of reads on the request path every heartbeat).
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ class _Grant:
     granted: int = 0  # this instance's grant as committed in the database (never above the database's value)
     reserved: int = 0  # in-flight holds admitted against it
     free: int | None = None  # what could still be claimed, as last read (None: unknown)
+    fresh: bool = False  # free was read (or claimed) since the last heartbeat
+    epoch: int = 0  # bumped when free is set or dropped: a read started before then is discarded
+    reading: asyncio.Task[None] | None = None  # the one read of free in flight
     last_claim: float = 0.0  # monotonic time of the last claim
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -176,7 +181,7 @@ class Admission:
         self._gen += 1
         self._keys.clear()
         for g in self._grants.values():
-            g.free = None
+            self._forget(g)
 
     async def _poll(self) -> None:
         counter = await self.store.changes()
@@ -233,16 +238,44 @@ class Admission:
 
     async def remaining_usd(self, project: Project) -> float | None:
         """The window budget this instance could still admit for ``project`` (``None``: no budget), from
-        memory; one database read when no snapshot is known (first use, after a change or a heartbeat)."""
+        memory. Requests wait for a database read only when no snapshot is known (first use, after a
+        change), and then all share one read; a snapshot older than a heartbeat is served while one read
+        refreshes it in the background (others' spend shows up within a heartbeat and a read)."""
         if project.budget_usd is None:
             return None
         g = self._grant(project.id)
-        if g.free is None:
-            await self._read_free(project, g)
+        for _ in range(2):  # a read overtaken by a change is discarded: wait for the next one
+            if g.free is not None:
+                break
+            await asyncio.shield(self._refresh(project, g))
+        if not g.fresh:
+            self._refresh(project, g)
         return from_nano(max(0, (g.free or 0) + g.granted - g.reserved))
+
+    def _refresh(self, project: Project, g: _Grant) -> asyncio.Task[None]:
+        """The read of ``free`` in flight for ``g`` (started when there is none)."""
+        task = g.reading
+        if task is None:
+            task = g.reading = asyncio.create_task(self._read_free(project, g))
+
+            def done(t: asyncio.Task[None]) -> None:
+                if g.reading is t:
+                    g.reading = None
+                if not t.cancelled() and isinstance(t.exception(), StoreError):
+                    log.warning("instance %s: %s", self.instance_id, t.exception())
+
+            task.add_done_callback(done)
+        return task
+
+    @staticmethod
+    def _forget(g: _Grant) -> None:
+        """Drop ``g``'s snapshot of ``free`` (and any read in flight): the next request reads it again."""
+        g.free, g.fresh, g.reading = None, False, None
+        g.epoch += 1
 
     async def _read_free(self, project: Project, g: _Grant) -> None:
         now = datetime.now(UTC)
+        epoch = g.epoch
 
         def read(conn: Connection) -> int:
             budget, window = self._budget_row(conn, project, lock=False)
@@ -255,7 +288,9 @@ class Admission:
 
         with boundary("read spend"):
             async with self.store.engine.connect() as conn:  # a reader: never waits for the write lock
-                g.free = await conn.run_sync(read)
+                free = await conn.run_sync(read)
+        if g.epoch == epoch:
+            g.free, g.fresh = free, True
 
     @staticmethod
     def _budget_row(conn: Connection, project: Project, *, lock: bool) -> Any:
@@ -325,7 +360,8 @@ class Admission:
         take, free, lost = await self._writer.transaction(tx, "reserve budget")
         if lost:
             self._lost()
-        g.free = free
+        g.free, g.fresh = free, True
+        g.epoch += 1
         if take is None:
             return False
         self._lease_ok_until = started + self._lease_window()
@@ -375,7 +411,7 @@ class Admission:
         )
         for g in self._grants.values():
             g.granted = 0
-            g.free = None
+            self._forget(g)
 
     async def _heartbeat(self) -> None:
         """Renew the lease and give back the unused part of grants that saw no claim for a heartbeat."""
@@ -386,7 +422,7 @@ class Admission:
             if excess > 0 and not g.lock.locked() and started - g.last_claim >= self.heartbeat_s:
                 g.granted -= excess  # lowered in memory first: the database value never drops below it
                 trims[pid] = excess
-            g.free = None
+            g.fresh = False  # served until a request's background read refreshes it
         bg = s.budget_grants.c
 
         def tx(conn: Connection) -> bool:

@@ -133,7 +133,17 @@ def boundary(what: str) -> Iterator[None]:
         raise
     except exc.IntegrityError as e:
         raise StoreConflictError(f"{what}: conflicts with existing data ({type(e.orig).__name__})") from None
+    except sqlite3.IntegrityError as e:  # the ledger writer's raw DBAPI batches (ethen.store.groupcommit)
+        raise StoreConflictError(f"{what}: conflicts with existing data ({type(e).__name__})") from None
+    except sqlite3.Error as e:
+        raise StoreUnavailableError(f"{what}: database error ({type(e).__name__})") from None
     except (exc.DBAPIError, exc.SQLAlchemyError, OSError, ConnectionError) as e:
         orig = getattr(e, "orig", None)
         detail = type(orig).__name__ if orig is not None else type(e).__name__
         raise StoreUnavailableError(f"{what}: database error ({detail})") from None
+    except Exception as e:  # asyncpg's own errors (the ledger writer's one-statement batches)
+        if not type(e).__module__.startswith("asyncpg"):
+            raise
+        if any(c.__name__ == "IntegrityConstraintViolationError" for c in type(e).__mro__):
+            raise StoreConflictError(f"{what}: conflicts with existing data ({type(e).__name__})") from None
+        raise StoreUnavailableError(f"{what}: database error ({type(e).__name__})") from None
