@@ -454,6 +454,8 @@ def create_app(
         gc.freeze()
         try:
             await acc.start()  # opens/migrates the store, releases dangling reservations
+            if admin_auth is not None:  # dashboard sessions: the store's (else the data dir's) shared secret
+                await admin_auth.start(acc.store)
             gw.requestlog.start()  # the request log's writer (store or memory ring)
             await shared.start()  # Redis unreachable: logged, served degraded (ethen.gateway.shared)
             for provider in gw.providers.values():
@@ -462,6 +464,8 @@ def create_app(
         finally:
             await shared.aclose()
             await gw.requestlog.aclose()  # writes what is queued while the store is still open
+            if admin_auth is not None:
+                await admin_auth.aclose()
             await acc.aclose()
             await gw.aclose()
 

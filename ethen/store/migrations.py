@@ -18,6 +18,7 @@ has a column a later migration adds: such a migration adds only the columns it f
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -26,6 +27,7 @@ from sqlalchemy import Connection, inspect, select, text
 from . import schema as s
 from .errors import StoreError
 from .requests import create_request_log
+from .sessions import SESSION_SECRET
 
 __all__ = ["MIGRATIONS", "applied", "migrate_sync"]
 
@@ -71,12 +73,21 @@ def _rate_limits(conn: Connection) -> None:
         _add_columns(conn, table, {"rpm": "BIGINT", "tpm": "BIGINT"})
 
 
+def _dashboard_sessions(conn: Connection) -> None:
+    """The dashboard's session-signing secret (random, made here once per database) and signed-out sessions
+    (issue 14: sessions valid on every gateway instance of the database; ``ethen.store.sessions``)."""
+    s.store_secrets.create(conn)
+    s.ended_sessions.create(conn)
+    conn.execute(s.store_secrets.insert().values(name=SESSION_SECRET, value=secrets.token_bytes(32)))
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("0001_initial", _initial),
     ("0002_daily_spend", _daily_spend),
     ("0003_instances_grants_changes", _instances),
     ("0004_request_log", create_request_log),  # issue 14: ethen.store.requests
     ("0005_rate_limits", _rate_limits),  # issue 11: rpm / tpm on projects and keys
+    ("0006_dashboard_sessions", _dashboard_sessions),  # issue 14: ethen.store.sessions
 )
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "budget_grants",
     "certifications",
     "daily_spend",
+    "ended_sessions",
     "gateway_instances",
     "ledger",
     "metadata",
@@ -30,6 +31,7 @@ __all__ = [
     "projects",
     "reservations",
     "store_changes",
+    "store_secrets",
 ]
 
 metadata = MetaData()
@@ -152,4 +154,21 @@ store_changes = Table(
     metadata,
     Column("id", Integer, primary_key=True),
     Column("counter", BigInteger, nullable=False),
+)
+
+#: Random secrets made once per database (0006): ``dashboard_session`` keys the dashboard's signed session
+#: cookies (``ethen.admin.sessions``), so every gateway instance on the database accepts the others' cookies.
+store_secrets = Table(
+    "store_secrets",
+    metadata,
+    Column("name", String(50), primary_key=True),
+    Column("value", LargeBinary(64), nullable=False),
+)
+
+#: Dashboard sessions signed out before their expiry (epoch ms), polled by all instances; pruned when expired.
+ended_sessions = Table(
+    "ended_sessions",
+    metadata,
+    Column("session_id", String(64), primary_key=True),
+    Column("expires_at_ms", BigInteger, nullable=False),
 )

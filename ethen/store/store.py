@@ -42,6 +42,7 @@ from .keys import generate_key, parse_key, verify
 from .migrations import applied, migrate_sync
 from .models import KeyInfo, Principal, Project
 from .receipts import Receipts
+from .sessions import DashboardSessions
 from .spending import SpendLedger
 from .values import WINDOWS, Window, from_nano
 
@@ -110,7 +111,7 @@ def _project(r: Row[Any]) -> Project:
     )
 
 
-class Store(SpendLedger, Receipts):
+class Store(SpendLedger, Receipts, DashboardSessions):
     """Async access to the gateway's durable state. Create with :meth:`open` (migrates), close with
     :meth:`aclose`."""
 
