@@ -130,12 +130,61 @@ def aggregate(orch: Orchestrator, ids: list[int], sessions: int, tokens: int) ->
     return produced / (end - start)
 
 
-def rpc_overhead(orch: Orchestrator, ids: list[int], steps: int) -> list[float]:
-    """Per RPC: client round trip minus the worker's own queue + compute time, in ms."""
+class RawFloor:
+    """The raw gRPC floor, measured in the same run: a ``bench/mesh_hops.py`` server process (a generic
+    bytes-in/bytes-out handler, no protobuf, no validation) that streams ~141 MB of weights per call like a
+    10-layer decode step and reports its own time; the floor is the round trip minus that time."""
+
+    def __init__(self) -> None:
+        import socket
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        import grpc
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        script = Path(__file__).with_name("mesh_hops.py")
+        argv = [sys.executable, str(script), "--server", str(port), str(port), "1", "0"]
+        self.proc = subprocess.Popen(argv)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.call = self.channel.unary_unary("/hops/Timed", request_serializer=lambda b: b,
+                                             response_deserializer=lambda b: b)
+        self.x = np.full(576, 0.5, np.float32).tobytes()  # a decode step's hidden state (d = 576)
+        deadline = time.monotonic() + 120
+        while True:  # the server builds its matrices first
+            try:
+                self.call(self.x, timeout=5)
+                break
+            except grpc.RpcError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise
+                time.sleep(0.5)
+
+    def sample(self) -> float:
+        import struct
+
+        t0 = time.perf_counter()
+        out = self.call(self.x, timeout=30)
+        return (time.perf_counter() - t0) * 1000 - struct.unpack("<d", out[-8:])[0]
+
+    def close(self) -> None:
+        self.channel.close()
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+def rpc_overhead(orch: Orchestrator, ids: list[int], steps: int,
+                 floor: RawFloor) -> tuple[list[float], list[float]]:
+    """Per RPC: client round trip minus the worker's own queue + compute time, in ms; and, interleaved (one
+    after each decode step's three calls), the raw gRPC floor measured the same way."""
     session = orch.open_session(len(ids))
     try:
         x = orch.ends.embed(ids)
         out: list[float] = []
+        raw: list[float] = []
         pos = 0
         for i in range(steps + 1):
             h = x if i == 0 else orch.ends.embed([ids[-1]])
@@ -147,8 +196,10 @@ def rpc_overhead(orch: Orchestrator, ids: list[int], steps: int) -> list[float]:
                 if i > 0:
                     out.append(rtt - res.compute_ms - res.queue_ms)
                 h = res.hidden
+            if i > 0:
+                raw.append(floor.sample())
             pos += 1 if i else len(ids)
-        return out
+        return out, raw
     finally:
         for stage in session.route.stages:
             orch.clients[stage.node_id].close_session(f"{session.id}@{stage.first}")
@@ -213,7 +264,11 @@ def main() -> None:
                 mesh_prefill.append(len(long_ids) / first)
             s_step, m_step = median(single_steps), median(mesh_steps)
             hop = (m_step - s_step) * 1000 / stages
-            rpc = rpc_overhead(orch, ids, args.tokens)
+            floor = RawFloor()
+            try:
+                rpc, raw = rpc_overhead(orch, ids, args.tokens, floor)
+            finally:
+                floor.close()
             agg = {n: median([aggregate(orch, ids, n, args.tokens) for _ in range(max(1, args.rounds - 1))])
                    for n in (1, 4, 8)}
 
@@ -229,6 +284,8 @@ def main() -> None:
               "   target <= 1 ms")
         print(f"{'per-RPC overhead ms (rtt - worker time)':44} {'':15} {median(rpc):15.2f} "
               f"{'':8}   p90 {float(np.percentile(rpc, 90)):.2f}")
+        print(f"{'raw gRPC floor ms (same measure, same run)':44} {'':15} {median(raw):15.2f} "
+              f"{median(rpc) / median(raw):7.2f}x   target <= 1.5x")
         print(f"{'serialization ms per hop, warm (Petals: 18)':44} {'':15} "
               f"{serialization_ms(model.config.d_model):15.3f}")
         for n in (1, 4, 8):

@@ -72,6 +72,7 @@ class Recorder:
     def __init__(self, orch: Orchestrator) -> None:
         self.inner = orch.monitor.observe_call
         self.worker_ms: dict[str, list[float]] = defaultdict(list)
+        self.rest_ms: dict[str, list[float]] = defaultdict(list)  # call duration - worker time
         self.lock = threading.Lock()
         orch.rounds.observe = self
 
@@ -80,10 +81,12 @@ class Recorder:
         if rows == 1:
             with self.lock:
                 self.worker_ms[node].append(worker_ms)
+                self.rest_ms[node].append(duration_ms - worker_ms)
 
     def reset(self) -> None:
         with self.lock:
             self.worker_ms.clear()
+            self.rest_ms.clear()
 
 
 def pipeline_route(orch: Orchestrator, prompt_tokens: int) -> Route:
@@ -132,6 +135,17 @@ def aggregate(orch: Orchestrator, ids: list[int], sessions: int, tokens: int, ro
     return sessions * tokens / (end - start)
 
 
+def head_ms(orch: Orchestrator, samples: int = 9) -> float:
+    """Median ms of the orchestrator's head for one row (what a lone session pays per token)."""
+    h = orch.ends.embed([1])
+    times: list[float] = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        orch.ends.logits(h)
+        times.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(times)
+
+
 def until_dead(orch: Orchestrator, node: str, t0: float, timeout_s: float = 5.0) -> float:
     """Seconds from ``t0`` (just before the fault) until the orchestrator's states say ``node`` is dead."""
     while time.monotonic() - t0 < timeout_s:
@@ -141,54 +155,101 @@ def until_dead(orch: Orchestrator, node: str, t0: float, timeout_s: float = 5.0)
     return float("nan")
 
 
+def configs(spec: str) -> list[tuple[int, bool]]:
+    """``"1,4,4u"`` -> [(1, True), (4, True), (4, False)]: lanes, and ``u`` for lanes left unstaggered."""
+    out: list[tuple[int, bool]] = []
+    for word in spec.split(","):
+        out.append((int(word.rstrip("u")), not word.endswith("u")))
+    return out
+
+
+def label(lanes: int, stagger: bool) -> str:
+    if lanes == 1:
+        return "1 lane"
+    return f"{lanes} lanes" + (", staggered" if stagger else ", unstaggered")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=32, help="decode steps per measured session")
     ap.add_argument("--sessions", type=int, default=8, help="concurrent sessions for the aggregate")
-    ap.add_argument("--lanes", default="1,4", help="decode-round lanes to measure the aggregate with")
+    ap.add_argument("--lanes", default="1,2,4,8",
+                    help="decode-round lanes to measure the aggregate with (suffix u: unstaggered)")
     ap.add_argument("--delays", default="0,5,20", help="one-way delays per link, ms")
+    ap.add_argument("--repeat", type=int, default=3, help="measurements per configuration (medians)")
+    ap.add_argument("--no-detection", action="store_true", help="skip the detection measurements")
     args = ap.parse_args()
     reason = unavailable_reason()
     if reason:
         sys.exit(f"mesh_hosts: {reason}")
-    lanes = [int(x) for x in args.lanes.split(",")]
+    cfgs = configs(args.lanes)
     delays = [float(x) for x in args.delays.split(",")]
     with Hosts(3) as hosts:
         for i, (node, layers) in enumerate(LAYOUT.items()):
             hosts[i].start(node, layers)
         addresses = {node: hosts[i].address for i, node in enumerate(LAYOUT)}
-        orchs = {n: Orchestrator.load(addresses, round_lanes=n).start() for n in lanes}
+        # a generous progress deadline: on a saturated VM 8 queued prefills can pass the 5 s default (the
+        # stuck-node measurement below uses 2 s)
+        orchs = {n: Orchestrator.load(addresses, round_lanes=n, progress_timeout_s=30.0).start()
+                 for n in {1, *(n for n, _ in cfgs)}}
         try:
-            base = orchs[lanes[0]]
+            base = orchs[1]
             ids = base.chat_prompt(PROMPT)
             rec = Recorder(base)
             route = pipeline_route(base, len(ids))
             print(f"route {' -> '.join(f'{s.node_id} {s.first}-{s.last}' for s in route.stages)}; prompt "
-                  f"{len(ids)} tokens; {args.tokens} decode steps per session")
-            agg0: dict[int, float] = {}
+                  f"{len(ids)} tokens; {args.tokens} decode steps per session; medians of {args.repeat}")
+            m: dict[float, dict[str, list[float]]] = {d: defaultdict(list) for d in delays}
+            aggs: dict[float, dict[tuple[int, bool], list[float]]] = {d: defaultdict(list) for d in delays}
+            rtts: dict[float, list[float]] = {}
+            for _ in range(args.repeat):  # delays interleaved: a ratio pairs figures taken close together
+                for delay in delays:
+                    for h in hosts.hosts:
+                        h.set_delay(delay)
+                    rtts[delay] = [h.echo_rtt_ms(9) for h in hosts.hosts]
+                    decode(base, ids, 4, route)  # warm
+                    rec.reset()
+                    secs, _ = decode(base, ids, args.tokens, route)
+                    compute = sum(statistics.median(rec.worker_ms[n]) for n in PIPELINE)
+                    limit_ms = compute + sum(rtts[delay])
+                    m[delay]["ratio"].append(args.tokens / secs * limit_ms / 1000.0)
+                    m[delay]["step"].append(1000 * secs / args.tokens)
+                    m[delay]["limit"].append(limit_ms)
+                    m[delay]["compute"].append(compute)
+                    m[delay]["rpc"].append(sum(statistics.median(rec.rest_ms[n]) - rtt
+                                               for n, rtt in zip(PIPELINE, rtts[delay], strict=True)))
+                    m[delay]["head"].append(head_ms(base))
+                    for n, stagger in cfgs:
+                        orch = orchs[n]
+                        orch.rounds.stagger = stagger and n > 1
+                        aggs[delay][(n, stagger)].append(aggregate(orch, ids, args.sessions, args.tokens,
+                                                                   pipeline_route(orch, len(ids))))
+            med = statistics.median
             for delay in delays:
-                for h in hosts.hosts:
-                    h.set_delay(delay)
-                rtts = [h.echo_rtt_ms(9) for h in hosts.hosts]
-                decode(base, ids, 4, route)  # warm
-                rec.reset()
-                secs, _ = decode(base, ids, args.tokens, route)
-                compute = sum(statistics.median(rec.worker_ms[n]) for n in PIPELINE)
-                limit_s = (compute + sum(rtts)) / 1000.0
-                tps = args.tokens / secs
-                hops = ", ".join(f"{r:.1f}" for r in rtts)
-                print(f"\none-way {delay:g} ms: echo round trip per hop {hops} ms;"
-                      f" stage compute {compute:.1f} ms/token (workers' own, medians)")
-                print(f"  1 session: {tps:.1f} tok/s; physical limit {1 / limit_s:.1f} tok/s -> "
-                      f"{100 * tps * limit_s:.0f} % of it (step {1000 * secs / args.tokens:.1f} ms vs "
-                      f"{1000 * limit_s:.1f} ms)")
-                for n, orch in orchs.items():
-                    r = pipeline_route(orch, len(ids))
-                    agg = aggregate(orch, ids, args.sessions, args.tokens, r)
-                    if delay == 0:
-                        agg0[n] = agg
-                    rel = f" = {100 * agg / agg0[n]:.0f} % of 0 ms" if n in agg0 and delay else ""
-                    print(f"  {args.sessions} sessions, {n} lane(s): {agg:.1f} tok/s aggregate{rel}")
+                r = m[delay]
+                hops = ", ".join(f"{x:.1f}" for x in rtts[delay])
+                runs = ", ".join(f"{c:.0f}" for c in r["compute"])
+                print(f"\none-way {delay:g} ms: echo round trip per hop {hops} ms; stage compute "
+                      f"{med(r['compute']):.1f} ms/token (workers' own; runs {runs})")
+                runs = ", ".join(f"{100 * x:.0f}" for x in r["ratio"])
+                print(f"  1 session: step {med(r['step']):.1f} ms vs physical limit {med(r['limit']):.1f} ms "
+                      f"-> {100 * med(r['ratio']):.0f} % of it (runs {runs} %)")
+                rest = med(r["step"]) - med(r["limit"]) - med(r["head"]) - med(r["rpc"])
+                print(f"    beyond the limit, per token: head (norm + [1, d] x [d, V]) {med(r['head']):.1f} "
+                      f"ms; 3 RPCs beyond the echo round trip {med(r['rpc']):.1f} ms; rest {rest:.1f} ms")
+                for key in cfgs:
+                    got = aggs[delay][key]
+                    rel = ""
+                    if delay != delays[0]:
+                        paired = [x / y for x, y in zip(got, aggs[delays[0]][key], strict=True)]
+                        rel = (f" = {100 * med(paired):.0f} % of {delays[0]:g} ms (paired runs "
+                               f"{', '.join(f'{100 * x:.0f}' for x in paired)} %)")
+                    runs = ", ".join(f"{a:.1f}" for a in got)
+                    print(f"  {args.sessions} sessions, {label(*key)}: {med(got):.1f} tok/s aggregate (runs "
+                          f"{runs}){rel}")
+            if args.no_detection:
+                print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+                return
             # ---- detection, at 5 ms ----------------------------------------------------------------------
             for h in hosts.hosts:
                 h.set_delay(5)

@@ -11,8 +11,24 @@ stages use unary ``Forward`` (lighter than a one-item ``ForwardBatch``: ~0.7 ms 
 stages in an interleaved A/B here, medians of 6 rounds).
 
 ``lanes`` > 1 splits the sessions into that many independent round groups, so several rounds can be in
-flight on different workers at once (pipeline parallelism). On the shared 2-core machine here one lane was
-better (8 sessions: 2.5-3.3x one session with 1 lane, 1.8-1.9x with 2), so the default is 1.
+flight on different workers at once (pipeline parallelism: while lane A's hidden states are on the wire,
+a worker computes lane B's step). **Staggering** (on by default with several lanes): lanes whose sessions
+start together are in phase, and a worker merges their concurrent calls into one batched step, so they
+leave together and stay in phase for good: their wire times never overlap (a probe of 8 sessions in 2 lanes
+at 20 ms one-way measured rounds ~160 ms longer than at 0 ms, i.e. no overlap at all). So each lane's
+call to a worker first takes a *slot* on it: it leaves no earlier than one compute time (an EWMA of the
+worker's compute per round call, from the replies) after the previous lane's call to that worker, so it
+reaches the worker when that call's compute is done (same wire both ways) and the lanes run offset by a
+stage. Waiting here instead of queueing on the worker costs nothing (the call would wait there anyway);
+a worker not measured yet lets every lane go at once. The lanes' head matmuls meet in one flat-combining
+batcher (no waiting window: whoever computes takes every head queued meanwhile), so lanes that coincide
+still share one read of the head's weights.
+
+Which shape wins depends on where the time goes (``bench/mesh_hosts.py`` measures 1, 2 and 4 lanes,
+staggered or not, with the delays interleaved): on the shared 2-core machine here the workers and the
+orchestrator are CPU-bound, and a lane of B sessions costs about as much CPU as a lane of 1 (the weights
+are streamed once per step), so splitting 8 sessions into lanes multiplies the work; one lane stays the
+default.
 
 A session whose stage fails in a round gets the error back on its own thread, where
 :class:`~ethen.mesh.orchestrator.session.MeshSession` fails over and replays as usual (the stages that
@@ -33,6 +49,7 @@ The rounds see a session through :class:`RoundSession` (a Protocol), so this mod
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -85,19 +102,26 @@ class DecodeRounds:
     def __init__(self, clients: Mapping[str, WorkerClient], head: Callable[[F32], F32],
                  window_s: float = 0.002, active_horizon_s: float = 0.5, lanes: int = 1,
                  progress_timeout_s: float | None = DEFAULT_PROGRESS_TIMEOUT_S,
-                 observe: Observe | None = None) -> None:
+                 observe: Observe | None = None, stagger: bool = True) -> None:
         if lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
         self.clients = clients
         self.progress_timeout_s = progress_timeout_s
         self.observe = observe  # (node, rows, call ms, worker ms): the telemetry's latency samples
+        self.stagger = stagger and lanes > 1
         self._head = head
         self.sizes: Counter[int] = Counter()  # sessions per round -> rounds run (diagnostics)
-        self._lanes = [StepBatcher(self._round, max_batch=64, window_s=window_s,
+        self.waited_s = 0.0  # time lanes spent waiting for their slot on a worker (diagnostics)
+        self.worker_batches: Counter[int] = Counter()  # rows the worker computed with a call's -> calls
+        self._lanes = [StepBatcher(functools.partial(self._round, lane=i), max_batch=64, window_s=window_s,
                                    active_horizon_s=active_horizon_s, name=f"ethen-rounds-{i}")
                        for i in range(lanes)]
+        # lanes' heads meet here: whoever computes takes every head queued meanwhile (no waiting window)
+        self._heads = StepBatcher(self._head_rows, max_batch=64, window_s=0.0, name="ethen-rounds-head")
         self._lane_of: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._next_slot: dict[str, float] = {}  # node -> when the next lane's call may leave (perf_counter)
+        self._compute_ms: dict[str, float] = {}  # node -> EWMA of a round call's compute time on the worker
 
     def _lane(self, session_id: str) -> StepBatcher:
         with self._lock:
@@ -123,11 +147,26 @@ class DecodeRounds:
         row: F32 = logits[0]
         return row
 
+    def _slot(self, node: str) -> float:
+        """Reserve this lane's turn on ``node``: seconds to wait so that its call reaches the worker once
+        the calls other lanes sent before it have been computed (one compute time apart, same wire)."""
+        with self._lock:
+            now = time.perf_counter()
+            start = max(now, self._next_slot.get(node, 0.0))
+            self._next_slot[node] = start + self._compute_ms.get(node, 0.0) / 1000.0
+        return start - now
+
     def _forward(self, node: str, items: list[_Item]) -> list[ForwardResult | NodeError]:
         """One stage's steps: a unary ``Forward`` for a lone session (a lighter RPC than a one-item
-        ``ForwardBatch``), else one ``ForwardBatch``."""
+        ``ForwardBatch``), else one ``ForwardBatch``. With staggered lanes the call first waits for its
+        slot on the worker (see the module docstring)."""
         client = self.clients[node]
         timeout = call_timeout(self.progress_timeout_s, 1, client.forward_timeout_s)  # one row per item
+        if self.stagger:
+            wait = self._slot(node)
+            if wait > 0:
+                time.sleep(wait)
+                self.waited_s += wait
         t0 = time.perf_counter()
         out: list[ForwardResult | NodeError]
         if len(items) > 1:
@@ -138,12 +177,39 @@ class DecodeRounds:
             except NodeError as exc:
                 return [exc]
         ok = [r for r in out if isinstance(r, ForwardResult)]
+        if ok:
+            self.worker_batches[max(r.batch_size for r in ok)] += 1
+        if ok and self.stagger:
+            compute = max(r.compute_ms for r in ok)
+            with self._lock:
+                old = self._compute_ms.get(node)
+                self._compute_ms[node] = compute if old is None else old + 0.3 * (compute - old)
         if ok and self.observe is not None:
             worker_ms = max(r.queue_ms + r.compute_ms for r in ok)
             self.observe(node, 1, (time.perf_counter() - t0) * 1000.0, worker_ms)
         return out
 
-    def _round(self, jobs: list[Job]) -> list[F32 | BaseException]:
+    def _head_rows(self, jobs: list[Job]) -> list[F32 | BaseException]:
+        """Several lanes' heads in one matmul; each job's rows come back to it."""
+        logits = self._head(np.concatenate([j.hidden for j in jobs], axis=0))  # [sum B, V]
+        out: list[F32 | BaseException] = []
+        at = 0
+        for j in jobs:
+            n = int(j.hidden.shape[0])
+            out.append(logits[at : at + n])
+            at += n
+        return out
+
+    def head(self, hidden: F32, lane: int) -> F32:
+        """Final norm + head of one round's ``hidden`` [B, d] -> logits [B, V] (combined with other lanes'
+        heads computed meanwhile when there are several lanes)."""
+        if len(self._lanes) == 1:
+            return self._head(hidden)
+        job = Job(session_id=f"lane-{lane}", first_layer=-1, last_layer=-1, positions=[0], hidden=hidden)
+        logits, _, _, _ = self._heads.run(job)
+        return logits
+
+    def _round(self, jobs: list[Job], lane: int = 0) -> list[F32 | BaseException]:
         sessions: list[RoundSession] = [j.owner for j in jobs]
         self.sizes[len(jobs)] += 1
         results: list[F32 | BaseException | None] = [None] * len(jobs)
@@ -169,7 +235,7 @@ class DecodeRounds:
                     nxt[i] += 1
         ok = [i for i in range(len(jobs)) if results[i] is None]
         if ok:
-            logits = self._head(np.concatenate([cur[i] for i in ok], axis=0))  # [B, V]
+            logits = self.head(np.concatenate([cur[i] for i in ok], axis=0), lane)  # [B, V]
             for row, i in enumerate(ok):
                 results[i] = logits[row : row + 1]
         missing = RuntimeError("a decode round left a session without a result")
