@@ -34,9 +34,16 @@ from starlette.routing import Route
 
 from ethen.gateway.accounts import AccountsUnavailableError
 from ethen.gateway.errors import AuthenticationError, GatewayError, InvalidRequestError, http_status
-from ethen.gateway.observe_data import bucket_attempts, canary_rows, live_state, mesh_view, open_fractions
+from ethen.gateway.observe_data import (
+    bucket_attempts,
+    canary_rows,
+    flatten,
+    live_state,
+    mesh_view,
+    open_fractions,
+)
 from ethen.store import StoreError
-from ethen.store.requeststats import attempts_between, canary_counts
+from ethen.store.requeststats import AttemptRow, attempts_between, canary_counts
 
 if TYPE_CHECKING:
     from ethen.admin.sessions import AdminAuth
@@ -63,19 +70,19 @@ def _int(request: Request, name: str, default: int, lo: int, hi: int) -> int:
     return int(raw)
 
 
-async def _attempt_rows(gw: Gateway, since: float, until: float) -> tuple[list[tuple[float, Any]], bool]:
+async def _attempts(gw: Gateway, since: float, until: float) -> tuple[list[AttemptRow], int, bool]:
+    """The window's attempts, how many rows they came from, and whether older rows were left out."""
     st = gw.requestlog.store()
     lo, hi = datetime.fromtimestamp(since, UTC), datetime.fromtimestamp(until, UTC)
     if st is not None:
-        rows, cut = await attempts_between(st, lo, hi, MAX_ROWS)
-        return [(at.timestamp(), a) for at, a in rows], cut
-    out = []
+        return await attempts_between(st, lo, hi, MAX_ROWS)
+    rows: list[tuple[float, Any]] = []
     for row in reversed(gw.requestlog.ring):
         if lo <= row["at"] < hi:
-            out.append((row["at"].timestamp(), row["attempts"]))
-            if len(out) > MAX_ROWS:
-                return out[:MAX_ROWS], True
-    return out, False
+            rows.append((row["at"].timestamp(), row["attempts"]))
+            if len(rows) > MAX_ROWS:
+                return flatten(rows[:MAX_ROWS]), MAX_ROWS, True
+    return flatten(rows), len(rows), False
 
 
 async def providers(gw: Gateway, window_s: int, buckets: int) -> dict[str, Any]:
@@ -84,8 +91,8 @@ async def providers(gw: Gateway, window_s: int, buckets: int) -> dict[str, Any]:
     bucket_s = window_s / buckets
     start = (math.floor(wall / bucket_s) - buckets + 1) * bucket_s
     end = start + buckets * bucket_s
-    rows, truncated = await _attempt_rows(gw, start, end)
-    cands, provs = bucket_attempts(rows, start, bucket_s, buckets)
+    attempts, n_rows, truncated = await _attempts(gw, start, end)
+    cands, provs = bucket_attempts(attempts, start, bucket_s, buckets)
     board = gw.circuits
     history = [(wall - (mono - t), key, opened) for t, key, opened in list(board.history)]
     opened = open_fractions(history, list(board.circuits), start, bucket_s, buckets)
@@ -100,7 +107,7 @@ async def providers(gw: Gateway, window_s: int, buckets: int) -> dict[str, Any]:
         return out
 
     return {"since": start, "until": end, "bucket_s": bucket_s,
-            "buckets": [start + i * bucket_s for i in range(buckets)], "rows": len(rows),
+            "buckets": [start + i * bucket_s for i in range(buckets)], "rows": n_rows,
             "truncated": truncated, "candidates": merge(cands, live_c), "providers": merge(provs, live_p)}
 
 
@@ -116,7 +123,7 @@ async def canaries(gw: Gateway, window_s: int) -> dict[str, Any]:
     since = datetime.fromtimestamp(until.timestamp() - window_s, UTC)
     st = gw.requestlog.store()
     if st is not None:
-        counts = await canary_counts(st, since, until)
+        counts = await canary_counts(st, since, until, MAX_ROWS)
     else:
         tally: dict[str, list[int]] = {}
         for row in gw.requestlog.ring:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ethen.gateway.routing import CanaryTarget, TelemetrySnapshot
 from ethen.gateway.routing.canary import canary_acceptance
 from ethen.mesh.routing import MeshRoutingError, RoutingRequest, score_route
+from ethen.store.requeststats import AttemptRow
 
 if TYPE_CHECKING:
     from ethen.gateway.circuit import CircuitBoard
@@ -42,6 +43,7 @@ __all__ = [
     "bucket_attempts",
     "canary_rows",
     "circuit_state",
+    "flatten",
     "live_state",
     "mesh_view",
     "open_fractions",
@@ -49,11 +51,12 @@ __all__ = [
 ]
 
 
-def percentile(ordered: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile of sorted values (``None`` when empty)."""
+def percentile(ordered: Sequence[float], pct: int) -> float | None:
+    """Nearest-rank ``pct``-th percentile of sorted values: the ``ceil(pct * n / 100)``-th (integer
+    arithmetic, no float rounding); ``None`` when empty."""
     if not ordered:
         return None
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+    return ordered[max(0, (pct * len(ordered) + 99) // 100 - 1)]
 
 
 @dataclass(slots=True)
@@ -80,43 +83,51 @@ class _Series:
         everything = sorted(self.all_lat)
         return {
             "attempts": n, "successes": ok, "success_rate": ok / n if n else None,
-            "p50_ms": percentile(everything, 0.5), "p95_ms": percentile(everything, 0.95),
+            "p50_ms": percentile(everything, 50), "p95_ms": percentile(everything, 95),
             "series": {
                 "attempts": self.n,
                 "success_rate": [o / k if k else None for o, k in zip(self.ok, self.n, strict=True)],
-                "p50_ms": [percentile(x, 0.5) for x in ordered],
-                "p95_ms": [percentile(x, 0.95) for x in ordered],
+                "p50_ms": [percentile(x, 50) for x in ordered],
+                "p95_ms": [percentile(x, 95) for x in ordered],
             },
         }
 
 
-def bucket_attempts(
-    rows: Iterable[tuple[float, Sequence[Mapping[str, Any]]]], start: float, bucket_s: float, buckets: int
-) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Per candidate and per provider: totals and per-bucket series of ``rows`` (``(epoch s, attempts)``;
-    rows outside ``[start, start + buckets * bucket_s)`` are skipped)."""
-    cands: dict[str, _Series] = {}
-    provs: dict[str, _Series] = {}
+def flatten(rows: Iterable[tuple[float, Sequence[Mapping[str, Any]]]]) -> list[AttemptRow]:
+    """The attempts of logged rows (``(epoch s, attempts)``: the memory ring's) as the store's query returns
+    them (:func:`ethen.store.requeststats.attempts_between`)."""
+    out: list[AttemptRow] = []
     for t, attempts in rows:
-        b = int((t - start) // bucket_s)
-        if not 0 <= b < buckets:
-            continue
         for a in attempts:
             cid = str(a.get("candidate") or "")
             if not cid:
                 continue
-            ok = a.get("outcome") == "ok"
             lat = a.get("latency_ms")
             latency = float(lat) if isinstance(lat, int | float) and not isinstance(lat, bool) else None
-            s = cands.get(cid)
-            if s is None:
-                s = cands[cid] = _Series.empty(buckets)
-            s.add(b, ok, latency)
-            provider = cid.partition("/")[0]
-            p = provs.get(provider)
-            if p is None:
-                p = provs[provider] = _Series.empty(buckets)
-            p.add(b, ok, latency)
+            out.append((t, cid, str(a.get("provider") or cid.partition("/")[0]), a.get("outcome") == "ok",
+                        latency))
+    return out
+
+
+def bucket_attempts(
+    attempts: Iterable[AttemptRow], start: float, bucket_s: float, buckets: int
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Per candidate and per provider: totals and per-bucket series of ``attempts`` (those outside
+    ``[start, start + buckets * bucket_s)`` are skipped)."""
+    cands: dict[str, _Series] = {}
+    provs: dict[str, _Series] = {}
+    for t, cid, provider, ok, latency in attempts:
+        b = int((t - start) // bucket_s)
+        if not 0 <= b < buckets:
+            continue
+        s = cands.get(cid)
+        if s is None:
+            s = cands[cid] = _Series.empty(buckets)
+        s.add(b, ok, latency)
+        p = provs.get(provider)
+        if p is None:
+            p = provs[provider] = _Series.empty(buckets)
+        p.add(b, ok, latency)
     return ({k: v.to_dict() for k, v in sorted(cands.items())},
             {k: v.to_dict() for k, v in sorted(provs.items())})
 

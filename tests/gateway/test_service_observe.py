@@ -92,7 +92,8 @@ def test_providers_and_canaries_from_the_log_telemetry_and_circuits(db_url: str)
         assert small["series"]["success_rate"][-1] == 0.0 and large["series"]["success_rate"][-1] == 1.0
         # the circuit the failures opened: live state and open during the last bucket
         assert small["live"]["circuit"] in ("open", "half_open")
-        assert small["live"]["samples"] == 3 and small["live"]["successes"] == 0
+        # (the telemetry also counts the circuit's probes, which fail too: 3 or more samples)
+        assert small["live"]["samples"] >= 3 and small["live"]["successes"] == 0
         assert small["series"]["circuit_open"][-1] > 0 and large["series"]["circuit_open"] == [0.0] * 10
         assert large["live"] == {**large["live"], "circuit": "closed", "samples": 4, "successes": 4}
         # every pool candidate is listed, traffic or not
@@ -146,9 +147,10 @@ def test_open_fractions_and_percentile() -> None:
     got = open_fractions(hist, ["q", "r"], start=0.0, bucket_s=10.0, buckets=4)
     assert got == {"a": [0.0, 0.5, 0.5, 0.0], "p": [0.5, 0.0, 0.0, 0.0], "q": [1.0] * 4,
                    "r": [0.0, 0.0, 0.0, 0.2]}
-    assert percentile([], 0.5) is None and percentile([3.0], 0.95) == 3.0
-    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0 and percentile([float(i) for i in range(1, 21)],
-                                                                        0.95) == 19.0
+    assert percentile([], 50) is None and percentile([3.0], 95) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
+    assert percentile([float(i) for i in range(1, 21)], 95) == 19.0  # ceil(0.95 * 20) = 19: no float slip
+    assert percentile([float(i) for i in range(1, 101)], 95) == 95.0
 
 
 MESH_LAYOUT = {"gpu": "0-9", "mini": "0-9,10-19", "laptop": "10-19,20-29"}

@@ -1,0 +1,294 @@
+"""Dashboard pages with a full request log (issue 14): every ``/ui`` page must load in < 300 ms with 10k rows.
+
+Set-up (all on 127.0.0.1): two ``ethen gateway`` processes with a SQLite store and an admin key, the same
+config (four routes, a canary): one whose request log holds ``--rows`` (10,000) rows, inserted through the
+store's request-log writer (``ethen.store.requests.insert_requests``, in the writer's batches of 500), spread
+over the last ``--spread-s`` (50 min: all inside the default 1-hour window of the Candidates tab, the worst
+case), and the baseline one with an empty log, measured in the same run. Rows look like logged ones: 1-2
+attempts (a failed first try on 10 %), tokens, cost, a receipt with a 4-candidate chain and 3 rejections.
+
+Measured, per gateway:
+- HTTP: median and p95 of ``--repeat`` GETs of every page, static file and JSON endpoint the pages call
+  (the Spend tab's 4 pages of 500 rows with cursors included), from a warm keep-alive client;
+- if Chromium is at ``/usr/bin/chromium`` (and the ``playwright`` package is there): each page in a real
+  browser, from the click on its tab (after a fresh ``/ui`` load) until its content is drawn (table rows,
+  chart canvases), median of ``--browser-repeat``; ``/ui`` itself from navigation until the request table is
+  filled.
+
+Run:  .venv/bin/python bench/dashboard_pages.py [--rows 10000] [--repeat 30] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gateway_overhead import free_port, wait_ready
+
+ADMIN_KEY = "admin-bench-dashboard-0123456789abcdef"
+CHROMIUM = "/usr/bin/chromium"
+TARGET_MS = 300.0
+CANDIDATES = ["alpha/alpha-large", "beta/beta-tools", "beta/beta-small", "gamma/gamma-claude"]
+PROJECTS = ["acme", "globex", "initech"]
+
+# tab -> (button, the selector that shows it is drawn); "/ui" is the page load itself
+TABS = {
+    "requests (/ui)": (None, "#req-rows tr"),
+    "spend": ("spend", "#chart-model canvas"),
+    "projects & keys": ("keys", "#keys-rows tr"),
+    "providers & mesh": ("health", "#log-state:not(:empty)"),
+    "candidates": ("providers", "#chart-circuit canvas, #chart-circuit p"),
+    "canaries": ("canaries", "#c-rows tr"),
+    "mesh": ("mesh", "#m-body p"),
+}
+
+
+def config(path: Path, db: Path) -> None:
+    routes = "".join(f"""
+[[routes]]
+model = "{c.split('/')[1]}"
+provider = "{c.split('/')[0]}"
+info = {{ context_window = 128000, max_output_tokens = 8192, quality = {0.5 + i / 10} }}
+prices = {{ input_per_mtok = {1.0 + i}, output_per_mtok = {4.0 + i} }}
+""" for i, c in enumerate(CANDIDATES))
+    providers = "".join(f"""
+[[providers]]
+id = "{p}"
+kind = "openai_compat"
+base_url = "http://127.0.0.1:9/v1"
+api_key_env = "BENCH_UPSTREAM_KEY"
+""" for p in ("alpha", "beta", "gamma"))
+    path.write_text(f"""{providers}{routes}
+[[canaries]]
+alias = "ethen/cheap"
+candidate = "beta/beta-small"
+percent = 20
+
+[[api_keys]]
+name = "bench"
+sha256 = "{hashlib.sha256(b'ethen-bench-dashboard-client-key').hexdigest()}"
+
+[store]
+url = "sqlite:///{db}"
+admin_key_sha256 = "{hashlib.sha256(ADMIN_KEY.encode()).hexdigest()}"
+""")
+
+
+def rows(n: int, spread_s: float, rnd: random.Random) -> list[dict[str, Any]]:
+    now = datetime.now(UTC)
+    out = []
+    for i in range(n):
+        at = now - timedelta(seconds=spread_s * (n - i) / n)
+        served = rnd.choice(CANDIDATES)
+        failed_first = rnd.random() < 0.1
+        attempts: list[dict[str, Any]] = []
+        if failed_first:
+            bad = rnd.choice([c for c in CANDIDATES if c != served])
+            attempts.append({"candidate": bad, "outcome": "error", "latency_ms": rnd.uniform(5, 900),
+                             "error_class": "server_error", "code": "upstream_server_error",
+                             "upstream_status": 500, "provider": bad.split("/")[0],
+                             "model": bad.split("/")[1], "status": 500})
+        latency = rnd.lognormvariate(6, 0.5)
+        attempts.append({"candidate": served, "outcome": "ok", "latency_ms": round(latency, 3),
+                         "provider": served.split("/")[0], "model": served.split("/")[1], "status": 200})
+        canary = rnd.random() < 0.3
+        hit = canary and rnd.random() < 0.2
+        chain = [served, *[c for c in CANDIDATES if c != served]]
+        receipt = {
+            "requested_model": "ethen/cheap" if canary else "ethen/auto",
+            "selected_provider": served.split("/")[0], "selected_model": served.split("/")[1],
+            "primary_provider": chain[0].split("/")[0], "primary_model": chain[0].split("/")[1],
+            "reason_codes": ["best_score", *(["fallback_used"] if failed_first else [])],
+            "chain": chain, "score": round(rnd.random(), 4),
+            "components": {"quality": 0.8, "cost": 0.6, "latency": 0.7, "reliability": 0.9, "health": 0.9},
+            "cost_estimate_usd": 0.0002,
+            "rejected": [{"candidate": f"delta/model-{k}", "reasons": ["context_window_too_small"]}
+                         for k in range(3)],
+            "attempts": attempts,
+            **({"canary": {"candidate": "beta/beta-small", "percent": 20, "bucket": 7, "hit": hit,
+                           "eligible": True, "promoted": hit, "acceptance_met": False}} if canary else {}),
+        }
+        out.append({
+            "request_id": f"bench-{i:06d}", "at": at, "endpoint": "chat", "stream": i % 3 == 0,
+            "project": PROJECTS[i % 3], "key_id": f"key-{i % 7}",
+            "requested_model": receipt["requested_model"], "selected_provider": served.split("/")[0],
+            "selected_model": served.split("/")[1], "primary_provider": chain[0].split("/")[0],
+            "primary_model": chain[0].split("/")[1], "fallback_used": failed_first,
+            "canary_hit": hit if canary else None, "prompt_tokens": 200, "completion_tokens": 50,
+            "cost_nano": 200_000, "ttft_ms": latency / 3, "latency_ms": latency + 2, "overhead_ms": 0.4,
+            "status": 200, "outcome": "ok", "error_code": None, "attempts": attempts, "receipt": receipt,
+        })
+    return out
+
+
+async def fill(db: Path, n: int, spread_s: float) -> None:
+    from ethen.store import Store
+    from ethen.store.requests import insert_requests
+
+    st = await Store.open(f"sqlite:///{db}")
+    try:
+        for p in PROJECTS:
+            await st.create_project(p, budget_usd=100.0, budget_window="month")
+            await st.create_key(p)
+        data = rows(n, spread_s, random.Random(7))
+        for i in range(0, len(data), 500):  # the log writer's batch size
+            await insert_requests(st, data[i:i + 500])
+    finally:
+        await st.aclose()
+
+
+def endpoints(client: httpx.Client) -> list[str]:
+    """Every page, static file and JSON endpoint the dashboard's pages call (the Spend tab's cursors too)."""
+    paths = ["/ui", "/ui/app.js", "/ui/observe.js", "/ui/uplot.iife.min.js", "/ui/uplot.min.css"]
+    api = "/api/admin/v1"
+    paths += [f"{api}/requests?limit=50", f"{api}/health", f"{api}/projects", f"{api}/usage",
+              f"{api}/projects/acme", f"{api}/projects/acme/keys",
+              f"{api}/observe/providers?window_s=3600&buckets=24",
+              f"{api}/observe/providers?window_s=604800&buckets=24", f"{api}/observe/canaries",
+              f"{api}/observe/mesh"]
+    first = client.get(f"{api}/requests?limit=500").json()
+    paths.append(f"{api}/requests?limit=500")
+    cursor = first["next_cursor"]
+    for _ in range(3):  # the Spend tab's next pages
+        if not cursor:
+            break
+        paths.append(f"{api}/requests?limit=500&cursor={cursor}")
+        cursor = client.get(paths[-1]).json()["next_cursor"]
+    rid = first["data"][0]["request_id"] if first["data"] else "none"
+    paths.append(f"{api}/requests/{rid}")
+    return paths
+
+
+def http_times(base: str, cookie: str, repeat: int) -> dict[str, tuple[float, float]]:
+    out = {}
+    with httpx.Client(base_url=base, headers={"authorization": f"Bearer {ADMIN_KEY}", "cookie": cookie},
+                      timeout=30) as c:
+        for path in endpoints(c):
+            ms = []
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                r = c.get(path)
+                ms.append((time.perf_counter() - t0) * 1000)
+                assert r.status_code in (200, 404), (path, r.status_code, r.text[:200])
+            out[path] = (statistics.median(ms), quantile(ms, 0.95))
+    return out
+
+
+def quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q * len(s)) - 1))]
+
+
+def browser_times(base: str, repeat: int) -> dict[str, float] | str:
+    if not os.path.exists(CHROMIUM):
+        return f"skipped: {CHROMIUM} is absent"
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return "skipped: the playwright package is absent"
+    args = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            "--disable-background-networking"]
+    out: dict[str, list[float]] = {name: [] for name in TABS}
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
+        ctx = b.new_context(viewport={"width": 1280, "height": 900})
+        ctx.set_default_timeout(30_000)
+        page = ctx.new_page()
+        page.goto(f"{base}/ui")
+        page.fill("#admin-key", ADMIN_KEY)
+        page.click("button[type=submit]")
+        page.wait_for_selector("#req-rows tr")
+        for _ in range(repeat):
+            for name, (tab, drawn) in TABS.items():
+                t0 = time.perf_counter()
+                page.goto(f"{base}/ui")
+                page.wait_for_selector("#req-rows tr")
+                if tab is not None:
+                    t0 = time.perf_counter()
+                    page.click(f"nav button[data-tab={tab}]")
+                    page.wait_for_selector(f"section#{tab}.on")
+                    page.wait_for_selector(drawn)
+                out[name].append((time.perf_counter() - t0) * 1000)
+        b.close()
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    ap.add_argument("--rows", type=int, default=10_000)
+    ap.add_argument("--spread-s", type=float, default=3000.0)
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--browser-repeat", type=int, default=5)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="ethen-dash-"))
+    env = {**os.environ, "BENCH_UPSTREAM_KEY": "sk-bench", "PYTHONUNBUFFERED": "1"}
+    procs: list[subprocess.Popen[bytes]] = []
+    results: dict[str, Any] = {}
+    try:
+        for name, n in (("full", args.rows), ("empty", 0)):
+            db, cfg = tmp / f"{name}.db", tmp / f"{name}.toml"
+            config(cfg, db)
+            t0 = time.perf_counter()
+            asyncio.run(fill(db, n, args.spread_s))
+            print(f"{name}: {n} rows inserted through insert_requests in {time.perf_counter() - t0:.1f} s",
+                  flush=True)
+            port = free_port()
+            p = subprocess.Popen([sys.executable, "-m", "ethen", "gateway", "--config", str(cfg), "--port",
+                                  str(port)], env=env, stdout=(tmp / f"{name}.log").open("wb"),
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            procs.append(p)
+            base = f"http://127.0.0.1:{port}"
+            wait_ready(f"{base}/api/gateway/v1/healthz", p, 120)
+            login = httpx.post(f"{base}/ui/login", data={"admin_key": ADMIN_KEY})
+            cookie = f"ethen_session={login.cookies['ethen_session']}"
+            results[name] = {"rows": n, "http": http_times(base, cookie, args.repeat),  # the empty log draws
+                             "browser": browser_times(base, args.browser_repeat) if n else "not measured"}
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=15)
+        shutil.rmtree(tmp, ignore_errors=True)
+    full, empty = results["full"], results["empty"]
+    print(f"\nHTTP, ms (median / p95 of {args.repeat}; warm keep-alive client; baseline: the same gateway "
+          f"config with an empty log, same run)")
+    print(f"{'path':<64} {f'{args.rows} rows':>17} {'empty log':>17}")
+    for path, (med, p95) in full["http"].items():
+        base_path = path.split("&cursor=")[0]
+        e = empty["http"].get(path) or empty["http"].get(base_path)
+        ref = f"{e[0]:7.1f} / {e[1]:7.1f}" if e else "-"
+        flag = "" if p95 < TARGET_MS else "  > 300 ms"
+        print(f"{path[:64]:<64} {med:7.1f} / {p95:7.1f} {ref:>17}{flag}")
+    for name in ("full",):
+        br = results[name]["browser"]
+        if isinstance(br, str):
+            print(f"\nbrowser ({name}): {br}")
+            continue
+        print(f"\nChromium, ms to load and draw each page ({name}: {results[name]['rows']} rows; median of "
+              f"{args.browser_repeat})")
+        for tab, ms in br.items():
+            print(f"  {tab:<20} {ms:7.1f}{'' if ms < TARGET_MS else '  > 300 ms'}")
+    worst = max(p95 for _, p95 in full["http"].values())
+    print(f"\nworst HTTP p95 with {args.rows} rows: {worst:.1f} ms (target < {TARGET_MS:.0f} ms per page)")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
