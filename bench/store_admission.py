@@ -144,6 +144,38 @@ def main() -> None:
     print(f"floor, same disk and run: os.fsync median {fsync_ms:.3f} ms; a bare sqlite3 commit of one row "
           f"(WAL, synchronous=FULL) median {commit_ms:.3f} ms: a settlement durable before the answer "
           "costs at least one of these")
+    floors = {"sqlite FULL": commit_ms}
+    if args.pg:
+        floors["postgresql"] = asyncio.run(pg_floor(args.pg, args.n))
+        print(f"floor, Postgres: a bare one-row INSERT committed (asyncpg, autocommit) median "
+              f"{floors['postgresql']:.3f} ms (the server's WAL flush + one round trip)")
+    for label, med, _, _ in rows:
+        backend = label.split(None, 1)[1]
+        if label.startswith("fast") and backend in floors:
+            above = med - floors[backend]
+            print(f"fast path above its floor, {backend}: {above:+.3f} ms per sequential request")
+
+
+async def pg_floor(url: str, n: int) -> float:
+    """Median ms of one committed one-row INSERT on a bare asyncpg connection (into a real table: a temporary
+    table's rows skip the WAL, so its commit would not wait for a flush)."""
+    import asyncpg  # type: ignore[import-untyped]
+    from sqlalchemy.engine import make_url
+
+    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    conn = await asyncpg.connect(dsn)
+    table = f"bench_floor_{time.monotonic_ns()}"
+    try:
+        await conn.execute(f"CREATE TABLE {table} (a int)")
+        times = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            await conn.execute(f"INSERT INTO {table} VALUES ($1)", i)
+            times.append((time.perf_counter() - t0) * 1000)
+        return statistics.median(times)
+    finally:
+        await conn.execute(f"DROP TABLE IF EXISTS {table}")
+        await conn.close()
 
 
 def durability_floor(d: Path, n: int) -> tuple[float, float]:
