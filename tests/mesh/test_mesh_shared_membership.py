@@ -10,6 +10,7 @@ cannot join under its name. Skips without ``ETHEN_TEST_REDIS_URL``."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -118,6 +119,18 @@ def test_a_sigkilled_joined_worker_expires_everywhere_and_comes_back(pair: dict[
     assert "mesh worker k at" in a_gw.log.read_text() and "expired" in a_gw.log.read_text()
     _join(pair, "k")  # restarted (a new port): it announces again and is a member again
     _until(lambda: _listed(a_gw, "k", alive=True) and _listed(b_gw, "k", alive=True), 2.0, "k is back")
+
+
+def test_a_worker_that_leaves_instance_a_leaves_instance_b_at_once(pair: dict[str, Any]) -> None:
+    b_gw = pair["B"]
+    d = _join(pair, "d")
+    _until(lambda: _listed(b_gw, "d", alive=True), 2.0, "B routes d")
+    d.process.send_signal(signal.SIGTERM)  # drains (no session open), sends Leave to A, exits
+    t0 = time.monotonic()
+    # the Leave deletes d's shared announcement: B drops d on its next poll, before its expiry could
+    # (the last heartbeat was at most 0.5 s before the signal, so expiry comes >= 1.5 s after it)
+    _until(lambda: not _listed(b_gw, "d"), 1.0, "B drops the worker that left")
+    assert d.process.wait(timeout=10) == 0 and time.monotonic() - t0 < 1.5
 
 
 def test_static_workers_are_never_expired_nor_taken_over(pair: dict[str, Any]) -> None:

@@ -68,6 +68,8 @@ class Membership:
         self._lock = threading.RLock()
         self._local: dict[str, tuple[Announcement, float]] = {}  # announced here -> (what, when: clock)
         self._view: dict[str, Announcement] = {}  # the last shared membership read
+        self._view_at = float("-inf")  # when that read started (clock)
+        self._left: dict[str, tuple[str, float]] = {}  # Leave here: node -> (address, when)
         self.shared_ok: bool | None = None  # the last Redis call answered (None: none made yet)
         self._applied: dict[str, str] = {}  # joined nodes the orchestrator watches -> their address
         self._stop = threading.Event()
@@ -89,20 +91,23 @@ class Membership:
         a = Announcement(node_id, address, tuple(fragments))
         with self._lock:
             self._local[node_id] = (a, self.clock())
-        if self.shared is not None:
+            self._applied[node_id] = address
+            added = self.routing.add_worker(node_id, address)
+        # Redis known away: do not make the worker's Join (2 s deadline) wait for it; the loop notices when
+        # it is back and the next heartbeat writes the announcement
+        if self.shared is not None and self.shared_ok is not False:
             try:
                 self.shared.write(a, self.expiry_s)
             except SharedMembersUnavailable as exc:
                 self._shared_down(exc)
             else:
                 self._shared_up()
-        with self._lock:
-            self._applied[node_id] = address
-            return self.routing.add_worker(node_id, address)
+        return added
 
     def leave(self, node_id: str, address: str) -> bool:
         """A draining worker's ``Leave``: stop routing to it here and in every instance; True when removed."""
         with self._lock:
+            self._left[node_id] = (address, self.clock())
             mine = self._local.get(node_id)
             if mine is not None and mine[0].address == address:
                 del self._local[node_id]
@@ -145,6 +150,7 @@ class Membership:
     def tick(self) -> None:
         """Read the shared membership (if any), then add and remove joined nodes to match it."""
         if self.shared is not None:
+            at = self.clock()
             try:
                 view = self.shared.read()
             except SharedMembersUnavailable as exc:
@@ -152,7 +158,7 @@ class Membership:
             else:
                 self._shared_up()
                 with self._lock:
-                    self._view = view
+                    self._view, self._view_at = view, at
         with self._lock:
             self._reconcile(self.clock())
 
@@ -165,12 +171,19 @@ class Membership:
         for node_id, (_, seen) in list(self._local.items()):
             if now - seen > self.expiry_s:
                 del self._local[node_id]
-        wanted = {n: a.address for n, a in self._view.items()} if self.shared is not None else {}
-        if self.shared_ok is False:  # Redis away: this registry's announcements are the fresher word
-            wanted.update({n: a.address for n, (a, _) in self._local.items()})
-        else:
-            for n, (a, _) in self._local.items():
-                wanted.setdefault(n, a.address)
+        for node_id, (_, at) in list(self._left.items()):
+            if now - at > self.expiry_s:
+                del self._left[node_id]
+        wanted: dict[str, str] = {}
+        if self.shared is not None:
+            for n, a in self._view.items():
+                left = self._left.get(n)
+                if left is None or left[0] != a.address or left[1] < self._view_at:
+                    wanted[n] = a.address  # (not a Leave made here after this view was read)
+        for n, (a, seen) in self._local.items():
+            # an announcement here after the view was read (or while Redis is away) is the fresher word
+            if n not in wanted or seen >= self._view_at or self.shared_ok is False:
+                wanted[n] = a.address
         for n in self.static & wanted.keys():
             del wanted[n]
         return wanted
