@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+import tomli_w
 
 from ethen.gateway.auth import hash_key
 from ethen.gateway.config import parse_config
@@ -131,6 +134,44 @@ def test_a_worker_that_leaves_instance_a_leaves_instance_b_at_once(pair: dict[st
     # (the last heartbeat was at most 0.5 s before the signal, so expiry comes >= 1.5 s after it)
     _until(lambda: not _listed(b_gw, "d"), 1.0, "B drops the worker that left")
     assert d.process.wait(timeout=10) == 0 and time.monotonic() - t0 < 1.5
+
+
+def test_with_workers_2_one_child_serves_the_registry_and_both_route_joined_workers(
+        pair: dict[str, Any], tmp_path: Path) -> None:
+    """``ethen gateway --workers 2``: one child binds the join port, the other reads the shared membership;
+    every connection (the kernel spreads them over the children) sees the joined worker's layers."""
+    join_port, port = _free_port(), _free_port()
+    cfg = {
+        "server": {"host": "127.0.0.1", "port": port},
+        "shared": {"redis_url": REDIS_URL, "key_prefix": f"ethen-test-{uuid.uuid4().hex[:10]}"},
+        "providers": [{"id": "mesh", "kind": "mesh", "workers": {"a": pair["workers"][0].address},
+                       "start_timeout_s": 0.0, "join": f"127.0.0.1:{join_port}",
+                       "member_expiry_s": EXPIRY_S}],
+        "routes": [{"model": "smollm2-135m-instruct", "provider": "mesh"}],
+        "api_keys": [{"name": "test", "sha256": hash_key(KEY)}],
+    }
+    config = tmp_path / "gateway.toml"
+    config.write_text(tomli_w.dumps(cfg))
+    log = tmp_path / "gateway.log"
+    cmd = [sys.executable, "-m", "ethen", "gateway", "--config", str(config), "--workers", "2"]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}/api/gateway/v1"
+    try:
+        def both_started() -> bool:
+            assert proc.poll() is None, log.read_text()
+            text = log.read_text()
+            return "workers may join on port" in text and "another process serves it" in text
+        _until(both_started, 60, "one child serves the registry, the other reads the shared membership")
+        assert log.read_text().count("workers may join on port") == 1
+        spawn = spawn_worker("m", "20-29", extra_args=["--join", f"127.0.0.1:{join_port}"])
+        pair["workers"].append(spawn)
+        time.sleep(1.0)  # both children polled Redis (every 0.25 s) and Health-polled m
+        codes = [httpx.get(f"{base}/healthz", timeout=5).status_code for _ in range(20)]  # new connections
+        assert codes == [200] * 20, codes
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
 
 
 def test_static_workers_are_never_expired_nor_taken_over(pair: dict[str, Any]) -> None:
