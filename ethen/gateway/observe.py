@@ -7,6 +7,8 @@
         per time bucket (the request log's attempts; the circuit board's transitions), and the live state
     GET /api/admin/v1/observe/canaries?window_s=86400
         each canary target: percent, requests and hits in the window, telemetry samples, acceptance
+    GET /api/admin/v1/observe/spend?limit=2000
+        the newest logged requests' time, project, served model and cost (the Spend tab's charts)
     GET /api/admin/v1/observe/mesh?prompt_tokens=1
         each mesh provider: nodes, layers, health, the route chosen now with its cost breakdown
 
@@ -22,6 +24,7 @@ same at 10k or 1M logged requests. Without a store the memory ring is read the s
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -43,7 +46,7 @@ from ethen.gateway.observe_data import (
     open_fractions,
 )
 from ethen.store import StoreError
-from ethen.store.requeststats import AttemptRow, attempts_between, canary_counts
+from ethen.store.requeststats import AttemptRow, attempts_between, canary_counts, newest_costs
 
 if TYPE_CHECKING:
     from ethen.admin.sessions import AdminAuth
@@ -138,8 +141,22 @@ async def canaries(gw: Gateway, window_s: int) -> dict[str, Any]:
             "data": canary_rows(gw.canaries, gw.store.snapshot(), counts)}
 
 
+async def spend(gw: Gateway, limit: int) -> dict[str, Any]:
+    """The Spend tab's chart data: the newest ``limit`` rows, narrow (no attempts, no receipt)."""
+    st = gw.requestlog.store()
+    if st is not None:
+        rows = await newest_costs(st, limit)
+    else:
+        rows = [(r["at"], r["project"], r["selected_provider"], r["selected_model"], r["cost_nano"])
+                for r in itertools.islice(reversed(gw.requestlog.ring), limit)]
+    return {"object": "list", "data": [
+        {"at": at.isoformat(), "project": project, "selected_provider": provider, "selected_model": model,
+         "cost_usd": nano / 1e9 if nano is not None else None}
+        for at, project, provider, model, nano in rows]}
+
+
 def observe_routes(gw: Gateway, auth: AdminAuth | None) -> list[Route]:
-    """The three routes (none without an admin key)."""
+    """The four routes (none without an admin key)."""
     if auth is None:
         return []
 
@@ -167,6 +184,11 @@ def observe_routes(gw: Gateway, auth: AdminAuth | None) -> list[Route]:
             return await canaries(gw, _int(r, "window_s", 86400, 60, 30 * 86400))
         return await guard(request, build)
 
+    async def spend_page(request: Request) -> Response:
+        async def build(r: Request) -> dict[str, Any]:
+            return await spend(gw, _int(r, "limit", 2000, 1, MAX_ROWS))
+        return await guard(request, build)
+
     async def mesh_page(request: Request) -> Response:
         async def build(r: Request) -> dict[str, Any]:
             return {"data": mesh_view(gw.providers, _int(r, "prompt_tokens", 1, 0, 1_000_000))}
@@ -174,4 +196,5 @@ def observe_routes(gw: Gateway, auth: AdminAuth | None) -> list[Route]:
 
     return [Route(f"{PREFIX}/providers", providers_page, methods=["GET"]),
             Route(f"{PREFIX}/canaries", canaries_page, methods=["GET"]),
+            Route(f"{PREFIX}/spend", spend_page, methods=["GET"]),
             Route(f"{PREFIX}/mesh", mesh_page, methods=["GET"])]

@@ -54,7 +54,8 @@ def test_dashboard_page_and_every_api_it_reads(tmp_path: Path) -> None:
 
         # every admin API path the script calls
         called = set(re.findall(r'api\("(/[a-z]+)', js.text))
-        assert called == {"/health", "/requests", "/projects", "/usage", "/keys"}
+        assert called == {"/health", "/requests", "/projects", "/usage", "/keys", "/observe"}
+        assert '"/observe/spend?limit=2000"' in js.text  # the spend charts' one narrow query
         # the Candidates, Canaries and Mesh tabs: their own script, after app.js, session only
         assert page.text.index('src="/ui/app.js"') < page.text.index('<script src="/ui/observe.js"></script>')
         for tab in ("providers", "canaries", "mesh"):
@@ -62,8 +63,8 @@ def test_dashboard_page_and_every_api_it_reads(tmp_path: Path) -> None:
         obs = httpx.get(f"{lv.gateway.url}/ui/observe.js", headers=cookie)
         assert obs.status_code == 200 and obs.headers["content-type"].startswith("text/javascript")
         assert "innerHTML" not in obs.text and httpx.get(f"{lv.gateway.url}/ui/observe.js").status_code == 401
-        observed = set(re.findall(r'api\([`"](/observe/[a-z]+)', obs.text))
-        assert observed == {"/observe/providers", "/observe/canaries", "/observe/mesh"}
+        observed = set(re.findall(r'api\([`"](/observe/[a-z]+)', obs.text + js.text))
+        assert observed == {"/observe/providers", "/observe/canaries", "/observe/mesh", "/observe/spend"}
         base = f"{lv.gateway.url}/api/admin/v1"
         hdr = {"authorization": f"Bearer {ADMIN_KEY}"}
         paths = ("/health", "/requests?limit=50", "/requests/ui-0", "/projects", "/projects/acme", "/usage",

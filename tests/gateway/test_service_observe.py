@@ -25,7 +25,7 @@ USER = [{"role": "user", "content": "hello"}]
 HDR = {"authorization": f"Bearer {ADMIN_KEY}"}
 CANARY = {"alias": "ethen/cheap", "candidate": "alpha/alpha-large", "percent": 100, "min_samples": 3,
           "min_success_rate": 0.9}
-PAGES = ("/observe/providers", "/observe/canaries", "/observe/mesh")
+PAGES = ("/observe/providers", "/observe/canaries", "/observe/mesh", "/observe/spend")
 
 
 def _chat(url: str, key: str, model: str, rid: str) -> httpx.Response:
@@ -58,6 +58,15 @@ def _check_against_log(page: dict[str, Any], rows: list[dict[str, Any]]) -> None
             # (a request that failed on its only attempt logs that attempt without a latency)
             assert e["p50_ms"] == (lat[math.ceil(0.5 * len(lat)) - 1] if lat else None), key
             assert e["p95_ms"] == (lat[math.ceil(0.95 * len(lat)) - 1] if lat else None), key
+
+
+def _check_spend(base: str, rows: list[dict[str, Any]]) -> None:
+    """The Spend charts' narrow rows are the log's newest rows, field for field."""
+    fields = ("at", "project", "selected_provider", "selected_model", "cost_usd")
+    want = [{k: r[k] for k in fields} for r in rows]
+    assert httpx.get(f"{base}/observe/spend", headers=HDR).json()["data"] == want
+    assert httpx.get(f"{base}/observe/spend?limit=1", headers=HDR).json()["data"] == want[:1]
+    assert any(r["cost_usd"] for r in want)
 
 
 def test_providers_and_canaries_from_the_log_telemetry_and_circuits(db_url: str) -> None:  # noqa: F811
@@ -106,6 +115,7 @@ def test_providers_and_canaries_from_the_log_telemetry_and_circuits(db_url: str)
         assert (c["requests"], c["hits"]) == (4, 4)
         assert (c["samples"], c["successes"], c["success_rate"], c["acceptance_met"]) == (4, 4, 1.0, True)
         assert httpx.get(f"{base}/observe/mesh", headers=HDR).json() == {"data": []}
+        _check_spend(base, rows)
 
 
 def test_a_wrong_key_sees_nothing_and_bad_parameters_are_400(tmp_path: Any) -> None:
@@ -138,6 +148,7 @@ def test_without_a_store_the_pages_read_the_memory_ring() -> None:
         _check_against_log(page, rows)
         c = httpx.get(f"{base}/observe/canaries", headers=HDR).json()["data"][0]
         assert (c["requests"], c["hits"]) == (1, 1)
+        _check_spend(base, rows)
 
 
 def test_open_fractions_and_percentile() -> None:

@@ -144,6 +144,11 @@ for (const b of document.querySelectorAll("nav button")) {
 }
 $("o-level").addEventListener("change", drawObserve);
 $("o-window").addEventListener("change", loadObserve);
+// canaries and mesh every 5 s; the candidates' charts (a scan of the window's log rows) every 30 s
+let obsTick = 0;
 setInterval(() => {
-  for (const [name, load] of Object.entries(OBS_TABS)) if ($(name).classList.contains("on")) load();
+  obsTick++;
+  for (const [name, load] of Object.entries(OBS_TABS)) {
+    if ($(name).classList.contains("on") && (name !== "providers" || obsTick % 6 === 0)) load();
+  }
 }, 5000);
