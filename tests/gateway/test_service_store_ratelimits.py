@@ -138,12 +138,13 @@ def test_a_limit_changed_through_one_instance_applies_on_the_other_within_a_seco
             timeout=10,
         ) as a:  # fmt: skip
             urls = [f"http://127.0.0.1:{p}/api/gateway/v1" for p in (pa, pb)]
-            assert a.post("/projects", json={"name": "p"}).status_code == 201
+            assert a.post("/projects", json={"name": "p", "rpm": 100}).status_code == 201
             key = a.post("/projects/p/keys", json={}).json()["key"]
-            for url in urls:  # both instances hold the key (and its project, unlimited) in their cache
+            for url in urls:  # both cache the key with its project (rpm 100): 3 requests each, logged
                 assert [chat(url, key).status_code for _ in range(3)] == [200, 200, 200]
 
-            assert a.patch("/projects/p", json={"rpm": 1}).status_code == 200
+            # tightened through A below what B's window holds: B's first request after it applies is a 429
+            assert a.patch("/projects/p", json={"rpm": 2}).status_code == 200
             calls = len(script.calls)
             codes: list[int] = []
 
@@ -154,17 +155,20 @@ def test_a_limit_changed_through_one_instance_applies_on_the_other_within_a_seco
             waited = _within(refused, 1.0)
             r = chat(urls[1], key)
             assert _error(r, 429)["code"] == "rate_limit_exceeded" and int(r.headers["retry-after"]) >= 1
+            assert "limit 2" in r.json()["error"]["message"]
             assert len(script.calls) == calls + codes.count(200)  # no upstream call for a 429
-            print(f"rpm = 1 applied on instance B after {waited:.3f} s ({codes})")
+            print(f"rpm 100 -> 2 applied on instance B for a request sent {waited:.3f} s after ({codes})")
 
-            assert a.patch("/projects/p", json={"rpm": 3}).status_code == 200
+            # cleared through A: B's first request after it applies is served (and no longer counted)
+            assert a.patch("/projects/p", json={"rpm": None}).status_code == 200
             waited = _within(lambda: chat(urls[1], key).status_code == 200, 1.0)
-            print(f"rpm = 3 applied on instance B after {waited:.3f} s")
-            if shared:  # one window across both instances: B holds 2 of the 3, A gets the last one
-                assert [chat(urls[0], key).status_code for _ in range(2)] == [200, 429]
-                assert chat(urls[1], key).status_code == 429
-            else:  # per instance: A has admitted none under the limit yet
-                assert [chat(urls[0], key).status_code for _ in range(4)] == [200, 200, 200, 429]
+            print(f"rpm 2 -> none applied on instance B for a request sent {waited:.3f} s after")
+            if shared:  # one window for both instances: room for exactly 2 more, wherever they arrive
+                held = 6 + codes.count(200)  # 3 + 3 at rpm 100, and B's before rpm 2 applied
+                assert a.patch("/projects/p", json={"rpm": held + 2}).status_code == 200
+                time.sleep(1.2)  # B applies it within a second
+                results = [chat(urls[i % 2], key).status_code for i in range(6)]
+                assert results.count(200) == 2 and results.count(429) == 4, results
 
 
 def _cli(*args: str) -> Any:
