@@ -190,6 +190,7 @@ class GroupCommit:
         self._sync: Engine | None = None
         self._conn: Connection | None = None  # SQLite: the writer thread's connection (used there only)
         self._pg: AsyncConnection | None = None  # Postgres: the connection kept for batches
+        self._pg_raw: Any = None  # and its asyncpg connection
         self._pg_used = 0.0
         #: Committed batches and entries (``entries / batches`` is the mean batch size).
         self.batches = 0
@@ -334,12 +335,12 @@ class GroupCommit:
             await self._drop_pg(invalidate=False)
         if self._pg is None:
             self._pg = await self.store.engine.connect()
-        driver = (await self._pg.get_raw_connection()).driver_connection
-        assert driver is not None
-        return driver
+            self._pg_raw = (await self._pg.get_raw_connection()).driver_connection
+        assert self._pg_raw is not None
+        return self._pg_raw
 
     async def _drop_pg(self, *, invalidate: bool) -> None:
-        conn, self._pg = self._pg, None
+        conn, self._pg, self._pg_raw = self._pg, None, None
         if conn is None:
             return
         try:
