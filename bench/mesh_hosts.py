@@ -1,6 +1,6 @@
 """Mesh across three namespaced hosts: decode speed against the physical limit, latency hiding, detection.
 
-    sudo .venv/bin/python bench/mesh_hosts.py [--tokens 32] [--sessions 8] [--lanes 1,4]
+    sudo .venv/bin/python bench/mesh_hosts.py [--tokens 32] [--sessions 8] [--lanes 1,2,2u] [--repeat 3]
 
 Needs root and ``ip netns`` (the hosts of :mod:`tests.mesh.netns`: one network namespace per host on a bridge,
 a worker bound to the namespace's loopback behind a relay that holds each chunk D ms each way). One run:
@@ -12,26 +12,30 @@ a worker bound to the namespace's loopback behind a relay that holds each chunk 
   session's decode tokens/s and the physical limit ``1 / (sum of stage compute per token + sum of hop round
   trips)``, where stage compute is the workers' own queue + compute time reported in each reply of the same
   run and the hop round trips are the echo round trips; the aggregate decode tokens/s of ``--sessions``
-  concurrent sessions for each ``--lanes`` value (independent decode-round groups in flight at once).
+  concurrent sessions for each ``--lanes`` value (independent decode-round groups in flight at once,
+  staggered by a stage unless suffixed ``u``). Each configuration runs ``--repeat`` times with the delays
+  interleaved (0, 5, 20, 0, 5, 20, ...), so a ratio to 0 ms pairs runs taken close together on a shared
+  VM whose load drifts; medians are printed with every run's figure. Also printed, per token: what one
+  session pays beyond the limit (the head's time, the three RPCs beyond the echo round trip, the rest).
 - detection, at 5 ms: a dead node (``kill -9``, no request in flight) and a partition (``ip link set down``):
   seconds until the orchestrator's states say dead; a stuck node (``SIGSTOP`` mid-generation,
   ``progress_timeout_s`` 2 s): the longest gap between two tokens, and whether the greedy output equals an
   uninterrupted run (tokens lost on failover).
 
-Measured so far (two runs while other jobs kept the 2-vCPU VM at load average 7.5-8.8; stage compute 51-89 ms
-per token instead of ~20 quiet, so these are a saturated machine's figures): one session 61-65 % of the
-physical limit at 0 ms, 75 % at 5 ms, 83-85 % at 20 ms (the gap is the orchestrator's own per-token work:
-embedding, head matmul, three gRPC calls, which the limit leaves out); 8 sessions at 20 ms 60-64 % of their
-0 ms aggregate with 1 lane, 57-70 % with 2 or 4 lanes; partition detected in 0.52-0.67 s, kill -9 in 0.24 s,
-SIGSTOP: longest token gap 3.1-3.2 s at ``progress_timeout_s`` 2, 0 tokens lost. A separate probe (8
-sessions, 16 steps) found the rounds full (mostly 7-8 sessions with 1 lane, 4 with 2) and a 2-lane round
-taking ~160 ms longer at 20 ms than at 0 ms, i.e. the wire time of the two lanes did not overlap at all: they
-start together and the worker batches their concurrent steps into one, so they stay in phase. Latency
-hiding needs lanes staggered by a stage (a pipeline schedule); not done. A bound to keep in mind (Little's
-law): N sessions in a star at one-way delay D cannot exceed N / (6 D + compute latency per token) tokens/s
-(8 sessions at 20 ms: at most 8 / (0.12 s + compute)), so on a quiet machine, where 8 batched sessions reach
-~100 tokens/s at 0 ms, 80 % at 20 ms is out of reach for 8 sessions whatever the schedule; a chain
-(worker to worker, 4 D per token instead of 6 D) or more sessions in flight raise that bound.
+Measured (one run, VM saturated by other jobs, load average 12; stage compute 61-217 ms per token instead
+of ~20 quiet): one session 64 / 77 / 80 % of the physical limit at 0 / 5 / 20 ms (runs 59-67, 77-79, 78-81 %);
+beyond the limit per token: head 11-27 ms, three RPCs beyond the echo 12-19 ms, the rest (the thread
+waiting for a CPU) 14-21 ms. 8 sessions at 20 ms vs 0 ms: 1 lane 10.5 vs 21.6 tok/s = 51 % (paired runs
+68, 51, 32 %); 2 lanes staggered 9.2 vs 8.4 = 102 %; 2 lanes unstaggered 11.6 vs 9.2 = 98 %: the lanes'
+ratio passes only because they lose at 0 ms (CPU-bound workers: a lane of 4 costs about what a lane of 8
+does), and at 20 ms all three give 9-12 tok/s. Detection: partition 0.51 s, kill -9 0.03 s, SIGSTOP
+longest token gap 2.97 s at ``progress_timeout_s`` 2, 0 tokens lost. Earlier runs (load 7.5-8.8, before
+staggering): 61-65 / 75 / 83-85 %; 8 sessions 57-70 %, and a probe showing unstaggered lanes stay in phase
+(their steps are merged on the workers). A bound to keep in mind (Little's law): N sessions in a star at
+one-way delay D cannot exceed N / (6 D + compute latency per token) tokens/s (8 sessions at 20 ms: at most
+8 / (0.12 s + compute)), so on a quiet machine, where 8 batched sessions reach ~100 tokens/s at 0 ms, 80 %
+at 20 ms is out of reach for 8 sessions whatever the schedule; a chain (worker to worker, 4 D per token
+instead of 6 D) or more sessions in flight raise that bound.
 
 Decode is measured with ``MeshSession.step`` (prefill the prompt, then feed the argmax token), so the
 measured steps never stop early at an end-of-sequence token. BLAS is single-threaded in every process.

@@ -24,11 +24,12 @@ a worker not measured yet lets every lane go at once. The lanes' head matmuls me
 batcher (no waiting window: whoever computes takes every head queued meanwhile), so lanes that coincide
 still share one read of the head's weights.
 
-Which shape wins depends on where the time goes (``bench/mesh_hosts.py`` measures 1, 2 and 4 lanes,
-staggered or not, with the delays interleaved): on the shared 2-core machine here the workers and the
-orchestrator are CPU-bound, and a lane of B sessions costs about as much CPU as a lane of 1 (the weights
-are streamed once per step), so splitting 8 sessions into lanes multiplies the work; one lane stays the
-default.
+Which shape wins depends on where the time goes. ``bench/mesh_hosts.py`` measures 1 and 2 lanes, staggered
+or not, with the delays interleaved; on the shared 2-core VM here (saturated, load average 12) 8 sessions
+gave 21.6 tok/s with 1 lane at 0 ms and 8.4 / 9.2 with 2 lanes staggered / unstaggered, and 9-12 tok/s for
+all three at 20 ms one-way: the workers and the orchestrator are CPU-bound, a lane of 4 costs about what
+a lane of 8 does (the weights are streamed once per step), so splitting sessions into lanes multiplies the
+work as much as it hides the wire. One lane stays the default.
 
 A session whose stage fails in a round gets the error back on its own thread, where
 :class:`~ethen.mesh.orchestrator.session.MeshSession` fails over and replays as usual (the stages that
