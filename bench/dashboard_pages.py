@@ -10,7 +10,9 @@ attempts (a failed first try on 10 %), tokens, cost, a receipt with a 4-candidat
 Measured, per gateway:
 - HTTP: median and p95 of ``--repeat`` GETs of every page, static file and JSON endpoint the pages call
   from a warm keep-alive client, and, as the in-run baseline of the Spend tab's fix, what it fetched before
-  (4 pages of 500 full rows through ``/requests``, one sample = the 4 calls);
+  (4 pages of 500 full rows through ``/requests``, one sample = the 4 calls); with each, the gateway
+  process's CPU time per call (``/proc/PID/stat``, all threads: the SQLite reads run in aiosqlite's): what
+  an idle core would take, which the wall times on a shared, loaded VM do not show;
 - if Chromium is at ``/usr/bin/chromium`` (and the ``playwright`` package is there): each page in a real
   browser, from the click on its tab (after a fresh ``/ui`` load) until its content is drawn (table rows,
   chart canvases), median of ``--browser-repeat``; ``/ui`` itself from navigation until the request table is
@@ -180,7 +182,14 @@ def old_spend(client: httpx.Client) -> None:
             return
 
 
-def http_times(base: str, cookie: str, repeat: int) -> dict[str, tuple[float, float]]:
+def cpu_ms(pid: int) -> float:
+    """CPU time (user + system, all threads) the process has used, from ``/proc`` (10 ms ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def http_times(base: str, cookie: str, repeat: int, pid: int) -> dict[str, tuple[float, float, float]]:
+    """Per path: median and p95 wall ms, and the gateway's CPU ms per call (what an idle core would need)."""
     out = {}
     with httpx.Client(base_url=base, headers={"authorization": f"Bearer {ADMIN_KEY}", "cookie": cookie},
                       timeout=30) as c:
@@ -188,12 +197,13 @@ def http_times(base: str, cookie: str, repeat: int) -> dict[str, tuple[float, fl
         calls.append((OLD_SPEND, lambda: old_spend(c)))
         for path, call in calls:
             ms = []
+            cpu0 = cpu_ms(pid)
             for _ in range(repeat):
                 t0 = time.perf_counter()
                 r = call()
                 ms.append((time.perf_counter() - t0) * 1000)
                 assert r is None or r.status_code in (200, 404), (path, r.status_code, r.text[:200])
-            out[path] = (statistics.median(ms), quantile(ms, 0.95))
+            out[path] = (statistics.median(ms), quantile(ms, 0.95), (cpu_ms(pid) - cpu0) / repeat)
     return out
 
 
@@ -265,7 +275,8 @@ def main() -> None:
             wait_ready(f"{base}/api/gateway/v1/healthz", p, 120)
             login = httpx.post(f"{base}/ui/login", data={"admin_key": ADMIN_KEY})
             cookie = f"ethen_session={login.cookies['ethen_session']}"
-            results[name] = {"rows": n, "http": http_times(base, cookie, args.repeat),  # the empty log draws
+            # the empty log draws no table rows or charts to wait for: HTTP only
+            results[name] = {"rows": n, "http": http_times(base, cookie, args.repeat, p.pid),
                              "browser": browser_times(base, args.browser_repeat) if n else "not measured"}
     finally:
         for p in procs:
@@ -273,15 +284,15 @@ def main() -> None:
             p.wait(timeout=15)
         shutil.rmtree(tmp, ignore_errors=True)
     full, empty = results["full"], results["empty"]
-    print(f"\nHTTP, ms (median / p95 of {args.repeat}; warm keep-alive client; baseline: the same gateway "
-          f"config with an empty log, same run)")
-    print(f"{'path':<64} {f'{args.rows} rows':>17} {'empty log':>17}")
-    for path, (med, p95) in full["http"].items():
+    print(f"\nHTTP, ms (median / p95 of {args.repeat}; warm keep-alive client; CPU: the gateway process's "
+          f"CPU ms per call, from /proc; baseline: the same gateway config with an empty log, same run)")
+    print(f"{'path':<64} {f'{args.rows} rows':>17} {'CPU':>6} {'empty log':>17} {'CPU':>6}")
+    for path, (med, p95, cpu) in full["http"].items():
         e = empty["http"].get(path) or (empty["http"].get("/api/admin/v1/requests/none")
                                         if path.startswith("/api/admin/v1/requests/") else None)
-        ref = f"{e[0]:7.1f} / {e[1]:7.1f}" if e else "-"
+        ref = f"{e[0]:7.1f} / {e[1]:7.1f} {e[2]:6.1f}" if e else "-"
         flag = "" if p95 < TARGET_MS or path == OLD_SPEND else "  > 300 ms"
-        print(f"{path[:64]:<64} {med:7.1f} / {p95:7.1f} {ref:>17}{flag}")
+        print(f"{path[:64]:<64} {med:7.1f} / {p95:7.1f} {cpu:6.1f} {ref:>24}{flag}")
     for name in ("full",):
         br = results[name]["browser"]
         if isinstance(br, str):
@@ -291,7 +302,7 @@ def main() -> None:
               f"{args.browser_repeat})")
         for tab, ms in br.items():
             print(f"  {tab:<20} {ms:7.1f}{'' if ms < TARGET_MS else '  > 300 ms'}")
-    worst = max(p95 for path, (_, p95) in full["http"].items() if path != OLD_SPEND)
+    worst = max(p95 for path, (_, p95, _) in full["http"].items() if path != OLD_SPEND)
     print(f"\nworst HTTP p95 with {args.rows} rows: {worst:.1f} ms (target < {TARGET_MS:.0f} ms per page)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
