@@ -18,13 +18,15 @@ Spans of one request (one trace):
 - one ``{operation} {model}`` (kind CLIENT) per attempt, in order from admission, each as long as the
   attempt's own latency, with ``gen_ai.provider.name``, ``gen_ai.request.model``, ``ethen.attempt.outcome``
   and ``error.type``.
+- under the attempt the mesh served, one ``ethen.mesh.stage {node}`` (kind CLIENT) per stage of its route
+  (and of a route it failed over from): from the stage's first call to its last, with ``ethen.mesh.node``,
+  ``ethen.mesh.layers``, ``ethen.mesh.calls``, ``ethen.mesh.rows``, ``ethen.mesh.call_ms`` (the calls' wall
+  time at the orchestrator) and ``ethen.mesh.worker_ms`` (the worker's queue + compute: the rest is wire).
+  A stage is one span over its whole activity, not one span per token (a 200-token answer would make 600).
 
 A request that carries a W3C ``traceparent`` (and ``tracestate``) header joins the caller's trace: the
 request span is the child of the caller's span (an invalid header starts a new trace, as the W3C spec asks).
 The headers are read only when tracing is configured.
-
-Choice where the issue is silent: mesh stages get no spans of their own yet (the mesh route is on the
-receipt attribute).
 """
 
 from __future__ import annotations
@@ -129,9 +131,32 @@ class Tracing:
             }), start_time=at)
             if a.get("outcome") != "ok":
                 span.set_status(Status(StatusCode.ERROR, str(a.get("code"))))
+            elif isinstance(mesh := receipt.get("mesh"), Mapping):
+                self._stages(mesh.get("stages"), set_span_in_context(span))
             span.end(at + dur)
             at += dur
         root.end(end)
+
+    def _stages(self, stages: Any, ctx: Any) -> None:
+        """One span per mesh stage of the attempt that served (the mesh provider's receipt ``stages``): from
+        its first call's start to its last call's end; the calls, rows, the orchestrator's wall time of the
+        calls and the worker's own queue + compute time as attributes (their difference is the wire)."""
+        if not isinstance(stages, list):
+            return
+        for st in stages:
+            if not isinstance(st, Mapping) or not isinstance(st.get("layers"), list):
+                continue
+            first, last = st["layers"]
+            span = self.tracer.start_span(f"ethen.mesh.stage {st['node']}", ctx, kind=SpanKind.CLIENT,
+                                          attributes=_clean({
+                "ethen.mesh.node": st["node"],
+                "ethen.mesh.layers": f"{first}-{last}",
+                "ethen.mesh.calls": st.get("calls"),
+                "ethen.mesh.rows": st.get("rows"),
+                "ethen.mesh.call_ms": st.get("call_ms"),
+                "ethen.mesh.worker_ms": st.get("worker_ms"),
+            }), start_time=int(float(st["start"]) * _NS))  # fmt: skip
+            span.end(int(float(st["end"]) * _NS))
 
     def shutdown(self) -> None:
         self.provider.shutdown()  # flushes the batch processor

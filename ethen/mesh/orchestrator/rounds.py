@@ -95,6 +95,8 @@ class RoundSession(Protocol):
     def length(self) -> int: ...
     def worker_session(self, first: int) -> str: ...
     def record_stage(self, node: str, first: int, last: int, inputs: F32, outputs: F32) -> None: ...
+    def time_stage(self, node: str, first: int, last: int, rows: int, started: float, call_ms: float,
+                   worker_ms: float) -> None: ...
 
 _Item = tuple[str, int, int, F32, int]  # (worker session, first layer, last layer, hidden [1, d], start)
 
@@ -227,11 +229,15 @@ class DecodeRounds:
             for (node, first, last), members in groups.items():
                 items = [(sessions[i].worker_session(first), first, last, cur[i], sessions[i].length)
                          for i in members]
-                for i, out in zip(members, self._forward(node, items), strict=True):
+                wall, t0 = time.time(), time.perf_counter()
+                outs = self._forward(node, items)
+                call_ms = (time.perf_counter() - t0) * 1000.0
+                for i, out in zip(members, outs, strict=True):
                     if isinstance(out, NodeError):
                         results[i] = out
                         continue
                     sessions[i].record_stage(node, first, last, cur[i], out.hidden)
+                    sessions[i].time_stage(node, first, last, 1, wall, call_ms, out.queue_ms + out.compute_ms)
                     cur[i] = out.hidden
                     nxt[i] += 1
         ok = [i for i in range(len(jobs)) if results[i] is None]

@@ -134,6 +134,7 @@ class MeshGeneration:
                 {"failed_node": f.failed_node, "error": f.error, "at_position": f.at_position,
                  "nodes": list(f.route.nodes)} for f in self.session.failovers],
             "replayed_positions": self.session.replayed_positions,
+            "stages": [t.to_dict() for t in self.session.stage_timings.values()],
         }
 
 

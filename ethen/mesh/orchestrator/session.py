@@ -44,6 +44,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -54,7 +55,7 @@ from ethen.mesh.orchestrator.rounds import DEFAULT_PROGRESS_TIMEOUT_S, DecodeRou
 from ethen.mesh.routing import Route, Stage
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS
 
-__all__ = ["FailoverEvent", "MeshSession"]
+__all__ = ["FailoverEvent", "MeshSession", "StageTiming"]
 
 log = logging.getLogger("ethen.mesh.orchestrator")
 
@@ -96,6 +97,29 @@ class _Rows:
 
 # A step's record for one boundary: (True, all inputs [P+T, d]) after a replay, else (False, new rows [T, d]).
 _Pending = dict[int, tuple[bool, F32]]
+
+
+@dataclass(slots=True)
+class StageTiming:
+    """What one stage (node, layers) of a session cost so far: its calls, the rows they carried, their wall
+    time as the orchestrator saw it (wire + queue + compute) and the worker's own queue + compute time;
+    ``start``/``end`` are wall-clock epoch seconds of its first call's start and last call's end (the
+    request's trace spans, :mod:`ethen.gateway.tracing`)."""
+
+    node: str
+    first: int
+    last: int
+    start: float
+    end: float
+    calls: int = 0
+    rows: int = 0
+    call_ms: float = 0.0
+    worker_ms: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "layers": [self.first, self.last], "calls": self.calls, "rows": self.rows,
+                "call_ms": round(self.call_ms, 3), "worker_ms": round(self.worker_ms, 3),
+                "start": self.start, "end": self.end}
 
 
 class _HistoryMissing(Exception):
@@ -146,6 +170,7 @@ class MeshSession:
         self.replayed_positions = 0
         self._rounds = rounds
         self._pending: _Pending = {}  # boundary inputs of the step in progress (decode rounds)
+        self.stage_timings: dict[_Key, StageTiming] = {}  # per (node, first, last), in first-use order
 
     def _wsid(self, stage: Stage) -> str:
         return self.worker_session(stage.first)
@@ -158,6 +183,19 @@ class MeshSession:
         """Every stage's worker holds exactly the positions so far, and the boundary history is complete."""
         return all(self._ready.get((s.node_id, s.first, s.last)) == self.length
                    and (self.length == 0 or s.first in self._hist) for s in self.route.stages)
+
+    def time_stage(self, node: str, first: int, last: int, rows: int, started: float, call_ms: float,
+                   worker_ms: float) -> None:
+        """Count one call of stage ``node`` ``first..last`` (``started``: wall-clock epoch seconds)."""
+        key = (node, first, last)
+        t = self.stage_timings.get(key)
+        if t is None:
+            t = self.stage_timings[key] = StageTiming(node, first, last, started, started)
+        t.calls += 1
+        t.rows += rows
+        t.call_ms += call_ms
+        t.worker_ms += worker_ms
+        t.end = max(t.end, started + call_ms / 1000.0)
 
     def record_stage(self, node: str, first: int, last: int, inputs: F32, outputs: F32) -> None:
         """A decode round ran this session's stage ``first..last`` on ``node``: keep the bookkeeping."""
@@ -271,11 +309,13 @@ class MeshSession:
         client = self.clients[stage.node_id]
         self._opened.add((stage.node_id, stage.first))
         timeout = call_timeout(self.progress_timeout_s, int(hidden.shape[0]), client.forward_timeout_s)
-        t0 = time.perf_counter()
+        wall, t0 = time.time(), time.perf_counter()
         reply = client.forward(self._wsid(stage), stage.first, stage.last, hidden, start, timeout_s=timeout)
+        call_ms, worker_ms = (time.perf_counter() - t0) * 1000.0, reply.queue_ms + reply.compute_ms
+        rows = int(hidden.shape[0])
+        self.time_stage(stage.node_id, stage.first, stage.last, rows, wall, call_ms, worker_ms)
         if self._observe is not None:
-            self._observe(stage.node_id, int(hidden.shape[0]), (time.perf_counter() - t0) * 1000.0,
-                          reply.queue_ms + reply.compute_ms)
+            self._observe(stage.node_id, rows, call_ms, worker_ms)
         return reply.hidden
 
     def _replay(self, stage: Stage, full: F32) -> F32:
