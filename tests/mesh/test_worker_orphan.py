@@ -1,6 +1,6 @@
 """A worker whose parent dies stops promptly, even with a session open: SIGTERM normally drains (open sessions
 may finish, up to 30 s), but an orphan has nobody to finish them for (a CI run once saw ``kill -9`` of
-``ethen up`` leave a worker draining a session the dead gateway had opened)."""
+``ethen up`` leave a worker draining a session the dead gateway had opened, 1 run in 5 on this VM)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_an_orphaned_worker_with_an_open_session_stops_without_draining() -> None:
+def _orphan_once() -> None:
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout is not None
@@ -59,3 +59,10 @@ def test_an_orphaned_worker_with_an_open_session_stops_without_draining() -> Non
         if parent.poll() is None:
             parent.kill()
             parent.wait(timeout=10)
+
+
+def test_an_orphaned_worker_with_an_open_session_stops_without_draining() -> None:
+    """Three times: the kernel may deliver the death signal while the dying parent's other threads still run
+    (the worker is not orphaned yet when its handler looks), which a single run catches only sometimes."""
+    for _ in range(3):
+        _orphan_once()

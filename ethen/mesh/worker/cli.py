@@ -87,9 +87,11 @@ def run_worker(config: WorkerConfig, host: str, port: int, model_path: Path | No
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     done.wait()
-    if drain.is_set():
+    if drain.is_set() and not orphaned():
         service.drain()
-        left = service.wait_drained(drain_timeout_s)
+        # the parent may die during the drain (or its death signal came while its other threads still ran,
+        # reparenting this worker to one of them first): stop waiting then, nobody is left to finish for
+        left = service.wait_drained(drain_timeout_s, give_up=orphaned)
         print(f"ethen worker {config.node_id!r}: drained ({left} session(s) still open)", file=sys.stderr,
               flush=True)
     if announcer is not None:

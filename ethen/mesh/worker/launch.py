@@ -22,7 +22,10 @@ pipe; the worker calls :func:`die_with_parent` first thing, which
 Either way the worker sends itself ``SIGTERM``: the default action while it loads, a prompt stop once it
 serves. A SIGTERM normally drains (open sessions may finish, up to ``--drain-timeout``), but an orphaned
 worker (:func:`orphaned`: its parent is gone) has nobody left to finish sessions for and nobody to answer, so
-it stops without draining (a session left open by the dead parent must not keep it alive for 30 s).
+it stops without draining (a session left open by the dead parent must not keep it alive for 30 s). The
+kernel may send the death signal while the dying parent's other threads still run (the worker is then the
+child of one of them for a moment: same pid, not yet orphaned), so a drain also gives up once the parent is
+really gone (seen: 1 in 5 ``kill -9`` runs drained for the full 30 s before this).
 """
 
 from __future__ import annotations

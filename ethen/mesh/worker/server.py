@@ -56,7 +56,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -440,11 +440,13 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             self.store.evict_idle(time.monotonic())
             return len(self.store)
 
-    def wait_drained(self, timeout_s: float, poll_s: float = 0.05) -> int:
-        """Wait until no session is open or ``timeout_s`` passed; returns the sessions still open."""
+    def wait_drained(self, timeout_s: float, poll_s: float = 0.05,
+                     give_up: Callable[[], bool] = lambda: False) -> int:
+        """Wait until no session is open, ``timeout_s`` passed or ``give_up()``; returns the sessions still
+        open."""
         deadline = time.monotonic() + timeout_s
         left = self.open_sessions()
-        while left and time.monotonic() < deadline:
+        while left and time.monotonic() < deadline and not give_up():
             time.sleep(poll_s)
             left = self.open_sessions()
         return left
