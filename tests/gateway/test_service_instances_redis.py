@@ -38,7 +38,7 @@ def _url(port: int) -> str:
     return f"http://127.0.0.1:{port}/api/gateway/v1"
 
 
-def start(cfg: Path, port: int, log: Path, *extra: str, timeout_s: float = 30) -> subprocess.Popen[bytes]:
+def start(cfg: Path, port: int, log: Path, *extra: str, timeout_s: float = 120) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "ethen", "gateway", "--config", str(cfg), "--port", str(port), *extra],
         env={**os.environ, **ENV},

@@ -23,7 +23,7 @@ WRONG_KEY = "ethen-wrong-0f9e8d7c6b5a4938271605f4e3d2c1b0"
 
 
 def _wait_healthy(base: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a start-up bound (a loaded CI machine took over 30 s)
     while True:  # bounded: the deadline
         try:
             if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:

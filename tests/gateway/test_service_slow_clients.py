@@ -46,7 +46,7 @@ def gateway(tmp_path: Path, **server: Any) -> Iterator[tuple[int, subprocess.Pop
         proc = subprocess.Popen([*ethen_cmd(), "gateway", "--config", str(cfg)], env={**os.environ, **ENV},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 120  # a start-up bound
             while True:
                 try:
                     if httpx.get(f"http://127.0.0.1:{port}/api/gateway/v1/healthz", timeout=1).is_success:
