@@ -422,6 +422,9 @@ class Admission:
             if excess > 0 and not g.lock.locked() and started - g.last_claim >= self.heartbeat_s:
                 g.granted -= excess  # lowered in memory first: the database value never drops below it
                 trims[pid] = excess
+                if g.free is not None:  # what this instance gives back is free again: remaining is unchanged
+                    g.free += excess
+                g.epoch += 1  # a read in flight may have counted the grant before the trim: discard it
             g.fresh = False  # served until a request's background read refreshes it
         bg = s.budget_grants.c
 

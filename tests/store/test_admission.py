@@ -250,3 +250,30 @@ def test_idle_grant_is_given_back_and_a_lost_lease_restarts_from_zero(
     assert claimed > to_nano(0.001) and trimmed == to_nano(0.001)
     assert after_loss == 0 and "lease lost" in caplog.text
     assert again is not None  # a fresh claim under the new lease
+
+
+def test_a_heartbeat_giving_back_an_idle_grant_leaves_remaining_unchanged(store_url: str) -> None:
+    """The heartbeat trims the unused part of an idle grant; ``remaining`` (what ``decide`` compares each
+    candidate's cost with) must not drop by it: the trimmed part is free again. Before, remaining fell to the
+    project's free budget *without* the trimmed grant until the next read, so a burst arriving right after a
+    heartbeat on a loaded machine got 402s with budget left (seen in CI: request 19 of 50 on a $1 budget)."""
+
+    async def fn(st: Store) -> tuple[float | None, float | None, int, int]:
+        p = await st.create_project("trim", budget_usd=1.0, budget_window="day")
+        adm = Admission(st, lease=timedelta(seconds=60))  # no heartbeat of its own during the test
+        await adm.start()
+        try:
+            t = await adm.reserve(p, 0.01)  # claims ahead: the grant is larger than the reservation
+            await settle(adm, p, t, "r1", 0.01)
+            before = await adm.remaining_usd(p)
+            granted_before, _ = adm.held_nano(p.id)
+            adm._grants[p.id].last_claim -= 3600  # idle for a heartbeat
+            await adm._heartbeat()
+            granted_after, _ = adm.held_nano(p.id)
+            return before, await adm.remaining_usd(p), granted_before, granted_after
+        finally:
+            await adm.aclose()
+
+    before, after, granted_before, granted_after = run(store_url, fn)
+    assert granted_before > 0 and granted_after == 0  # the idle grant was given back
+    assert before == pytest.approx(0.99) and after == pytest.approx(before)
