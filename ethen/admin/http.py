@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -59,7 +59,7 @@ from ethen.store.store import MAX_RATE
 if TYPE_CHECKING:
     from ethen.gateway.requestlog import RequestLog
 
-__all__ = ["ADMIN_PREFIX", "admin_routes", "request_routes"]
+__all__ = ["ADMIN_PREFIX", "admin_routes", "query_int", "request_routes"]
 _MAX_LIMIT = 500
 
 ADMIN_PREFIX = "/api/admin/v1"
@@ -234,7 +234,13 @@ def _denied() -> Response:
                                       "(or a dashboard session, with its x-csrf-token for a write)."))
 
 
-def _int(request: Request, name: str, default: int | None, lo: int, hi: int) -> int | None:
+@overload
+def query_int(request: Request, name: str, default: int, lo: int, hi: int) -> int: ...
+@overload
+def query_int(request: Request, name: str, default: None, lo: int, hi: int) -> int | None: ...
+def query_int(request: Request, name: str, default: int | None, lo: int, hi: int) -> int | None:
+    """The query parameter ``name`` as an integer in ``lo..hi`` (``default`` when absent), or a 400
+    ``invalid_value`` naming it."""
     raw = request.query_params.get(name)
     if raw is None:
         return default
@@ -257,8 +263,8 @@ def _request_query(request: Request) -> RequestQuery:
         status=parsed,
         since=_time(request, "since"),
         until=_time(request, "until"),
-        limit=_int(request, "limit", 50, 1, _MAX_LIMIT) or 50,
-        before_id=_int(request, "cursor", None, 1, 2**63 - 1),
+        limit=query_int(request, "limit", 50, 1, _MAX_LIMIT),
+        before_id=query_int(request, "cursor", None, 1, 2**63 - 1),
     )
 
 

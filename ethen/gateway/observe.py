@@ -35,8 +35,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ethen.admin.http import query_int
 from ethen.gateway.accounts import AccountsUnavailableError
-from ethen.gateway.errors import AuthenticationError, GatewayError, InvalidRequestError, http_status
+from ethen.gateway.errors import AuthenticationError, GatewayError, http_status
 from ethen.gateway.observe_data import (
     bucket_attempts,
     canary_rows,
@@ -61,16 +62,6 @@ MAX_ROWS = 20_000
 def _json(obj: Any, status: int = 200) -> Response:
     return Response(json.dumps(obj, separators=(",", ":")), status, media_type="application/json",
                     headers={"cache-control": "no-store"})
-
-
-def _int(request: Request, name: str, default: int, lo: int, hi: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    if not raw.isdigit() or not lo <= int(raw) <= hi:
-        raise InvalidRequestError(f"{name} = {raw!r}: an integer from {lo} to {hi}.", code="invalid_value",
-                                  param=name)
-    return int(raw)
 
 
 async def _attempts(gw: Gateway, since: float, until: float) -> tuple[list[AttemptRow], int, bool]:
@@ -175,23 +166,23 @@ def observe_routes(gw: Gateway, auth: AdminAuth | None) -> list[Route]:
 
     async def providers_page(request: Request) -> Response:
         async def build(r: Request) -> dict[str, Any]:
-            window_s = _int(r, "window_s", 3600, 60, 30 * 86400)
-            return await providers(gw, window_s, _int(r, "buckets", 24, 1, 120))
+            window_s = query_int(r, "window_s", 3600, 60, 30 * 86400)
+            return await providers(gw, window_s, query_int(r, "buckets", 24, 1, 120))
         return await guard(request, build)
 
     async def canaries_page(request: Request) -> Response:
         async def build(r: Request) -> dict[str, Any]:
-            return await canaries(gw, _int(r, "window_s", 86400, 60, 30 * 86400))
+            return await canaries(gw, query_int(r, "window_s", 86400, 60, 30 * 86400))
         return await guard(request, build)
 
     async def spend_page(request: Request) -> Response:
         async def build(r: Request) -> dict[str, Any]:
-            return await spend(gw, _int(r, "limit", 2000, 1, MAX_ROWS))
+            return await spend(gw, query_int(r, "limit", 2000, 1, MAX_ROWS))
         return await guard(request, build)
 
     async def mesh_page(request: Request) -> Response:
         async def build(r: Request) -> dict[str, Any]:
-            return {"data": mesh_view(gw.providers, _int(r, "prompt_tokens", 1, 0, 1_000_000))}
+            return {"data": mesh_view(gw.providers, query_int(r, "prompt_tokens", 1, 0, 1_000_000))}
         return await guard(request, build)
 
     return [Route(f"{PREFIX}/providers", providers_page, methods=["GET"]),
