@@ -12,6 +12,7 @@ from .errors import (
     StoreUnavailableError,
 )
 from .keys import KEY_PREFIX, generate_key, parse_key
+from .members import MemberRow, MemberTable
 from .migrations import MIGRATIONS
 from .models import CertificationReceipt, KeyInfo, Principal, Project, Spend, UsageRow
 from .store import UNSET, Store
@@ -25,6 +26,8 @@ __all__ = [
     "Admission",
     "CertificationReceipt",
     "KeyInfo",
+    "MemberRow",
+    "MemberTable",
     "Principal",
     "Project",
     "Spend",

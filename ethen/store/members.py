@@ -1,0 +1,161 @@
+"""Joined mesh workers in the gateway's store (issue 12): the membership every gateway instance of one
+database sees when the deployment has no ``[shared]`` Redis (:mod:`ethen.mesh.orchestrator.store_members`
+drives it).
+
+Table ``mesh_members`` (migration ``0008_mesh_members``), one row per (mesh provider id, node id): the
+worker's address, its fragments (JSON ``[[first, last], ...]``), when it first announced this address
+(``joined_ms``), its last announcement (``seen_ms``), when that announcement lapses (``expires_ms`` = seen +
+the writing instance's ``member_expiry_s``) and the instance that wrote it (``instance``).
+
+Choices:
+
+- **One clock: the database's.** ``seen_ms`` and ``expires_ms`` come from the database server's clock in the
+  write itself (Postgres ``statement_timestamp()``, SQLite ``julianday('now')``), and a read compares with that
+  same clock, as Redis's own ``PX`` expiry does: gateway hosts whose clocks disagree do not shift expiry.
+- **The read** (:meth:`MemberTable.live`) is one query over the primary key's prefix: the provider's rows
+  whose ``expires_ms`` is still ahead. Every joined worker re-announces every <= 2 s, so a "changed since"
+  read would return nearly every row anyway, and could not see a deleted row without tombstones.
+- A ``Leave`` deletes the row only while it still names the leaving address (a late ``Leave`` of an old
+  process never drops its successor). Lapsed rows are filtered out by the read and deleted by
+  :meth:`MemberTable.sweep` (the writer calls it at most once per expiry period).
+- Errors cross :func:`ethen.store.engine.boundary`: :class:`~ethen.store.errors.StoreUnavailableError` when
+  the database does not answer or the table is missing (not migrated).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    ColumnElement,
+    Connection,
+    MetaData,
+    String,
+    Table,
+    and_,
+    case,
+    literal_column,
+    select,
+)
+from sqlalchemy import delete as sa_delete
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from .engine import WRITE_OPTION, boundary
+from .errors import StoreInvalidError
+
+__all__ = ["MemberRow", "MemberTable", "create_mesh_members", "mesh_members"]
+
+_metadata = MetaData()
+
+mesh_members = Table(
+    "mesh_members",
+    _metadata,
+    Column("provider", String(100), primary_key=True),
+    Column("node_id", String(200), primary_key=True),
+    Column("address", String(300), nullable=False),
+    Column("fragments", String(2000), nullable=False),
+    Column("joined_ms", BigInteger, nullable=False),
+    Column("seen_ms", BigInteger, nullable=False),
+    Column("expires_ms", BigInteger, nullable=False),
+    Column("instance", String(64), nullable=False),
+)
+
+
+def create_mesh_members(conn: Connection) -> None:
+    """The migration that creates the table (``ethen.store.migrations``)."""
+    _metadata.create_all(conn, tables=[mesh_members])
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRow:
+    """One live announcement as stored."""
+
+    node_id: str
+    address: str
+    fragments: tuple[tuple[int, int], ...]
+    joined_ms: int
+    seen_ms: int
+    expires_ms: int
+    instance: str
+
+
+def _now_ms(dialect: str) -> ColumnElement[int]:
+    """The database server's wall clock in Unix milliseconds, as a SQL expression."""
+    if dialect == "postgresql":
+        return literal_column("CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000 AS BIGINT)", BigInteger)
+    return literal_column("CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)", BigInteger)
+
+
+def _fragments(raw: str) -> tuple[tuple[int, int], ...]:
+    try:
+        return tuple((int(f[0]), int(f[1])) for f in json.loads(raw))
+    except (ValueError, TypeError, IndexError, KeyError):
+        return ()
+
+
+class MemberTable:
+    """The ``mesh_members`` rows of mesh provider ``provider`` on ``engine`` (any async engine of the store's
+    database; writes run as write transactions, see :mod:`ethen.store.engine`)."""
+
+    def __init__(self, engine: AsyncEngine, provider: str) -> None:
+        if not provider or len(provider) > 100:
+            raise StoreInvalidError(f"mesh provider id = {provider!r}: must be 1-100 characters")
+        self.engine = engine
+        self.writer = engine.execution_options(**{WRITE_OPTION: True})
+        self.provider = provider
+        self._now = _now_ms(engine.dialect.name)
+
+    async def announce(self, node_id: str, address: str, fragments: Sequence[tuple[int, int]], ttl_ms: int,
+                       instance: str) -> None:
+        """Record an announcement now (insert, or renew the row; ``joined_ms`` is kept while the address
+        stays the same)."""
+        t = mesh_members
+        values = {"provider": self.provider, "node_id": node_id, "address": address,
+                  "fragments": json.dumps([list(f) for f in fragments], separators=(",", ":")),
+                  "joined_ms": self._now, "seen_ms": self._now, "expires_ms": self._now + max(1, ttl_ms),
+                  "instance": instance}
+        insert = postgresql.insert(t) if self.engine.dialect.name == "postgresql" else sqlite.insert(t)
+        stmt = insert.values(**values)
+        new = stmt.excluded
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[t.c.provider, t.c.node_id],
+            set_={"address": new.address, "fragments": new.fragments, "seen_ms": new.seen_ms,
+                  "expires_ms": new.expires_ms, "instance": new.instance,
+                  "joined_ms": case((t.c.address == new.address, t.c.joined_ms), else_=new.joined_ms)})
+        with boundary("announce mesh member"):
+            async with self.writer.begin() as conn:
+                await conn.execute(stmt)
+
+    async def forget(self, node_id: str, address: str) -> bool:
+        """Delete ``node_id``'s row if it still names ``address``; True when it did."""
+        t = mesh_members
+        with boundary("delete mesh member"):
+            async with self.writer.begin() as conn:
+                result = await conn.execute(sa_delete(t).where(
+                    and_(t.c.provider == self.provider, t.c.node_id == node_id, t.c.address == address)))
+                return bool(result.rowcount)
+
+    async def live(self) -> list[MemberRow]:
+        """The provider's rows whose announcement has not lapsed (database clock)."""
+        t = mesh_members
+        query = select(t.c.node_id, t.c.address, t.c.fragments, t.c.joined_ms, t.c.seen_ms, t.c.expires_ms,
+                       t.c.instance).where(and_(t.c.provider == self.provider, t.c.expires_ms > self._now))
+        with boundary("read mesh members"):
+            async with self.engine.connect() as conn:
+                rows = (await conn.execute(query)).all()
+        return [MemberRow(str(r[0]), str(r[1]), _fragments(str(r[2])), int(r[3]), int(r[4]), int(r[5]),
+                          str(r[6])) for r in rows]
+
+    async def sweep(self) -> int:
+        """Delete the provider's lapsed rows; the number deleted."""
+        t = mesh_members
+        with boundary("sweep mesh members"):
+            async with self.writer.begin() as conn:
+                result = await conn.execute(sa_delete(t).where(
+                    and_(t.c.provider == self.provider, t.c.expires_ms <= self._now)))
+                return int(result.rowcount or 0)
