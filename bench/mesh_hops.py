@@ -50,6 +50,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import grpc  # noqa: E402
@@ -88,12 +89,12 @@ def serve(port: int, handlers: dict[str, Callable[[bytes, Any], bytes]]) -> grpc
     return srv
 
 
-def stub(port: int, name: str) -> grpc.UnaryUnaryMultiCallable:
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+def stub(port: int | str, name: str) -> grpc.UnaryUnaryMultiCallable:
+    channel = grpc.insecure_channel(port if isinstance(port, str) else f"127.0.0.1:{port}")
     return channel.unary_unary(f"/hops/{name}", request_serializer=_ident, response_deserializer=_ident)
 
 
-def run_server(port: int, next_port: int, next_method: str, seed: int) -> None:
+def run_server(port: int, next_port: int | str, next_method: str, seed: int) -> None:
     ws = weights(seed)
     nxt = stub(next_port, next_method)
     pending: collections.deque[Any] = collections.deque(maxlen=64)  # a dropped future cancels its call
@@ -111,13 +112,19 @@ def run_server(port: int, next_port: int, next_method: str, seed: int) -> None:
         pending.append(nxt.future(out))
         return b""
 
+    def tagged(req: bytes, ctx: Any) -> bytes:  # Chain with an 8-byte tag in front (concurrent chains)
+        out = compute(ws, np.frombuffer(req[8:], np.float32)).tobytes()
+        pending.append(nxt.future(req[:8] + out))
+        return b""
+
     small = np.ones(576, np.float32)
 
     def warm(req: bytes, ctx: Any) -> bytes:
         compute(ws[:1], small)  # run the handler's code path on one matrix
         return b""
 
-    serve(port, {"Fwd": fwd, "Timed": timed, "Chain": chain, "Warm": warm}).wait_for_termination()
+    handlers = {"Fwd": fwd, "Timed": timed, "Chain": chain, "Tagged": tagged, "Warm": warm}
+    serve(port, handlers).wait_for_termination()
 
 
 def measure_worker(calls: int, flush: F32) -> float:
@@ -154,18 +161,26 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30, help="steps per mode per round")
     ap.add_argument("--worker", action="store_true",
                     help="also measure a real ethen worker's Forward (layers 0-9) the same way as the floor")
-    ap.add_argument("--server", nargs=4, type=int, help=argparse.SUPPRESS)  # port next_port last seed
+    ap.add_argument("--hosts", action="store_true",
+                    help="root: the three servers on namespaced hosts behind delaying relays (see hosts())")
+    ap.add_argument("--delays", default="0,5,20", help="--hosts: one-way delays per crossing, ms")
+    ap.add_argument("--sessions", type=int, default=8, help="--hosts: concurrent steps for the aggregate")
+    ap.add_argument("--server", nargs=4, help=argparse.SUPPRESS)  # port next_address|next_port method seed
     args = ap.parse_args()
     if args.server:
-        port, next_port, last, seed = args.server
-        run_server(port, next_port, "Deliver" if last else "Chain", seed)
+        port, nxt, method, seed = args.server
+        run_server(int(port), int(nxt) if nxt.isdigit() else nxt, method, int(seed))
+        return
+    if args.hosts:
+        hosts(args)
         return
 
     ports = [free_port() for _ in range(3)]
     deliver_port = free_port()
     procs = [
         subprocess.Popen([sys.executable, __file__, "--server", str(p),
-                          str(ports[i + 1] if i + 1 < 3 else deliver_port), str(int(i == 2)), str(i)])
+                          str(ports[i + 1] if i + 1 < 3 else deliver_port), "Deliver" if i == 2 else "Chain",
+                          str(i)])
         for i, p in enumerate(ports)
     ]
     deliver_server: grpc.Server | None = None
@@ -252,6 +267,130 @@ def main() -> None:
             deliver_server.stop(None)
         for proc in procs:
             proc.kill()
+
+
+def hosts(args: argparse.Namespace) -> None:
+    """Star vs chain through the relays of three namespaced hosts (root; ``tests.mesh.netns``).
+
+    Each server runs in its host's namespace on 127.0.0.1 behind the host's relay; servers call the next one
+    at its relay's address, and the last delivers to this process's receiver behind a relay in the root
+    namespace, so every one-way crossing on the critical path pays D: the star 6 D per step (client -> s1 ->
+    client -> s2 -> ...), the chain 4 D (client -> s1 -> s2 -> s3 -> client; acks off the critical path).
+    Per delay: one step at a time (ms per step, and the floor ``compute + crossings x D``), and
+    ``--sessions`` concurrent steppers (aggregate steps/s).
+    """
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.mesh.netns import Hosts, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        sys.exit(f"mesh_hops --hosts: {reason}")
+    inner = 50100  # the servers' port inside each (fresh) namespace
+    delays = [float(d) for d in args.delays.split(",")]
+    procs: list[subprocess.Popen[bytes]] = []
+    deliver_server: grpc.Server | None = None
+    waiting: dict[bytes, threading.Event] = {}
+    lock = threading.Lock()
+
+    def deliver(req: bytes, ctx: Any) -> bytes:
+        with lock:
+            ev = waiting.get(req[:8])
+        if ev is not None:
+            ev.set()
+        return b""
+
+    with Hosts(3) as hs:
+        try:
+            port = free_port()
+            deliver_server = serve(port, {"Deliver": deliver})
+            back = hs.root_relay(port)
+            for h in hs.hosts:
+                h.start_relay(inner)
+            for i, h in enumerate(hs.hosts):
+                nxt = hs[i + 1].address if i < 2 else back.address
+                procs.append(subprocess.Popen(
+                    [*h.prefix, sys.executable, __file__, "--server", str(inner), nxt,
+                     "Deliver" if i == 2 else "Tagged", str(i)], env={**os.environ}))
+            fwd = [stub(h.address, "Fwd") for h in hs.hosts]
+            chain0 = stub(hs[0].address, "Tagged")
+            x = np.ones(576, np.float32)
+            deadline = time.monotonic() + 90
+            while True:
+                try:
+                    for f in fwd:
+                        f(x.tobytes(), timeout=5)
+                    break
+                except grpc.RpcError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+            tags = iter(range(1 << 62))
+
+            def star_step() -> None:
+                h = x.tobytes()
+                for f in fwd:
+                    h = f(h, timeout=30)
+
+            def chain_step() -> None:
+                tag = struct.pack("<q", next(tags))
+                ev = threading.Event()
+                with lock:
+                    waiting[tag] = ev
+                chain0(tag + x.tobytes(), timeout=30)
+                if not ev.wait(30):
+                    raise RuntimeError("the chain did not deliver within 30 s")
+                with lock:
+                    del waiting[tag]
+
+            def one(step: Callable[[], None]) -> float:
+                for _ in range(2):
+                    step()
+                t = time.perf_counter()
+                for _ in range(args.steps):
+                    step()
+                return (time.perf_counter() - t) * 1000 / args.steps
+
+            def many(step: Callable[[], None]) -> float:
+                def run() -> None:
+                    for _ in range(args.steps):
+                        step()
+                threads = [threading.Thread(target=run) for _ in range(args.sessions)]
+                t = time.perf_counter()
+                for th in threads:
+                    th.start()
+                for th in threads:
+                    th.join(timeout=300)
+                return args.sessions * args.steps / (time.perf_counter() - t)
+
+            res: dict[float, dict[str, list[float]]] = {d: collections.defaultdict(list) for d in delays}
+            for _ in range(args.rounds):
+                for d in delays:
+                    hs.set_delay(d)
+                    res[d]["rtt"].append(statistics.median(h.echo_rtt_ms(5) for h in hs.hosts))
+                    for name, step in (("star", star_step), ("chain", chain_step)):
+                        res[d][name].append(one(step))
+                        res[d][name + "N"].append(many(step))
+            med = statistics.median
+            base = res[delays[0]]
+            print(f"{args.steps} steps per measurement, medians of {args.rounds} rounds (delays "
+                  f"interleaved); {args.sessions} concurrent for the aggregate")
+            print(f"{'one-way':>8} {'echo rtt':>9} | {'1 step: star':>12} {'chain':>7} {'chain/star':>10} | "
+                  f"{args.sessions}x: {'star':>6} {'chain':>7} {'chain/star':>10} | "
+                  f"{'vs 0 ms: star':>13} {'chain':>6}")
+            for d in delays:
+                r = {k: med(v) for k, v in res[d].items()}
+                b = {k: med(v) for k, v in base.items()}
+                print(f"{d:6g}ms {r['rtt']:7.1f}ms | {r['star']:10.1f}ms {r['chain']:5.1f}ms "
+                      f"{r['star'] / r['chain']:9.2f}x | {r['starN']:8.1f}/s {r['chainN']:5.1f}/s "
+                      f"{r['chainN'] / r['starN']:9.2f}x | {r['starN'] / b['starN']:12.0%} "
+                      f"{r['chainN'] / b['chainN']:6.0%}")
+            print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())} on {os.cpu_count()} CPUs")
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait(timeout=10)
+            if deliver_server is not None:
+                deliver_server.stop(None)
 
 
 if __name__ == "__main__":

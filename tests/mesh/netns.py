@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ethen.mesh.worker.launch import WorkerProcess, spawn_worker
 
-__all__ = ["Host", "Hosts", "cleanup_leftovers", "unavailable_reason"]
+__all__ = ["Host", "Hosts", "RootRelay", "cleanup_leftovers", "unavailable_reason"]
 
 REPO = Path(__file__).resolve().parents[2]
 NS_PREFIX = "ethent-"
@@ -97,7 +97,65 @@ def _free_subnet() -> str:
     raise RuntimeError("no free 10.x.y.0/24 subnet for the test hosts")
 
 
-class Host:
+class _RelayControl:
+    """Talks to a running relay process: its delay, and the echo round trip through it."""
+
+    ns: str
+    ip: str
+    relay: subprocess.Popen[str] | None
+    echo_port: int
+    delay_ms: float
+
+    def _relay_line(self, timeout_s: float = 20.0) -> str:
+        assert self.relay is not None and self.relay.stdout is not None
+        out: list[str] = []
+        reader = threading.Thread(target=lambda: out.append(self.relay.stdout.readline()),  # type: ignore[union-attr]
+                                  daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        if not out:
+            raise TimeoutError(f"relay on {self.ns}: no answer in {timeout_s} s")
+        return out[0].strip()
+
+    def set_delay(self, delay_ms: float) -> None:
+        """One-way delay for the chunks that arrive from now on (both directions)."""
+        assert self.relay is not None and self.relay.stdin is not None
+        self.relay.stdin.write(f"delay {delay_ms}\n")
+        self.relay.stdin.flush()
+        answer = self._relay_line()
+        if answer != f"OK delay {delay_ms}":
+            raise RuntimeError(f"relay on {self.ns}: {answer!r}")
+        self.delay_ms = delay_ms
+
+    def echo_rtt_ms(self, samples: int = 5) -> float:
+        """Median round trip of a 64-byte echo through this host's relay (from the root namespace)."""
+        times: list[float] = []
+        with socket.create_connection((self.ip, self.echo_port), timeout=5) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for _ in range(samples):
+                t0 = time.perf_counter()
+                sock.sendall(b"x" * 64)
+                got = 0
+                while got < 64:
+                    chunk = sock.recv(64 - got)
+                    if not chunk:
+                        raise ConnectionError(f"echo on {self.ns} closed")
+                    got += len(chunk)
+                times.append((time.perf_counter() - t0) * 1000)
+        return sorted(times)[len(times) // 2]
+
+    def _close_relay(self) -> None:
+        if self.relay is not None:
+            if self.relay.stdin is not None:
+                self.relay.stdin.close()  # end-of-file stops it
+            try:
+                self.relay.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                self.relay.kill()
+                self.relay.wait(timeout=5)
+
+
+class Host(_RelayControl):
     """One namespaced host: its namespace, address, worker and relay."""
 
     def __init__(self, hosts: Hosts, index: int) -> None:
@@ -140,10 +198,15 @@ class Host:
         """Start the worker (loopback of the namespace) and the relay in front of it."""
         self.worker = spawn_worker(node_id, layers, host="127.0.0.1", extra_args=extra_args,
                                    command_prefix=self.prefix)
-        wport = self.worker.address.rsplit(":", 1)[1]
+        self.start_relay(int(self.worker.address.rsplit(":", 1)[1]), delay_ms)
+        return self
+
+    def start_relay(self, target_port: int, delay_ms: float = 0.0) -> None:
+        """The relay on this host's address in front of ``127.0.0.1:target_port`` of its namespace (the
+        worker's port, or any server's: the relay connects to the target per accepted connection)."""
         self.relay = subprocess.Popen(
             [*self.prefix, sys.executable, "-m", "tests.mesh.relay", "--listen", f"{self.ip}:0",
-             "--target", f"127.0.0.1:{wport}", "--echo", f"{self.ip}:0", "--delay-ms", str(delay_ms)],
+             "--target", f"127.0.0.1:{target_port}", "--echo", f"{self.ip}:0", "--delay-ms", str(delay_ms)],
             cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             bufsize=1)
         words = self._relay_line().split()
@@ -151,45 +214,6 @@ class Host:
             raise RuntimeError(f"relay on {self.ns} did not start: {words}")
         self.port, self.echo_port = int(words[1]), int(words[2])
         self.delay_ms = delay_ms
-        return self
-
-    def _relay_line(self, timeout_s: float = 20.0) -> str:
-        assert self.relay is not None and self.relay.stdout is not None
-        out: list[str] = []
-        reader = threading.Thread(target=lambda: out.append(self.relay.stdout.readline()),  # type: ignore[union-attr]
-                                  daemon=True)
-        reader.start()
-        reader.join(timeout_s)
-        if not out:
-            raise TimeoutError(f"relay on {self.ns}: no answer in {timeout_s} s")
-        return out[0].strip()
-
-    def set_delay(self, delay_ms: float) -> None:
-        """One-way delay for the chunks that arrive from now on (both directions)."""
-        assert self.relay is not None and self.relay.stdin is not None
-        self.relay.stdin.write(f"delay {delay_ms}\n")
-        self.relay.stdin.flush()
-        answer = self._relay_line()
-        if answer != f"OK delay {delay_ms}":
-            raise RuntimeError(f"relay on {self.ns}: {answer!r}")
-        self.delay_ms = delay_ms
-
-    def echo_rtt_ms(self, samples: int = 5) -> float:
-        """Median round trip of a 64-byte echo through this host's relay (from the root namespace)."""
-        times: list[float] = []
-        with socket.create_connection((self.ip, self.echo_port), timeout=5) as sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            for _ in range(samples):
-                t0 = time.perf_counter()
-                sock.sendall(b"x" * 64)
-                got = 0
-                while got < 64:
-                    chunk = sock.recv(64 - got)
-                    if not chunk:
-                        raise ConnectionError(f"echo on {self.ns} closed")
-                    got += len(chunk)
-                times.append((time.perf_counter() - t0) * 1000)
-        return sorted(times)[len(times) // 2]
 
     def partition(self) -> None:
         _ip("link", "set", self.veth, "down")
@@ -217,15 +241,36 @@ class Host:
         if self.worker is not None:
             self.continue_worker()
             self.worker.stop(timeout=3)
-        if self.relay is not None:
-            if self.relay.stdin is not None:
-                self.relay.stdin.close()  # end-of-file stops it
-            try:
-                self.relay.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                self.relay.kill()
-                self.relay.wait(timeout=5)
+        self._close_relay()
         _ip("netns", "del", self.ns, check=False)
+
+
+class RootRelay(_RelayControl):
+    """A relay in the root namespace on the bridge's address (``10.A.B.1``) in front of a server of the test
+    process itself (e.g. the orchestrator's receiver for a worker-to-worker chain): what the hosts send to
+    ``address`` waits ``delay_ms`` like every other crossing. Made by :meth:`Hosts.root_relay`."""
+
+    def __init__(self, ip: str, target_port: int, delay_ms: float) -> None:
+        self.ns = "root"
+        self.ip = ip
+        self.delay_ms = delay_ms
+        self.relay = subprocess.Popen(
+            [sys.executable, "-m", "tests.mesh.relay", "--listen", f"{ip}:0", "--target",
+             f"127.0.0.1:{target_port}", "--echo", f"{ip}:0", "--delay-ms", str(delay_ms)],
+            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            bufsize=1)
+        words = self._relay_line().split()
+        if len(words) != 3 or words[0] != "READY":
+            self._close_relay()
+            raise RuntimeError(f"root relay did not start: {words}")
+        self.port, self.echo_port = int(words[1]), int(words[2])
+
+    @property
+    def address(self) -> str:
+        return f"{self.ip}:{self.port}"
+
+    def close(self) -> None:
+        self._close_relay()
 
 
 class Hosts:
@@ -237,6 +282,7 @@ class Hosts:
         self.link_base = f"{LINK_PREFIX}{os.getpid():x}-{n}"
         self.bridge = f"{self.link_base}br"
         self.hosts: list[Host] = []
+        self.root_relays: list[RootRelay] = []
         cleanup_leftovers()
         self.subnet = _free_subnet()
         try:
@@ -252,6 +298,18 @@ class Hosts:
     def __getitem__(self, i: int) -> Host:
         return self.hosts[i]
 
+    def root_relay(self, target_port: int, delay_ms: float = 0.0) -> RootRelay:
+        """A delaying relay on the bridge address in front of ``127.0.0.1:target_port`` of this process's
+        namespace; closed with the hosts."""
+        relay = RootRelay(f"{self.subnet}.1", target_port, delay_ms)
+        self.root_relays.append(relay)
+        return relay
+
+    def set_delay(self, delay_ms: float) -> None:
+        """The same one-way delay on every host's relay and every root relay."""
+        for r in [*self.hosts, *self.root_relays]:
+            r.set_delay(delay_ms)
+
     def __enter__(self) -> Hosts:
         return self
 
@@ -259,6 +317,9 @@ class Hosts:
         self.close()
 
     def close(self) -> None:
+        for relay in self.root_relays:
+            relay.close()
+        self.root_relays.clear()
         for host in self.hosts:
             try:
                 host.close()
