@@ -9,9 +9,10 @@ the writing instance's ``member_expiry_s``) and the instance that wrote it (``in
 
 Choices:
 
-- **One clock: the database's.** ``seen_ms`` and ``expires_ms`` come from the database server's clock in the
-  write itself (Postgres ``statement_timestamp()``, SQLite ``julianday('now')``), and a read compares with that
-  same clock, as Redis's own ``PX`` expiry does: gateway hosts whose clocks disagree do not shift expiry.
+- **One clock: the database's.** ``seen_ms`` and ``expires_ms`` come from the database server's clock in
+  the write itself (Postgres ``statement_timestamp()``, SQLite ``julianday('now')``), and a read compares
+  with that same clock, as Redis's own ``PX`` expiry does: gateway hosts whose clocks disagree do not shift
+  expiry.
 - **The read** (:meth:`MemberTable.live`) is one query over the primary key's prefix: the provider's rows
   whose ``expires_ms`` is still ahead. Every joined worker re-announces every <= 2 s, so a "changed since"
   read would return nearly every row anyway, and could not see a deleted row without tombstones.

@@ -56,8 +56,12 @@ def _anthropic(p: Any, env: Mapping[str, str] | None) -> Provider:
 def _mesh(p: Any, env: Mapping[str, str] | None, cfg: GatewayConfig | None = None) -> Provider:
     from .mesh import MeshProvider
 
-    if cfg is None or cfg.shared is None or p.join is None:
+    if cfg is None or p.join is None or (cfg.shared is None and cfg.store is None):
         return MeshProvider.from_config(p)
+    if cfg.shared is None:  # no Redis: joined workers are shared through the gateway's [store]
+        from ethen.gateway.config import store_url
+
+        return MeshProvider.from_config(p, store_url=store_url(cfg, env))
     from ethen.gateway.config import shared_redis_url  # joined workers are shared through [shared] Redis
 
     return MeshProvider.from_config(p, redis_url=shared_redis_url(cfg, env), key_prefix=cfg.shared.key_prefix,

@@ -39,8 +39,9 @@ mesh token (the file's first token) on every call. With ``join = "host:port"`` t
 registry (:mod:`ethen.mesh.orchestrator.registry`) there once the orchestrator loads (before it waits for a
 route, so a mesh of joined workers only can start), TLS with ``tls_cert``/``tls_key`` when set, accepting any
 token of the token file; it closes with the orchestrator. Joined workers expire after ``member_expiry_s``
-(10 s) without an announcement and, when the gateway has ``[shared]`` Redis, are shared with every instance
-(:mod:`ethen.mesh.orchestrator.members`; of several processes on one host the first binds the join port).
+(10 s) without an announcement and, when the gateway has ``[shared]`` Redis (else a ``[store]``), are shared
+with every instance (:mod:`ethen.mesh.orchestrator.members`; of several processes on one host the first binds
+the join port).
 An unreadable file or an unset ``token_env`` is a :class:`GatewayConfigError` naming the key.
 
 Honesty (``/healthz``, ``/metrics``): :meth:`MeshProvider.health` and :meth:`MeshProvider.node_stats`
@@ -85,7 +86,8 @@ from ethen.mesh.auth import ClientCredentials, CredentialsError, TokenAuth, read
 from ethen.mesh.orchestrator import MeshGeneration, Orchestrator
 from ethen.mesh.orchestrator.planning import plan_route
 from ethen.mesh.orchestrator.registry import JoinPoint, open_join_point
-from ethen.mesh.orchestrator.shared_members import SharedMembers
+from ethen.mesh.orchestrator.shared_members import MemberBackend, SharedMembers
+from ethen.mesh.orchestrator.store_members import StoreMembers
 from ethen.mesh.orchestrator.telemetry import state_from_health
 from ethen.mesh.proto import mesh_pb2
 from ethen.mesh.routing import NodeState, RouteWeights
@@ -229,9 +231,10 @@ class MeshProvider(Provider):
 
     @classmethod
     def from_config(cls, p: MeshProviderConfig, *, redis_url: str | None = None, key_prefix: str = "ethen",
-                    redis_timeout_s: float = 0.5) -> MeshProvider:
+                    redis_timeout_s: float = 0.5, store_url: str | None = None) -> MeshProvider:
         """A provider that loads its own orchestrator over ``p.workers`` at :meth:`start`; with ``join`` and
-        ``redis_url`` (the gateway's ``[shared]``) its joined workers are shared with the other instances."""
+        ``redis_url`` (the gateway's ``[shared]``), else ``store_url`` (its ``[store]``), its joined workers
+        are shared with the other instances."""
         overrides = {k: v for k, v in p.weights.model_dump().items() if v is not None}
         weights = RouteWeights().with_overrides(overrides)
         workers = dict(p.workers)
@@ -263,8 +266,11 @@ class MeshProvider(Provider):
             auth = TokenAuth(tokens) if tokens else None
 
             def registry(orch: Orchestrator) -> JoinPoint:
-                shared = None if redis_url is None else SharedMembers(
-                    redis_url, p.id, key_prefix=key_prefix, timeout_s=redis_timeout_s)
+                shared: MemberBackend | None = None
+                if redis_url is not None:
+                    shared = SharedMembers(redis_url, p.id, key_prefix=key_prefix, timeout_s=redis_timeout_s)
+                elif store_url is not None:
+                    shared = StoreMembers(store_url, p.id)
                 return open_join_point(orch, host.strip("[]"), int(port), static=workers,
                                        expiry_s=p.member_expiry_s, shared=shared, tls=tls, auth=auth)
 
@@ -367,8 +373,8 @@ class MeshProvider(Provider):
             startup_log.info("mesh %r: %s (another process serves it); this process routes the joined "
                              "workers of the shared membership", self.name, point.error)
         else:
-            startup_log.error("mesh %r: %s; without [shared] redis this process sees no joined worker",
-                              self.name, point.error)
+            startup_log.error("mesh %r: %s; without [shared] redis or [store] this process sees no joined "
+                              "worker", self.name, point.error)
 
     async def _await_route(self, orch: Orchestrator) -> None:
         deadline = time.monotonic() + self.start_timeout_s

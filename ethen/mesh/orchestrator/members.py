@@ -1,5 +1,5 @@
 """Which joined workers an orchestrator routes to: announcements to this process's registry, the shared
-membership in Redis (other gateway instances' registries), and expiry.
+membership in Redis or the gateway's store (other gateway instances' registries), and expiry.
 
 :class:`Membership` sits between the registry (:mod:`ethen.mesh.orchestrator.registry`, which calls
 :meth:`Membership.join` / :meth:`Membership.leave`) and the orchestrator (``add_worker`` /
@@ -11,7 +11,8 @@ membership in Redis (other gateway instances' registries), and expiry.
   routing within 1 s already; expiry ends the listing. If it announces again it comes back. A statically
   configured worker (``workers = {...}``) is never removed, and a ``Join`` naming a static node id is refused
   (the registry answers ``ALREADY_EXISTS``): a joined worker cannot take over a configured one's name.
-- **Shared** (``shared``: the gateway has ``[shared]`` Redis and the provider has ``join``). Each
+- **Shared** (``shared``: the provider has ``join`` and the gateway has ``[shared]`` Redis, else its
+  ``[store]``; one interface, :class:`~ethen.mesh.orchestrator.shared_members.MemberBackend`). Each
   announcement to this registry is routed here at once and written to Redis with the expiry
   (:mod:`~ethen.mesh.orchestrator.shared_members`); every ``poll_s`` (0.25 s) each instance reads the
   shared membership and routes to the nodes it lists, so a worker that joined any instance is routed by all
@@ -21,8 +22,13 @@ membership in Redis (other gateway instances' registries), and expiry.
   process cannot tell a dead worker from a dead Redis; Health still takes dead nodes out of routing), this
   registry's own announcements keep being routed and expire as without Redis; one WARNING per outage and
   one when Redis answers again.
-- Without Redis, membership is per process: a worker is routed by the gateway process whose registry it
-  joined (the gateway's store is not used for it).
+- **Store** (no Redis, a ``[store]``: :mod:`~ethen.mesh.orchestrator.store_members`): the same rules with
+  the ``mesh_members`` table instead of Redis keys, polled every ``poll_s`` = 0.5 s (one indexed query per
+  poll: a worker that joined any instance is routed by all within ~0.5 s + one Health poll, inside the
+  issue's 2 s); a ``Leave`` deletes the row, a row lapses ``expiry_s`` after its last announcement (the
+  database's clock); store unreachable: as Redis unreachable above.
+- Without Redis or store, membership is per process: a worker is routed by the gateway process whose
+  registry it joined.
 """
 
 from __future__ import annotations
@@ -33,14 +39,16 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
-from ethen.mesh.orchestrator.shared_members import Announcement, SharedMembers, SharedMembersUnavailable
+from ethen.mesh.orchestrator.shared_members import Announcement, MemberBackend, SharedMembersUnavailable
 
-__all__ = ["DEFAULT_EXPIRY_S", "Membership", "Routing"]
+__all__ = ["DEFAULT_EXPIRY_S", "REDIS_POLL_S", "STORE_POLL_S", "Membership", "Routing"]
 
 log = logging.getLogger("ethen.mesh.orchestrator")
 
 DEFAULT_EXPIRY_S = 10.0
 _MAX_HEARTBEAT_S = 2.0
+REDIS_POLL_S = 0.25  # how often the shared membership is read: Redis
+STORE_POLL_S = 0.5  # the store: half Redis's rate (a query costs more), well inside the 2 s join target
 
 
 class Routing(Protocol):
@@ -56,12 +64,14 @@ class Membership:
     shared membership and expires silent nodes; without it, joins and leaves still apply (no expiry)."""
 
     def __init__(self, routing: Routing, *, static: Iterable[str] = (), expiry_s: float = DEFAULT_EXPIRY_S,
-                 shared: SharedMembers | None = None, poll_s: float = 0.25,
+                 shared: MemberBackend | None = None, poll_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.routing = routing
         self.static = frozenset(static)
         self.expiry_s = expiry_s
         self.shared = shared
+        if poll_s is None:
+            poll_s = STORE_POLL_S if shared is not None and shared.kind == "store" else REDIS_POLL_S
         self.poll_s = poll_s
         self.clock = clock
         self.heartbeat_s = min(_MAX_HEARTBEAT_S, expiry_s / 4)
@@ -70,7 +80,7 @@ class Membership:
         self._view: dict[str, Announcement] = {}  # the last shared membership read
         self._view_at = float("-inf")  # when that read started (clock)
         self._left: dict[str, tuple[str, float]] = {}  # Leave here: node -> (address, when)
-        self.shared_ok: bool | None = None  # the last Redis call answered (None: none made yet)
+        self.shared_ok: bool | None = None  # the last shared call answered (None: none made yet)
         self._applied: dict[str, str] = {}  # joined nodes the orchestrator watches -> their address
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -93,8 +103,8 @@ class Membership:
             self._local[node_id] = (a, self.clock())
             self._applied[node_id] = address
             added = self.routing.add_worker(node_id, address)
-        # Redis known away: do not make the worker's Join (2 s deadline) wait for it; the loop notices when
-        # it is back and the next heartbeat writes the announcement
+        # Redis (or the store) known away: do not make the worker's Join (2 s deadline) wait for it; the loop
+        # notices when it is back and the next heartbeat writes the announcement
         if self.shared is not None and self.shared_ok is not False:
             try:
                 self.shared.write(a, self.expiry_s)
@@ -205,15 +215,19 @@ class Membership:
                 if self.routing.add_worker(node_id, address):
                     log.warning("mesh worker %s joined at %s (shared membership)", node_id, address)
 
-    # ---- Redis transitions: one WARNING each way --------------------------------------------------------
+    # ---- Redis / store transitions: one WARNING each way ------------------------------------------------
 
     def _shared_down(self, exc: SharedMembersUnavailable) -> None:
         if self.shared_ok is not False:
             log.warning("mesh membership: %s; routing keeps the last known membership (%d joined node(s)) "
-                        "until redis answers", exc, len(self._applied))
+                        "until %s answers", exc, len(self._applied), self._kind)
         self.shared_ok = False
+
+    @property
+    def _kind(self) -> str:
+        return "redis" if self.shared is None else self.shared.kind
 
     def _shared_up(self) -> None:
         if self.shared_ok is False:
-            log.warning("mesh membership: redis answers again; the shared membership is read again")
+            log.warning("mesh membership: %s answers again; the shared membership is read again", self._kind)
         self.shared_ok = True

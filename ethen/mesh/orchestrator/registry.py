@@ -32,7 +32,7 @@ import grpc
 
 from ethen.mesh.auth import TokenAuth, TokenInterceptor
 from ethen.mesh.orchestrator.members import DEFAULT_EXPIRY_S, Membership, Routing
-from ethen.mesh.orchestrator.shared_members import SharedMembers
+from ethen.mesh.orchestrator.shared_members import MemberBackend
 from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
 
 __all__ = ["JoinPoint", "Members", "RegistryService", "open_join_point", "start_registry"]
@@ -132,7 +132,7 @@ class JoinPoint:
 
 
 def open_join_point(routing: Routing, host: str, port: int, *, static: Iterable[str] = (),
-                    expiry_s: float = DEFAULT_EXPIRY_S, shared: SharedMembers | None = None, tls: Any = None,
+                    expiry_s: float = DEFAULT_EXPIRY_S, shared: MemberBackend | None = None, tls: Any = None,
                     auth: TokenAuth | None = None) -> JoinPoint:
     """Start the membership loop over ``routing`` and try to serve the registry on ``host:port``."""
     membership = Membership(routing, static=static, expiry_s=expiry_s, shared=shared).start()

@@ -1,4 +1,6 @@
-"""Joined mesh workers in Redis, where every gateway instance of one deployment sees them.
+"""Joined mesh workers where every gateway instance of one deployment sees them: the interface
+(:class:`MemberBackend`) and its Redis backend (:class:`SharedMembers`); the store backend (the gateway's
+``[store]`` when there is no Redis) is :class:`~ethen.mesh.orchestrator.store_members.StoreMembers`.
 
 Layout (one Redis, the gateway's ``[shared]``; ``P`` = ``<key_prefix>:mesh:<provider id>``):
 
@@ -25,7 +27,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 from redis.backoff import NoBackoff
@@ -34,7 +36,7 @@ from redis.retry import Retry
 
 from ethen.mesh.orchestrator.errors import MeshRuntimeError
 
-__all__ = ["Announcement", "SharedMembers", "SharedMembersUnavailable"]
+__all__ = ["Announcement", "MemberBackend", "SharedMembers", "SharedMembersUnavailable"]
 
 _ERRORS = (RedisError, OSError, TimeoutError)
 
@@ -58,7 +60,8 @@ return 1
 
 
 class SharedMembersUnavailable(MeshRuntimeError):
-    """Redis did not answer (refused, timed out, any redis-py error)."""
+    """The shared membership's backend did not answer (Redis or the store: refused, timed out, any driver
+    error)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +73,31 @@ class Announcement:
     fragments: tuple[tuple[int, int], ...] = ()
 
 
+class MemberBackend(Protocol):
+    """Where the shared membership lives (Redis or the gateway's store). Every call is synchronous and bounded
+    (the membership's thread and the registry's gRPC threads call it); a failure raises
+    :class:`SharedMembersUnavailable`."""
+
+    kind: str  # "redis" or "store": named in the membership's log lines
+    instance_id: str
+
+    def write(self, a: Announcement, ttl_s: float) -> None:
+        """Record ``a`` now; it lapses ``ttl_s`` seconds after unless written again."""
+
+    def delete(self, node_id: str, address: str) -> bool:
+        """Drop ``node_id``'s announcement if it still names ``address``; True when it did."""
+
+    def read(self) -> dict[str, Announcement]:
+        """Every live announcement, by node id."""
+
+    def close(self) -> None:
+        """Release the connections."""
+
+
 class SharedMembers:
     """The joined workers of mesh provider ``provider_id`` in the Redis at ``url``."""
+
+    kind = "redis"
 
     def __init__(self, url: str, provider_id: str, *, key_prefix: str = "ethen",
                  timeout_s: float = 0.5) -> None:

@@ -1,0 +1,226 @@
+"""Membership shared by two gateway instances through the gateway's ``[store]`` when there is no Redis (issue
+12), with real gateway and worker processes, real gRPC and a real database: one SQLite file, and a fresh
+Postgres database (skipped without ``ETHEN_TEST_PG_URL``).
+
+Gateway A and gateway B serve one config (a ``[store]``, no ``[shared]``; a mesh provider with static worker
+``a`` on layers 0-19, ``join`` on one port, ``member_expiry_s = 3``). A binds the join port; B cannot and
+routes through the store's ``mesh_members`` table. A worker that joins A is routed by B within 2 s; a Leave
+drops it on both before its expiry could; a SIGKILLed joined worker leaves both after the expiry and comes
+back when restarted; a worker cannot join under the static worker's name, a foreign row under that name does
+not move it, and the static worker never expires. The store-outage test (an in-process orchestrator reading
+Postgres through a TCP relay that the test kills) needs Postgres too."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+from ethen.gateway.auth import hash_key
+from ethen.mesh.orchestrator import Orchestrator
+from ethen.mesh.orchestrator.members import Membership
+from ethen.mesh.orchestrator.shared_members import Announcement
+from ethen.mesh.orchestrator.store_members import StoreMembers
+from ethen.mesh.worker.launch import WorkerProcess, spawn_worker
+from ethen.store import Store
+from tests.mesh.test_mesh_member_expiry import _Relay
+from tests.mesh.test_mesh_membership import Gateway, _free_port, _until
+from tests.pgdb import PG_ENV, fresh_pg_database
+
+KEY = "ethen-test-mesh-store-membership-0123"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+EXPIRY_S = 3.0  # workers announce every 0.75 s
+
+
+def _listed(gw: Gateway, node: str, alive: bool | None = None) -> bool:
+    text = httpx.get(f"{gw.base}/metrics", timeout=5).text
+    if alive is None:
+        return f'ethen_mesh_node_alive{{node="{node}",provider="mesh"}}' in text
+    return f'ethen_mesh_node_alive{{node="{node}",provider="mesh"}} {1.0 if alive else 0.0}' in text
+
+
+def _ask(gw: Gateway) -> httpx.Response:
+    return httpx.post(f"{gw.base}/chat/completions", timeout=60, headers={"authorization": f"Bearer {KEY}"},
+                      json={"model": "ethen/auto", "temperature": 0, "max_tokens": 8, "messages": QUESTION})
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def pair(request: pytest.FixtureRequest,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    if request.param == "sqlite":
+        yield from _pair(f"sqlite:///{tmp_path_factory.mktemp('store') / 'ethen.db'}", tmp_path_factory)
+        return
+    url = os.environ.get(PG_ENV)
+    if not url:
+        pytest.skip(f"{PG_ENV} is not set: the Postgres variant needs a real server")
+    with fresh_pg_database(url) as fresh:
+        yield from _pair(fresh, tmp_path_factory)
+
+
+def _pair(store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    started: list[WorkerProcess] = []
+    gateways: list[Gateway] = []
+    try:
+        a = spawn_worker("a", "0-9,10-19")
+        started.append(a)
+        join_port = _free_port()
+        for name in ("A", "B"):
+            port = _free_port()
+            cfg = {
+                "server": {"host": "127.0.0.1", "port": port},
+                "store": {"url": store_url},
+                "providers": [{"id": "mesh", "kind": "mesh", "workers": {"a": a.address},
+                               "start_timeout_s": 0.0, "join": f"127.0.0.1:{join_port}",
+                               "member_expiry_s": EXPIRY_S}],
+                "routes": [{"model": "smollm2-135m-instruct", "provider": "mesh"}],
+                "api_keys": [{"name": "test", "sha256": hash_key(KEY)}],
+            }
+            tmp: Path = tmp_path_factory.mktemp(f"gateway-{name}")
+            gateways.append(Gateway(cfg, tmp, port))
+            if name == "A":  # A binds the join port before B tries
+                _until(lambda: "workers may join on port" in gateways[0].log.read_text(), 30, "A's registry")
+        yield {"A": gateways[0], "B": gateways[1], "registry": f"127.0.0.1:{join_port}", "workers": started,
+               "store_url": store_url}
+    finally:
+        for gw in gateways:
+            gw.stop()
+        for w in started:
+            w.stop()
+
+
+def _join(pair: dict[str, Any], node: str, layers: str = "20-29") -> WorkerProcess:
+    w = spawn_worker(node, layers, extra_args=["--join", pair["registry"]])
+    pair["workers"].append(w)
+    return w
+
+
+def test_a_worker_that_joins_instance_a_is_routed_by_instance_b_within_2s(pair: dict[str, Any]) -> None:
+    a_gw, b_gw = pair["A"], pair["B"]
+    before = b_gw.healthz()
+    assert before.status_code == 503 and "layers 20-29" in before.text
+    _join(pair, "b")  # returns once the worker printed READY, right after its first announcement
+    took = _until(lambda: b_gw.healthz().status_code == 200, 2.0, "instance B routes over the joined worker")
+    print(f"\njoined worker routable by the other instance (store) after {took:.2f} s")
+    r = _ask(b_gw)
+    assert r.status_code == 200, r.text
+    b_log = b_gw.log.read_text()
+    assert "another process serves it" in b_log  # B could not bind the join port
+    assert r.json()["ethen"]["routing"]["mesh"]["route"]["nodes"] == ["a", "b"]
+    assert "mesh worker b joined at" in b_log and "(shared membership)" in b_log
+    assert _listed(a_gw, "b", alive=True) and _listed(b_gw, "b", alive=True)
+
+
+def test_a_worker_that_leaves_instance_a_leaves_instance_b_before_its_expiry(pair: dict[str, Any]) -> None:
+    a_gw, b_gw = pair["A"], pair["B"]
+    d = _join(pair, "d")
+    _until(lambda: _listed(b_gw, "d", alive=True), 2.0, "B routes d")
+    d.process.send_signal(signal.SIGTERM)  # drains (no session open), sends Leave to A, exits
+    t0 = time.monotonic()
+    # the Leave deletes d's row: B drops d on its next poll (0.5 s); its expiry would come >= 2.25 s after
+    # the signal (the last heartbeat was at most 0.75 s before it)
+    _until(lambda: not _listed(b_gw, "d") and not _listed(a_gw, "d"), 1.5, "both drop the worker that left")
+    assert time.monotonic() - t0 < EXPIRY_S - 0.75
+    assert d.process.wait(timeout=10) == 0
+
+
+def test_a_sigkilled_joined_worker_expires_everywhere_and_comes_back(pair: dict[str, Any]) -> None:
+    a_gw, b_gw = pair["A"], pair["B"]
+    k = _join(pair, "k")
+    _until(lambda: _listed(b_gw, "k", alive=True), 2.0, "B routes k")
+    k.kill()
+    killed = time.monotonic()
+    time.sleep(1.0)  # its last announcement is < 3 s old: still a member (dead), listed on both
+    assert _listed(a_gw, "k") and _listed(b_gw, "k")
+    _until(lambda: not _listed(a_gw, "k") and not _listed(b_gw, "k"), EXPIRY_S + 1.5,
+           "k leaves both instances' membership (metrics)")
+    gone = time.monotonic() - killed
+    assert gone >= EXPIRY_S - 0.9, f"removed {gone:.2f} s after the kill: before its expiry"
+    assert "mesh worker k at" in b_gw.log.read_text() and "left the mesh or expired" in b_gw.log.read_text()
+    _join(pair, "k")  # restarted (a new port): it announces again and is a member again
+    _until(lambda: _listed(a_gw, "k", alive=True) and _listed(b_gw, "k", alive=True), 2.0, "k is back")
+
+
+def test_static_workers_are_never_expired_nor_taken_over(pair: dict[str, Any]) -> None:
+    a_gw, b_gw = pair["A"], pair["B"]
+    impostor = _join(pair, "a", "0-9")  # the static worker's name
+    _until(lambda: any("cannot join the mesh" in line for line in impostor.output), 5, "the refusal")
+    assert any("ALREADY_EXISTS" in line for line in impostor.output)
+    impostor.stop()
+    # a row under the static name (as an instance configured without that static worker would write it)
+    foreign = StoreMembers(pair["store_url"], "mesh")
+    try:
+        foreign.write(Announcement("a", "127.0.0.1:1", ((0, 29),)), EXPIRY_S)
+        assert foreign.read()["a"].address == "127.0.0.1:1"
+        time.sleep(1.5)  # both instances polled the store (every 0.5 s) and Health-polled a meanwhile
+        assert _listed(a_gw, "a", alive=True) and _listed(b_gw, "a", alive=True)  # still the static worker
+        r = _ask(b_gw)
+        assert r.status_code == 200, r.text
+    finally:
+        foreign.close()
+    static = pair["workers"][0]
+    assert static.node_id == "a"
+    static.kill()
+    _until(lambda: _listed(b_gw, "a", alive=False), 2.0, "the dead static worker is seen dead")
+    time.sleep(EXPIRY_S + 1.0)
+    assert _listed(a_gw, "a", alive=False) and _listed(b_gw, "a", alive=False)  # dead, still a member
+
+
+# ---- the store unreachable (Postgres through a relay the test kills) ---------------------------------------
+
+
+def _alive(o: Orchestrator, node: str) -> bool:
+    return any(s.node_id == node and s.alive for s in o.states())
+
+
+def test_store_unreachable_keeps_the_last_membership_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    url = os.environ.get(PG_ENV)
+    if not url:
+        pytest.skip(f"{PG_ENV} is not set: this test cuts a real Postgres off")
+    with fresh_pg_database(url) as fresh:
+        asyncio.run(_migrate(fresh))
+        u = make_url(fresh)
+        relay = _Relay(f"{u.host}:{u.port or 5432}")
+        relays = [relay]
+        writer = StoreMembers(fresh, "mesh")  # what another instance's registry writes
+        reader = StoreMembers(u.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False),
+                              "mesh", timeout_s=0.5)
+        orch = Orchestrator.load({}, health_interval_s=0.1).start()
+        membership = Membership(orch, expiry_s=1.0, shared=reader, poll_s=0.1).start()
+        w = spawn_worker("r", "0-29")
+        caplog.set_level(logging.WARNING, logger="ethen.mesh.orchestrator")
+        try:
+            writer.write(Announcement("r", w.address, ((0, 29),)), ttl_s=1.0)
+            _until(lambda: _alive(orch, "r"), 1.5, "the shared announcement is routed")
+            relay.kill()  # the store unreachable from this instance
+            time.sleep(2.5)  # the row lapsed meanwhile (nobody renews it)
+            assert writer.read() == {}
+            assert _alive(orch, "r") and membership.members() == {"r": w.address}  # the last known membership
+            downs = [r for r in caplog.records if "routing keeps the last known membership" in r.getMessage()]
+            assert len(downs) == 1, [r.getMessage() for r in caplog.records]
+            assert "until store answers" in downs[0].getMessage()
+            relays.append(_Relay(f"{u.host}:{u.port or 5432}", relay.port))
+            _until(lambda: "r" not in orch.monitor.clients, 3.0, "store back: r (lapsed) is removed")
+            ups = [r for r in caplog.records if "store answers again" in r.getMessage()]
+            assert len(ups) == 1
+        finally:
+            membership.stop()
+            writer.close()
+            orch.close()
+            w.stop()
+            for r in relays:
+                if r.proc.poll() is None:
+                    r.kill()
+
+
+async def _migrate(url: str) -> None:
+    st = await Store.open(url)
+    await st.aclose()
