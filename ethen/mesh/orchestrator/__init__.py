@@ -1,8 +1,10 @@
 """The mesh orchestrator: routes each request over gRPC workers, runs prefill + decode, fails over."""
 
 from ethen.mesh.orchestrator.backoff import Backoff
+from ethen.mesh.orchestrator.chain import ChainReceiver
 from ethen.mesh.orchestrator.client import WorkerClient
 from ethen.mesh.orchestrator.errors import (
+    ChainLost,
     DegradedRoute,
     MeshRuntimeError,
     NodeOverloaded,
@@ -19,6 +21,8 @@ from ethen.mesh.orchestrator.telemetry import HealthMonitor, NodeHealth, state_f
 __all__ = [
     "MODEL_NAME",
     "Backoff",
+    "ChainLost",
+    "ChainReceiver",
     "DegradedRoute",
     "FailoverEvent",
     "HealthMonitor",

@@ -12,6 +12,7 @@ Every ``grpc.RpcError`` is turned into the mesh exception tree here (via
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -60,11 +61,13 @@ class WorkerClient:
         self._stub: Any = mesh_pb2_grpc.MeshWorkerStub(self._channel)  # type: ignore[no-untyped-call]
 
     @staticmethod
-    def _request(session_id: str, first: int, last: int, data: F32, start: int) -> mesh_pb2.ForwardRequest:
+    def _request(session_id: str, first: int, last: int, data: F32, start: int,
+                 capability: bytes = b"") -> mesh_pb2.ForwardRequest:
         t = int(data.shape[0])
         return mesh_pb2.ForwardRequest(
             session_id=session_id, first_layer=first, last_layer=last, positions=range(start, start + t),
-            hidden=mesh_pb2.Tensor(data=data.tobytes(), shape=data.shape, dtype="float32"))
+            hidden=mesh_pb2.Tensor(data=data.tobytes(), shape=data.shape, dtype="float32"),
+            capability=capability)
 
     def _check(self, reply: mesh_pb2.ForwardResponse, shape: tuple[int, ...]) -> F32:
         got = tuple(reply.hidden.shape)
@@ -103,16 +106,33 @@ class WorkerClient:
         return out
 
     def forward(self, session_id: str, first: int, last: int, hidden: F32, start: int,
-                timeout_s: float | None = None) -> ForwardResult:
-        """Run layers ``first..last`` on ``hidden`` [T, d] at positions ``start .. start+T-1``."""
+                timeout_s: float | None = None, capability: bytes = b"") -> ForwardResult:
+        """Run layers ``first..last`` on ``hidden`` [T, d] at positions ``start .. start+T-1``;
+        ``capability`` binds the session to it on the worker (a chain's peers may then feed it)."""
         data: F32 = np.ascontiguousarray(hidden, dtype="<f4")
         try:
-            reply = self._stub.Forward(self._request(session_id, first, last, data, start),
+            reply = self._stub.Forward(self._request(session_id, first, last, data, start, capability),
                                        timeout=timeout_s or self.forward_timeout_s, metadata=self._md)
         except grpc.RpcError as exc:
             raise from_grpc(self.node_id, exc) from None
         return ForwardResult(self._check(reply, tuple(data.shape)), reply.compute_ms, reply.queue_ms,
                              reply.batch_size)
+
+    def chain(self, request: mesh_pb2.ChainRequest, timeout_s: float,
+              on_error: Callable[[NodeError], None]) -> None:
+        """Send a chained decode step to this (first) worker without waiting for its ack
+        (:mod:`ethen.mesh.orchestrator.chain`); ``on_error`` gets the mesh error if that call fails."""
+
+        def done(future: Any) -> None:
+            if future.cancelled():
+                on_error(NodeUnavailable(self.node_id, "the chain call was cancelled"))
+            elif future.exception() is not None:
+                on_error(from_grpc(self.node_id, future.exception()))
+
+        try:
+            self._stub.Chain.future(request, timeout=timeout_s, metadata=self._md).add_done_callback(done)
+        except (grpc.RpcError, ValueError, RuntimeError) as exc:  # a closed channel
+            on_error(NodeUnavailable(self.node_id, f"cannot send the chain call: {exc}"))
 
     def health(self) -> mesh_pb2.HealthResponse:
         try:

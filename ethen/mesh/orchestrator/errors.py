@@ -27,6 +27,7 @@ from ethen.mesh.routing.errors import MeshRoutingError
 from ethen.mesh.routing.route import Route
 
 __all__ = [
+    "ChainLost",
     "DegradedRoute",
     "MeshRuntimeError",
     "NodeOverloaded",
@@ -63,6 +64,11 @@ class NodeOverloaded(NodeUnavailable):
 
 class NodeRejected(NodeError):
     """The node refused the request as malformed (``INVALID_ARGUMENT``): a bug, never retried elsewhere."""
+
+
+class ChainLost(MeshRuntimeError):
+    """A chained decode step never came back (its delivery failed): which stages advanced is unknown, so the
+    session rebuilds every stage by replay (:mod:`ethen.mesh.orchestrator.chain`)."""
 
 
 class DegradedRoute(MeshRuntimeError):

@@ -44,6 +44,11 @@ stuck node. Health polls do not decide this (a stuck device may still answer the
 worker's queue time too, so it must exceed a chunk's time on a busy worker (default 5 s; a 128-token chunk
 of 10 layers takes well under a second here).
 
+**Chain** (``chain`` set: ``data_plane = "chain"``): a round's sessions sharing a route go as one
+``ChainRequest`` worker to worker (:mod:`~ethen.mesh.orchestrator.chain`) instead of one call per stage from
+here; every stage's outputs come back with it, so the sessions record each stage as above. Lanes work the
+same (each lane's round is its own chain); staggering does not apply (there is no per-stage call here).
+
 The rounds see a session through :class:`RoundSession` (a Protocol), so this module does not import
 :mod:`~ethen.mesh.orchestrator.session` (which imports it).
 """
@@ -55,14 +60,16 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from ethen.mesh.orchestrator.chain import ChainReceiver, ChainStep
 from ethen.mesh.orchestrator.client import ForwardResult, WorkerClient
-from ethen.mesh.orchestrator.errors import NodeError
+from ethen.mesh.orchestrator.errors import ChainLost, NodeError, NodeUnavailable, from_status
+from ethen.mesh.proto import mesh_pb2
 from ethen.mesh.routing import Route
 from ethen.mesh.worker.batching import Job, StepBatcher
 from ethen.mesh.worker.limits import PREFILL_CHUNK_TOKENS
@@ -94,6 +101,7 @@ class RoundSession(Protocol):
     @property
     def length(self) -> int: ...
     def worker_session(self, first: int) -> str: ...
+    def capability(self, first: int) -> bytes: ...
     def record_stage(self, node: str, first: int, last: int, inputs: F32, outputs: F32) -> None: ...
     def time_stage(self, node: str, first: int, last: int, rows: int, started: float, call_ms: float,
                    worker_ms: float) -> None: ...
@@ -105,13 +113,15 @@ class DecodeRounds:
     def __init__(self, clients: Mapping[str, WorkerClient], head: Callable[[F32], F32],
                  window_s: float = 0.002, active_horizon_s: float = 0.5, lanes: int = 1,
                  progress_timeout_s: float | None = DEFAULT_PROGRESS_TIMEOUT_S,
-                 observe: Observe | None = None, stagger: bool = True) -> None:
+                 observe: Observe | None = None, stagger: bool = True,
+                 chain: ChainReceiver | None = None) -> None:
         if lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
         self.clients = clients
         self.progress_timeout_s = progress_timeout_s
         self.observe = observe  # (node, rows, call ms, worker ms): the telemetry's latency samples
         self.stagger = stagger and lanes > 1
+        self.chain = chain  # the receiver of chained steps (data_plane = "chain"), else None: star
         self._head = head
         self.sizes: Counter[int] = Counter()  # sessions per round -> rounds run (diagnostics)
         self.waited_s = 0.0  # time lanes spent waiting for their slot on a worker (diagnostics)
@@ -192,6 +202,72 @@ class DecodeRounds:
             self.observe(node, 1, (time.perf_counter() - t0) * 1000.0, worker_ms)
         return out
 
+    def _chain_round(self, receiver: ChainReceiver, sessions: list[RoundSession], cur: list[F32],
+                     results: list[F32 | BaseException | None]) -> None:
+        """Run the round worker to worker: one chain per route; each session's stages are recorded, ``cur``
+        gets its last stage's output, or ``results`` its error."""
+        groups: dict[tuple[tuple[str, int, int], ...], list[int]] = {}
+        for i, s in enumerate(sessions):
+            groups.setdefault(tuple((st.node_id, st.first, st.last) for st in s.route.stages), []).append(i)
+        first_client = next(iter(self.clients.values()), None)
+        cap = first_client.forward_timeout_s if first_client is not None else 60.0
+        timeout = call_timeout(self.progress_timeout_s, 1, cap)
+        sent: list[tuple[tuple[tuple[str, int, int], ...], list[int], ChainStep]] = []
+        wall, t0 = time.time(), time.perf_counter()
+        for stages, members in groups.items():
+            step = receiver.expect()
+            request = mesh_pb2.ChainRequest(
+                hops=[mesh_pb2.ChainHop(node_id=n, address=self.clients[n].address, first_layer=a,
+                                        last_layer=b) for n, a, b in stages],
+                hop=0, deliver_to=receiver.address, ticket=step.ticket,
+                items=[mesh_pb2.ChainItem(
+                    session_ids=[sessions[i].worker_session(a) for _, a, _ in stages],
+                    capabilities=[sessions[i].capability(a) for _, a, _ in stages],
+                    position=sessions[i].length,
+                    hidden=mesh_pb2.Tensor(data=np.ascontiguousarray(cur[i], "<f4").tobytes(),
+                                           shape=list(cur[i].shape), dtype="float32"))
+                       for i in members])
+            self.clients[stages[0][0]].chain(request, timeout, functools.partial(receiver.fail, step))
+            sent.append((stages, members, step))
+        receiver.wait([s for _, _, s in sent], 1.25 * timeout + 0.25)
+        call_ms = (time.perf_counter() - t0) * 1000.0
+        for stages, members, step in sent:
+            if step.result is None:
+                error: BaseException = step.error or ChainLost(
+                    f"a chained step through {[n for n, _, _ in stages]} did not come back within "
+                    f"{1.25 * timeout + 0.25:.2f} s")
+                for i in members:
+                    results[i] = error
+                continue
+            for i, item in zip(members, step.result.items, strict=False):
+                results[i] = self._record_chain(sessions[i], stages, item, cur, i, wall, call_ms)
+            for i in members[len(step.result.items):]:
+                results[i] = NodeUnavailable(stages[-1][0], "the chained step came back without this session")
+
+    @staticmethod
+    def _record_chain(session: RoundSession, stages: Sequence[tuple[str, int, int]], item: mesh_pb2.ChainItem,
+                      cur: list[F32], i: int, wall: float, call_ms: float) -> BaseException | None:
+        """Record the stages ``item`` ran for ``session``; its error, or None with ``cur[i]`` advanced."""
+        d = int(cur[i].shape[1])
+        for h, out in enumerate(item.outputs):
+            if h >= len(stages):
+                break
+            node, first, last = stages[h]
+            if out.dtype != "float32" or len(out.data) != 4 * d:
+                return NodeUnavailable(node, f"malformed chain output: {len(out.data)} bytes {out.dtype!r}")
+            hidden: F32 = np.frombuffer(out.data, dtype="<f4").reshape(1, d)
+            session.record_stage(node, first, last, cur[i], hidden)
+            worker_ms = item.worker_ms[h] if h < len(item.worker_ms) else 0.0
+            session.time_stage(node, first, last, 1, wall, call_ms / len(stages), worker_ms)
+            cur[i] = hidden
+        if item.code:
+            return from_status(item.failed_node or stages[min(len(item.outputs), len(stages) - 1)][0],
+                               item.code, item.message)
+        if len(item.outputs) != len(stages):
+            return NodeUnavailable(stages[-1][0], f"the chain came back with {len(item.outputs)} of "
+                                                  f"{len(stages)} stages")
+        return None
+
     def _head_rows(self, jobs: list[Job]) -> list[F32 | BaseException]:
         """Several lanes' heads in one matmul; each job's rows come back to it."""
         logits = self._head(np.concatenate([j.hidden for j in jobs], axis=0))  # [sum B, V]
@@ -218,6 +294,9 @@ class DecodeRounds:
         results: list[F32 | BaseException | None] = [None] * len(jobs)
         cur = [j.hidden for j in jobs]  # [1, d] each: the input of each session's next stage
         nxt = [0] * len(jobs)  # index of each session's next stage
+        if self.chain is not None:
+            self._chain_round(self.chain, sessions, cur, results)
+            nxt = [len(s.route.stages) for s in sessions]
         while True:
             groups: dict[tuple[str, int, int], list[int]] = {}
             for i, s in enumerate(sessions):

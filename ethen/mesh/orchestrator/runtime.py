@@ -13,6 +13,11 @@ Choices where the spec is silent:
   node is polled at once, so it is routable as soon as its first Health answers. A node that left is no longer
   watched nor routed to; its client stays in ``clients`` (sessions still on it finish or fail over; a channel
   per node that ever joined, closed with the orchestrator). ``workers`` may be empty when nodes join later.
+- ``data_plane``: ``"star"`` (default: every stage call leaves from and returns to the orchestrator) or
+  ``"chain"`` (warm decode steps go worker to worker and the last worker delivers to a receiver served here
+  on ``chain_listen``, advertised to the workers as ``chain_advertise``; see
+  :mod:`~ethen.mesh.orchestrator.chain` for the measurement that chose it and the security model). The
+  receiver requires the orchestrator's own token and serves TLS with ``chain_tls`` (grpc server credentials).
 - The async API (:meth:`MeshGeneration.__aiter__`) runs the blocking loop on a thread and hands chunks to the
   event loop, so an ASGI gateway can stream without blocking.
 """
@@ -28,8 +33,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ethen.mesh.auth import ClientCredentials
+from ethen.mesh.auth import ClientCredentials, TokenAuth
 from ethen.mesh.orchestrator.backoff import Backoff
+from ethen.mesh.orchestrator.chain import ChainReceiver
 from ethen.mesh.orchestrator.client import WorkerClient
 from ethen.mesh.orchestrator.planning import plan_route, recompose
 from ethen.mesh.orchestrator.rounds import DEFAULT_PROGRESS_TIMEOUT_S, DecodeRounds
@@ -158,7 +164,14 @@ class Orchestrator:
         max_step_tokens: int = MAX_PREFILL_TOKENS,
         credentials: ClientCredentials | None = None,
         progress_timeout_s: float | None = DEFAULT_PROGRESS_TIMEOUT_S,
+        data_plane: str = "star",
+        chain_listen: str = "127.0.0.1:0",
+        chain_advertise: str | None = None,
+        chain_tls: Any = None,
     ) -> None:
+        if data_plane not in ("star", "chain"):
+            raise ValueError(f"data_plane = {data_plane!r}: must be 'star' or 'chain'")
+        self.data_plane = data_plane
         self.progress_timeout_s = progress_timeout_s  # a stage call's deadline per 128 rows (stuck nodes)
         self.credentials = credentials
         self.forward_timeout_s = forward_timeout_s
@@ -178,8 +191,14 @@ class Orchestrator:
         self.monitor = HealthMonitor(self.clients, backoff or Backoff(), interval_s=health_interval_s)
         self._head = StepBatcher(self._head_batch, max_batch=64, window_s=0.002, active_horizon_s=0.5,
                                  name="ethen-head")
+        self.chain: ChainReceiver | None = None
+        if data_plane == "chain":
+            token = credentials.token if credentials is not None else None
+            self.chain = ChainReceiver(chain_listen, chain_advertise, tls=chain_tls,
+                                       auth=None if token is None else TokenAuth([token]))
         self.rounds = DecodeRounds(self.clients, self.ends.logits, lanes=round_lanes,
-                                   progress_timeout_s=progress_timeout_s, observe=self.monitor.observe_call)
+                                   progress_timeout_s=progress_timeout_s, observe=self.monitor.observe_call,
+                                   chain=self.chain)
 
     @classmethod
     def load(cls, workers: Mapping[str, str], store: WeightStore | None = None,
@@ -224,6 +243,8 @@ class Orchestrator:
     def close(self) -> None:
         self.monitor.stop()
         self._head.stop()
+        if self.chain is not None:
+            self.chain.close()
         for client in self.clients.values():
             client.close()
 

@@ -30,6 +30,11 @@ Failover and replay (Petals-style):
 - A stage that makes no progress (a stuck node) is a failure too: every stage call carries the progress
   deadline of :func:`~ethen.mesh.orchestrator.rounds.call_timeout` (``progress_timeout_s`` per started
   128-position chunk), so it ends in ``DEADLINE_EXCEEDED`` and fails over like a dead node.
+- With the worker-to-worker chain (:mod:`~ethen.mesh.orchestrator.chain`), each stage's worker session gets
+  an unguessable capability (16 random bytes), sent with every ``Forward`` of that stage (which binds it on
+  the worker): a chained decode step names it, so only the holders can feed the session. A chained step that
+  never came back (:class:`~ethen.mesh.orchestrator.errors.ChainLost`) leaves every stage's cache unknown:
+  the step then rebuilds every stage by replay over the star.
 - A step longer than ``max_step_tokens`` (default: the workers' default ``--max-prefill-tokens``, 2,048) runs
   as several steps of at most that many tokens (a long prompt is prefilled in pieces), so no ``Forward`` ever
   exceeds a worker's cap; replay reuses those sizes, and a one-call replay (``exact_replay=False``) is cut
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -50,7 +56,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ethen.mesh.orchestrator.client import WorkerClient
-from ethen.mesh.orchestrator.errors import MeshRuntimeError, NodeError, NodeUnavailable
+from ethen.mesh.orchestrator.errors import ChainLost, MeshRuntimeError, NodeError, NodeUnavailable
 from ethen.mesh.orchestrator.rounds import DEFAULT_PROGRESS_TIMEOUT_S, DecodeRounds, Observe, call_timeout
 from ethen.mesh.routing import Route, Stage
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS
@@ -171,6 +177,7 @@ class MeshSession:
         self._rounds = rounds
         self._pending: _Pending = {}  # boundary inputs of the step in progress (decode rounds)
         self.stage_timings: dict[_Key, StageTiming] = {}  # per (node, first, last), in first-use order
+        self._caps: dict[int, bytes] = {}  # first layer -> the capability bound to that worker session
 
     def _wsid(self, stage: Stage) -> str:
         return self.worker_session(stage.first)
@@ -178,6 +185,13 @@ class MeshSession:
     def worker_session(self, first: int) -> str:
         """The worker-side session id of this session's stage starting at layer ``first``."""
         return f"{self.id}@{first}"
+
+    def capability(self, first: int) -> bytes:
+        """The capability of this session's stage starting at layer ``first`` (made on first use)."""
+        cap = self._caps.get(first)
+        if cap is None:
+            cap = self._caps[first] = secrets.token_bytes(16)
+        return cap
 
     def _warm(self) -> bool:
         """Every stage's worker holds exactly the positions so far, and the boundary history is complete."""
@@ -226,6 +240,10 @@ class MeshSession:
                 row = self._rounds.step(self, x)  # [V]
                 self._commit(x.shape[0], self._pending)
                 return row
+            except ChainLost as exc:  # which stages advanced is unknown: rebuild every one below
+                log.warning("session %s: %s; replaying every stage", self.id, exc)
+                self._ready.clear()
+                self._step_out.clear()
             except NodeUnavailable as exc:
                 self._fail(exc)  # then run the step alone below (stages done in the round are kept)
         while True:
@@ -310,7 +328,8 @@ class MeshSession:
         self._opened.add((stage.node_id, stage.first))
         timeout = call_timeout(self.progress_timeout_s, int(hidden.shape[0]), client.forward_timeout_s)
         wall, t0 = time.time(), time.perf_counter()
-        reply = client.forward(self._wsid(stage), stage.first, stage.last, hidden, start, timeout_s=timeout)
+        reply = client.forward(self._wsid(stage), stage.first, stage.last, hidden, start, timeout_s=timeout,
+                               capability=self.capability(stage.first))
         call_ms, worker_ms = (time.perf_counter() - t0) * 1000.0, reply.queue_ms + reply.compute_ms
         rows = int(hidden.shape[0])
         self.time_stage(stage.node_id, stage.first, stage.last, rows, wall, call_ms, worker_ms)

@@ -17,18 +17,20 @@ class Tensor(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class ForwardRequest(_message.Message):
-    __slots__ = ("session_id", "first_layer", "last_layer", "positions", "hidden")
+    __slots__ = ("session_id", "first_layer", "last_layer", "positions", "hidden", "capability")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_LAYER_FIELD_NUMBER: _ClassVar[int]
     LAST_LAYER_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     first_layer: int
     last_layer: int
     positions: _containers.RepeatedScalarFieldContainer[int]
     hidden: Tensor
-    def __init__(self, session_id: _Optional[str] = ..., first_layer: _Optional[int] = ..., last_layer: _Optional[int] = ..., positions: _Optional[_Iterable[int]] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, session_id: _Optional[str] = ..., first_layer: _Optional[int] = ..., last_layer: _Optional[int] = ..., positions: _Optional[_Iterable[int]] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class ForwardResponse(_message.Message):
     __slots__ = ("hidden", "compute_ms", "queue_ms", "batch_size")
@@ -63,6 +65,58 @@ class ForwardBatchResponse(_message.Message):
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[ForwardItemResult]
     def __init__(self, items: _Optional[_Iterable[_Union[ForwardItemResult, _Mapping]]] = ...) -> None: ...
+
+class ChainHop(_message.Message):
+    __slots__ = ("node_id", "address", "first_layer", "last_layer")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LAYER_FIELD_NUMBER: _ClassVar[int]
+    LAST_LAYER_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    first_layer: int
+    last_layer: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., first_layer: _Optional[int] = ..., last_layer: _Optional[int] = ...) -> None: ...
+
+class ChainItem(_message.Message):
+    __slots__ = ("session_ids", "capabilities", "position", "hidden", "outputs", "worker_ms", "code", "message", "failed_node")
+    SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_MS_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FAILED_NODE_FIELD_NUMBER: _ClassVar[int]
+    session_ids: _containers.RepeatedScalarFieldContainer[str]
+    capabilities: _containers.RepeatedScalarFieldContainer[bytes]
+    position: int
+    hidden: Tensor
+    outputs: _containers.RepeatedCompositeFieldContainer[Tensor]
+    worker_ms: _containers.RepeatedScalarFieldContainer[float]
+    code: int
+    message: str
+    failed_node: str
+    def __init__(self, session_ids: _Optional[_Iterable[str]] = ..., capabilities: _Optional[_Iterable[bytes]] = ..., position: _Optional[int] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., worker_ms: _Optional[_Iterable[float]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., failed_node: _Optional[str] = ...) -> None: ...
+
+class ChainRequest(_message.Message):
+    __slots__ = ("hops", "hop", "items", "deliver_to", "ticket")
+    HOPS_FIELD_NUMBER: _ClassVar[int]
+    HOP_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_TO_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    hops: _containers.RepeatedCompositeFieldContainer[ChainHop]
+    hop: int
+    items: _containers.RepeatedCompositeFieldContainer[ChainItem]
+    deliver_to: str
+    ticket: bytes
+    def __init__(self, hops: _Optional[_Iterable[_Union[ChainHop, _Mapping]]] = ..., hop: _Optional[int] = ..., items: _Optional[_Iterable[_Union[ChainItem, _Mapping]]] = ..., deliver_to: _Optional[str] = ..., ticket: _Optional[bytes] = ...) -> None: ...
+
+class ChainAck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()

@@ -169,6 +169,11 @@ class MeshWorkerStub:
                 request_serializer=mesh__pb2.CloseSessionRequest.SerializeToString,
                 response_deserializer=mesh__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
+        self.Chain = channel.unary_unary(
+                '/ethen.mesh.v1.MeshWorker/Chain',
+                request_serializer=mesh__pb2.ChainRequest.SerializeToString,
+                response_deserializer=mesh__pb2.ChainAck.FromString,
+                _registered_method=True)
 
 
 class MeshWorkerServicer:
@@ -198,6 +203,12 @@ class MeshWorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Chain(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MeshWorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -220,6 +231,11 @@ def add_MeshWorkerServicer_to_server(servicer, server):
                     servicer.CloseSession,
                     request_deserializer=mesh__pb2.CloseSessionRequest.FromString,
                     response_serializer=mesh__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'Chain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Chain,
+                    request_deserializer=mesh__pb2.ChainRequest.FromString,
+                    response_serializer=mesh__pb2.ChainAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -330,6 +346,108 @@ class MeshWorker:
             '/ethen.mesh.v1.MeshWorker/CloseSession',
             mesh__pb2.CloseSessionRequest.SerializeToString,
             mesh__pb2.CloseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Chain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ethen.mesh.v1.MeshWorker/Chain',
+            mesh__pb2.ChainRequest.SerializeToString,
+            mesh__pb2.ChainAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class MeshChainReceiverStub:
+    """Served by the orchestrator (data_plane = "chain"): the last hop's worker delivers a chain's result.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Deliver = channel.unary_unary(
+                '/ethen.mesh.v1.MeshChainReceiver/Deliver',
+                request_serializer=mesh__pb2.ChainRequest.SerializeToString,
+                response_deserializer=mesh__pb2.ChainAck.FromString,
+                _registered_method=True)
+
+
+class MeshChainReceiverServicer:
+    """Served by the orchestrator (data_plane = "chain"): the last hop's worker delivers a chain's result.
+    """
+
+    def Deliver(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_MeshChainReceiverServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Deliver': grpc.unary_unary_rpc_method_handler(
+                    servicer.Deliver,
+                    request_deserializer=mesh__pb2.ChainRequest.FromString,
+                    response_serializer=mesh__pb2.ChainAck.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'ethen.mesh.v1.MeshChainReceiver', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('ethen.mesh.v1.MeshChainReceiver', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class MeshChainReceiver:
+    """Served by the orchestrator (data_plane = "chain"): the last hop's worker delivers a chain's result.
+    """
+
+    @staticmethod
+    def Deliver(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ethen.mesh.v1.MeshChainReceiver/Deliver',
+            mesh__pb2.ChainRequest.SerializeToString,
+            mesh__pb2.ChainAck.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,7 +40,7 @@ from ethen.mesh.worker.launch import orphaned
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER
 
 if TYPE_CHECKING:
-    from ethen.mesh.auth import TokenAuth
+    from ethen.mesh.auth import ClientCredentials, TokenAuth
     from ethen.mesh.worker.membership import JoinSpec
     from ethen.mesh.worker.server import WorkerConfig
 
@@ -55,7 +55,7 @@ def one_blas_thread() -> None:
 
 def run_worker(config: WorkerConfig, host: str, port: int, model_path: Path | None = None, *,
                tls: Any = None, auth: TokenAuth | None = None, join: JoinSpec | None = None,
-               drain_timeout_s: float = 30.0) -> None:
+               drain_timeout_s: float = 30.0, peers: ClientCredentials | None = None) -> None:
     """Load the layers (of the GGUF ``model_path``, default SmolLM2's), serve until SIGINT, or SIGTERM and
     a drain."""
     from ethen.mesh.worker.backend import ModelBackend
@@ -66,7 +66,7 @@ def run_worker(config: WorkerConfig, host: str, port: int, model_path: Path | No
 
     t0 = time.perf_counter()
     backend = ModelBackend(load_layer_stacks(list(config.fragments), open_weight_store(model_path)))
-    service = WorkerService(config, backend, auth=auth)
+    service = WorkerService(config, backend, auth=auth, peers=peers)
     server, bound = serve(service, host, port, tls=tls)
     layers = ",".join(f"{a}-{b}" for a, b in config.fragments)
     print(f"ethen worker {config.node_id!r}: layers {layers} loaded in {time.perf_counter() - t0:.1f}s, "
@@ -127,7 +127,8 @@ def worker(
     join: str = typer.Option(None, "--join", help="HOST:PORT of a mesh provider's registry to join."),
     advertise: str = typer.Option(
         None, "--advertise", help="HOST:PORT where the orchestrator reaches this worker (default: bound)."),
-    ca_file: Path = typer.Option(None, "--ca-file", help="CA of the registry's certificate (TLS join)."),  # noqa: B008
+    ca_file: Path = typer.Option(  # noqa: B008
+        None, "--ca-file", help="CA of the registry's and the peer workers' certificates (TLS join, chain)."),
     drain_timeout: float = typer.Option(
         30.0, "--drain-timeout", help="SIGTERM: seconds to let open sessions finish."),
 ) -> None:
@@ -148,12 +149,13 @@ def worker(
                               max_sessions_per_caller=max_sessions_per_caller)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    from ethen.mesh.auth import CredentialsError
+    from ethen.mesh.auth import ClientCredentials, CredentialsError
     from ethen.mesh.worker.membership import credentials_of
 
     try:  # before the model loads: a refused start costs nothing
         tls, auth, join_spec = credentials_of(host, tls_cert, tls_key, token_file, insecure, join, advertise,
                                               ca_file)
+        peers = ClientCredentials.load(ca_file, token_file)  # chain: how this worker calls its peers
     except CredentialsError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise typer.Exit(2) from None
@@ -161,7 +163,7 @@ def worker(
 
     try:
         run_worker(config, host, port, model, tls=tls, auth=auth, join=join_spec,
-                   drain_timeout_s=drain_timeout)
+                   drain_timeout_s=drain_timeout, peers=peers)
     except ModelError as exc:  # a layer the model does not have, weights not installed, ...
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise typer.Exit(2) from None

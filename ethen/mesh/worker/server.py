@@ -63,10 +63,11 @@ from typing import Any
 import grpc
 import numpy as np
 
-from ethen.mesh.auth import TokenAuth, TokenInterceptor
+from ethen.mesh.auth import ClientCredentials, TokenAuth, TokenInterceptor
 from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
 from ethen.mesh.worker.backend import F32, FragmentBackend
 from ethen.mesh.worker.batching import Job, StepBatcher
+from ethen.mesh.worker.chain import CAPABILITY_BYTES, Capabilities, ChainSender, handle_chain
 from ethen.mesh.worker.errors import (
     DeadlineExceededError,
     RequestCancelledError,
@@ -171,7 +172,8 @@ class WorkerConfig:
 class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
     """Implements the ``MeshWorker`` service over a :class:`FragmentBackend`."""
 
-    def __init__(self, config: WorkerConfig, backend: FragmentBackend, auth: TokenAuth | None = None) -> None:
+    def __init__(self, config: WorkerConfig, backend: FragmentBackend, auth: TokenAuth | None = None,
+                 peers: ClientCredentials | None = None) -> None:
         self.config = config
         self.backend = backend
         self.auth = auth  # with tokens: sessions belong to the token's principal + peer host
@@ -183,7 +185,9 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         self.store: SessionStore[KVCache] = SessionStore(
             backend.new_cache, config.max_cache_bytes, config.session_ttl_s, config.max_sessions,
             config.max_sessions_per_caller)
-        self._lock = threading.Lock()  # guards self.store between the batch leader and Close/Health
+        self._lock = threading.Lock()  # guards self.store (and caps) between the batch leader and the RPCs
+        self.caps = Capabilities(limit=4 * config.max_sessions)  # chain: who may feed a session (chain.py)
+        self.chain = ChainSender(config.node_id, peers)  # chain: onward calls with these credentials
         self.batcher = StepBatcher(
             self._run, max_batch=config.max_batch, window_s=config.batch_window_s,
             on_step=self.health.record_busy,
@@ -233,6 +237,9 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             raise WorkerInputError(f"positions must be consecutive and >= 0, got {positions[:8]}...")
         if start + t > self.backend.context_length:
             raise WorkerInputError(f"positions end at {start + t - 1}, beyond the context length")
+        if request.capability and len(request.capability) < CAPABILITY_BYTES:
+            raise WorkerInputError(f"capability has {len(request.capability)} bytes, at least "
+                                   f"{CAPABILITY_BYTES} (random) are required")
         hidden: F32 = np.frombuffer(tensor.data, dtype="<f4").reshape(t, d)
         if not np.isfinite(hidden).all():
             raise WorkerInputError("hidden.data contains NaN or infinite values")
@@ -363,6 +370,8 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
             raise AssertionError("unreachable") from exc
         self.health.record_request(queue_ms + compute_ms, ok=True)
+        if request.capability:
+            self._bind(request.capability, job.session_id)
         return self._reply(out, queue_ms, compute_ms, batch)
 
     def ForwardBatch(
@@ -383,6 +392,8 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
                 results[i] = self._error_item(job.result)
             else:
                 assert job.result is not None
+                if request.items[i].capability:
+                    self._bind(request.items[i].capability, job.session_id)
                 results[i] = mesh_pb2.ForwardItemResult(reply=self._reply(
                     job.result, job.queue_ms, job.compute_ms, job.batch_size))
         items = [r for r in results if r is not None]
@@ -391,6 +402,15 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             ok = r.code == 0
             self.health.record_request(r.reply.queue_ms + r.reply.compute_ms if ok else failed_ms, ok=ok)
         return mesh_pb2.ForwardBatchResponse(items=items)
+
+    def _bind(self, capability: bytes, key: str) -> None:
+        with self._lock:
+            if key in self.store:
+                self.caps.bind(capability, key, self.store)
+
+    def Chain(self, request: mesh_pb2.ChainRequest, context: Any) -> mesh_pb2.ChainAck:
+        """One hop of a worker-to-worker chain (:mod:`ethen.mesh.worker.chain`)."""
+        return handle_chain(self, request, context)
 
     def _error_item(self, exc: BaseException) -> mesh_pb2.ForwardItemResult:
         if isinstance(exc, WorkerError):
@@ -428,6 +448,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         key = sid if context is None else _scoped(self._caller(context), sid)
         with self._lock:
             closed = self.store.close(key)
+            self.caps.forget(key)
         self.batcher.forget(key)
         return mesh_pb2.CloseSessionResponse(closed=closed)
 
@@ -453,6 +474,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
 
     def stop(self) -> None:
         self.batcher.stop()
+        self.chain.close()
 
 
 def _scoped(caller: str, session_id: str) -> str:
