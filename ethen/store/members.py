@@ -108,6 +108,9 @@ class MemberTable:
             raise StoreInvalidError(f"mesh provider id = {provider!r}: must be 1-100 characters")
         self.engine = engine
         self.writer = engine.execution_options(**{WRITE_OPTION: True})
+        # Postgres: the read is one statement, so no transaction (BEGIN and ROLLBACK are two more round trips)
+        self.reader = (engine.execution_options(isolation_level="AUTOCOMMIT")
+                       if engine.dialect.name == "postgresql" else engine)
         self.provider = provider
         self._now = _now_ms(engine.dialect.name)
 
@@ -147,7 +150,7 @@ class MemberTable:
         query = select(t.c.node_id, t.c.address, t.c.fragments, t.c.joined_ms, t.c.seen_ms, t.c.expires_ms,
                        t.c.instance).where(and_(t.c.provider == self.provider, t.c.expires_ms > self._now))
         with boundary("read mesh members"):
-            async with self.engine.connect() as conn:
+            async with self.reader.connect() as conn:
                 rows = (await conn.execute(query)).all()
         return [MemberRow(str(r[0]), str(r[1]), _fragments(str(r[2])), int(r[3]), int(r[4]), int(r[5]),
                           str(r[6])) for r in rows]
