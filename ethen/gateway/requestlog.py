@@ -41,8 +41,10 @@ from ethen.gateway.providers.base import Usage
 from ethen.gateway.routing import Candidate, Decision
 from ethen.store import Store, StoreError
 from ethen.store.requests import (
+    EncodedRow,
     RequestQuery,
     Write,
+    encode_row,
     get_request,
     insert_requests,
     list_requests,
@@ -249,10 +251,13 @@ class RequestLog:
         batch = [q.popleft() for _ in range(min(len(q), _BATCH))]
         if not batch:
             return
-        rows = []
+        st = self.store()
+        rows: list[dict[str, Any]] = []
+        encoded: list[EncodedRow] = []
         for rec in batch:
             try:
                 row = to_row(rec)
+                enc = encode_row(row) if st is not None else None  # JSON once: a bad row is dropped alone
                 self.metrics.account(rec, row)
                 if self.tracing is not None:
                     self.tracing.emit(rec, row)
@@ -260,8 +265,9 @@ class RequestLog:
                 log.exception("request log: could not record request %s", rec.request_id)
                 continue
             rows.append(row)
+            if enc is not None:
+                encoded.append(enc)
         self.written += len(batch)
-        st = self.store()
         if st is None:
             for row in rows:
                 row["id"] = self._next_id
@@ -269,7 +275,7 @@ class RequestLog:
                 self.ring.append(row)
             return
         try:
-            await insert_requests(st, rows, self.write())
+            await insert_requests(st, encoded, self.write())
         except StoreError as exc:
             self.metrics.log_write_errors.inc()
             if not self._failing:

@@ -27,7 +27,7 @@ from sqlalchemy import Connection, inspect, select, text
 from . import schema as s
 from .errors import StoreError
 from .members import create_mesh_members
-from .requests import create_request_log
+from .requests import create_request_attempts, create_request_log
 from .sessions import SESSION_SECRET
 
 __all__ = ["MIGRATIONS", "applied", "migrate_sync"]
@@ -89,6 +89,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("0004_request_log", create_request_log),  # issue 14: ethen.store.requests
     ("0005_rate_limits", _rate_limits),  # issue 11: rpm / tpm on projects and keys
     ("0006_dashboard_sessions", _dashboard_sessions),  # issue 14: ethen.store.sessions
+    ("0007_request_attempts", create_request_attempts),  # issue 14: the log's attempts, one per row
     ("0008_mesh_members", create_mesh_members),  # issue 12: ethen.store.members
 )
 

@@ -16,10 +16,25 @@ Choices where the issue is silent:
 - ``get`` by request id returns the newest row with that id (a client may reuse ``x-request-id``).
 - Retention: :func:`prune_requests` deletes rows older than a cut-off and all but the newest ``max_rows``.
 - The ids are 64-bit on Postgres (``BIGSERIAL``): pruning never resets them.
+- Attempts (issue 14, the dashboard's Candidates page): each row's attempts are also stored one per row in
+  :data:`request_attempts` (log id, attempt index, ``at`` as epoch seconds, candidate, provider, model,
+  outcome, status, latency), written in the same transaction as the log rows, so the page reads narrow
+  columns instead of unnesting 10k JSON lists (``ethen.store.requeststats``). Migration
+  ``0007_request_attempts`` backfills them from the rows already logged (in SQL: one statement). Attempts
+  without a candidate id are not stored there (the page skipped them before, too). Pruning deletes a row's
+  attempts with it.
+- Inserts (issue 11: the log's writes cost the gateway's CPU): a batch is encoded once per row in the writer
+  (:func:`encode_row`: the JSON columns serialized with ``json.dumps``, as SQLAlchemy's JSON type stored
+  them, so reads return the same data) and written without SQLAlchemy's per-row work. SQLite: two
+  ``executemany`` of SQL compiled once from the schema on the DBAPI connection of the transaction, the log
+  ids assigned as ``max(id) + 1...`` (the write lock is held since ``BEGIN IMMEDIATE``: SQLite would pick
+  the same ids). Postgres: one statement (``unnest`` of one array per column, ids taken from the table's
+  sequence in order, both tables written by data-modifying CTEs).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -43,25 +58,32 @@ from sqlalchemy import (
     func,
     or_,
     select,
+    text,
 )
+from sqlalchemy.dialects import sqlite
 
 from ._common import EngineBase, utc
 from .engine import boundary
 from .values import aware
 
 __all__ = [
+    "ATTEMPT_COLUMNS",
     "COLUMNS",
     "OUTCOMES",
+    "EncodedRow",
     "RequestQuery",
     "Write",
     "count_requests",
+    "create_request_attempts",
     "create_request_log",
+    "encode_row",
     "get_request",
     "insert_requests",
     "list_requests",
     "parse_status",
     "prune_requests",
     "public_row",
+    "request_attempts",
     "request_log",
     "row_matches",
 ]
@@ -106,11 +128,69 @@ request_log = Table(
 
 #: the columns of a row, as inserted (``id`` is assigned by the database)
 COLUMNS = tuple(c.name for c in request_log.columns if c.name != "id")
+assert COLUMNS[1] == "at" and COLUMNS[-2:] == ("attempts", "receipt"), COLUMNS  # encode_row's layout
+
+#: One row per attempt of a logged request (``log_id``: its ``request_log.id``; ``seq``: its index in the
+#: row's attempts; ``at_s``: the row's ``at`` as epoch seconds, a plain float the page buckets directly).
+request_attempts = Table(
+    "request_attempts",
+    _metadata,
+    Column("log_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("at_s", Float, nullable=False),
+    Column("candidate", String, nullable=False),
+    Column("provider", String, nullable=False),
+    Column("model", String, nullable=False),
+    Column("outcome", String, nullable=False),
+    Column("status", Integer, nullable=True),
+    Column("latency_ms", Float, nullable=True),
+    Index("ix_request_attempts_at_s", "at_s"),
+)
+
+#: the columns of an attempt row, in the order of :attr:`EncodedRow.attempts` (after ``log_id``)
+ATTEMPT_COLUMNS = tuple(c.name for c in request_attempts.columns)
 
 
 def create_request_log(conn: Connection) -> None:
     """The migration that creates the table (``ethen.store.migrations``)."""
     _metadata.create_all(conn, tables=[request_log])
+
+
+#: the backfill of ``0007``: every attempt with a candidate id of the rows already logged (the same
+#: extraction the Candidates page made with ``json_each`` / ``json_array_elements`` before the table)
+_BACKFILL = {
+    "sqlite": """
+INSERT INTO request_attempts (log_id, seq, at_s, candidate, provider, model, outcome, status, latency_ms)
+SELECT r.id, j.key, CAST(strftime('%s', r.at) AS INTEGER) + CAST(substr(r.at, 20) AS REAL),
+       json_extract(j.value, '$.candidate'),
+       coalesce(json_extract(j.value, '$.provider'), ''), coalesce(json_extract(j.value, '$.model'), ''),
+       coalesce(json_extract(j.value, '$.outcome'), ''),
+       CASE WHEN json_type(j.value, '$.status') = 'integer' THEN json_extract(j.value, '$.status') END,
+       CASE WHEN json_type(j.value, '$.latency_ms') IN ('integer', 'real')
+            THEN json_extract(j.value, '$.latency_ms') END
+FROM request_log AS r, json_each(r.attempts) AS j
+WHERE j.type = 'object' AND json_type(j.value, '$.candidate') = 'text'
+  AND json_extract(j.value, '$.candidate') != ''""",
+    "postgresql": """
+INSERT INTO request_attempts (log_id, seq, at_s, candidate, provider, model, outcome, status, latency_ms)
+SELECT r.id, j.n - 1, extract(epoch FROM r.at)::float8, j.value ->> 'candidate',
+       coalesce(j.value ->> 'provider', ''), coalesce(j.value ->> 'model', ''),
+       coalesce(j.value ->> 'outcome', ''),
+       CASE WHEN json_typeof(j.value -> 'status') = 'number'
+            AND (j.value ->> 'status') ~ '^-?[0-9]{1,9}$' THEN (j.value ->> 'status')::int END,
+       CASE WHEN json_typeof(j.value -> 'latency_ms') = 'number' THEN (j.value ->> 'latency_ms')::float8 END
+FROM request_log AS r,
+     json_array_elements(CASE WHEN json_typeof(r.attempts) = 'array' THEN r.attempts ELSE '[]' END)
+       WITH ORDINALITY AS j(value, n)
+WHERE json_typeof(j.value) = 'object' AND json_typeof(j.value -> 'candidate') = 'string'
+  AND j.value ->> 'candidate' != ''""",
+}
+
+
+def create_request_attempts(conn: Connection) -> None:
+    """Migration ``0007_request_attempts``: the attempts table, backfilled from the rows already logged."""
+    _metadata.create_all(conn, tables=[request_attempts])
+    conn.execute(text(_BACKFILL[conn.dialect.name]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,22 +260,129 @@ def public_row(row: Mapping[str, Any], *, receipt: bool = True) -> dict[str, Any
 Write = Callable[[Callable[[Connection], Any], str], Awaitable[Any]]
 
 
-def _insert(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
-    conn.execute(request_log.insert(), [dict(r) for r in rows])
+@dataclass(frozen=True, slots=True)
+class EncodedRow:
+    """A row ready for the database: ``values`` in :data:`COLUMNS` order with the JSON columns as text,
+    ``attempts`` one tuple per stored attempt in :data:`ATTEMPT_COLUMNS` order without ``log_id``."""
+
+    values: tuple[Any, ...]
+    attempts: tuple[tuple[Any, ...], ...]
+
+
+_dumps = json.dumps  # what SQLAlchemy's JSON type used (no json_serializer is configured on the engines)
+_PLAIN = COLUMNS[:-2]
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def encode_row(row: Mapping[str, Any]) -> EncodedRow:
+    """A row (as :func:`ethen.gateway.requestlog.to_row` builds it) encoded for :func:`insert_requests`:
+    done once per row, in the writer (raises ``TypeError`` / ``ValueError`` for a value JSON cannot hold)."""
+    attempts = row["attempts"]
+    values = (*[row[c] for c in _PLAIN], _dumps(attempts), _dumps(row["receipt"]))
+    at = utc(row["at"])
+    at_s = at.timestamp() if at is not None else 0.0
+    out = []
+    for seq, a in enumerate(attempts):
+        if not isinstance(a, Mapping):
+            continue
+        cand = a.get("candidate")
+        if not isinstance(cand, str) or not cand:
+            continue
+        status = a.get("status")
+        out.append((seq, at_s, cand, str(a.get("provider") or ""), str(a.get("model") or ""),
+                    str(a.get("outcome") or ""),
+                    status if isinstance(status, int) and not isinstance(status, bool)
+                    and abs(status) < 2**31 else None,
+                    _number(a.get("latency_ms"))))
+    return EncodedRow(values, tuple(out))
+
+
+def _sqlite_sql() -> tuple[str, str]:
+    d = sqlite.dialect(paramstyle="qmark")
+    log = request_log.insert().compile(dialect=d, column_keys=["id", *COLUMNS])
+    att = request_attempts.insert().compile(dialect=d, column_keys=list(ATTEMPT_COLUMNS))
+    assert log.positiontup == ["id", *COLUMNS] and att.positiontup == list(ATTEMPT_COLUMNS)
+    return str(log), str(att)
+
+
+_SQLITE_LOG, _SQLITE_ATTEMPTS = _sqlite_sql()
+_at_bind = request_log.c.at.type.dialect_impl(sqlite.dialect()).bind_processor(sqlite.dialect())
+_SQLITE_AT: Callable[[Any], Any] = _at_bind if _at_bind is not None else (lambda v: v)
+
+
+def _pg_sql() -> str:
+    """One statement for a batch: ids from the log's sequence (in order), both tables from column arrays."""
+    # strings as TEXT arrays: the insert's own cast to VARCHAR(n) then refuses an overlong value, as before;
+    # the JSON columns as their text, cast below
+    kinds = ((DateTime, "TIMESTAMPTZ"), (Boolean, "BOOLEAN"), (BigInteger, "BIGINT"), (Integer, "INTEGER"),
+             (Float, "FLOAT8"), (String, "TEXT"), (JSON, "TEXT"))
+    types = {c.name: next(t for k, t in kinds if isinstance(c.type, k)) for c in request_log.columns}
+    log_cols = ", ".join(COLUMNS)
+    n = len(COLUMNS)
+    arrays = ", ".join(f"${i + 2}::{types[c]}[]" for i, c in enumerate(COLUMNS))
+    picks = ", ".join(f"u.{c}::json" if c in ("attempts", "receipt") else f"u.{c}" for c in COLUMNS)
+    att_types = ["INTEGER", "INTEGER", "FLOAT8", "TEXT", "TEXT", "TEXT", "TEXT", "INTEGER", "FLOAT8"]
+    att_names = ["n", *ATTEMPT_COLUMNS[1:]]
+    att_arrays = ", ".join(f"${n + 2 + i}::{t}[]" for i, t in enumerate(att_types))
+    att_cols = ", ".join(ATTEMPT_COLUMNS)
+    att_picks = ", ".join(f"x.{c}" for c in ATTEMPT_COLUMNS[1:])
+    return f"""
+WITH ids AS MATERIALIZED (
+  SELECT nextval(pg_get_serial_sequence('request_log', 'id')) AS id FROM generate_series(1, $1::int)),
+o AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM ids),
+r AS (INSERT INTO request_log (id, {log_cols})
+      SELECT o.id, {picks} FROM unnest({arrays}) WITH ORDINALITY AS u({log_cols}, n) JOIN o USING (n)),
+a AS (INSERT INTO request_attempts ({att_cols})
+      SELECT o.id, {att_picks} FROM unnest({att_arrays}) AS x({", ".join(att_names)}) JOIN o USING (n))
+SELECT count(*) FROM o"""
+
+
+_PG_INSERT = _pg_sql()
+
+
+def _pg_args(rows: Sequence[EncodedRow]) -> tuple[Any, ...]:
+    cols = [list(col) for col in zip(*(r.values for r in rows), strict=True)]
+    flat = [(n, *a) for n, r in enumerate(rows, 1) for a in r.attempts]
+    att = [list(col) for col in zip(*flat, strict=True)] if flat else [[] for _ in range(9)]
+    return (len(rows), *cols, *att)
+
+
+def _insert(conn: Connection, rows: Sequence[EncodedRow]) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(_PG_INSERT, _pg_args(rows))
+        return
+    raw: Any = conn.connection.dbapi_connection  # pysqlite's (the ledger writer's thread) or aiosqlite's
+    cur = raw.cursor()
+    try:
+        cur.execute("SELECT coalesce(max(id), 0) FROM request_log")
+        base = int(cur.fetchone()[0])
+        at = _SQLITE_AT
+        cur.executemany(_SQLITE_LOG, [(base + i, v[0], at(v[1]), *v[2:])
+                                      for i, v in enumerate((r.values for r in rows), 1)])
+        attempts = [(base + i, *a) for i, r in enumerate(rows, 1) for a in r.attempts]
+        if attempts:
+            cur.executemany(_SQLITE_ATTEMPTS, attempts)
+    finally:
+        cur.close()
 
 
 async def insert_requests(
-    store: EngineBase, rows: Sequence[Mapping[str, Any]], write: Write | None = None
+    store: EngineBase, rows: Sequence[Mapping[str, Any] | EncodedRow], write: Write | None = None
 ) -> None:
-    """Insert a batch of rows (one transaction; through ``write`` when given)."""
+    """Insert a batch of rows (one transaction; through ``write`` when given) and their attempts. Rows may
+    come encoded already (:func:`encode_row`: the log writer does it per row, so one bad row is its own)."""
     if not rows:
         return
+    encoded = [r if isinstance(r, EncodedRow) else encode_row(r) for r in rows]
     if write is not None:
-        await write(lambda conn: _insert(conn, rows), "write request log")
+        await write(lambda conn: _insert(conn, encoded), "write request log")
         return
     with boundary("write request log"):
         async with store.writer.begin() as conn:
-            await conn.run_sync(_insert, rows)
+            await conn.run_sync(_insert, encoded)
 
 
 async def list_requests(store: EngineBase, q: RequestQuery, *, receipt: bool = False) -> list[dict[str, Any]]:
@@ -238,11 +425,13 @@ async def get_request(store: EngineBase, request_id: str) -> dict[str, Any] | No
 
 
 def _prune(conn: Connection, before: datetime, max_rows: int | None) -> int:
-    c = request_log.c
+    c, a = request_log.c, request_attempts.c
+    conn.execute(delete(request_attempts).where(a.log_id.in_(select(c.id).where(c.at < before))))
     n = conn.execute(delete(request_log).where(c.at < before)).rowcount or 0
     if max_rows is not None:
         cut = conn.scalar(select(c.id).order_by(c.id.desc()).offset(max_rows).limit(1))
         if cut is not None:
+            conn.execute(delete(request_attempts).where(a.log_id <= cut))
             n += conn.execute(delete(request_log).where(c.id <= cut)).rowcount or 0
     return int(n)
 
