@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import signal
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +29,7 @@ from sqlalchemy.engine import make_url
 from ethen.gateway.auth import hash_key
 from ethen.mesh.orchestrator import Orchestrator
 from ethen.mesh.orchestrator.members import Membership
-from ethen.mesh.orchestrator.shared_members import Announcement
+from ethen.mesh.orchestrator.shared_members import Announcement, SharedMembersUnavailable
 from ethen.mesh.orchestrator.store_members import StoreMembers
 from ethen.mesh.worker.launch import WorkerProcess, spawn_worker
 from ethen.store import Store
@@ -224,3 +225,63 @@ def test_store_unreachable_keeps_the_last_membership_and_warns_once(caplog: pyte
 async def _migrate(url: str) -> None:
     st = await Store.open(url)
     await st.aclose()
+
+
+# ---- the backend itself (no gateway) -----------------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'ethen.db'}"
+        asyncio.run(_migrate(url))
+        yield url
+        return
+    pg = os.environ.get(PG_ENV)
+    if not pg:
+        pytest.skip(f"{PG_ENV} is not set: the Postgres variant needs a real server")
+    with fresh_pg_database(pg) as fresh:
+        asyncio.run(_migrate(fresh))
+        yield fresh
+
+
+def test_store_members_write_read_delete_and_lapse(store_url: str) -> None:
+    one, two = StoreMembers(store_url, "mesh"), StoreMembers(store_url, "mesh")  # two instances
+    try:
+        one.write(Announcement("b", "127.0.0.1:7001", ((0, 9), (10, 19))), ttl_s=0.6)
+        two.write(Announcement("c", "127.0.0.1:7002", ((20, 29),)), ttl_s=30.0)
+        assert two.read() == {"b": Announcement("b", "127.0.0.1:7001", ((0, 9), (10, 19))),
+                              "c": Announcement("c", "127.0.0.1:7002", ((20, 29),))}
+        assert two.delete("c", "127.0.0.1:9999") is False  # another address: a late Leave of an old process
+        assert one.delete("c", "127.0.0.1:7002") is True
+        assert set(two.read()) == {"b"}
+        time.sleep(0.9)
+        assert one.read() == {}  # b lapsed 0.6 s after its last announcement
+    finally:
+        one.close()
+        two.close()
+    with pytest.raises(SharedMembersUnavailable):
+        one.read()  # closed: an error of the membership's tree, not a crash
+
+
+def test_a_sqlite_write_lock_held_elsewhere_costs_at_most_the_timeout(tmp_path: Path) -> None:
+    """The ledger writer (or anyone) holding SQLite's write lock: an announcement gives up after ``timeout_s``
+    (a worker's Join has a 2 s deadline) instead of the store's 10 s busy timeout; reads go on (WAL)."""
+    url = f"sqlite:///{tmp_path / 'ethen.db'}"
+    asyncio.run(_migrate(url))
+    members = StoreMembers(url, "mesh", timeout_s=0.3)
+    members.write(Announcement("b", "127.0.0.1:7001", ((0, 29),)), ttl_s=30.0)
+    holder = sqlite3.connect(tmp_path / "ethen.db", isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        t0 = time.monotonic()
+        with pytest.raises(SharedMembersUnavailable):
+            members.write(Announcement("c", "127.0.0.1:7002", ((0, 29),)), ttl_s=30.0)
+        assert time.monotonic() - t0 < 1.5
+        assert set(members.read()) == {"b"}
+        holder.execute("ROLLBACK")
+        members.write(Announcement("c", "127.0.0.1:7002", ((0, 29),)), ttl_s=30.0)
+        assert set(members.read()) == {"b", "c"}
+    finally:
+        holder.close()
+        members.close()
