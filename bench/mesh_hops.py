@@ -1,6 +1,7 @@
 """Would a chained data plane beat the orchestrator-driven hops? A transport-only prototype, in one run.
 
     .venv/bin/python bench/mesh_hops.py [--rounds 4] [--steps 30] [--worker]
+    sudo .venv/bin/python bench/mesh_hops.py --hosts [--delays 0,5,20] [--sessions 8] [--rounds 3]
 
 Three gRPC server processes on 127.0.0.1 each hold ~141 MB of float32 matrices (40 x [1536, 576], about the
 bytes a 10-layer SmolLM2 fragment streams per decode step) and "compute" a step by multiplying a 576-vector
@@ -24,6 +25,17 @@ sequential 80-88 % of single (0.69-1.19 ms per hop); chained 78-88 % (0.67-1.35 
 transfers but pays a ``.future()`` per hop (the sync channel's polling thread, a thread hop) and its acks
 compete for the 2 cores; a warm-up ping is one more RPC, and the stage before it flushes the caches again
 anyway. That is why the mesh keeps orchestrator-driven hops (see ``bench/mesh_decode.py``).
+
+``--hosts`` (root): the same three servers on namespaced hosts (:mod:`tests.mesh.netns`), each behind a relay
+holding every chunk D ms each way, and the chain's receiver behind a relay in the root namespace, so every
+one-way crossing on the critical path pays D (star: 6 per step; chain: 4). One run (2026-12-01, load average
+8.3 from other jobs, 10 steps x 3 rounds, medians): one step at a time, star / chain 78.6 / 92.7 ms at 0 ms
+(the chain 0.85x: its extra acks and thread hops cost CPU on a saturated VM), 135.1 / 105.0 ms at 5 ms
+(1.29x), 209.3 / 161.3 ms at 20 ms (1.30x), i.e. the chain saves the 2 D per step the arithmetic says
+(echo round trip 41.7 ms at 20 ms). 8 concurrent steppers are CPU-bound here (the prototype servers do not
+batch: 8 x 40 products per step each): 17.9 / 14.8 steps/s at 0 ms, 20.5 / 19.0 at 20 ms, no shape wins
+there. That is the measurement that chose the chain for decode over real links
+(``data_plane = "chain"``, :mod:`ethen.mesh.orchestrator.chain`).
 
 The cold RPC floor (three runs): 1.20-1.27 ms per call for a raw-bytes handler. An ethen worker's ``Forward``
 measured the same way (``--worker``: rtt minus its reported queue + compute time, caches flushed before
