@@ -9,6 +9,14 @@ per-model metrics counted (:meth:`~ethen.gateway.metrics.GatewayMetrics.account`
 emitted (:mod:`ethen.gateway.tracing`, when configured), and the batch written in one transaction.
 
 Choices where the issue is silent:
+- Batches: a record arriving while the writer is idle is written at once; after a write the writer lingers
+  250 ms so the next batch gathers (at most 500 rows). A batch's fixed cost (transaction, commit, the hop
+  to the ledger writer's thread) dominated the log's CPU at 50 ms (~5 rows per batch at 100 requests/s):
+  ``bench/requestlog_write.py`` measures CPU per row at 5, 25 and 500 rows per batch. Rows show up in the
+  log up to that much later, and a ``kill -9`` loses at most that much more of the log (never the ledger).
+- Encoding: each row's JSON columns are serialized once, here (``ethen.store.requests.encode_row``), and
+  the batch inserted raw with its attempts (``request_attempts``); a row that cannot be encoded is dropped
+  alone (logged), not with its batch.
 - Queue full (``[log] queue_size``, 10,000 records): the record is dropped and counted in
   ``ethen_gateway_request_log_dropped_total``; the request never waits. A failed write (store down) drops the
   batch, logs one WARNING per failure streak and counts ``ethen_gateway_request_log_write_errors_total``.
@@ -62,7 +70,7 @@ __all__ = ["RequestLog", "RequestRecord", "to_row"]
 
 log = logging.getLogger("ethen.gateway.requestlog")
 _BATCH = 500  # rows per transaction at most
-_LINGER_S = 0.05  # after a write, let the next batch gather this long (fewer, larger transactions)
+_LINGER_S = 0.25  # after a write, let the next batch gather this long (fewer, larger transactions)
 
 
 @dataclass(frozen=True, slots=True)
