@@ -17,6 +17,8 @@ import logging
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
+import tomli_w
 from sqlalchemy.engine import make_url
 
 from ethen.gateway.auth import hash_key
@@ -173,6 +176,48 @@ def test_static_workers_are_never_expired_nor_taken_over(pair: dict[str, Any]) -
     _until(lambda: _listed(b_gw, "a", alive=False), 2.0, "the dead static worker is seen dead")
     time.sleep(EXPIRY_S + 1.0)
     assert _listed(a_gw, "a", alive=False) and _listed(b_gw, "a", alive=False)  # dead, still a member
+
+
+def test_with_workers_2_on_sqlite_one_child_serves_the_registry_and_both_route_joined_workers(
+        tmp_path: Path) -> None:
+    """``ethen gateway --workers 2`` with a SQLite ``[store]`` and no Redis: one child binds the join port,
+    the other reads the store's membership; every connection (the kernel spreads them over the children)
+    sees the joined worker's layers."""
+    join_port, port = _free_port(), _free_port()
+    workers: list[WorkerProcess] = []
+    a = spawn_worker("a", "0-9,10-19")
+    workers.append(a)
+    cfg = {
+        "server": {"host": "127.0.0.1", "port": port},
+        "store": {"url": f"sqlite:///{tmp_path / 'ethen.db'}"},
+        "providers": [{"id": "mesh", "kind": "mesh", "workers": {"a": a.address}, "start_timeout_s": 0.0,
+                       "join": f"127.0.0.1:{join_port}", "member_expiry_s": EXPIRY_S}],
+        "routes": [{"model": "smollm2-135m-instruct", "provider": "mesh"}],
+        "api_keys": [{"name": "test", "sha256": hash_key(KEY)}],
+    }
+    config = tmp_path / "gateway.toml"
+    config.write_text(tomli_w.dumps(cfg))
+    log = tmp_path / "gateway.log"
+    cmd = [sys.executable, "-m", "ethen", "gateway", "--config", str(config), "--workers", "2"]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}/api/gateway/v1"
+    try:
+        def both_started() -> bool:
+            assert proc.poll() is None, log.read_text()
+            text = log.read_text()
+            return "workers may join on port" in text and "another process serves it" in text
+        _until(both_started, 120, "one child serves the registry, the other reads the store's membership")
+        assert log.read_text().count("workers may join on port") == 1
+        workers.append(spawn_worker("m", "20-29", extra_args=["--join", f"127.0.0.1:{join_port}"]))
+        time.sleep(1.5)  # both children polled the store (every 0.5 s) and Health-polled m
+        codes = [httpx.get(f"{base}/healthz", timeout=5).status_code for _ in range(20)]  # new connections
+        assert codes == [200] * 20, codes
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+        for w in workers:
+            w.stop()
 
 
 # ---- the store unreachable (Postgres through a relay the test kills) ---------------------------------------
