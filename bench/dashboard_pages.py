@@ -13,6 +13,9 @@ Measured, per gateway:
   (4 pages of 500 full rows through ``/requests``, one sample = the 4 calls); with each, the gateway
   process's CPU time per call (``/proc/PID/stat``, all threads: the SQLite reads run in aiosqlite's): what
   an idle core would take, which the wall times on a shared, loaded VM do not show;
+- in process, on the filled file, the Candidates page's data (the last hour's attempts, bucketed): now
+  (``attempts_between``: the ``request_attempts`` table) and, as the in-run baseline, what it was before
+  (the rows' JSON attempt lists unnested by SQLite);
 - if Chromium is at ``/usr/bin/chromium`` (and the ``playwright`` package is there): each page in a real
   browser, from the click on its tab (after a fresh ``/ui`` load) until its content is drawn (table rows,
   chart canvases), median of ``--browser-repeat``; ``/ui`` itself from navigation until the request table is
@@ -157,6 +160,53 @@ async def fill(db: Path, n: int, spread_s: float) -> None:
         await st.aclose()
 
 
+#: the Candidates data before the attempts table (the baseline, measured in the same run on the same file):
+#: the window's newest rows' JSON attempt lists unnested by SQLite
+OLD_ATTEMPTS_SQL = """WITH r AS (SELECT at, attempts FROM request_log WHERE at >= :since AND at < :until
+ORDER BY at DESC LIMIT :cap)
+SELECT (julianday(r.at) - 2440587.5) * 86400.0, json_extract(j.value, '$.candidate'),
+       json_extract(j.value, '$.provider'), json_extract(j.value, '$.outcome') = 'ok',
+       json_extract(j.value, '$.latency_ms')
+FROM r, json_each(r.attempts) AS j"""
+
+
+async def candidates_data(db: Path, repeat: int) -> dict[str, list[float]]:
+    """In process, on the filled file: the Candidates page's data for the last hour (query + bucketing into 24
+    buckets), before (JSON unnesting) and now (``attempts_between``: the attempts table), alternated."""
+    from sqlalchemy import bindparam, text
+
+    from ethen.gateway.observe_data import bucket_attempts
+    from ethen.store import Store
+    from ethen.store.requests import request_log
+    from ethen.store.requeststats import attempts_between
+
+    st = await Store.open(f"sqlite:///{db}")
+    out: dict[str, list[float]] = {"before": [], "now": []}
+    try:
+        for _ in range(repeat):
+            hi = datetime.now(UTC)
+            lo = hi - timedelta(seconds=3600)
+            t0 = time.perf_counter()
+            typ = request_log.c.at.type
+            stmt = text(OLD_ATTEMPTS_SQL).bindparams(bindparam("since", lo, type_=typ),
+                                                     bindparam("until", hi, type_=typ), cap=20_000)
+            async with st.engine.connect() as conn:
+                rows = (await conn.execute(stmt)).all()
+            old = [(float(t), str(c), str(p or c.partition("/")[0]), bool(ok),
+                    float(lat) if lat is not None else None) for t, c, p, ok, lat in rows if c]
+            bucket_attempts(old, lo.timestamp(), 150.0, 24)
+            t1 = time.perf_counter()
+            new, _, _ = await attempts_between(st, lo, hi, 20_000)
+            bucket_attempts(new, lo.timestamp(), 150.0, 24)
+            t2 = time.perf_counter()
+            assert len(old) == len(new), (len(old), len(new))
+            out["before"].append((t1 - t0) * 1000)
+            out["now"].append((t2 - t1) * 1000)
+    finally:
+        await st.aclose()
+    return out
+
+
 def endpoints(client: httpx.Client) -> list[str]:
     """Every page, static file and JSON endpoint the dashboard's pages call."""
     paths = ["/ui", "/ui/app.js", "/ui/observe.js", "/ui/uplot.iife.min.js", "/ui/uplot.min.css"]
@@ -266,6 +316,8 @@ def main() -> None:
             asyncio.run(fill(db, n, args.spread_s))
             print(f"{name}: {n} rows inserted through insert_requests in {time.perf_counter() - t0:.1f} s",
                   flush=True)
+            if n:
+                results["candidates data"] = asyncio.run(candidates_data(db, args.repeat))
             port = free_port()
             p = subprocess.Popen([sys.executable, "-m", "ethen", "gateway", "--config", str(cfg), "--port",
                                   str(port)], env=env, stdout=(tmp / f"{name}.log").open("wb"),
@@ -302,6 +354,12 @@ def main() -> None:
               f"{args.browser_repeat})")
         for tab, ms in br.items():
             print(f"  {tab:<20} {ms:7.1f}{'' if ms < TARGET_MS else '  > 300 ms'}")
+    cd = results.get("candidates data")
+    if cd:
+        b, w = statistics.median(cd["before"]), statistics.median(cd["now"])
+        print(f"\nCandidates data in process (last hour of {args.rows} rows: query + 24 buckets; median of "
+              f"{args.repeat}, alternated): JSON lists unnested by SQLite (before) {b:.1f} ms, the attempts "
+              f"table (now) {w:.1f} ms: {b / w:.1f}x")
     worst = max(p95 for path, (_, p95, _) in full["http"].items() if path != OLD_SPEND)
     print(f"\nworst HTTP p95 with {args.rows} rows: {worst:.1f} ms (target < {TARGET_MS:.0f} ms per page)")
     if args.json:

@@ -28,6 +28,7 @@ import itertools
 import json
 import math
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +65,7 @@ def _json(obj: Any, status: int = 200) -> Response:
                     headers={"cache-control": "no-store"})
 
 
-async def _attempts(gw: Gateway, since: float, until: float) -> tuple[list[AttemptRow], int, bool]:
+async def _attempts(gw: Gateway, since: float, until: float) -> tuple[Sequence[AttemptRow], int, bool]:
     """The window's attempts, how many rows they came from, and whether older rows were left out."""
     st = gw.requestlog.store()
     lo, hi = datetime.fromtimestamp(since, UTC), datetime.fromtimestamp(until, UTC)

@@ -163,7 +163,12 @@ _BACKFILL = {
 INSERT INTO request_attempts (log_id, seq, at_s, candidate, provider, model, outcome, status, latency_ms)
 SELECT r.id, j.key, CAST(strftime('%s', r.at) AS INTEGER) + CAST(substr(r.at, 20) AS REAL),
        json_extract(j.value, '$.candidate'),
-       coalesce(json_extract(j.value, '$.provider'), ''), coalesce(json_extract(j.value, '$.model'), ''),
+       coalesce(nullif(json_extract(j.value, '$.provider'), ''),
+                CASE WHEN instr(json_extract(j.value, '$.candidate'), '/') > 0
+                     THEN substr(json_extract(j.value, '$.candidate'), 1,
+                                 instr(json_extract(j.value, '$.candidate'), '/') - 1)
+                     ELSE json_extract(j.value, '$.candidate') END),
+       coalesce(json_extract(j.value, '$.model'), ''),
        coalesce(json_extract(j.value, '$.outcome'), ''),
        CASE WHEN json_type(j.value, '$.status') = 'integer' THEN json_extract(j.value, '$.status') END,
        CASE WHEN json_type(j.value, '$.latency_ms') IN ('integer', 'real')
@@ -174,7 +179,8 @@ WHERE j.type = 'object' AND json_type(j.value, '$.candidate') = 'text'
     "postgresql": """
 INSERT INTO request_attempts (log_id, seq, at_s, candidate, provider, model, outcome, status, latency_ms)
 SELECT r.id, j.n - 1, extract(epoch FROM r.at)::float8, j.value ->> 'candidate',
-       coalesce(j.value ->> 'provider', ''), coalesce(j.value ->> 'model', ''),
+       coalesce(nullif(j.value ->> 'provider', ''), split_part(j.value ->> 'candidate', '/', 1)),
+       coalesce(j.value ->> 'model', ''),
        coalesce(j.value ->> 'outcome', ''),
        CASE WHEN json_typeof(j.value -> 'status') = 'number'
             AND (j.value ->> 'status') ~ '^-?[0-9]{1,9}$' THEN (j.value ->> 'status')::int END,
@@ -292,8 +298,8 @@ def encode_row(row: Mapping[str, Any]) -> EncodedRow:
         if not isinstance(cand, str) or not cand:
             continue
         status = a.get("status")
-        out.append((seq, at_s, cand, str(a.get("provider") or ""), str(a.get("model") or ""),
-                    str(a.get("outcome") or ""),
+        provider = str(a.get("provider") or cand.partition("/")[0])  # as the page read it before
+        out.append((seq, at_s, cand, provider, str(a.get("model") or ""), str(a.get("outcome") or ""),
                     status if isinstance(status, int) and not isinstance(status, bool)
                     and abs(status) < 2**31 else None,
                     _number(a.get("latency_ms"))))

@@ -96,8 +96,9 @@ def _expected(logged: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
                 continue
             lat = a.get("latency_ms")
             lat = lat if isinstance(lat, int | float) and not isinstance(lat, bool) else None
-            out.append((r["id"], seq, at_s, a["candidate"], a["provider"], a["model"], a["outcome"],
-                        a["status"], lat))
+            provider = a.get("provider") or a["candidate"].partition("/")[0]  # the page's rule
+            out.append((r["id"], seq, at_s, a["candidate"], provider, a.get("model", ""), a["outcome"],
+                        a.get("status"), lat))
     return out
 
 
@@ -115,7 +116,7 @@ def test_every_attempt_is_a_row_written_with_its_log_row(store_url: str) -> None
     # (``true``) is stored as none
     rows[0]["attempts"] = [{"outcome": "error"}, "junk", {
         "candidate": "alpha/a-large", "provider": "alpha", "model": "a-large", "outcome": "ok", "status": 200,
-        "latency_ms": True}]
+        "latency_ms": True}, {"candidate": "delta/d-1", "outcome": "error", "latency_ms": 4.5}]
 
     async def go(st: Store) -> tuple[list[dict[str, Any]], list[tuple[Any, ...]]]:
         await insert_requests(st, rows[:30])  # plain rows
@@ -128,7 +129,7 @@ def test_every_attempt_is_a_row_written_with_its_log_row(store_url: str) -> None
     assert [r["attempts"] for r in reversed(logged)] == [r["attempts"] for r in rows]
     want = _expected(logged)
     assert len(want) == sum(len(r["attempts"]) for r in rows) - 2 and (logged[-1]["id"], 2) == want[0][:2]
-    assert want[0][8] is None
+    assert want[0][8] is None and want[1][3:6] == ("delta/d-1", "delta", "")  # no provider: the prefix
     _close(got, want)
 
 
@@ -226,7 +227,8 @@ def test_an_upgraded_database_backfills_the_attempts(store_url: str) -> None:
     table when ``0007`` runs at the next start; rows written after it are added by the writer."""
     rows = _rows(50, datetime.now(UTC), 600, seed=6)
     rows[1]["attempts"] = [{"outcome": "error", "latency_ms": 3}, *rows[1]["attempts"],
-                           {"candidate": "", "outcome": "ok"}]
+                           {"candidate": "", "outcome": "ok"}, {"candidate": "delta/d-1", "outcome": "ok"},
+                           {"candidate": "solo", "provider": "", "outcome": "ok", "status": 200}]
     old = [name for name, _ in MIGRATIONS].index("0006_dashboard_sessions") + 1
 
     async def at_0006() -> None:
