@@ -1,5 +1,6 @@
 """Gateway at scale (issue 11): requests/s and p50/p99 overhead of one ``ethen gateway`` without a store, with
-a store and a budgeted key (SQLite, and Postgres when given), and ``--workers 2`` on Postgres + Redis, in one
+a store and a budgeted key (SQLite with the default ``synchronous=NORMAL`` and with ``FULL``, and Postgres
+when given), and ``--workers 2`` on Postgres + Redis, in one
 run, in front of the same scripted upstream (``tests/gateway/upstream.py``, fixed latency).
 
 Load: ``bench/gateway_overhead.py``'s open-loop generator (aiohttp + uvloop in this process; request i
@@ -65,7 +66,7 @@ def project_key(url: str, rpm: int | None = None) -> tuple[str, str]:
 
 
 def write_config(path: Path, upstream: str, store: str | None = None, redis: str | None = None,
-                 project: str | None = None) -> None:
+                 project: str | None = None, synchronous: str | None = None) -> None:
     routes = "".join(f"""
 [[routes]]
 model = "bench-model-{i}"
@@ -89,6 +90,8 @@ sha256 = "{hashlib.sha256(CLIENT_KEY.encode()).hexdigest()}"
 """
     if store:
         text += f'\n[store]\nurl = "{store}"\n'
+        if synchronous is not None:
+            text += f'sqlite_synchronous = "{synchronous}"\n'
     if redis:
         text += f'\n[shared]\nredis_url = "{redis}"\nkey_prefix = "bench{uuid.uuid4().hex[:6]}"\n'
     if redis and project:
@@ -144,10 +147,11 @@ def main() -> None:
                         BODY.replace("ethen/auto", "bench-model"))
         targets: list[Target] = []
 
-        def add(name: str, store: str | None, redis: str | None = None, workers: int = 1) -> None:
+        def add(name: str, store: str | None, redis: str | None = None, workers: int = 1,
+                synchronous: str | None = None) -> None:
             key, project = (CLIENT_KEY, None) if store is None else project_key(store)
-            cfg = tmp / f"{name.split(':')[0]}.toml"
-            write_config(cfg, upstream, store, redis, project)
+            cfg = tmp / f"{name.split(':')[0]}-{len(targets)}.toml"
+            write_config(cfg, upstream, store, redis, project, synchronous)
             base = gateway(f"{name.split(':')[0]}-{len(targets)}", cfg, workers)
             targets.append(Target(name, f"{base}/chat/completions", {"authorization": f"Bearer {key}"}, BODY))
 
@@ -155,6 +159,8 @@ def main() -> None:
         # interleaved rounds, so a load change on the machine hits all of them alike
         add("a: 1 process, no store", None)
         add("b: 1 process, SQLite store, budgeted key", f"sqlite:///{tmp / 'b.db'}")
+        add("b: 1 process, SQLite FULL (fsync per commit), budgeted key", f"sqlite:///{tmp / 'bf.db'}",
+            synchronous="FULL")
         if args.pg:
             add("b: 1 process, Postgres store, budgeted key", args.pg)
         if args.redis:

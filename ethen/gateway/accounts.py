@@ -189,6 +189,10 @@ def credible_usage(candidate: Candidate, usage: Usage, req: Requirements | None 
     return c <= max_completion_tokens(candidate, req) and p <= prompt_limit
 
 
+async def _nothing() -> None:
+    return None
+
+
 class Hold:
     """One admitted request's budget hold: settle it (served) or release it (not served), exactly once.
     Both run shielded from cancellation (a client that disconnects must not leave the ledger behind)."""
@@ -229,13 +233,33 @@ class Hold:
         return True
 
     async def settle(self, candidate: Candidate, usage: Usage | None) -> None:
-        if self._done:
-            return
-        self._done = True
-        with anyio.CancelScope(shield=True):
-            await self._settle(candidate, usage)
+        await self.settle_soon(candidate, usage)
 
-    async def _settle(self, candidate: Candidate, usage: Usage | None) -> None:
+    def settle_soon(self, candidate: Candidate, usage: Usage | None) -> Awaitable[None]:
+        """Queue the settlement now and return what to await before the answer leaves (its commit): the
+        answer can be built while the ledger commits. Awaiting it raises :class:`AccountsUnavailableError`
+        when the spend could not be recorded."""
+        if self._done:
+            return _nothing()
+        self._done = True
+        try:
+            committed = self._queue(candidate, usage)
+        except StoreError as exc:
+            return self._unavailable(exc)
+        return self._committed(committed)
+
+    async def _committed(self, committed: Awaitable[None]) -> None:
+        try:
+            with anyio.CancelScope(shield=True):
+                await committed
+        except StoreError as exc:
+            await self._unavailable(exc)
+
+    async def _unavailable(self, exc: StoreError) -> None:
+        log.error("request %s: settling spend failed: %s", self._rid, exc.message)
+        raise AccountsUnavailableError("The gateway could not record the request's spend.") from None
+
+    def _queue(self, candidate: Candidate, usage: Usage | None) -> Awaitable[None]:
         assert self._store is not None and self._access.principal is not None
         req = self._decision.requirements if self._decision is not None else None
         if usage is not None and not credible_usage(candidate, usage, req):
@@ -263,22 +287,18 @@ class Hold:
                 self._rid, candidate.id, cost, self._reserved_usd,
             )
             cost = self._reserved_usd
-        try:
-            await self._store.settle(
-                self._access.principal.project,
-                reservation_id=self._reservation,
-                request_id=self._rid,
-                key_id=self._access.principal.key_id,
-                provider=candidate.provider,
-                model=candidate.model,
-                prompt_tokens=usage.prompt_tokens if usage else 0,
-                completion_tokens=usage.completion_tokens if usage else 0,
-                cost_usd=cost,
-                estimated=usage is None,
-            )
-        except StoreError as exc:
-            log.error("request %s: settling spend failed: %s", self._rid, exc.message)
-            raise AccountsUnavailableError("The gateway could not record the request's spend.") from None
+        return self._store.settle_soon(
+            self._access.principal.project,
+            reservation_id=self._reservation,
+            request_id=self._rid,
+            key_id=self._access.principal.key_id,
+            provider=candidate.provider,
+            model=candidate.model,
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+            cost_usd=cost,
+            estimated=usage is None,
+        )
 
     async def release(self) -> None:
         if self._done:
@@ -304,8 +324,10 @@ class Accounts:
         lease: timedelta = timedelta(seconds=15),
         instance_id: str | None = None,
         release_dangling: bool = True,
+        sqlite_synchronous: str = "NORMAL",
     ) -> None:
         self.keyring = keyring
+        self.sqlite_synchronous = sqlite_synchronous
         self.store_url = store_url
         self.store: Store | None = None
         self.admission: Admission | None = None  # key cache, grants, group commit
@@ -319,7 +341,7 @@ class Accounts:
         if self.store_url is None or self.store is not None:
             return
         try:
-            self.store = await Store.open(self.store_url)
+            self.store = await Store.open(self.store_url, sqlite_synchronous=self.sqlite_synchronous)
         except StoreError as exc:
             log.error("cannot open the store: %s", exc.message)
             raise GatewayConfigError(f"store: {exc.message}") from None
@@ -471,4 +493,5 @@ def accounts_for(cfg: GatewayConfig, keyring: KeyRing, env: Mapping[str, str] | 
         lease=timedelta(seconds=sc.lease_s),
         instance_id=sc.instance_id,
         release_dangling=sc.release_dangling,
+        sqlite_synchronous=sc.sqlite_synchronous,
     )

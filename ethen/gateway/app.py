@@ -85,7 +85,7 @@ from ethen.gateway.errors import (
     RequestTooLargeError,
     http_status,
 )
-from ethen.gateway.execute import Attempt, Executor, RouteTarget, StreamRun
+from ethen.gateway.execute import Attempt, BufferedRun, Executor, RouteTarget, StreamRun
 from ethen.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from ethen.gateway.observe import observe_routes
 from ethen.gateway.pipeline import Pipeline, routing_receipt
@@ -367,6 +367,12 @@ def create_app(
 
     async def chat(request: Request) -> Response:
         call = pipe.start(request)
+
+        def render(res: BufferedRun) -> bytes:
+            out = res.body
+            out["ethen"] = {"routing": call.receipt(res.attempts, res.target, res.receipt_extra)}
+            return dumps(out)
+
         try:
             await pipe.admit(call, request)  # auth, parse, decide, rate limits, budget hold
             assert call.decision is not None and call.hold is not None
@@ -376,10 +382,8 @@ def create_app(
                     call.decision, run, call.include_usage, call.rid, call.t0, call.label, call.hold,
                     pipe.stream_end(call),
                 )
-            res = await pipe.run_buffered(call)  # settled before the answer leaves: durable spend
-            out = res.body
-            out["ethen"] = {"routing": call.receipt(res.attempts, res.target, res.receipt_extra)}
-            return Response(dumps(out), 200, pipe.served(call, res.upstream_s), media_type=_JSON)
+            res, content = await pipe.run_buffered(call, render)  # settled before the answer leaves
+            return Response(content, 200, pipe.served(call, res.upstream_s), media_type=_JSON)
         except GatewayError as err:
             return pipe.failed(call, err)
 

@@ -43,7 +43,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ethen.gateway.errors import GatewayError, InvalidRequestError
-from ethen.gateway.execute import StreamRun
+from ethen.gateway.execute import BufferedRun, StreamRun
 from ethen.gateway.pipeline import Call, Pipeline
 from ethen.gateway.relay import StreamRelay
 from ethen.gateway.sse import DONE_FRAME, dumps, encode_json
@@ -206,10 +206,14 @@ def completions_endpoint(pipe: Pipeline) -> Callable[[Request], Awaitable[Respon
             await pipe.admit(call, request, to_chat)
             if call.stream:
                 return _stream(pipe, call, await pipe.open_stream(call))
-            res = await pipe.run_buffered(call)
-            out = from_chat(res.body, f"cmpl-{uuid.uuid4().hex}")
-            out["ethen"] = {"routing": call.receipt(res.attempts, res.target, res.receipt_extra)}
-            return Response(dumps(out), 200, pipe.served(call, res.upstream_s), media_type="application/json")
+
+            def render(res: BufferedRun) -> bytes:
+                out = from_chat(res.body, f"cmpl-{uuid.uuid4().hex}")
+                out["ethen"] = {"routing": call.receipt(res.attempts, res.target, res.receipt_extra)}
+                return dumps(out)
+
+            res, content = await pipe.run_buffered(call, render)
+            return Response(content, 200, pipe.served(call, res.upstream_s), media_type="application/json")
         except GatewayError as err:
             return pipe.failed(call, err)
 

@@ -8,8 +8,9 @@ requirements, fallback chain, budgets (reserve and settle), telemetry, metrics a
   Responses body becomes a chat-completions body), checks ``stream`` / ``stream_options``, decides and
   reserves the estimated cost. It fills a :class:`Call` as it goes, so a failure still has the model label
   and stream flag the metrics need.
-- :meth:`Pipeline.run_buffered` (settled before it returns: durable spend before the answer leaves) and
-  :meth:`Pipeline.open_stream` run the executor under the budget hold.
+- :meth:`Pipeline.run_buffered` (it renders the answer while the spend's ledger entry commits, and returns
+  once committed: durable spend before the answer leaves) and :meth:`Pipeline.open_stream` run the executor
+  under the budget hold.
 - :meth:`Pipeline.failed` turns a :class:`~ethen.gateway.errors.GatewayError` into the OpenAI error envelope
   and counts it.
 - Every finished request (:meth:`Pipeline.served`, :meth:`Pipeline.failed`, and a stream's end through
@@ -159,13 +160,20 @@ class Pipeline:
         call.admitted_s = time.perf_counter() - call.t0
         return call
 
-    async def run_buffered(self, call: Call) -> BufferedRun:
-        """Run the chain buffered; the spend is settled before this returns."""
+    async def run_buffered(
+        self, call: Call, render: Callable[[BufferedRun], bytes]
+    ) -> tuple[BufferedRun, bytes]:
+        """Run the chain buffered and render the answer: ``render`` runs while the spend's ledger entry
+        commits, and the commit is awaited before this returns (durable spend before the answer leaves)."""
         assert call.hold is not None and call.decision is not None and call.payload is not None
         res = await call.hold.guard(self.gw.executor.run_buffered(call.decision, call.payload, call.rid))
-        await call.hold.settle(res.target.candidate, res.usage)
         call.res = res
-        return res
+        committed = call.hold.settle_soon(res.target.candidate, res.usage)
+        try:
+            content = render(res)
+        finally:
+            await committed
+        return res, content
 
     async def open_stream(self, call: Call) -> StreamRun:
         """Open a stream on the chain (its first chunk read); the caller's relay settles it."""

@@ -382,10 +382,18 @@ class _CorrectingHold(Hold):
             raise
 
     async def settle(self, candidate: Candidate, usage: Usage | None) -> None:
-        try:
-            await self._inner.settle(candidate, usage)
-        finally:
-            self._fix(_used(usage, self._ticket))
+        await self.settle_soon(candidate, usage)
+
+    def settle_soon(self, candidate: Candidate, usage: Usage | None) -> Awaitable[None]:
+        committed = self._inner.settle_soon(candidate, usage)
+
+        async def wait() -> None:
+            try:
+                await committed
+            finally:
+                self._fix(_used(usage, self._ticket))
+
+        return wait()
 
     async def settle_or_log(self, candidate: Candidate, usage: Usage | None) -> bool:
         try:

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ethen.gateway.errors import GatewayError
-from ethen.gateway.execute import StreamRun
+from ethen.gateway.execute import BufferedRun, StreamRun
 from ethen.gateway.pipeline import Call, Pipeline
 from ethen.gateway.relay import StreamRelay
 from ethen.gateway.responses import Echo, from_chat, new_id, to_chat
@@ -84,10 +84,13 @@ def responses_endpoint(pipe: Pipeline) -> Callable[[Request], Awaitable[Response
             if call.stream:
                 run = await pipe.open_stream(call)
                 return _stream(pipe, call, run, ResponsesEvents(resp_id, created, echoes[0]))
-            res = await pipe.run_buffered(call)
-            out = from_chat(res.body, echoes[0], resp_id, created)
-            out["ethen"] = {"routing": call.receipt(res.attempts, res.target, res.receipt_extra)}
-            content = dumps(out)
+
+            def render(res: BufferedRun) -> bytes:
+                out = from_chat(res.body, echoes[0], resp_id, created)
+                out["ethen"] = {"routing": call.receipt(res.attempts, res.target, res.receipt_extra)}
+                return dumps(out)
+
+            res, content = await pipe.run_buffered(call, render)
             return Response(content, 200, pipe.served(call, res.upstream_s), media_type="application/json")
         except GatewayError as err:
             return pipe.failed(call, err)

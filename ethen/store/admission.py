@@ -448,7 +448,12 @@ class Admission:
             self._grant(ticket.project_id).reserved -= ticket.amount_nano
 
     # -- settlement (group commit) ---------------------------------------------------------------------
-    async def settle(
+    async def settle(self, project: Project, **kw: Any) -> None:
+        """Append the actual cost to the ledger and move it out of the grant; returns once committed (the
+        arguments of :meth:`settle_soon`)."""
+        await self.settle_soon(project, **kw)
+
+    def settle_soon(
         self,
         project: Project,
         *,
@@ -462,8 +467,9 @@ class Admission:
         cost_usd: float,
         estimated: bool = False,
         now: datetime | None = None,
-    ) -> None:
-        """Append the actual cost to the ledger and move it out of the grant; returns once committed."""
+    ) -> asyncio.Future[None]:
+        """Queue the settlement now (the ledger row, and the cost moved out of the grant); the future is done
+        once it is committed, so the caller can build its answer meanwhile and await it before sending."""
         row = {
             "request_id": request_id,
             "project_id": project.id,
@@ -478,9 +484,8 @@ class Admission:
         }
         ticket = reservation_id
         if ticket is None:
-            await self._writer.submit(row, None, 0)
-        else:
-            await self._writer.submit(row, ticket.project_id, ticket.amount_nano)
+            return self._writer.enqueue(row, None, 0)
+        return self._writer.enqueue(row, ticket.project_id, ticket.amount_nano)
 
     def _applied(self, batch: list[Entry]) -> None:
         for e in batch:

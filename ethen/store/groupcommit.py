@@ -9,15 +9,15 @@ one of its callers with the store's error (:class:`~ethen.store.errors.StoreErro
 Where the time went, and what the writer does about it (measured with ``bench/store_admission.py`` and a
 profile of the writer thread; a one-entry batch on SQLite ``NORMAL``, whose commit itself is ~0.17 ms):
 
-- **SQLite**: aiosqlite hops to its thread and back for every statement, so the writer runs each batch as
-  one call in a dedicated thread. There, SQLAlchemy Core's per-statement execution (events, compiled-cache
-  lookup, parameter processing, result set-up) cost ~0.6 ms per batch, more than the commit; the batch now
-  goes to the DBAPI connection directly: ``BEGIN IMMEDIATE``, three ``executemany`` of SQL compiled once
-  from the schema with prepared parameter tuples (the ``at`` column through SQLAlchemy's own bind
-  processor, so rows are stored exactly as before), ``COMMIT``. The thread keeps one connection open (same
-  file and settings: WAL, the configured ``synchronous``), which this process's other write transactions
-  (claims, heartbeats, the request log) share through :meth:`GroupCommit.transaction`, so they never
-  contend for SQLite's write lock.
+- **SQLite**: aiosqlite hops to its thread and back for every statement, and SQLAlchemy Core's
+  per-statement execution (events, compiled-cache lookup, parameter processing, result set-up) cost ~0.6 ms
+  per batch, more than the commit; the batch goes to the DBAPI connection directly: ``BEGIN IMMEDIATE``,
+  three ``executemany`` of SQL compiled once from the schema with prepared parameter tuples (the ``at``
+  column through SQLAlchemy's own bind processor, so rows are stored exactly as before), ``COMMIT``. It runs
+  on the process's one write connection (:mod:`ethen.store.sqlite_writer`: statements on the event loop,
+  an fsyncing ``COMMIT`` on its thread), which this process's other write transactions (claims,
+  heartbeats, the request log) share through :meth:`GroupCommit.transaction`, so they never contend for
+  SQLite's write lock.
 - **Postgres**: a batch is one statement (``_PG_BATCH``: data-modifying CTEs, arrays of the batch's rows)
   sent in autocommit on a connection the writer keeps checked out: one round trip per batch. Checking a
   pooled connection out per batch added the pool's pre-ping (a second round trip); the kept connection is
@@ -28,21 +28,20 @@ profile of the writer thread; a one-entry batch on SQLite ``NORMAL``, whose comm
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, bindparam, update
+from sqlalchemy import Connection, bindparam, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from . import schema as s
-from .engine import WRITE_OPTION, boundary, sqlite_thread_engine
+from .engine import boundary
 from .errors import StoreError, StoreUnavailableError
+from .sqlite_writer import SqliteWriter
 from .store import Store
 
 __all__ = ["MAX_BATCH", "Entry", "GroupCommit"]
@@ -186,9 +185,7 @@ class GroupCommit:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._thread: ThreadPoolExecutor | None = None
-        self._sync: Engine | None = None
-        self._conn: Connection | None = None  # SQLite: the writer thread's connection (used there only)
+        self._sqlite: SqliteWriter | None = None  # SQLite: the one write connection of the process
         self._pg: AsyncConnection | None = None  # Postgres: the connection kept for batches
         self._pg_raw: Any = None  # and its asyncpg connection
         self._pg_used = 0.0
@@ -198,8 +195,7 @@ class GroupCommit:
 
     def start(self) -> None:
         if self.store.dialect == "sqlite":
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="ethen-ledger")
-            self._sync = sqlite_thread_engine(self.store.engine)
+            self._sqlite = SqliteWriter(self.store.engine)
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
@@ -212,80 +208,39 @@ class GroupCommit:
         await self._drop_pg(invalidate=False)
 
     def dispose(self) -> None:
-        """Stop the SQLite thread, its connection and its engine (after :meth:`stop`)."""
-        if self._thread is not None:
-            self._thread.submit(self._close_conn).result()
-            self._thread.shutdown(wait=True)
-            self._thread = None
-        if self._sync is not None:
-            self._sync.dispose()
-            self._sync = None
+        """Close the SQLite writer connection, its threads and its engine (after :meth:`stop`)."""
+        if self._sqlite is not None:
+            self._sqlite.close()
+            self._sqlite = None
 
     async def aclose(self) -> None:
         await self.stop()
         self.dispose()
 
     async def transaction(self, fn: Callable[[Connection], T], what: str) -> T:
-        """Run ``fn`` in one write transaction. On SQLite it runs on the writer's thread and connection, so
+        """Run ``fn`` in one write transaction. On SQLite it runs on the writer's connection (its thread), so
         this process's claims, heartbeats and ledger batches never contend for SQLite's write lock (a
         contended ``BEGIN IMMEDIATE`` sleeps in SQLite's busy handler, up to 100 ms at a time)."""
         with boundary(what):
-            if self._thread is not None:
-                return await asyncio.get_running_loop().run_in_executor(self._thread, self._in_thread, fn)
+            if self._sqlite is not None:
+                return await self._sqlite.run(fn)
             async with self.store.writer.begin() as conn:
                 return await conn.run_sync(fn)
 
-    # -- the SQLite thread -----------------------------------------------------------------------------
-    def _thread_conn(self) -> Connection:
-        conn = self._conn
-        if conn is None or conn.closed or conn.invalidated:
-            if conn is not None:
-                conn.close()
-            assert self._sync is not None
-            conn = self._conn = self._sync.connect().execution_options(**{WRITE_OPTION: True})
-        return conn
-
-    def _close_conn(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def _in_thread(self, fn: Callable[[Connection], T]) -> T:
-        conn = self._thread_conn()
-        with conn.begin():
-            return fn(conn)
-
-    def _commit_sync(self, batch: list[Entry]) -> None:
-        """One SQLite transaction for the batch, on the DBAPI connection (module docstring)."""
-        conn = self._thread_conn()
-        days, rows, grants = sqlite_params(self.instance_id, batch)
-        raw: Any = conn.connection.driver_connection
-        try:
-            raw.execute("BEGIN IMMEDIATE")
-            raw.executemany(_SQLITE_DAY, days)
-            raw.executemany(_SQLITE_LEDGER, rows)
-            if grants:
-                raw.executemany(_SQLITE_GRANT, grants)
-            raw.execute("COMMIT")
-        except BaseException as exc:
-            try:
-                if raw.in_transaction:
-                    raw.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            if not isinstance(exc, sqlite3.IntegrityError):
-                conn.invalidate()  # a fresh connection for the next batch (e.g. after a disk I/O error)
-            raise
-
     # -- the writer task -------------------------------------------------------------------------------
-    async def submit(self, row: dict[str, Any], grant_project: int | None, held_nano: int) -> None:
-        """Queue one settlement and wait until its batch is committed (raises the store error otherwise)."""
+    def enqueue(self, row: dict[str, Any], grant_project: int | None, held_nano: int) -> asyncio.Future[None]:
+        """Queue one settlement now; the future is done when its batch is committed (or has the store error).
+        Raises :class:`StoreUnavailableError` at once when the writer is not running."""
         if self._task is None or self._closing:
             raise StoreUnavailableError("settle spend: the ledger writer is not running")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append(Entry(row, grant_project, held_nano, fut))
         self._wake.set()
-        await fut
+        return fut
+
+    async def submit(self, row: dict[str, Any], grant_project: int | None, held_nano: int) -> None:
+        """Queue one settlement and wait until its batch is committed (raises the store error otherwise)."""
+        await self.enqueue(row, grant_project, held_nano)
 
     async def _run(self) -> None:
         while True:
@@ -314,8 +269,10 @@ class GroupCommit:
 
     async def _commit(self, batch: list[Entry]) -> None:
         with boundary("settle spend"):
-            if self._thread is not None:
-                await asyncio.get_running_loop().run_in_executor(self._thread, self._commit_sync, batch)
+            if self._sqlite is not None:
+                days, rows, grants = sqlite_params(self.instance_id, batch)
+                await self._sqlite.batch([(_SQLITE_DAY, days), (_SQLITE_LEDGER, rows),
+                                          (_SQLITE_GRANT, grants)])
                 return
             args = _pg_args(self.instance_id, batch)
             for attempt in range(3):  # a deadlock victim is rolled back whole: retrying is safe

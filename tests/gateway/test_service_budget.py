@@ -315,9 +315,15 @@ def test_bad_store_config_names_the_key(tmp_path: Path) -> None:
         parse_config({**base, "store": {**sq, "lease_s": "abc"}})
     with pytest.raises(GatewayConfigError, match=r"store\.instance_id = 'bad id!': .*pattern"):
         parse_config({**base, "store": {**sq, "instance_id": "bad id!"}})
+    with pytest.raises(GatewayConfigError,
+                       match=r"store\.sqlite_synchronous = 'OFF': .*'FULL', 'NORMAL' or 'EXTRA'"):
+        parse_config({**base, "store": {**sq, "sqlite_synchronous": "OFF"}})
+    full = parse_config({**base, "store": {**sq, "sqlite_synchronous": "FULL"}}).store
+    assert full is not None and full.sqlite_synchronous == "FULL"
     # with a store, config keys are optional (project keys come from the database)
     cfg = parse_config({**base, "api_keys": [], "store": {"url": f"sqlite:///{tmp_path}/x.db"}})
     assert cfg.store is not None and cfg.api_keys == []
+    assert cfg.store.sqlite_synchronous == "NORMAL"  # the default (ethen.store.sqlite_writer)
 
 
 def test_client_gone_mid_stream_settles_the_estimate_and_releases(db_url: str) -> None:
