@@ -275,7 +275,9 @@ class EncodedRow:
     attempts: tuple[tuple[Any, ...], ...]
 
 
-_dumps = json.dumps  # what SQLAlchemy's JSON type used (no json_serializer is configured on the engines)
+#: ``json.dumps``'s text (what SQLAlchemy's JSON type stored: the engines configure no ``json_serializer``),
+#: without its cycle check (a row holds no cycles; one would fail the row with a RecursionError)
+_dumps = json.JSONEncoder(check_circular=False).encode
 _PLAIN = COLUMNS[:-2]
 
 
