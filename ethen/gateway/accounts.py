@@ -227,9 +227,12 @@ class Hold:
             raise
 
     async def settle_or_log(self, candidate: Candidate, usage: Usage | None) -> bool:
-        """:meth:`settle`, for places that cannot answer with an error status any more (a started stream)."""
+        """:meth:`settle`, for places that cannot answer with an error status any more (a started stream). It
+        runs to its end even in a cancelled scope (a client gone mid-stream), so what follows it (the stream's
+        metrics and request-log record) runs too."""
         try:
-            await self.settle(candidate, usage)
+            with anyio.CancelScope(shield=True):
+                await self.settle(candidate, usage)
         except AccountsUnavailableError:
             return False
         return True
