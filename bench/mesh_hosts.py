@@ -50,6 +50,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse
 import itertools
+import socket
 import statistics
 import sys
 import threading
@@ -159,18 +160,42 @@ def until_dead(orch: Orchestrator, node: str, t0: float, timeout_s: float = 5.0)
     return float("nan")
 
 
-def configs(spec: str) -> list[tuple[int, bool]]:
-    """``"1,4,4u"`` -> [(1, True), (4, True), (4, False)]: lanes, and ``u`` for lanes left unstaggered."""
-    out: list[tuple[int, bool]] = []
-    for word in spec.split(","):
-        out.append((int(word.rstrip("u")), not word.endswith("u")))
+def configs(spec: str, planes: list[str]) -> list[tuple[str, int, bool]]:
+    """``"1,4,4u"`` -> [(plane, 1, True), (plane, 4, True), (plane, 4, False)] per data plane: lanes, and
+    ``u`` for lanes left unstaggered (star only: the chain has no per-stage call to stagger)."""
+    out: list[tuple[str, int, bool]] = []
+    for plane in planes:
+        for word in spec.split(","):
+            key = (plane, int(word.rstrip("u")), plane == "star" and not word.endswith("u"))
+            if key not in out:
+                out.append(key)
     return out
 
 
-def label(lanes: int, stagger: bool) -> str:
-    if lanes == 1:
-        return "1 lane"
-    return f"{lanes} lanes" + (", staggered" if stagger else ", unstaggered")
+def label(plane: str, lanes: int, stagger: bool) -> str:
+    if lanes == 1 or plane == "chain":
+        return f"{plane}, {lanes} lane" + ("s" if lanes > 1 else "")
+    return f"{plane}, {lanes} lanes" + (", staggered" if stagger else ", unstaggered")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def load_orchestrator(hosts: Hosts, addresses: dict[str, str], plane: str, lanes: int,
+                      progress_timeout_s: float) -> Orchestrator:
+    """A star orchestrator, or a chain one whose receiver sits behind a delaying relay in the root namespace
+    (so the last hop's delivery pays the one-way delay like every other crossing)."""
+    if plane == "star":
+        return Orchestrator.load(addresses, round_lanes=lanes, progress_timeout_s=progress_timeout_s).start()
+    port = free_port()
+    relay = hosts.root_relay(port)
+    return Orchestrator.load(addresses, round_lanes=lanes, progress_timeout_s=progress_timeout_s,
+                             data_plane="chain", chain_listen=f"127.0.0.1:{port}",
+                             chain_advertise=relay.address).start()
 
 
 def main() -> None:
@@ -182,11 +207,13 @@ def main() -> None:
     ap.add_argument("--delays", default="0,5,20", help="one-way delays per link, ms")
     ap.add_argument("--repeat", type=int, default=3, help="measurements per configuration (medians)")
     ap.add_argument("--no-detection", action="store_true", help="skip the detection measurements")
+    ap.add_argument("--planes", default="star,chain", help="data planes to measure (star, chain)")
     args = ap.parse_args()
     reason = unavailable_reason()
     if reason:
         sys.exit(f"mesh_hosts: {reason}")
-    cfgs = configs(args.lanes)
+    planes = args.planes.split(",")
+    cfgs = configs(args.lanes, planes)
     delays = [float(x) for x in args.delays.split(",")]
     with Hosts(3) as hosts:
         for i, (node, layers) in enumerate(LAYOUT.items()):
@@ -194,22 +221,22 @@ def main() -> None:
         addresses = {node: hosts[i].address for i, node in enumerate(LAYOUT)}
         # a generous progress deadline: on a saturated VM 8 queued prefills can pass the 5 s default (the
         # stuck-node measurement below uses 2 s)
-        orchs = {n: Orchestrator.load(addresses, round_lanes=n, progress_timeout_s=30.0).start()
-                 for n in {1, *(n for n, _ in cfgs)}}
+        orchs = {(plane, n): load_orchestrator(hosts, addresses, plane, n, 30.0)
+                 for plane, n in {("star", 1), *((p, 1) for p in planes), *((p, n) for p, n, _ in cfgs)}}
         try:
-            base = orchs[1]
+            base = orchs[("star", 1)]
             ids = base.chat_prompt(PROMPT)
             rec = Recorder(base)
             route = pipeline_route(base, len(ids))
             print(f"route {' -> '.join(f'{s.node_id} {s.first}-{s.last}' for s in route.stages)}; prompt "
                   f"{len(ids)} tokens; {args.tokens} decode steps per session; medians of {args.repeat}")
             m: dict[float, dict[str, list[float]]] = {d: defaultdict(list) for d in delays}
-            aggs: dict[float, dict[tuple[int, bool], list[float]]] = {d: defaultdict(list) for d in delays}
+            aggs: dict[float, dict[tuple[str, int, bool], list[float]]] = {
+                d: defaultdict(list) for d in delays}
             rtts: dict[float, list[float]] = {}
             for _ in range(args.repeat):  # delays interleaved: a ratio pairs figures taken close together
                 for delay in delays:
-                    for h in hosts.hosts:
-                        h.set_delay(delay)
+                    hosts.set_delay(delay)  # the workers' relays and the chain receivers' relays
                     rtts[delay] = [h.echo_rtt_ms(9) for h in hosts.hosts]
                     decode(base, ids, 4, route)  # warm
                     rec.reset()
@@ -223,11 +250,17 @@ def main() -> None:
                     m[delay]["rpc"].append(sum(statistics.median(rec.rest_ms[n]) - rtt
                                                for n, rtt in zip(PIPELINE, rtts[delay], strict=True)))
                     m[delay]["head"].append(head_ms(base))
-                    for n, stagger in cfgs:
-                        orch = orchs[n]
+                    if "chain" in planes:  # one session through the chain, against the same limit
+                        chain = orchs[("chain", 1)]
+                        decode(chain, ids, 4, route)
+                        secs, _ = decode(chain, ids, args.tokens, route)
+                        m[delay]["chain_ratio"].append(args.tokens / secs * limit_ms / 1000.0)
+                        m[delay]["chain_step"].append(1000 * secs / args.tokens)
+                    for plane, n, stagger in cfgs:
+                        orch = orchs[(plane, n)]
                         orch.rounds.stagger = stagger and n > 1
-                        aggs[delay][(n, stagger)].append(aggregate(orch, ids, args.sessions, args.tokens,
-                                                                   pipeline_route(orch, len(ids))))
+                        got = aggregate(orch, ids, args.sessions, args.tokens, pipeline_route(orch, len(ids)))
+                        aggs[delay][(plane, n, stagger)].append(got)
             med = statistics.median
             for delay in delays:
                 r = m[delay]
@@ -238,6 +271,11 @@ def main() -> None:
                 runs = ", ".join(f"{100 * x:.0f}" for x in r["ratio"])
                 print(f"  1 session: step {med(r['step']):.1f} ms vs physical limit {med(r['limit']):.1f} ms "
                       f"-> {100 * med(r['ratio']):.0f} % of it (runs {runs} %)")
+                if r["chain_step"]:
+                    runs = ", ".join(f"{100 * x:.0f}" for x in r["chain_ratio"])
+                    print(f"  1 session, chain: step {med(r['chain_step']):.1f} ms -> "
+                          f"{100 * med(r['chain_ratio']):.0f} % of the same limit (runs {runs} %); "
+                          f"star/chain step time {med(r['step']) / med(r['chain_step']):.2f}x")
                 rest = med(r["step"]) - med(r["limit"]) - med(r["head"]) - med(r["rpc"])
                 print(f"    beyond the limit, per token: head (norm + [1, d] x [d, V]) {med(r['head']):.1f} "
                       f"ms; 3 RPCs beyond the echo round trip {med(r['rpc']):.1f} ms; rest {rest:.1f} ms")
@@ -255,30 +293,32 @@ def main() -> None:
                 print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
                 return
             # ---- detection, at 5 ms ----------------------------------------------------------------------
-            for h in hosts.hosts:
-                h.set_delay(5)
+            hosts.set_delay(5)
             _ref_secs, reference = decode(base, ids, args.tokens, route)
-            stuck = Orchestrator.load(addresses, progress_timeout_s=2.0).start()
-            try:
-                session = stuck.open_session(len(ids), route=pipeline_route(stuck, len(ids)))
-                tok = int(np.argmax(session.step(ids)))
-                out, stamps = [tok], [time.perf_counter()]
-                for i in range(args.tokens):
-                    if i == 5:
-                        hosts[1].stop_worker()  # b: alive, no progress
-                    tok = int(np.argmax(session.step([tok])))
-                    out.append(tok)
-                    stamps.append(time.perf_counter())
-                session.close()
-                gap = max(y - x for x, y in itertools.pairwise(stamps))
-                lost = sum(1 for x, y in zip(out, reference, strict=True) if x != y)
-                print(f"\nstuck node (SIGSTOP b mid-decode, progress_timeout_s 2): longest gap between "
-                      f"tokens {gap:.2f} s; failovers {[f.failed_node for f in session.failovers]}; replayed "
-                      f"{session.replayed_positions} positions; tokens differing from the uninterrupted run: "
-                      f"{lost} of {len(out)}")
-            finally:
-                hosts[1].continue_worker()
-                stuck.close()
+            for plane in planes:
+                time.sleep(1.5)  # b answers Health again
+                stuck = load_orchestrator(hosts, addresses, plane, 1, 2.0)
+                try:
+                    session = stuck.open_session(len(ids), route=pipeline_route(stuck, len(ids)))
+                    tok = int(np.argmax(session.step(ids)))
+                    out, stamps = [tok], [time.perf_counter()]
+                    for i in range(args.tokens):
+                        if i == 5:
+                            hosts[1].stop_worker()  # b: alive, no progress
+                        tok = int(np.argmax(session.step([tok])))
+                        out.append(tok)
+                        stamps.append(time.perf_counter())
+                    session.close()
+                    gap = max(y - x for x, y in itertools.pairwise(stamps))
+                    lost = sum(1 for x, y in zip(out, reference, strict=True) if x != y)
+                    failed = [f.failed_node for f in session.failovers]
+                    print(f"\n{plane}: stuck node (SIGSTOP b mid-decode, progress_timeout_s 2): longest gap "
+                          f"between tokens {gap:.2f} s; failovers {failed}; "
+                          f"replayed {session.replayed_positions} positions; tokens differing from the "
+                          f"uninterrupted run: {lost} of {len(out)}")
+                finally:
+                    hosts[1].continue_worker()
+                    stuck.close()
             time.sleep(1.5)  # b answers Health again
             t0 = time.monotonic()
             hosts[0].partition()

@@ -59,6 +59,7 @@ class WorkerClient:
         self._md = creds.metadata
         self._channel = creds.channel(address, _OPTIONS)
         self._stub: Any = mesh_pb2_grpc.MeshWorkerStub(self._channel)  # type: ignore[no-untyped-call]
+        self._pending: set[Any] = set()  # chain calls in flight (set.add/discard are atomic)
 
     @staticmethod
     def _request(session_id: str, first: int, last: int, data: F32, start: int,
@@ -124,15 +125,19 @@ class WorkerClient:
         (:mod:`ethen.mesh.orchestrator.chain`); ``on_error`` gets the mesh error if that call fails."""
 
         def done(future: Any) -> None:
+            self._pending.discard(future)
             if future.cancelled():
                 on_error(NodeUnavailable(self.node_id, "the chain call was cancelled"))
             elif future.exception() is not None:
                 on_error(from_grpc(self.node_id, future.exception()))
 
         try:
-            self._stub.Chain.future(request, timeout=timeout_s, metadata=self._md).add_done_callback(done)
+            future = self._stub.Chain.future(request, timeout=timeout_s, metadata=self._md)
         except (grpc.RpcError, ValueError, RuntimeError) as exc:  # a closed channel
             on_error(NodeUnavailable(self.node_id, f"cannot send the chain call: {exc}"))
+            return
+        self._pending.add(future)  # held until it completes: a dropped future may cancel its call
+        future.add_done_callback(done)
 
     def health(self) -> mesh_pb2.HealthResponse:
         try:

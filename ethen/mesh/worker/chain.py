@@ -44,7 +44,7 @@ from ethen.mesh.worker.errors import SessionNotFoundError, WorkerError, WorkerIn
 if TYPE_CHECKING:
     from ethen.mesh.worker.server import WorkerService
 
-__all__ = ["CAPABILITY_BYTES", "Capabilities", "ChainSender", "handle_chain"]
+__all__ = ["CAPABILITY_BYTES", "Capabilities", "ChainSender", "bind_capability", "handle_chain"]
 
 log = logging.getLogger("ethen.mesh.worker")
 
@@ -157,6 +157,13 @@ class ChainSender:
             stubs, self._stubs = list(self._stubs.values()), {}
         for channel, _, _ in stubs:
             channel.close()
+
+
+def bind_capability(service: WorkerService, capability: bytes, key: str) -> None:
+    """After a successful ``Forward`` carrying ``capability``: bind it to the session ``key`` (if held)."""
+    with service._lock:
+        if key in service.store:
+            service.caps.bind(capability, key, service.store)
 
 
 def handle_chain(service: WorkerService, request: mesh_pb2.ChainRequest, context: Any) -> mesh_pb2.ChainAck:

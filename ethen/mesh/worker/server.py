@@ -67,7 +67,7 @@ from ethen.mesh.auth import ClientCredentials, TokenAuth, TokenInterceptor
 from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
 from ethen.mesh.worker.backend import F32, FragmentBackend
 from ethen.mesh.worker.batching import Job, StepBatcher
-from ethen.mesh.worker.chain import CAPABILITY_BYTES, Capabilities, ChainSender, handle_chain
+from ethen.mesh.worker.chain import CAPABILITY_BYTES, Capabilities, ChainSender, bind_capability, handle_chain
 from ethen.mesh.worker.errors import (
     DeadlineExceededError,
     RequestCancelledError,
@@ -371,7 +371,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             raise AssertionError("unreachable") from exc
         self.health.record_request(queue_ms + compute_ms, ok=True)
         if request.capability:
-            self._bind(request.capability, job.session_id)
+            bind_capability(self, request.capability, job.session_id)
         return self._reply(out, queue_ms, compute_ms, batch)
 
     def ForwardBatch(
@@ -393,7 +393,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             else:
                 assert job.result is not None
                 if request.items[i].capability:
-                    self._bind(request.items[i].capability, job.session_id)
+                    bind_capability(self, request.items[i].capability, job.session_id)
                 results[i] = mesh_pb2.ForwardItemResult(reply=self._reply(
                     job.result, job.queue_ms, job.compute_ms, job.batch_size))
         items = [r for r in results if r is not None]
@@ -402,11 +402,6 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             ok = r.code == 0
             self.health.record_request(r.reply.queue_ms + r.reply.compute_ms if ok else failed_ms, ok=ok)
         return mesh_pb2.ForwardBatchResponse(items=items)
-
-    def _bind(self, capability: bytes, key: str) -> None:
-        with self._lock:
-            if key in self.store:
-                self.caps.bind(capability, key, self.store)
 
     def Chain(self, request: mesh_pb2.ChainRequest, context: Any) -> mesh_pb2.ChainAck:
         """One hop of a worker-to-worker chain (:mod:`ethen.mesh.worker.chain`)."""
