@@ -1,0 +1,217 @@
+"""One admitted request's budget hold: settle it (served) or release it (not served), exactly once.
+
+:class:`Hold` is made by :meth:`ethen.gateway.accounts.Accounts.admit` with the request's reservation; the
+pipeline settles it with the served candidate's usage (:meth:`Hold.settle_soon`: queued at once, awaited
+before the answer leaves) or releases it.
+
+Choices where the spec is silent:
+- **Credible usage** (:func:`credible_usage`): an upstream's report is billed only if its completion tokens
+  are within ``n`` x the request's max output (or the model's when unset), its prompt tokens within
+  ``PROMPT_FACTOR`` (4) x the estimate + ``PROMPT_SLACK_TOKENS`` (1,024: provider-side prompts such as a
+  tool-use preamble; a tokenizer yields at most one token per byte, 3x the bytes/3 estimate), no count is
+  negative and the total is within twice the context window. Otherwise the request settles its served
+  candidate's maximum cost (what its reservation held), the ledger row is flagged ``estimated``, a WARNING is
+  logged and ``ethen_gateway_usage_not_credible_total{provider}`` counts it. Whatever an upstream says, a
+  request's settled cost never exceeds its reservation (a credible report priced above it, from a prompt
+  tokenized above the estimate, settles the reservation), so a project's settled spend never exceeds its
+  budget.
+- **Actual cost** = upstream usage x the served candidate's prices. When the upstream reports no usage (e.g.
+  a stream cut before its usage chunk), the served candidate's *estimated* cost is settled and the ledger row
+  is flagged ``estimated``.
+- A settlement is queued to the ledger writer synchronously (no await before it is queued) and releasing is
+  shielded from cancellation, so a client hanging up mid-stream still settles, and
+  so does one that hangs up before the first byte (the stream's generator settles when the server closes it;
+  ``test_service_budget.py::test_client_gone_before_the_first_byte_settles_and_releases``). A reservation
+  that is somehow never settled (a gateway killed mid-request) stops counting when the process's lease
+  expires (``[store] lease_s``, 15 s; :mod:`ethen.store.admission`): budget is held back that long, never
+  overspent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+import anyio
+
+from ethen.gateway.errors import AccountsUnavailableError
+from ethen.gateway.providers.base import Usage
+from ethen.gateway.routing import Candidate, Decision, Requirements
+from ethen.store import Admission, StoreError, Ticket
+
+if TYPE_CHECKING:
+    from ethen.gateway.accounts import Access
+
+__all__ = [
+    "PROMPT_FACTOR",
+    "PROMPT_SLACK_TOKENS",
+    "Hold",
+    "credible_usage",
+    "max_completion_tokens",
+    "max_cost_usd",
+]
+
+log = logging.getLogger("ethen.accounts")
+T = TypeVar("T")
+#: Reported prompt tokens are credible up to PROMPT_FACTOR x the request's estimate + PROMPT_SLACK_TOKENS.
+PROMPT_FACTOR = 4
+PROMPT_SLACK_TOKENS = 1024
+
+
+def max_completion_tokens(candidate: Candidate, req: Requirements) -> int:
+    """The most completion tokens a request may produce on ``candidate``: ``n`` x its max output (requested,
+    or the model's max output when unset)."""
+    out = req.max_output_tokens if req.max_output_tokens is not None else candidate.info.max_output_tokens
+    return req.choices * out
+
+
+def max_cost_usd(candidate: Candidate, req: Requirements) -> float:
+    """The most a request may cost on ``candidate``: its estimated input plus :func:`max_completion_tokens`,
+    at the candidate's prices (the routing estimate when the request sets ``max_tokens`` and ``n`` <= 1)."""
+    p = candidate.prices
+    out = max_completion_tokens(candidate, req)
+    return (req.input_tokens * p.input_per_mtok + out * p.output_per_mtok) / 1e6
+
+
+def credible_usage(candidate: Candidate, usage: Usage, req: Requirements | None = None) -> bool:
+    """Whether an upstream's reported usage can be billed (module docstring): no negative count, at most
+    twice the model's context window in total, and, given the request's requirements, completion tokens
+    within its max output (the model's when unset) and prompt tokens within ``PROMPT_FACTOR`` x the estimate
+    + ``PROMPT_SLACK_TOKENS``. Beyond that the upstream is wrong (or lying); billing it could overspend."""
+    p, c = usage.prompt_tokens, usage.completion_tokens
+    if p < 0 or c < 0 or p + c > 2 * candidate.info.context_window:
+        return False
+    if req is None:
+        return True
+    prompt_limit = PROMPT_FACTOR * req.input_tokens + PROMPT_SLACK_TOKENS
+    return c <= max_completion_tokens(candidate, req) and p <= prompt_limit
+
+
+async def _nothing() -> None:
+    return None
+
+
+class Hold:
+    """One admitted request's budget hold: settle it (served) or release it (not served), exactly once.
+    Neither can be cut by cancellation (a client that disconnects must not leave the ledger behind)."""
+
+    def __init__(
+        self,
+        store: Admission | None,
+        access: Access,
+        decision: Decision | None,
+        request_id: str,
+        reservation: Ticket | None,
+        reserved_usd: float | None = None,
+        on_not_credible: Callable[[str], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._access = access
+        self._decision = decision
+        self._rid = request_id
+        self._reservation = reservation
+        self._reserved_usd = reserved_usd  # the settled cost's cap (None: no budget, nothing reserved)
+        self._on_not_credible = on_not_credible  # the metric (set by the app)
+        self._done = store is None or access.principal is None
+
+    async def guard(self, work: Awaitable[T]) -> T:
+        """Await ``work``; if it fails (or is cancelled), release the hold and re-raise."""
+        try:
+            return await work
+        except BaseException:
+            await self.release()
+            raise
+
+    async def settle_or_log(self, candidate: Candidate, usage: Usage | None) -> bool:
+        """:meth:`settle`, for places that cannot answer with an error status any more (a started stream). It
+        runs to its end even in a cancelled scope (a client gone mid-stream), so what follows it (the stream's
+        metrics and request-log record) runs too."""
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.settle(candidate, usage)
+        except AccountsUnavailableError:
+            return False
+        return True
+
+    async def settle(self, candidate: Candidate, usage: Usage | None) -> None:
+        await self.settle_soon(candidate, usage)
+
+    def settle_soon(self, candidate: Candidate, usage: Usage | None) -> Awaitable[None]:
+        """Queue the settlement now and return what to await before the answer leaves (its commit): the
+        answer can be built while the ledger commits. Awaiting it raises :class:`AccountsUnavailableError`
+        when the spend could not be recorded."""
+        if self._done:
+            return _nothing()
+        self._done = True
+        try:
+            committed = self._queue(candidate, usage)
+        except StoreError as exc:
+            return self._unavailable(exc)
+        return self._committed(committed)
+
+    async def _committed(self, committed: asyncio.Future[None]) -> None:
+        # the entry is queued already: a cancelled waiter leaves it to commit (asyncio.shield: the waiter's
+        # cancellation does not cancel the writer's future; anyio's CancelScope cost ~0.1 ms per request)
+        try:
+            await asyncio.shield(committed)
+        except StoreError as exc:
+            await self._unavailable(exc)
+
+    async def _unavailable(self, exc: StoreError) -> None:
+        log.error("request %s: settling spend failed: %s", self._rid, exc.message)
+        raise AccountsUnavailableError("The gateway could not record the request's spend.") from None
+
+    def _queue(self, candidate: Candidate, usage: Usage | None) -> asyncio.Future[None]:
+        assert self._store is not None and self._access.principal is not None
+        req = self._decision.requirements if self._decision is not None else None
+        if usage is not None and not credible_usage(candidate, usage, req):
+            log.warning(
+                "request %s: %s reported %d prompt + %d completion tokens, not credible for this request "
+                "(at most %s completion tokens, ~%s estimated prompt tokens); settling its reservation",
+                self._rid, candidate.id, usage.prompt_tokens, usage.completion_tokens,
+                max_completion_tokens(candidate, req) if req else "?", req.input_tokens if req else "?",
+            )
+            if self._on_not_credible is not None:
+                self._on_not_credible(candidate.provider)
+            cost = max_cost_usd(candidate, req) if req is not None else 0.0
+            usage = None
+        elif usage is not None:
+            p = candidate.prices
+            cost = (
+                usage.prompt_tokens * p.input_per_mtok + usage.completion_tokens * p.output_per_mtok
+            ) / 1e6
+        else:
+            chain = self._decision.chain if self._decision is not None else ()
+            cost = next((sc.estimated_cost_usd for sc in chain if sc.candidate.id == candidate.id), 0.0)
+        if self._reserved_usd is not None and cost > self._reserved_usd:
+            log.warning(
+                "request %s: %s's usage costs $%.6f, above the $%.6f reserved; settling the reservation",
+                self._rid, candidate.id, cost, self._reserved_usd,
+            )
+            cost = self._reserved_usd
+        return self._store.settle_soon(
+            self._access.principal.project,
+            reservation_id=self._reservation,
+            request_id=self._rid,
+            key_id=self._access.principal.key_id,
+            provider=candidate.provider,
+            model=candidate.model,
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+            cost_usd=cost,
+            estimated=usage is None,
+        )
+
+    async def release(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        if self._reservation is None or self._store is None:
+            return
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._store.release(self._reservation)
+        except StoreError as exc:  # the reservation expires on its own (ttl)
+            log.error("request %s: releasing reservation failed: %s", self._rid, exc.message)
