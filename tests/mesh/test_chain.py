@@ -26,6 +26,7 @@ from ethen.mesh.orchestrator import ChainReceiver, Orchestrator, plan_route
 from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
 from ethen.mesh.routing import Route
 from ethen.mesh.worker import ModelBackend, WorkerConfig, WorkerService, parse_fragments, serve
+from ethen.mesh.worker.chain import Capabilities
 from ethen.mesh.worker.launch import WorkerProcess, spawn_worker
 from ethen.model import Model, SamplingParams, generate, load_model, model_step
 
@@ -152,6 +153,23 @@ def secure(certs: dict[str, Path]) -> Iterator[tuple[dict[str, _Worker], ClientC
     yield workers, creds, tls
     for w in workers.values():
         w.close()
+
+
+def test_a_capability_is_never_rebound_to_another_live_session() -> None:
+    caps = Capabilities(limit=3)
+    live = {"alice@h/s1@0", "mallory@h/s2@0"}
+    cap = os.urandom(16)
+    caps.bind(cap, "alice@h/s1@0", live)
+    caps.bind(cap, "mallory@h/s2@0", live)  # someone who learned it cannot take it over
+    assert caps.key(cap) == "alice@h/s1@0"
+    live.discard("alice@h/s1@0")  # alice's session closed or expired: the capability is free again
+    caps.bind(cap, "mallory@h/s2@0", live)
+    assert caps.key(cap) == "mallory@h/s2@0"
+    caps.forget("mallory@h/s2@0")
+    assert caps.key(cap) is None
+    for i in range(4):  # past the limit, bindings of sessions no longer held are dropped
+        caps.bind(os.urandom(16), f"gone/{i}", set())
+    assert len(caps._keys) <= 3
 
 
 def _item(session: Any, stages: list[tuple[str, int, int]], hidden: np.ndarray, caps: list[bytes]) -> Any:
