@@ -17,6 +17,10 @@ a worker bound to the namespace's loopback behind a relay that holds each chunk 
   interleaved (0, 5, 20, 0, 5, 20, ...), so a ratio to 0 ms pairs runs taken close together on a shared
   VM whose load drifts; medians are printed with every run's figure. Also printed, per token: what one
   session pays beyond the limit (the head's time, the three RPCs beyond the echo round trip, the rest).
+- ``--planes star,chain`` (default both): each measurement also runs with the worker-to-worker chain
+  (:mod:`ethen.mesh.orchestrator.chain`), whose receiver sits behind a relay in the root namespace so the
+  last hop's delivery pays D too; one session's chain step is printed against the same limit (which counts
+  the star's 6 crossings, so the chain, crossing 4, may pass 100 %).
 - detection, at 5 ms: a dead node (``kill -9``, no request in flight) and a partition (``ip link set down``):
   seconds until the orchestrator's states say dead; a stuck node (``SIGSTOP`` mid-generation,
   ``progress_timeout_s`` 2 s): the longest gap between two tokens, and whether the greedy output equals an
@@ -36,6 +40,11 @@ one-way delay D cannot exceed N / (6 D + compute latency per token) tokens/s (8 
 8 / (0.12 s + compute)), so on a quiet machine, where 8 batched sessions reach ~100 tokens/s at 0 ms, 80 %
 at 20 ms is out of reach for 8 sessions whatever the schedule; a chain (worker to worker, 4 D per token
 instead of 6 D) or more sessions in flight raise that bound.
+
+Star vs chain (two runs, load 5-10 from other jobs, ``--lanes 1,2,4 --repeat 2 --tokens 24``): one session
+star / chain 77 / 80 and 78 / 75 % of the limit at 5 ms, 84 / 97 and 87 / 110 % at 20 ms; 8 sessions at 20
+ms vs 0 ms: star 1 lane 70 / 61 %, chain 1 lane 65 / 67 %, chain 4 lanes 92 / 118 % (slow at 0 ms); stuck
+node under the chain: longest gap 2.60 s, 0 tokens lost. See README ("Data plane: star or chain").
 
 Decode is measured with ``MeshSession.step`` (prefill the prompt, then feed the argmax token), so the
 measured steps never stop early at an end-of-sequence token. BLAS is single-threaded in every process.

@@ -7,6 +7,10 @@ last one delivers it, with every stage's outputs, to the :class:`ChainReceiver` 
 ``MeshChainReceiver``). Per token the hidden state crosses the network once per stage plus once back: 4
 one-way delays for 3 stages, where the star (one call per stage from the orchestrator) crosses 6.
 
+Why: through delaying relays on namespaced hosts (``bench/mesh_hops.py --hosts``) the chain took 1.29x /
+1.30x less time per step than the star at 5 / 20 ms one-way (0.85x at 0 ms, where its extra acks cost CPU);
+``bench/mesh_hosts.py`` measures the real mesh both ways. The star stays the default.
+
 Choices where the issue is silent:
 
 - **Every stage's output comes back** (2.3 KB per stage per session): the session keeps each boundary's
