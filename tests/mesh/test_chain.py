@@ -8,8 +8,10 @@ a middle worker killed (SIGKILL) or stuck (SIGSTOP) mid-generation fails over wi
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -20,6 +22,12 @@ import grpc
 import numpy as np
 import pytest
 
+from ethen.gateway.auth import hash_key
+from ethen.gateway.config import parse_config
+from ethen.gateway.errors import GatewayConfigError
+from ethen.gateway.providers import build_providers
+from ethen.gateway.providers.base import UpstreamCall
+from ethen.gateway.providers.mesh import MeshProvider
 from ethen.mesh.auth import ClientCredentials, TokenAuth, read_tokens, server_credentials
 from ethen.mesh.certs import make_certs
 from ethen.mesh.orchestrator import ChainReceiver, Orchestrator, plan_route
@@ -131,6 +139,43 @@ def test_concurrent_sessions_share_chained_rounds_and_keep_their_own_tokens(
 def test_a_bad_data_plane_is_refused_naming_the_value(plain: dict[str, _Worker]) -> None:
     with pytest.raises(ValueError, match="data_plane = 'ring'"):
         Orchestrator.load({n: w.address for n, w in plain.items()}, data_plane="ring")
+    with pytest.raises(GatewayConfigError, match="data_plane"):
+        parse_config(_gateway_config({n: w.address for n, w in plain.items()}, data_plane="ring"))
+
+
+def _gateway_config(workers: dict[str, str], **mesh: Any) -> dict[str, Any]:
+    return {"server": {"host": "127.0.0.1", "port": 0},
+            "providers": [{"id": "mesh", "kind": "mesh", "workers": workers, **mesh}],
+            "routes": [{"model": "smollm2-135m-instruct", "provider": "mesh"}],
+            "api_keys": [{"name": "test", "sha256": hash_key("ethen-test-chain-config-0123456789")}]}
+
+
+def test_the_mesh_provider_config_selects_the_chain(model: Model, plain: dict[str, _Worker]) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cfg = parse_config(_gateway_config({n: w.address for n, w in plain.items()}, data_plane="chain",
+                                       chain_listen=f"127.0.0.1:{port}"))
+    provider = build_providers(cfg, {})["mesh"]
+    assert isinstance(provider, MeshProvider)
+    messages = [{"role": "user", "content": PROMPTS[0][0]["content"]}]
+    ids = _ids(model, 0)
+    ref = _reference(model, ids, SamplingParams(temperature=0.0, max_tokens=6))
+
+    async def run() -> None:
+        await provider.start()
+        orch = provider.orchestrator
+        assert orch is not None and orch.chain is not None
+        try:
+            done = await provider.complete(UpstreamCall(
+                {"messages": messages, "max_tokens": 6, "temperature": 0}, "smollm2-135m-instruct", "r1"))
+            text = done.body["choices"][0]["message"]["content"]
+            assert text == model.tokenizer.decode(list(ref))
+            assert orch.chain.delivered > 0
+        finally:
+            await provider.aclose()
+
+    asyncio.run(run())
 
 
 # ---- security --------------------------------------------------------------------------------

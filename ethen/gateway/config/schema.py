@@ -151,6 +151,11 @@ class MeshProviderConfig(_Strict):
     token_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     tls_cert: str | None = None
     tls_key: str | None = None
+    # data plane (ethen.mesh.orchestrator.chain): "chain" sends decode steps worker to worker; the last worker
+    # delivers to a receiver on chain_listen (TLS with tls_cert/tls_key), reached at chain_advertise
+    data_plane: Literal["star", "chain"] = "star"
+    chain_listen: Annotated[str, AfterValidator(_address)] = "127.0.0.1:0"
+    chain_advertise: Annotated[str, AfterValidator(_address)] | None = None
 
     @field_validator("health_interval_s", "forward_timeout_s", "progress_timeout_s", "start_timeout_s",
                      "member_expiry_s", mode="before")

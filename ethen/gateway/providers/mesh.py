@@ -42,6 +42,8 @@ token of the token file; it closes with the orchestrator. Joined workers expire 
 (10 s) without an announcement and, when the gateway has ``[shared]`` Redis (else a ``[store]``), are shared
 with every instance (:mod:`ethen.mesh.orchestrator.members`; of several processes on one host the first binds
 the join port).
+``data_plane = "chain"`` sends decode steps worker to worker (:mod:`ethen.mesh.orchestrator.chain`; the
+receiver on ``chain_listen``, advertised as ``chain_advertise``, serves TLS with ``tls_cert``/``tls_key``).
 An unreadable file or an unset ``token_env`` is a :class:`GatewayConfigError` naming the key.
 
 Honesty (``/healthz``, ``/metrics``): :meth:`MeshProvider.health` and :meth:`MeshProvider.node_stats`
@@ -257,7 +259,8 @@ class MeshProvider(Provider):
                 model_name=served_model_id(store),
                 health_interval_s=p.health_interval_s, forward_timeout_s=p.forward_timeout_s,
                 progress_timeout_s=p.progress_timeout_s,
-                credentials=credentials,
+                credentials=credentials, data_plane=p.data_plane, chain_listen=p.chain_listen,
+                chain_advertise=p.chain_advertise, chain_tls=tls,
             ).start()
 
         registry = None
