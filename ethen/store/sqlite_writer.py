@@ -68,6 +68,7 @@ class SqliteWriter:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ethen-ledger")
         self._lock = asyncio.Lock()
         self._conn: Connection | None = None
+        self._raw: Any = None  # its sqlite3 connection
         self._since_checkpoint = 0
         self._checkpointing: asyncio.Task[None] | None = None
         #: batches redone on the thread because another connection held the write lock
@@ -76,22 +77,23 @@ class SqliteWriter:
     # -- the connection ----------------------------------------------------------------------------------
     def _connection(self) -> tuple[Connection, Any]:
         conn = self._conn
-        if conn is None or conn.closed or conn.invalidated:
-            if conn is not None:
-                conn.close()
-            conn = self._conn = self._sync.connect().execution_options(**{WRITE_OPTION: True})
-            raw = conn.connection.driver_connection
-            assert raw is not None
-            raw.execute("PRAGMA busy_timeout=0")
-            if self.inline_commit:
-                raw.execute("PRAGMA wal_autocheckpoint=0")
-        return conn, conn.connection.driver_connection
+        if conn is not None and self._raw is not None and not conn.invalidated:
+            return conn, self._raw  # the usual case (SQLAlchemy's properties cost ~10 us a call)
+        if conn is not None:
+            conn.close()
+        conn = self._conn = self._sync.connect().execution_options(**{WRITE_OPTION: True})
+        raw = self._raw = conn.connection.driver_connection
+        assert raw is not None
+        raw.execute("PRAGMA busy_timeout=0")
+        if self.inline_commit:
+            raw.execute("PRAGMA wal_autocheckpoint=0")
+        return conn, raw
 
     def close(self) -> None:
         """Close the connection, the threads and the engine (no transaction may be running)."""
         if self._conn is not None:
             self._thread.submit(self._conn.close).result()
-            self._conn = None
+            self._conn = self._raw = None
         self._thread.shutdown(wait=True)
         self._sync.dispose()
 

@@ -28,6 +28,8 @@ WINDOWS: Final = ("day", "month")
 
 def to_nano(usd: float) -> int:
     """USD -> nano-USD, rounded up. Rejects negative, non-finite and too large (> ``MAX_USD``) values."""
+    if type(usd) is float and 0.0 <= usd <= MAX_USD:  # the request path's case (NaN fails the comparison)
+        return math.ceil(round(usd * NANO, 3))
     if not (isinstance(usd, int | float) and not isinstance(usd, bool)):
         raise ValueError(f"amount must be a finite number >= 0 USD, got {usd!r}")
     if isinstance(usd, int) and usd > MAX_USD:  # before isfinite(): a huge int does not convert to float
