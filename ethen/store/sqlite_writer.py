@@ -127,27 +127,33 @@ class SqliteWriter:
         async with self._lock:
             conn, raw = self._connection()
             try:
-                raw.execute("BEGIN IMMEDIATE")
+                self._inline(raw, statements)
             except sqlite3.Error as exc:
                 if not _busy(exc):
-                    conn.invalidate()
+                    self._abort(conn, raw, exc)
                     raise
+                # another connection holds a lock this needs: roll back, redo it all where waiting is fine
+                self._abort(conn, raw, exc)
                 self.contended += 1
                 await self._on_thread(self._batch_blocking, statements)
                 return
-            try:
-                for sql, params in statements:
-                    if params:
-                        raw.executemany(sql, params)
-                if self.inline_commit:
-                    raw.execute("COMMIT")
-                else:
+            if not self.inline_commit:
+                try:
                     await self._on_thread(raw.execute, "COMMIT")
-            except BaseException as exc:
-                self._abort(conn, raw, exc)
-                raise
+                except BaseException as exc:
+                    self._abort(conn, raw, exc)
+                    raise
         if self.inline_commit:
             self._count_commit()
+
+    def _inline(self, raw: Any, statements: Sequence[Statement]) -> None:
+        """On the loop, busy timeout 0: ``BEGIN IMMEDIATE``, the statements, and ``COMMIT`` if inline."""
+        raw.execute("BEGIN IMMEDIATE")
+        for sql, params in statements:
+            if params:
+                raw.executemany(sql, params)
+        if self.inline_commit:
+            raw.execute("COMMIT")
 
     def _batch_blocking(self, statements: Sequence[Statement]) -> None:
         conn, raw = self._connection()
@@ -170,7 +176,8 @@ class SqliteWriter:
                 raw.execute("ROLLBACK")
         except sqlite3.Error:
             pass
-        if not isinstance(exc, sqlite3.IntegrityError):
+        keep = isinstance(exc, sqlite3.IntegrityError) or (isinstance(exc, sqlite3.Error) and _busy(exc))
+        if not keep:
             conn.invalidate()  # a fresh connection for the next batch (e.g. after a disk I/O error)
 
     # -- checkpoints (NORMAL mode) -------------------------------------------------------------------------
