@@ -18,7 +18,15 @@ by its rows.
 Postgres too when ``--pg-url`` or ``ETHEN_TEST_PG_URL`` names a server (a fresh database is made and
 dropped there).
 
+With ``--gateway-before DIR`` (a checkout of the code before, e.g. ``git worktree add /tmp/before <commit>``),
+the same run also measures whole gateways: the scripted upstream (20 ms), and two ``ethen gateway``
+processes with a SQLite store and a budgeted project key, one from ``DIR`` (before) and one from
+``--gateway-now DIR`` (default: this checkout), each offered ``--gateway-rate`` requests/s open-loop for
+``--gateway-s`` seconds, alternated for ``--rounds`` rounds; the figure is each gateway process's CPU ms
+per request (``/proc``, all threads, including the log writer's batches written within 1 s after the load).
+
 Run:  .venv/bin/python bench/requestlog_write.py [--rows 5000] [--rounds 5] [--pg-url URL]
+        [--gateway-before /tmp/before --gateway-rate 100 --gateway-s 8]
 """
 
 from __future__ import annotations
@@ -91,11 +99,106 @@ def stores(pg_url: str | None) -> Iterator[list[tuple[str, str]]]:
     if not pg_url:
         yield out
         return
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.pgdb import fresh_pg_database
+    import uuid
 
-    with fresh_pg_database(pg_url) as fresh:
-        yield [*out, ("postgres", fresh)]
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    name = f"ethen_bench_{uuid.uuid4().hex[:12]}"
+    plain = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(plain)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    try:
+        yield [*out, ("postgres", make_url(pg_url).set(database=name).render_as_string(hide_password=False))]
+    finally:
+        for attempt in range(10):  # an autovacuum worker may still be on it after the inserts: retry
+            try:
+                asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}"'))
+                break
+            except asyncpg.PostgresError as exc:
+                if attempt == 9:
+                    print(f"could not drop the bench database {name}: {exc}")
+                time.sleep(1.0)
+
+
+_KEY = """
+import asyncio, sys, time
+from ethen.store import Store
+async def go():
+    st = await Store.open(sys.argv[1])
+    try:
+        await st.create_project("bench", budget_usd=1e6, budget_window="day")
+        print((await st.create_key("bench"))[0])
+    finally:
+        await st.aclose()
+asyncio.run(go())
+"""
+
+
+def gateways(
+    before: Path, now: Path | None, rate: int, seconds: float, rounds: int
+) -> dict[str, list[float]]:
+    """CPU ms per request of a store-backed gateway from ``before`` and from ``now`` (default: this checkout),
+    alternated."""
+    import json
+    import subprocess
+
+    from dashboard_pages import cpu_ms
+    from gateway_overhead import Target, free_port, run_open_loop, wait_ready, write_ethen_config
+
+    root = Path(__file__).resolve().parent.parent
+    tmp = Path(tempfile.mkdtemp(prefix="ethen-logwrite-gw-"))
+    env = {**os.environ, "BENCH_UPSTREAM_KEY": "sk-bench"}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        port = free_port()
+        up = subprocess.Popen([sys.executable, str(root / "tests/gateway/upstream.py"), "--port", str(port),
+                               "--latency-ms", "20"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT)
+        procs.append(up)
+        upstream = f"http://127.0.0.1:{port}"
+        wait_ready(f"{upstream}/v1/models", up, 30)
+        targets: list[tuple[str, Target, int]] = []
+        for label, tree in (("before", before.resolve()), ("now", (now or root).resolve())):
+            tree_env = {**env, "PYTHONPATH": str(tree)}
+            url = f"sqlite:///{tmp / label}.db"
+            key = subprocess.run([sys.executable, "-c", _KEY, url], env=tree_env, cwd=tree, check=True,
+                                 capture_output=True, text=True).stdout.strip()
+            write_ethen_config(tmp / f"{label}.toml", upstream, url)
+            gw_port = free_port()
+            cmd = [sys.executable, "-m", "ethen", "gateway", "--config", str(tmp / f"{label}.toml"),
+                   "--port", str(gw_port)]
+            p = subprocess.Popen(cmd, env=tree_env, cwd=tree, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.STDOUT)
+            procs.append(p)
+            base = f"http://127.0.0.1:{gw_port}/api/gateway/v1"
+            wait_ready(f"{base}/healthz", p, 120)
+            body = json.dumps({"model": "ethen/auto", "messages": [{"role": "user", "content": "Say hello"}]})
+            auth = {"Authorization": f"Bearer {key}"}
+            targets.append((label, Target(label, f"{base}/chat/completions", auth, body), p.pid))
+        out: dict[str, list[float]] = {"before": [], "now": []}
+        for _, t, _ in targets:  # warm-up
+            run_open_loop(t, rate, 1.0)
+        for _ in range(rounds):
+            for label, t, pid in targets:
+                time.sleep(1.0)
+                c0 = cpu_ms(pid)
+                r = run_open_loop(t, rate, seconds)
+                time.sleep(1.0)  # the log writer's last batches
+                assert r.ok == r.sent, (label, r)
+                out[label].append((cpu_ms(pid) - c0) / r.sent)
+        return out
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=15)
 
 
 def main() -> None:
@@ -104,6 +207,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--pg-url", default=os.environ.get("ETHEN_TEST_PG_URL"))
     ap.add_argument("--batches", type=lambda v: [int(x) for x in v.split(",")], default=[5, 25, 500])
+    ap.add_argument("--gateway-before", type=Path, default=None, help="a checkout of the code before")
+    ap.add_argument("--gateway-now", type=Path, default=None, help="the code after (default: this checkout)")
+    ap.add_argument("--gateway-rate", type=int, default=100)
+    ap.add_argument("--gateway-s", type=float, default=8.0)
     args = ap.parse_args()
     data = bench_rows(args.rows, 3000.0, random.Random(11))
     print(f"{args.rows} rows per round, {args.rounds} rounds, the ways alternated; CPU µs per row of the "
@@ -124,6 +231,13 @@ def main() -> None:
                       f"{statistics.median(r['now wall']):9.1f}", flush=True)
     if not args.pg_url:
         print("postgres: skipped (no --pg-url / ETHEN_TEST_PG_URL)")
+    if args.gateway_before is not None:
+        g = gateways(args.gateway_before, args.gateway_now, args.gateway_rate, args.gateway_s, args.rounds)
+        b, n = statistics.median(g["before"]), statistics.median(g["now"])
+        print(f"\nwhole gateway, SQLite store, budgeted key, {args.gateway_rate} requests/s for "
+              f"{args.gateway_s} s, {args.rounds} rounds alternated: CPU ms per request, median (all): "
+              f"before ({args.gateway_before}) {b:.2f} {[round(x, 2) for x in g['before']]}, now {n:.2f} "
+              f"{[round(x, 2) for x in g['now']]}: now - before {n - b:+.2f} ms")
 
 
 if __name__ == "__main__":
