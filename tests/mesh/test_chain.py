@@ -100,6 +100,7 @@ def test_chain_gives_the_star_and_single_process_greedy_tokens(model: Model,
     sent_before = [w.service.chain.sent for w in plain.values()]
     with Orchestrator.load(addresses, data_plane="chain") as orch:
         assert orch.chain is not None
+        assert not orch.monitor._step  # no decode step measured yet (prefills and Health polls do not count)
         gen = orch.generate(ids, GREEDY)
         assert gen.result().token_ids == ref
         assert gen.route.nodes == ("a", "b", "c")
@@ -109,6 +110,7 @@ def test_chain_gives_the_star_and_single_process_greedy_tokens(model: Model,
         sent = [w.service.chain.sent - s for w, s in zip(plain.values(), sent_before, strict=True)]
         assert sent == [orch.chain.delivered] * 3  # every worker sent every step on: a -> b -> c -> here
         assert not gen.session.failovers
+        assert set(orch.monitor._step) == {"a", "b", "c"}  # chained steps feed the routing's compute EWMA
 
 
 def test_concurrent_sessions_share_chained_rounds_and_keep_their_own_tokens(

@@ -114,7 +114,8 @@ class DecodeRounds:
                  window_s: float = 0.002, active_horizon_s: float = 0.5, lanes: int = 1,
                  progress_timeout_s: float | None = DEFAULT_PROGRESS_TIMEOUT_S,
                  observe: Observe | None = None, stagger: bool = True,
-                 chain: ChainReceiver | None = None) -> None:
+                 chain: ChainReceiver | None = None,
+                 observe_step: Callable[[str, float], None] | None = None) -> None:
         if lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
         self.clients = clients
@@ -122,6 +123,7 @@ class DecodeRounds:
         self.observe = observe  # (node, rows, call ms, worker ms): the telemetry's latency samples
         self.stagger = stagger and lanes > 1
         self.chain = chain  # the receiver of chained steps (data_plane = "chain"), else None: star
+        self.observe_step = observe_step  # (node, worker ms) of each chained stage: the telemetry's samples
         self._head = head
         self.sizes: Counter[int] = Counter()  # sessions per round -> rounds run (diagnostics)
         self.waited_s = 0.0  # time lanes spent waiting for their slot on a worker (diagnostics)
@@ -244,9 +246,9 @@ class DecodeRounds:
             for i in members[len(step.result.items):]:
                 results[i] = NodeUnavailable(stages[-1][0], "the chained step came back without this session")
 
-    @staticmethod
-    def _record_chain(session: RoundSession, stages: Sequence[tuple[str, int, int]], item: mesh_pb2.ChainItem,
-                      cur: list[F32], i: int, wall: float, call_ms: float) -> BaseException | None:
+    def _record_chain(self, session: RoundSession, stages: Sequence[tuple[str, int, int]],
+                      item: mesh_pb2.ChainItem, cur: list[F32], i: int, wall: float,
+                      call_ms: float) -> BaseException | None:
         """Record the stages ``item`` ran for ``session``; its error, or None with ``cur[i]`` advanced."""
         d = int(cur[i].shape[1])
         for h, out in enumerate(item.outputs):
@@ -259,6 +261,8 @@ class DecodeRounds:
             session.record_stage(node, first, last, cur[i], hidden)
             worker_ms = item.worker_ms[h] if h < len(item.worker_ms) else 0.0
             session.time_stage(node, first, last, 1, wall, call_ms / len(stages), worker_ms)
+            if self.observe_step is not None:
+                self.observe_step(node, worker_ms)
             cur[i] = hidden
         if item.code:
             return from_status(item.failed_node or stages[min(len(item.outputs), len(stages) - 1)][0],

@@ -198,7 +198,7 @@ class Orchestrator:
                                        auth=None if token is None else TokenAuth([token]))
         self.rounds = DecodeRounds(self.clients, self.ends.logits, lanes=round_lanes,
                                    progress_timeout_s=progress_timeout_s, observe=self.monitor.observe_call,
-                                   chain=self.chain)
+                                   chain=self.chain, observe_step=self.monitor.observe_step)
 
     @classmethod
     def load(cls, workers: Mapping[str, str], store: WeightStore | None = None,

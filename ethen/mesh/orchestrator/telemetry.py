@@ -144,6 +144,13 @@ class HealthMonitor:
             if rows == 1:
                 self._ewma(self._step, node_id, max(0.0, worker_ms))
 
+    def observe_step(self, node_id: str, worker_ms: float) -> None:
+        """A chained decode step ran on ``node_id`` in ``worker_ms`` (queue + compute): a step sample only
+        (the chain has no per-stage call to time a round trip from; Health polls keep measuring it)."""
+        with self._lock:
+            if node_id in self.clients:
+                self._ewma(self._step, node_id, max(0.0, worker_ms))
+
     def rtt_ms(self, node_id: str) -> float | None:
         """The round-trip EWMA to ``node_id`` (None before a good poll)."""
         with self._lock:
