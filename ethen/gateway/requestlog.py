@@ -9,11 +9,13 @@ per-model metrics counted (:meth:`~ethen.gateway.metrics.GatewayMetrics.account`
 emitted (:mod:`ethen.gateway.tracing`, when configured), and the batch written in one transaction.
 
 Choices where the issue is silent:
-- Batches: a record arriving while the writer is idle is written at once; after a write the writer lingers
-  250 ms so the next batch gathers (at most 500 rows). A batch's fixed cost (transaction, commit, the hop
-  to the ledger writer's thread) dominated the log's CPU at 50 ms (~5 rows per batch at 100 requests/s):
-  ``bench/requestlog_write.py`` measures CPU per row at 5, 25 and 500 rows per batch. Rows show up in the
-  log up to that much later, and a ``kill -9`` loses at most that much more of the log (never the ledger).
+- Batches: the writer handles queued records every 50 ms (rows built, metrics counted, spans emitted: the
+  metrics lag the requests by about that), but inserts the rows into the store only once the oldest pending
+  one waited 250 ms (or 500 are pending): a transaction's fixed cost (begin, commit, the hop to the ledger
+  writer's thread) dominated the log's CPU with ~5 rows per insert at 100 requests/s (50 ms);
+  ``bench/requestlog_write.py`` measures CPU per row at 5, 25 and 500 rows per insert. Rows show up in the
+  stored log up to ~300 ms after their request, and a ``kill -9`` loses at most that much of the log (never
+  the ledger).
 - Encoding: each row's JSON columns are serialized once, here (``ethen.store.requests.encode_row``), and
   the batch inserted raw with its attempts (``request_attempts``); a row that cannot be encoded is dropped
   alone (logged), not with its batch.
@@ -70,7 +72,8 @@ __all__ = ["RequestLog", "RequestRecord", "to_row"]
 
 log = logging.getLogger("ethen.gateway.requestlog")
 _BATCH = 500  # rows per transaction at most
-_LINGER_S = 0.25  # after a write, let the next batch gather this long (fewer, larger transactions)
+_LINGER_S = 0.05  # after handling a batch, let the next one gather this long
+_WRITE_EVERY_S = 0.25  # pending rows are inserted once the oldest waited this long (or a batch is full)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +211,9 @@ class RequestLog:
         self._task: asyncio.Task[None] | None = None
         self._failing = False
         self._last_prune = 0.0
-        self.written = 0  # records handled by the writer (stored, ringed or failed)
+        self._pending: list[EncodedRow] = []  # rows handled, waiting for their database write
+        self._pending_since = 0.0
+        self.written = 0  # records handled by the writer (rows built and counted; ringed or pending/stored)
 
     # -- the request path ------------------------------------------------------------------------------
     def record(self, rec: RequestRecord) -> None:
@@ -233,35 +238,40 @@ class RequestLog:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        while self._queue:
-            await self._write_batch()
+        await self.flush()
         if self.tracing is not None:
             self.tracing.shutdown()
 
     async def flush(self) -> None:
-        """Write everything queued now (tests, shutdown)."""
+        """Handle everything queued and write every pending row now (tests, shutdown)."""
         while self._queue:
-            await self._write_batch()
+            self._handle_batch()
+        while self._pending:
+            await self._write_pending()
 
     async def _run(self) -> None:
         await self._maybe_prune()
         while True:
-            if not self._queue:
+            if not self._queue and not self._pending:
                 self._wake.clear()
                 await self._wake.wait()
-            await self._write_batch()
+            self._handle_batch()
+            pending = self._pending
+            waited = time.monotonic() - self._pending_since
+            if pending and (len(pending) >= _BATCH or waited >= _WRITE_EVERY_S):
+                await self._write_pending()
             await self._maybe_prune()
             if len(self._queue) < _BATCH:
                 await asyncio.sleep(_LINGER_S)
 
-    async def _write_batch(self) -> None:
+    def _handle_batch(self) -> None:
+        """Up to a batch of queued records: rows built, metrics counted, spans emitted, then ringed (no
+        store) or encoded into the rows pending for the database."""
         q = self._queue
         batch = [q.popleft() for _ in range(min(len(q), _BATCH))]
         if not batch:
             return
         st = self.store()
-        rows: list[dict[str, Any]] = []
-        encoded: list[EncodedRow] = []
         for rec in batch:
             try:
                 row = to_row(rec)
@@ -272,18 +282,25 @@ class RequestLog:
             except Exception:  # a bug here must not stop the writer
                 log.exception("request log: could not record request %s", rec.request_id)
                 continue
-            rows.append(row)
-            if enc is not None:
-                encoded.append(enc)
-        self.written += len(batch)
-        if st is None:
-            for row in rows:
+            if enc is None:
                 row["id"] = self._next_id
                 self._next_id += 1
                 self.ring.append(row)
+                continue
+            if not self._pending:
+                self._pending_since = time.monotonic()
+            self._pending.append(enc)
+        self.written += len(batch)
+
+    async def _write_pending(self) -> None:
+        """Insert up to a batch of the pending rows (one transaction); dropped and counted on failure."""
+        rows, self._pending = self._pending[:_BATCH], self._pending[_BATCH:]
+        self._pending_since = time.monotonic()
+        st = self.store()
+        if st is None or not rows:
             return
         try:
-            await insert_requests(st, encoded, self.write())
+            await insert_requests(st, rows, self.write())
         except StoreError as exc:
             self.metrics.log_write_errors.inc()
             if not self._failing:
