@@ -22,6 +22,7 @@ dashboard without an admin key (``[store]`` or ``[log] admin_key_sha256``).
 
 from __future__ import annotations
 
+import hashlib
 import html
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -78,8 +79,14 @@ def ui_routes(auth: AdminAuth | None) -> list[Route]:
         return []
     app_page, login_page = _asset("index.html").decode(), _asset("login.html").decode()
     assets = {name: (_asset(name), media) for name, media in _ASSETS.items()}
+    # the page names each static file with its content's hash, so the browser keeps them (private: they are
+    # served to signed-in sessions only) and a new release's files get new URLs; pages stay no-store
+    for name, (body, _media) in assets.items():
+        version = hashlib.sha256(body).hexdigest()[:16]
+        app_page = app_page.replace(f'"/ui/{name}"', f'"/ui/{name}?v={version}"')
     headers = {"content-security-policy": _CSP, "x-content-type-options": "nosniff",
                "cache-control": "no-store", "referrer-policy": "no-referrer"}
+    cached = {**headers, "cache-control": "private, max-age=31536000, immutable"}
 
     def login_form(error: str, status: int) -> Response:
         body = login_page.replace("<!--error-->", html.escape(error))
@@ -120,7 +127,7 @@ def ui_routes(auth: AdminAuth | None) -> list[Route]:
         if auth.session(request) is None:
             return Response("sign in at /ui", 401, headers, media_type="text/plain")
         body, media = assets[request.url.path.rsplit("/", 1)[1]]
-        return Response(body, 200, headers, media_type=f"{media}; charset=utf-8")
+        return Response(body, 200, cached, media_type=f"{media}; charset=utf-8")
 
     return [Route("/ui", index, methods=["GET"]), Route("/ui/login", login, methods=["POST"]),
             Route("/ui/logout", logout, methods=["POST"])] + [

@@ -4,6 +4,7 @@ makes, checked against a live store-backed gateway after real traffic."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from pathlib import Path
@@ -38,13 +39,20 @@ def test_dashboard_page_and_every_api_it_reads(tmp_path: Path) -> None:
         cookie = _login(lv.gateway.url)
         page = httpx.get(f"{lv.gateway.url}/ui", headers=cookie)
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-        assert '<script src="/ui/app.js"></script>' in page.text and 'id="req-rows"' in page.text
+        # static files are named with their content's hash and kept by the browser; the page is never cached
+        versions = dict(re.findall(r'"/ui/([a-z.]+)\?v=([0-9a-f]{16})"', page.text))
+        assert set(versions) == {"app.js", "observe.js", "uplot.iife.min.js", "uplot.min.css"}
+        assert page.headers["cache-control"] == "no-store"
+        assert f'<script src="/ui/app.js?v={versions["app.js"]}"></script>' in page.text
+        assert 'id="req-rows"' in page.text
         assert "script-src 'self'" in page.headers["content-security-policy"]
-        js = httpx.get(f"{lv.gateway.url}/ui/app.js", headers=cookie)
+        js = httpx.get(f"{lv.gateway.url}/ui/app.js?v={versions['app.js']}", headers=cookie)
         assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+        assert js.headers["cache-control"] == "private, max-age=31536000, immutable"
+        assert hashlib.sha256(js.content).hexdigest()[:16] == versions["app.js"]
         assert "x-csrf-token" in js.text and "innerHTML" not in js.text and "sessionStorage" not in js.text
         # the chart library ships in the package (no CDN): served with the session only
-        assert '<script src="/ui/uplot.iife.min.js"></script>' in page.text and "https://" not in page.text
+        assert '<script src="/ui/uplot.iife.min.js?v=' in page.text and "https://" not in page.text
         for name, kind, marker in (("uplot.iife.min.js", "text/javascript", "uPlot 1.6.32"),
                                    ("uplot.min.css", "text/css", ".uplot")):
             asset = httpx.get(f"{lv.gateway.url}/ui/{name}", headers=cookie)
@@ -57,7 +65,7 @@ def test_dashboard_page_and_every_api_it_reads(tmp_path: Path) -> None:
         assert called == {"/health", "/requests", "/projects", "/usage", "/keys", "/observe"}
         assert '"/observe/spend?limit=2000"' in js.text  # the spend charts' one narrow query
         # the Candidates, Canaries and Mesh tabs: their own script, after app.js, session only
-        assert page.text.index('src="/ui/app.js"') < page.text.index('<script src="/ui/observe.js"></script>')
+        assert page.text.index('src="/ui/app.js?v=') < page.text.index('<script src="/ui/observe.js?v=')
         for tab in ("providers", "canaries", "mesh"):
             assert f'data-tab="{tab}"' in page.text and f'<section id="{tab}">' in page.text
         obs = httpx.get(f"{lv.gateway.url}/ui/observe.js", headers=cookie)
