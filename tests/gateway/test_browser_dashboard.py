@@ -157,6 +157,17 @@ def test_dashboard_in_chromium(tmp_path: Path, browser: Any) -> None:
         project = httpx.get(f"{url}/api/admin/v1/projects/team-b",
                             headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()
         assert project["budget_usd"] == 3.0 and project["budget_window"] == "day"
+        # set the selected project's budget and limits (PATCH): shown on the page and in the admin API
+        page.fill("#s-budget", "7.5")
+        page.select_option("#s-window", "month")
+        page.fill("#s-rpm", "120")
+        page.click("#policy-form button[type=submit]")
+        sync_api.expect(page.locator("#policy-now")).to_have_text(
+            "team-b: budget $7.5 per month, rpm 120, tpm none")
+        project = httpx.get(f"{url}/api/admin/v1/projects/team-b",
+                            headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()
+        assert (project["budget_usd"], project["budget_window"], project["rpm"], project["tpm"]) == (
+            7.5, "month", 120, None)
 
         page.click("#keys-rows tr >> text=Revoke")
         page.wait_for_selector("#keys-rows tr >> text=Revoke", state="detached")

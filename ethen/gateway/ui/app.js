@@ -184,6 +184,28 @@ async function createProject(ev) {
   } catch (e) { $("keys-error").textContent = e.message; }
 }
 
+function showPolicy(p) {
+  $("policy-now").textContent = p.name + ": budget " + (p.budget_usd === null ? "none" : "$" + p.budget_usd +
+    " per " + p.budget_window) + ", rpm " + (p.rpm === null ? "none" : p.rpm) + ", tpm " +
+    (p.tpm === null ? "none" : p.tpm);
+}
+
+async function setPolicy(ev) {
+  // PATCH the selected project: an empty field clears that budget or limit (the admin API's null)
+  ev.preventDefault();
+  const project = $("k-project").value;
+  const budget = $("s-budget").value.trim();
+  const rpm = $("s-rpm").value.trim(), tpm = $("s-tpm").value.trim();
+  try {
+    if (!project) throw new Error("create a project first");
+    const p = await api("/projects/" + encodeURIComponent(project), "PATCH", {
+      budget_usd: budget ? Number(budget) : null, budget_window: $("s-window").value,
+      rpm: rpm ? Number(rpm) : null, tpm: tpm ? Number(tpm) : null });
+    showPolicy(p);
+    $("keys-error").textContent = "";
+  } catch (e) { $("keys-error").textContent = e.message; }
+}
+
 async function createKey(ev) {
   ev.preventDefault();
   const project = $("k-project").value;
@@ -231,6 +253,7 @@ function tab(name) {
 $("logout").addEventListener("click", logout);
 $("project-form").addEventListener("submit", createProject);
 $("key-form").addEventListener("submit", createKey);
+$("policy-form").addEventListener("submit", setPolicy);
 $("k-project").addEventListener("change", loadKeys);
 $("apply").addEventListener("click", () => loadRequests(true));
 $("more").addEventListener("click", () => loadRequests(false));
