@@ -167,7 +167,9 @@ class SqliteWriter:
         except BaseException as exc:
             self._abort(conn, raw, exc)
             raise
-        raw.execute("PRAGMA busy_timeout=0")
+        finally:  # the loop's inline statements must never wait on a lock, whatever happened here
+            if not conn.invalidated:
+                raw.execute("PRAGMA busy_timeout=0")
 
     @staticmethod
     def _abort(conn: Connection, raw: Any, exc: BaseException) -> None:

@@ -201,3 +201,33 @@ def test_the_gateway_config_sets_the_writer_connection_s_synchronous(
             await acc.aclose()
 
     assert asyncio.run(go()) == pragma
+
+
+def test_a_batch_failing_on_the_thread_leaves_the_loop_s_busy_timeout_at_zero(tmp_path: Path) -> None:
+    """A contended batch goes to the thread (busy timeout 10 s there) and fails there (a foreign-key
+    violation keeps the connection): the connection's busy timeout is back to 0, so the next inline batch on
+    the event loop cannot sleep on a lock."""
+    from ethen.store.sqlite_writer import SqliteWriter
+
+    db = tmp_path / "b.db"
+
+    async def go() -> int:
+        st = await Store.open(f"sqlite:///{db}")
+        writer = SqliteWriter(st.engine)
+        try:
+            other = sqlite3.connect(db, check_same_thread=False)
+            other.isolation_level = None
+            other.execute("BEGIN IMMEDIATE")
+            threading.Timer(0.2, lambda: (other.execute("COMMIT"), other.close())).start()
+            bad = ("INSERT INTO daily_spend (project_id, day, settled_nano) VALUES (?, ?, ?)",
+                   [(999, "2026-01-01", 1)])
+            with pytest.raises(sqlite3.IntegrityError):
+                await writer.batch([bad])  # no project 999
+            assert writer.contended == 1
+            _conn, raw = writer._connection()
+            return int(raw.execute("PRAGMA busy_timeout").fetchone()[0])
+        finally:
+            writer.close()
+            await st.aclose()
+
+    assert asyncio.run(go()) == 0
