@@ -71,6 +71,7 @@ class SqliteWriter:
         self._raw: Any = None  # its sqlite3 connection
         self._since_checkpoint = 0
         self._checkpointing: asyncio.Task[None] | None = None
+        self._closed = False
         #: batches redone on the thread because another connection held the write lock
         self.contended = 0
 
@@ -91,6 +92,9 @@ class SqliteWriter:
 
     def close(self) -> None:
         """Close the connection, the threads and the engine (no transaction may be running)."""
+        self._closed = True
+        if self._checkpointing is not None:
+            self._checkpointing.cancel()  # not started, or waiting for its PRAGMA (which the thread finishes)
         if self._conn is not None:
             self._thread.submit(self._conn.close).result()
             self._conn = self._raw = None
@@ -196,6 +200,8 @@ class SqliteWriter:
         racing new commits never catches up, and the WAL would grow without bound)."""
         try:
             async with self._lock:
+                if self._closed:
+                    return
                 _conn, raw = self._connection()
                 with contextlib.suppress(sqlite3.Error):
                     await self._on_thread(lambda: raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall())
