@@ -32,7 +32,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from ethen.gateway.auth import KeyRing
 from ethen.gateway.config import GatewayConfig, store_url
@@ -86,7 +86,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("ethen.accounts")
-T = TypeVar("T")
 _ONLY_BUDGET = (OVER_PROJECT_BUDGET,)
 
 @dataclass(frozen=True, slots=True)
