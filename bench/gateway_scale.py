@@ -66,7 +66,8 @@ def project_key(url: str, rpm: int | None = None) -> tuple[str, str]:
 
 
 def write_config(path: Path, upstream: str, store: str | None = None, redis: str | None = None,
-                 project: str | None = None, synchronous: str | None = None) -> None:
+                 project: str | None = None, synchronous: str | None = None,
+                 pg_commit: str | None = None) -> None:
     routes = "".join(f"""
 [[routes]]
 model = "bench-model-{i}"
@@ -92,6 +93,8 @@ sha256 = "{hashlib.sha256(CLIENT_KEY.encode()).hexdigest()}"
         text += f'\n[store]\nurl = "{store}"\n'
         if synchronous is not None:
             text += f'sqlite_synchronous = "{synchronous}"\n'
+        if pg_commit is not None:
+            text += f'postgres_synchronous_commit = "{pg_commit}"\n'
     if redis:
         text += f'\n[shared]\nredis_url = "{redis}"\nkey_prefix = "bench{uuid.uuid4().hex[:6]}"\n'
     if redis and project:
@@ -110,9 +113,12 @@ def main() -> None:
     ap.add_argument("--pg", default=os.environ.get("ETHEN_TEST_PG_URL"), help="Postgres URL (optional)")
     ap.add_argument("--redis", default=os.environ.get("ETHEN_TEST_REDIS_URL"), help="Redis URL (for c)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--only", default="", help="comma-separated words; run the targets whose name has one "
+                    "(a is always run: it is the baseline)")
     args = ap.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
-    ladder = [int(r) for r in args.ladder.split(",")]
+    ladder = [int(r) for r in args.ladder.split(",") if r]
+    only = [w for w in args.only.split(",") if w]
     tmp = Path(tempfile.mkdtemp(prefix="ethen-scale-"))
     env = {**os.environ, "BENCH_UPSTREAM_KEY": "sk-bench", "PYTHONUNBUFFERED": "1"}
     procs: list[subprocess.Popen[bytes]] = []
@@ -148,10 +154,12 @@ def main() -> None:
         targets: list[Target] = []
 
         def add(name: str, store: str | None, redis: str | None = None, workers: int = 1,
-                synchronous: str | None = None) -> None:
+                synchronous: str | None = None, pg_commit: str | None = None) -> None:
+            if targets and only and not any(w in name for w in only):
+                return
             key, project = (CLIENT_KEY, None) if store is None else project_key(store)
             cfg = tmp / f"{name.split(':')[0]}-{len(targets)}.toml"
-            write_config(cfg, upstream, store, redis, project, synchronous)
+            write_config(cfg, upstream, store, redis, project, synchronous, pg_commit)
             base = gateway(f"{name.split(':')[0]}-{len(targets)}", cfg, workers)
             targets.append(Target(name, f"{base}/chat/completions", {"authorization": f"Bearer {key}"}, BODY))
 
@@ -163,6 +171,7 @@ def main() -> None:
             synchronous="FULL")
         if args.pg:
             add("b: 1 process, Postgres store, budgeted key", args.pg)
+            add("b: 1 process, Postgres synchronous_commit=off, budgeted key", args.pg, pg_commit="off")
         if args.redis:
             store = args.pg or f"sqlite:///{tmp / 'c.db'}"
             db = "Postgres" if args.pg else "SQLite (no --pg)"

@@ -151,9 +151,11 @@ class Accounts:
         instance_id: str | None = None,
         release_dangling: bool = True,
         sqlite_synchronous: str = "NORMAL",
+        postgres_synchronous_commit: str = "on",
     ) -> None:
         self.keyring = keyring
         self.sqlite_synchronous = sqlite_synchronous
+        self.postgres_synchronous_commit = postgres_synchronous_commit
         self.store_url = store_url
         self.store: Store | None = None
         self.admission: Admission | None = None  # key cache, grants, group commit
@@ -167,7 +169,8 @@ class Accounts:
         if self.store_url is None or self.store is not None:
             return
         try:
-            self.store = await Store.open(self.store_url, sqlite_synchronous=self.sqlite_synchronous)
+            self.store = await Store.open(self.store_url, sqlite_synchronous=self.sqlite_synchronous,
+                                          postgres_synchronous_commit=self.postgres_synchronous_commit)
         except StoreError as exc:
             log.error("cannot open the store: %s", exc.message)
             raise GatewayConfigError(f"store: {exc.message}") from None
@@ -320,4 +323,5 @@ def accounts_for(cfg: GatewayConfig, keyring: KeyRing, env: Mapping[str, str] | 
         instance_id=sc.instance_id,
         release_dangling=sc.release_dangling,
         sqlite_synchronous=sc.sqlite_synchronous,
+        postgres_synchronous_commit=sc.postgres_synchronous_commit,
     )

@@ -23,6 +23,12 @@ profile of the writer thread; a one-entry batch on SQLite ``NORMAL``, whose comm
   pooled connection out per batch added the pool's pre-ping (a second round trip); the kept connection is
   handed back to the pool after ``_PG_IDLE_S`` without a batch (the next checkout pings it), and dropped
   after an error other than a deadlock (a deadlock victim is rolled back whole and retried).
+  With ``[store] postgres_synchronous_commit = "off"`` that connection (only it: grants, claims and admin
+  writes keep the server's setting) commits without waiting for the WAL flush: the settlement is visible to
+  every instance at once and survives a crash or ``kill -9`` of the gateway (it is in the server's WAL
+  buffers), but a crash of the Postgres server itself loses the last <= 3 x ``wal_writer_delay`` (600 ms by
+  default) of settlements, as SQLite's ``NORMAL`` loses the last ones on a power loss. Measured on this VM
+  (one-entry batch, serial): 0.91 ms with ``on``, 0.46 ms with ``off``.
 """
 
 from __future__ import annotations
@@ -293,16 +299,20 @@ class GroupCommit:
         if self._pg is None:
             self._pg = await self.store.engine.connect()
             self._pg_raw = (await self._pg.get_raw_connection()).driver_connection
+            if self.store.postgres_synchronous_commit == "off":
+                await self._pg_raw.execute("SET synchronous_commit = off")
         assert self._pg_raw is not None
         return self._pg_raw
 
     async def _drop_pg(self, *, invalidate: bool) -> None:
-        conn, self._pg, self._pg_raw = self._pg, None, None
+        conn, raw, self._pg, self._pg_raw = self._pg, self._pg_raw, None, None
         if conn is None:
             return
         try:
             if invalidate:
                 await conn.invalidate()
+            elif self.store.postgres_synchronous_commit == "off":
+                await raw.execute("RESET synchronous_commit")  # the pool's other users keep the default
             await conn.close()
         except Exception:  # a broken connection: the pool replaces it
             pass

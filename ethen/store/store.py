@@ -115,16 +115,28 @@ class Store(SpendLedger, Receipts, DashboardSessions):
     """Async access to the gateway's durable state. Create with :meth:`open` (migrates), close with
     :meth:`aclose`."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, *, postgres_synchronous_commit: str = "on") -> None:
+        if postgres_synchronous_commit not in ("on", "off"):
+            raise StoreInvalidError(
+                f"postgres_synchronous_commit = {postgres_synchronous_commit!r}: use on or off")
         self.engine = engine
+        #: Postgres only: ``synchronous_commit`` of the ledger writer's connection (its settlements), see
+        #: :mod:`ethen.store.groupcommit`. Every other write of the store keeps the server's setting.
+        self.postgres_synchronous_commit = postgres_synchronous_commit
         self.writer = engine.execution_options(**{WRITE_OPTION: True})  # same pool; see engine.py
         #: Called (no arguments) after this process revoked a key or changed a project's policy: the
         #: in-process caches of :class:`ethen.store.admission.Admission` drop at once.
         self.on_change: list[Callable[[], None]] = []
 
     @classmethod
-    async def open(cls, url: str, *, migrate: bool = True, sqlite_synchronous: str = "FULL") -> Store:
-        store = cls(make_engine(url, sqlite_synchronous=sqlite_synchronous))
+    async def open(cls, url: str, *, migrate: bool = True, sqlite_synchronous: str = "FULL",
+                   postgres_synchronous_commit: str = "on") -> Store:
+        engine = make_engine(url, sqlite_synchronous=sqlite_synchronous)
+        try:
+            store = cls(engine, postgres_synchronous_commit=postgres_synchronous_commit)
+        except BaseException:
+            await engine.dispose()
+            raise
         if migrate:
             try:
                 await store.migrate()

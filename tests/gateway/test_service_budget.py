@@ -320,6 +320,17 @@ def test_bad_store_config_names_the_key(tmp_path: Path) -> None:
         parse_config({**base, "store": {**sq, "sqlite_synchronous": "OFF"}})
     full = parse_config({**base, "store": {**sq, "sqlite_synchronous": "FULL"}}).store
     assert full is not None and full.sqlite_synchronous == "FULL"
+    with pytest.raises(GatewayConfigError,
+                       match=r"store\.postgres_synchronous_commit = 'local': .*'on' or 'off'"):
+        parse_config({**base, "store": {**sq, "postgres_synchronous_commit": "local"}})
+    off = parse_config({**base, "store": {**sq, "postgres_synchronous_commit": "off"}}).store
+    assert off is not None and off.postgres_synchronous_commit == "off"
+    from ethen.gateway.accounts import accounts_for
+    from ethen.gateway.auth import KeyRing
+
+    built = accounts_for(parse_config({**base, "store": {**sq, "postgres_synchronous_commit": "off"}}),
+                         KeyRing([]), ENV)
+    assert built.postgres_synchronous_commit == "off"  # what Accounts.start opens the store with
     # with a store, config keys are optional (project keys come from the database)
     cfg = parse_config({**base, "api_keys": [], "store": {"url": f"sqlite:///{tmp_path}/x.db"}})
     assert cfg.store is not None and cfg.api_keys == []

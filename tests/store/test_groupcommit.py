@@ -169,3 +169,47 @@ def test_waiting_requests_share_one_budget_read_and_a_heartbeat_makes_none_wait(
     assert first == pytest.approx(1.0)
     assert during == 0 and stale == pytest.approx(1.0)
     assert refreshed is not None and refreshed <= 0.75 + 1e-9
+
+
+@pytest.mark.parametrize("setting", ["on", "off"])
+def test_postgres_synchronous_commit_applies_to_the_ledger_writer_only(setting: str) -> None:
+    """``postgres_synchronous_commit`` is the setting of the ledger writer's connection (its settlements
+    land and are visible to another connection at once either way); the connection goes back to the pool
+    with the server's default, so grants, claims and admin writes keep it."""
+    from tests.pgdb import pg_or_skip
+
+    async def main(url: str) -> tuple[str, str, int, float]:
+        st = await Store.open(url, postgres_synchronous_commit=setting)
+        try:
+            p = await st.create_project("p", budget_usd=5.0, budget_window="day")
+            adm = Admission(st, lease=LEASE)
+            await adm.start()
+            try:
+                for i in range(5):
+                    await settle_at(adm, p, await adm.reserve(p, 0.01), f"r{i}", 0.001, DAY1)
+                writer = adm._writer
+                on_writer = await writer._pg_raw.fetchval("SHOW synchronous_commit")
+                await writer._drop_pg(invalidate=False)  # back to the pool, as after an idle spell
+                async with st.engine.connect() as conn:
+                    pooled = (await conn.exec_driver_sql("SHOW synchronous_commit")).scalar_one()
+                    n = (await conn.execute(select(s.ledger.c.id).where(s.ledger.c.project_id == p.id))).all()
+                    day = (await conn.execute(select(s.daily_spend.c.settled_nano))).scalar_one()
+                return on_writer, pooled, len(n), int(day) / 1e9
+            finally:
+                await adm.aclose()
+        finally:
+            await st.aclose()
+
+    with pg_or_skip() as url:
+        on_writer, pooled, n, day = asyncio.run(main(url))
+    assert on_writer == setting
+    assert pooled == "on"  # the server's default, whatever the writer used
+    assert n == 5 and day == pytest.approx(0.005)
+
+
+def test_postgres_synchronous_commit_must_be_on_or_off() -> None:
+    from ethen.store import StoreInvalidError
+    from ethen.store.engine import make_engine
+
+    with pytest.raises(StoreInvalidError, match=r"postgres_synchronous_commit = 'maybe': use on or off"):
+        Store(make_engine("sqlite://"), postgres_synchronous_commit="maybe")
