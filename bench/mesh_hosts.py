@@ -171,18 +171,18 @@ def until_dead(orch: Orchestrator, node: str, t0: float, timeout_s: float = 5.0)
 
 def configs(spec: str, planes: list[str]) -> list[tuple[str, int, bool]]:
     """``"1,4,4u"`` -> [(plane, 1, True), (plane, 4, True), (plane, 4, False)] per data plane: lanes, and
-    ``u`` for lanes left unstaggered (star only: the chain has no per-stage call to stagger)."""
+    ``u`` for lanes left unstaggered (the star staggers each stage call, the chain each lane's first hop)."""
     out: list[tuple[str, int, bool]] = []
     for plane in planes:
         for word in spec.split(","):
-            key = (plane, int(word.rstrip("u")), plane == "star" and not word.endswith("u"))
+            key = (plane, int(word.rstrip("u")), not word.endswith("u"))
             if key not in out:
                 out.append(key)
     return out
 
 
 def label(plane: str, lanes: int, stagger: bool) -> str:
-    if lanes == 1 or plane == "chain":
+    if lanes == 1:
         return f"{plane}, {lanes} lane" + ("s" if lanes > 1 else "")
     return f"{plane}, {lanes} lanes" + (", staggered" if stagger else ", unstaggered")
 

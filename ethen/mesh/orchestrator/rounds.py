@@ -47,7 +47,10 @@ of 10 layers takes well under a second here).
 **Chain** (``chain`` set: ``data_plane = "chain"``): a round's sessions sharing a route go as one
 ``ChainRequest`` worker to worker (:mod:`~ethen.mesh.orchestrator.chain`) instead of one call per stage from
 here; every stage's outputs come back with it, so the sessions record each stage as above. Lanes work the
-same (each lane's round is its own chain); staggering does not apply (there is no per-stage call here).
+same (each lane's round is its own chain) and are staggered too: a lane's chain leaves for the first
+worker no earlier than one compute time of the route's slowest stage (EWMAs of each hop's compute time,
+which the chain carries back per hop) after the previous lane's, so the lanes run a stage apart down the
+chain instead of being merged into one batched step at every hop.
 
 The rounds see a session through :class:`RoundSession` (a Protocol), so this module does not import
 :mod:`~ethen.mesh.orchestrator.session` (which imports it).
@@ -162,14 +165,34 @@ class DecodeRounds:
         row: F32 = logits[0]
         return row
 
-    def _slot(self, node: str) -> float:
+    def _slot(self, node: str, interval_ms: float | None = None) -> float:
         """Reserve this lane's turn on ``node``: seconds to wait so that its call reaches the worker once
-        the calls other lanes sent before it have been computed (one compute time apart, same wire)."""
+        the calls other lanes sent before it have been computed (one compute time apart, same wire; a chain
+        passes ``interval_ms``, its slowest stage's compute time)."""
         with self._lock:
             now = time.perf_counter()
             start = max(now, self._next_slot.get(node, 0.0))
-            self._next_slot[node] = start + self._compute_ms.get(node, 0.0) / 1000.0
+            gap = self._compute_ms.get(node, 0.0) if interval_ms is None else interval_ms
+            self._next_slot[node] = start + gap / 1000.0
         return start - now
+
+    def _wait_slot(self, node: str, interval_ms: float | None = None) -> bool:
+        """Wait for this lane's slot on ``node`` (:meth:`_slot`); whether it waited."""
+        wait = self._slot(node, interval_ms)
+        if wait <= 0:
+            return False
+        time.sleep(wait)
+        with self._lock:
+            self.waited_s += wait
+        return True
+
+    def _computed(self, node: str, compute_ms: float, rows: int) -> None:
+        """A call's compute time and batch rows on ``node``: the staggering EWMA and the diagnostics."""
+        with self._lock:
+            self.worker_batches[rows] += 1
+            if self.stagger:
+                old = self._compute_ms.get(node)
+                self._compute_ms[node] = compute_ms if old is None else old + 0.3 * (compute_ms - old)
 
     def _forward(self, node: str, items: list[_Item]) -> list[ForwardResult | NodeError]:
         """One stage's steps: a unary ``Forward`` for a lone session (a lighter RPC than a one-item
@@ -178,10 +201,7 @@ class DecodeRounds:
         client = self.clients[node]
         timeout = call_timeout(self.progress_timeout_s, 1, client.forward_timeout_s)  # one row per item
         if self.stagger:
-            wait = self._slot(node)
-            if wait > 0:
-                time.sleep(wait)
-                self.waited_s += wait
+            self._wait_slot(node)
         t0 = time.perf_counter()
         out: list[ForwardResult | NodeError]
         if len(items) > 1:
@@ -193,12 +213,7 @@ class DecodeRounds:
                 return [exc]
         ok = [r for r in out if isinstance(r, ForwardResult)]
         if ok:
-            self.worker_batches[max(r.batch_size for r in ok)] += 1
-        if ok and self.stagger:
-            compute = max(r.compute_ms for r in ok)
-            with self._lock:
-                old = self._compute_ms.get(node)
-                self._compute_ms[node] = compute if old is None else old + 0.3 * (compute - old)
+            self._computed(node, max(r.compute_ms for r in ok), max(r.batch_size for r in ok))
         if ok and self.observe is not None:
             worker_ms = max(r.queue_ms + r.compute_ms for r in ok)
             self.observe(node, 1, (time.perf_counter() - t0) * 1000.0, worker_ms)
@@ -217,6 +232,11 @@ class DecodeRounds:
         sent: list[tuple[tuple[tuple[str, int, int], ...], list[int], ChainStep]] = []
         wall, t0 = time.time(), time.perf_counter()
         for stages, members in groups.items():
+            # staggered: one slot on the first worker, as wide as the route's slowest stage; the step's
+            # time starts when it leaves
+            gap = max(self._compute_ms.get(n, 0.0) for n, _, _ in stages)
+            if self.stagger and self._wait_slot(stages[0][0], gap) and not sent:
+                wall, t0 = time.time(), time.perf_counter()
             step = receiver.expect()
             request = mesh_pb2.ChainRequest(
                 hops=[mesh_pb2.ChainHop(node_id=n, address=self.clients[n].address, first_layer=a,
@@ -241,6 +261,11 @@ class DecodeRounds:
                 for i in members:
                     results[i] = error
                 continue
+            for h, (node, _, _) in enumerate(stages):
+                done = [it for it in step.result.items if len(it.compute_ms) > h and len(it.batch_size) > h]
+                if done:
+                    self._computed(node, max(it.compute_ms[h] for it in done),
+                                   max(it.batch_size[h] for it in done))
             for i, item in zip(members, step.result.items, strict=False):
                 results[i] = self._record_chain(sessions[i], stages, item, cur, i, wall, call_ms)
             for i in members[len(step.result.items):]:

@@ -7,7 +7,8 @@ Choices where the spec is silent:
   on failure (spec §9: the router does not retry; the orchestrator recomposes).
 - Concurrent generations run on their own threads (blocking gRPC on persistent channels is the fastest
   Python client); their decode steps meet on the workers, which batch them, and their head matmuls meet here
-  in a :class:`~ethen.mesh.worker.batching.StepBatcher` (one ``[B, d] x [d, V]`` matmul for B sessions).
+  in a :class:`~ethen.mesh.worker.batching.StepBatcher` (one ``[B, d] x [d, V]`` matmul for B sessions,
+  split by columns over ``head_threads`` threads, :mod:`~ethen.mesh.orchestrator.head`).
 - Membership: :meth:`Orchestrator.add_worker` / :meth:`Orchestrator.remove_worker` (the mesh provider's
   registry calls them when a worker joins or leaves, see :mod:`ethen.mesh.orchestrator.registry`). A joined
   node is polled at once, so it is routable as soon as its first Health answers. A node that left is no longer
@@ -37,6 +38,7 @@ from ethen.mesh.auth import ClientCredentials, TokenAuth
 from ethen.mesh.orchestrator.backoff import Backoff
 from ethen.mesh.orchestrator.chain import ChainReceiver
 from ethen.mesh.orchestrator.client import WorkerClient
+from ethen.mesh.orchestrator.head import SplitHead
 from ethen.mesh.orchestrator.planning import plan_route, recompose
 from ethen.mesh.orchestrator.rounds import DEFAULT_PROGRESS_TIMEOUT_S, DecodeRounds
 from ethen.mesh.orchestrator.session import MeshSession
@@ -168,6 +170,7 @@ class Orchestrator:
         chain_listen: str = "127.0.0.1:0",
         chain_advertise: str | None = None,
         chain_tls: Any = None,
+        head_threads: int = 2,
     ) -> None:
         if data_plane not in ("star", "chain"):
             raise ValueError(f"data_plane = {data_plane!r}: must be 'star' or 'chain'")
@@ -177,6 +180,7 @@ class Orchestrator:
         self.forward_timeout_s = forward_timeout_s
         self._members = threading.Lock()
         self.ends = ends
+        self.head_fn = SplitHead(ends, head_threads)  # final norm + head, matmul split over threads
         self.config = ends.config
         self.tokenizer = tokenizer
         self.chat_template = chat_template
@@ -196,7 +200,7 @@ class Orchestrator:
             token = credentials.token if credentials is not None else None
             self.chain = ChainReceiver(chain_listen, chain_advertise, tls=chain_tls,
                                        auth=None if token is None else TokenAuth([token]))
-        self.rounds = DecodeRounds(self.clients, self.ends.logits, lanes=round_lanes,
+        self.rounds = DecodeRounds(self.clients, self.head_fn, lanes=round_lanes,
                                    progress_timeout_s=progress_timeout_s, observe=self.monitor.observe_call,
                                    chain=self.chain, observe_step=self.monitor.observe_step)
 
@@ -243,6 +247,7 @@ class Orchestrator:
     def close(self) -> None:
         self.monitor.stop()
         self._head.stop()
+        self.head_fn.close()
         if self.chain is not None:
             self.chain.close()
         for client in self.clients.values():
@@ -258,7 +263,7 @@ class Orchestrator:
 
     def _head_batch(self, jobs: list[Job]) -> list[F32 | BaseException]:
         hidden = np.concatenate([j.hidden for j in jobs], axis=0)  # [B, d]
-        logits = self.ends.logits(hidden)  # [B, V]
+        logits = self.head_fn(hidden)  # [B, V]
         return [logits[i : i + 1] for i in range(len(jobs))]
 
     def head(self, hidden: F32, session_id: str = "") -> F32:

@@ -79,7 +79,7 @@ class ChainHop(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., first_layer: _Optional[int] = ..., last_layer: _Optional[int] = ...) -> None: ...
 
 class ChainItem(_message.Message):
-    __slots__ = ("session_ids", "capabilities", "position", "hidden", "outputs", "worker_ms", "code", "message", "failed_node")
+    __slots__ = ("session_ids", "capabilities", "position", "hidden", "outputs", "worker_ms", "code", "message", "failed_node", "compute_ms", "batch_size")
     SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,8 @@ class ChainItem(_message.Message):
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FAILED_NODE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     session_ids: _containers.RepeatedScalarFieldContainer[str]
     capabilities: _containers.RepeatedScalarFieldContainer[bytes]
     position: int
@@ -98,7 +100,9 @@ class ChainItem(_message.Message):
     code: int
     message: str
     failed_node: str
-    def __init__(self, session_ids: _Optional[_Iterable[str]] = ..., capabilities: _Optional[_Iterable[bytes]] = ..., position: _Optional[int] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., worker_ms: _Optional[_Iterable[float]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., failed_node: _Optional[str] = ...) -> None: ...
+    compute_ms: _containers.RepeatedScalarFieldContainer[float]
+    batch_size: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_ids: _Optional[_Iterable[str]] = ..., capabilities: _Optional[_Iterable[bytes]] = ..., position: _Optional[int] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., worker_ms: _Optional[_Iterable[float]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., failed_node: _Optional[str] = ..., compute_ms: _Optional[_Iterable[float]] = ..., batch_size: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ChainRequest(_message.Message):
     __slots__ = ("hops", "hop", "items", "deliver_to", "ticket")

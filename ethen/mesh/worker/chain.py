@@ -198,6 +198,8 @@ def handle_chain(service: WorkerService, request: mesh_pb2.ChainRequest, context
         tensor = mesh_pb2.Tensor(data=out.tobytes(), shape=list(out.shape), dtype="float32")
         item.outputs.append(tensor)
         item.worker_ms.append(job.queue_ms + job.compute_ms)
+        item.compute_ms.append(job.compute_ms)
+        item.batch_size.append(job.batch_size)
         item.hidden.CopyFrom(tensor)
         service.health.record_request(job.queue_ms + job.compute_ms, ok=True)
     request.hop = hop + 1

@@ -1,0 +1,96 @@
+"""Staggered lanes on the worker-to-worker chain: real model, real gRPC workers and receiver on 127.0.0.1.
+
+As with the star (``test_rounds_stagger.py``), a lane's chained step waits for its slot on the first worker:
+it leaves one compute time (the route's slowest stage, an EWMA of the per-hop compute times each chained
+step carries back) after the previous lane's, so each worker computes one lane's rows at a time and the
+lanes run a stage apart; greedy output stays that of the single process. Unstaggered lanes never wait.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from ethen.mesh.orchestrator import Orchestrator
+from ethen.mesh.worker import ModelBackend, WorkerConfig, WorkerService, parse_fragments, serve
+from ethen.model import Model, SamplingParams, generate, load_model, model_step
+
+PROMPTS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": "Write a short poem about the sea."}],
+]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+LAYOUT = {"a": "0-9", "b": "10-19", "c": "20-29"}
+
+
+@pytest.fixture(scope="module")
+def model() -> Model:
+    return load_model()
+
+
+@pytest.fixture(scope="module")
+def addresses() -> Iterator[dict[str, str]]:
+    servers = []
+    out: dict[str, str] = {}
+    for node, layers in LAYOUT.items():
+        fragments = parse_fragments(layers)
+        service = WorkerService(WorkerConfig(node, fragments), ModelBackend.load(fragments))
+        server, port = serve(service, "127.0.0.1", 0)
+        servers.append((server, service))
+        out[node] = f"127.0.0.1:{port}"
+    yield out
+    for server, service in servers:
+        server.stop(0)
+        service.stop()
+
+
+def _run_together(model: Model, orch: Orchestrator, sessions: int) -> None:
+    """``sessions`` greedy generations started at once, checked against the single-process reference."""
+    prompts = [model.tokenizer.encode(model.chat_template.render(PROMPTS[i % 2], add_generation_prompt=True))
+               for i in range(sessions)]
+    results: dict[int, tuple[int, ...]] = {}
+    barrier = threading.Barrier(sessions)
+
+    def run(i: int) -> None:
+        gen = orch.generate(prompts[i], GREEDY)
+        barrier.wait(timeout=60)
+        results[i] = gen.result().token_ids
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(sessions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    ctx = model.config.context_length
+    refs = [generate(model_step(model), model.tokenizer, ids, GREEDY, ctx).token_ids for ids in prompts]
+    assert [results.get(i) for i in range(sessions)] == refs
+
+
+def _merged(orch: Orchestrator) -> tuple[int, int]:
+    """(chained stage steps counted, those a worker computed with more rows than one lane holds)."""
+    batches = orch.rounds.worker_batches
+    return sum(batches.values()), sum(n for rows, n in batches.items() if rows > 2)
+
+
+def test_staggered_chain_lanes_are_not_merged_on_the_workers(model: Model, addresses: dict[str, str]) -> None:
+    with Orchestrator.load(addresses, data_plane="chain", round_lanes=2) as orch:
+        assert orch.chain is not None and orch.rounds.stagger
+        _run_together(model, orch, 4)
+        calls, merged = _merged(orch)
+        assert calls >= 2 * 3 * 10, orch.rounds.worker_batches  # every hop of every chained step counted
+        # the first steps go out before the stages' compute times are known: they may merge
+        assert merged <= 2 * len(LAYOUT), orch.rounds.worker_batches
+        assert orch.rounds.waited_s > 0
+        assert set(orch.rounds._compute_ms) == set(LAYOUT)  # each hop's compute time came back
+
+
+def test_unstaggered_chain_lanes_never_wait(model: Model, addresses: dict[str, str]) -> None:
+    with Orchestrator.load(addresses, data_plane="chain", round_lanes=2) as orch:
+        orch.rounds.stagger = False
+        _run_together(model, orch, 4)
+        calls, _ = _merged(orch)
+        assert calls >= 2 * 3 * 10, orch.rounds.worker_batches
+        assert orch.rounds.waited_s == 0
+        assert orch.rounds._compute_ms == {}  # the staggering EWMA is kept only when staggering

@@ -1,0 +1,52 @@
+"""The orchestrator's head with its ``[d, V]`` matmul split by columns over threads (real weights)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ethen.mesh.orchestrator.head import SplitHead
+from ethen.model import load_model
+from ethen.model.errors import ModelInputError
+from ethen.model.model import EmbedAndHead
+
+
+@pytest.fixture(scope="module")
+def ends() -> EmbedAndHead:
+    return load_model().ends
+
+
+def test_split_head_gives_the_unsplit_logits(ends: EmbedAndHead) -> None:
+    head = SplitHead(ends, 2)
+    try:
+        assert len(head._parts) == 2 and head._parts[0][1] % 256 == 0
+        assert head._parts[-1][1] == ends.output_head_t.shape[1]
+        rng = np.random.default_rng(7)
+        real = ends.embed([1, 42, 314, 2718])  # real embedding rows as hidden states
+        for rows in (1, 2, 3, 4):
+            noise = rng.standard_normal(real[:rows].shape).astype(np.float32)
+            hidden = np.ascontiguousarray(real[:rows] + noise)
+            assert np.array_equal(head(hidden), ends.logits(hidden)), rows  # bitwise, 1-4 rows
+        hidden = rng.standard_normal((8, ends.config.d_model)).astype(np.float32)
+        got, want = head(hidden), ends.logits(hidden)
+        assert got.shape == want.shape == (8, ends.config.vocab_size)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+        assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
+    finally:
+        head.close()
+
+
+def test_one_thread_is_the_unsplit_head_and_bad_input_is_refused(ends: EmbedAndHead) -> None:
+    one = SplitHead(ends, 1)
+    hidden = ends.embed([5])
+    assert np.array_equal(one(hidden), ends.logits(hidden))
+    two = SplitHead(ends, 2)
+    try:
+        with pytest.raises(ModelInputError, match="float32"):
+            two(hidden.astype(np.float64))  # type: ignore[arg-type]
+        with pytest.raises(ModelInputError, match=str(ends.config.d_model)):
+            two(np.zeros((1, 3), np.float32))
+    finally:
+        two.close()
+    with pytest.raises(ValueError, match="head_threads = 0"):
+        SplitHead(ends, 0)
