@@ -149,15 +149,29 @@ def aggregate(orch: Orchestrator, ids: list[int], sessions: int, tokens: int, ro
     return sessions * tokens / (end - start)
 
 
-def head_ms(orch: Orchestrator, samples: int = 9) -> float:
-    """Median ms of the orchestrator's head for one row (what a lone session pays per token)."""
-    h = orch.ends.embed([1])
-    times: list[float] = []
+def head_ms(orch: Orchestrator, samples: int = 9, rows: int = 1) -> tuple[float, float]:
+    """Median ms of the orchestrator's head for ``rows`` rows (one: what a lone session pays per token):
+    (split over threads, as the orchestrator runs it; unsplit), alternated."""
+    h = np.ascontiguousarray(np.repeat(orch.ends.embed([1]), rows, axis=0))
+    times: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(samples):
-        t0 = time.perf_counter()
-        orch.ends.logits(h)
-        times.append((time.perf_counter() - t0) * 1000.0)
-    return statistics.median(times)
+        for split in (True, False):
+            orch.head_fn.split = split
+            t0 = time.perf_counter()
+            orch.head_fn(h)
+            times[split].append((time.perf_counter() - t0) * 1000.0)
+    orch.head_fn.split = True
+    return statistics.median(times[True]), statistics.median(times[False])
+
+
+def unsplit(orch: Orchestrator) -> Orchestrator:
+    """``orch`` with its head unsplit until :func:`split` (the baseline measured in the same run)."""
+    orch.head_fn.split = False
+    return orch
+
+
+def split(orch: Orchestrator) -> None:
+    orch.head_fn.split = True
 
 
 def until_dead(orch: Orchestrator, node: str, t0: float, timeout_s: float = 5.0) -> float:
@@ -258,13 +272,22 @@ def main() -> None:
                     m[delay]["compute"].append(compute)
                     m[delay]["rpc"].append(sum(statistics.median(rec.rest_ms[n]) - rtt
                                                for n, rtt in zip(PIPELINE, rtts[delay], strict=True)))
-                    m[delay]["head"].append(head_ms(base))
+                    heads = head_ms(base)
+                    m[delay]["head"].append(heads[0])
+                    m[delay]["head_unsplit"].append(heads[1])
+                    m[delay]["head8"].extend(head_ms(base, 5, 8))
+                    secs, _ = decode(unsplit(base), ids, args.tokens, route)  # baseline: the unsplit head
+                    split(base)
+                    m[delay]["ratio_unsplit"].append(args.tokens / secs * limit_ms / 1000.0)
                     if "chain" in planes:  # one session through the chain, against the same limit
                         chain = orchs[("chain", 1)]
                         decode(chain, ids, 4, route)
                         secs, _ = decode(chain, ids, args.tokens, route)
                         m[delay]["chain_ratio"].append(args.tokens / secs * limit_ms / 1000.0)
                         m[delay]["chain_step"].append(1000 * secs / args.tokens)
+                        secs, _ = decode(unsplit(chain), ids, args.tokens, route)
+                        split(chain)
+                        m[delay]["chain_ratio_unsplit"].append(args.tokens / secs * limit_ms / 1000.0)
                     for plane, n, stagger in cfgs:
                         orch = orchs[(plane, n)]
                         orch.rounds.stagger = stagger and n > 1
@@ -279,15 +302,21 @@ def main() -> None:
                       f"{med(r['compute']):.1f} ms/token (workers' own; runs {runs})")
                 runs = ", ".join(f"{100 * x:.0f}" for x in r["ratio"])
                 print(f"  1 session: step {med(r['step']):.1f} ms vs physical limit {med(r['limit']):.1f} ms "
-                      f"-> {100 * med(r['ratio']):.0f} % of it (runs {runs} %)")
+                      f"-> {100 * med(r['ratio']):.0f} % of it (runs {runs} %); head unsplit (baseline, "
+                      f"same run): {100 * med(r['ratio_unsplit']):.0f} %")
                 if r["chain_step"]:
                     runs = ", ".join(f"{100 * x:.0f}" for x in r["chain_ratio"])
                     print(f"  1 session, chain: step {med(r['chain_step']):.1f} ms -> "
                           f"{100 * med(r['chain_ratio']):.0f} % of the same limit (runs {runs} %); "
-                          f"star/chain step time {med(r['step']) / med(r['chain_step']):.2f}x")
+                          f"star/chain step time {med(r['step']) / med(r['chain_step']):.2f}x; head unsplit "
+                          f"(baseline, same run): {100 * med(r['chain_ratio_unsplit']):.0f} % (runs "
+                          f"{', '.join(f'{100 * x:.0f}' for x in r['chain_ratio_unsplit'])} %)")
                 rest = med(r["step"]) - med(r["limit"]) - med(r["head"]) - med(r["rpc"])
+                h8 = r["head8"]
                 print(f"    beyond the limit, per token: head (norm + [1, d] x [d, V]) {med(r['head']):.1f} "
-                      f"ms; 3 RPCs beyond the echo round trip {med(r['rpc']):.1f} ms; rest {rest:.1f} ms")
+                      f"ms split over 2 threads ({med(r['head_unsplit']):.1f} unsplit; 8 rows "
+                      f"{med(h8[0::2]):.1f} vs {med(h8[1::2]):.1f}); 3 RPCs beyond the echo round trip "
+                      f"{med(r['rpc']):.1f} ms; rest {rest:.1f} ms")
                 for key in cfgs:
                     got = aggs[delay][key]
                     rel = ""

@@ -42,6 +42,10 @@ def test_one_thread_is_the_unsplit_head_and_bad_input_is_refused(ends: EmbedAndH
     assert np.array_equal(one(hidden), ends.logits(hidden))
     two = SplitHead(ends, 2)
     try:
+        two.split = False  # switched off: the unsplit head itself
+        wide = np.ascontiguousarray(np.repeat(hidden, 8, axis=0))
+        assert np.array_equal(two(wide), ends.logits(wide))
+        two.split = True
         with pytest.raises(ModelInputError, match="float32"):
             two(hidden.astype(np.float64))  # type: ignore[arg-type]
         with pytest.raises(ModelInputError, match=str(ends.config.d_model)):
