@@ -1,6 +1,7 @@
 """The gateway's own overhead at two git revisions, in one run: did a change grow the hot path?
 
     .venv/bin/python bench/gateway_versions.py BASE_REV [--rounds 5] [--requests 300]
+        [--store sqlite|postgresql://...] [--store-option 'postgres_synchronous_commit = "off"']
 
 Issue 14 asks that the request log, metrics and tracing grow the gateway's p50 overhead by at most 0.1 ms.
 ``bench/gateway_overhead.py`` runs one gateway, so this script runs two: the working tree's and ``BASE_REV``
@@ -10,6 +11,10 @@ alternating rounds (``--rounds``) of ``--requests`` requests from 4 concurrent c
 both alike. Printed per revision: the median of the gateway's self-reported overhead (``x-ethen-overhead-ms``:
 time in the gateway minus the upstream's time, which the load generator's own delays do not touch) and of the
 client-side latency, and the difference between the two revisions.
+
+With ``--store`` both gateways get a ``[store]`` (``sqlite``: a database file each; a Postgres URL: that
+database, shared) and each its own project with a large day budget and its key, so every request reserves,
+settles and commits a ledger entry; ``--store-option`` lines are added to the ``[store]`` section.
 """
 
 from __future__ import annotations
@@ -28,16 +33,16 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_overhead import free_port, wait_ready
-from gateway_scale import BODY, CLIENT_KEY, write_config
+from gateway_scale import BODY, CLIENT_KEY, project_key, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def load(url: str, n: int, conc: int = 4) -> tuple[float, float]:
+async def load(url: str, n: int, conc: int = 4, key: str = CLIENT_KEY) -> tuple[float, float]:
     """(median self-reported overhead, median client latency), ms, of ``n`` requests."""
     overhead: list[float] = []
     latency: list[float] = []
-    headers = {"authorization": f"Bearer {CLIENT_KEY}", "content-type": "application/json"}
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
     async with httpx.AsyncClient(timeout=30) as client:
         async def worker(k: int) -> None:
             for _ in range(k):
@@ -56,6 +61,8 @@ def main() -> None:
     ap.add_argument("base", help="the git revision to compare the working tree with")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--store", default=None, help="sqlite (a file per revision) or a Postgres URL")
+    ap.add_argument("--store-option", action="append", default=[], help="a line for the [store] section")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ethen-versions-"))
     tree = tmp / "base"
@@ -71,10 +78,18 @@ def main() -> None:
                                       stderr=subprocess.DEVNULL))
         upstream = f"http://127.0.0.1:{up_port}"
         wait_ready(f"{upstream}/v1/models", procs[0], 30)
-        cfg = tmp / "gateway.toml"
-        write_config(cfg, upstream)
         urls: dict[str, str] = {}
-        for name, src in (("working tree", ROOT), (f"base {args.base}", tree)):
+        keys: dict[str, str] = {}
+        for i, (name, src) in enumerate((("working tree", ROOT), (f"base {args.base}", tree))):
+            cfg = tmp / f"gateway-{i}.toml"
+            keys[name] = CLIENT_KEY
+            if args.store is None:
+                write_config(cfg, upstream)
+            else:
+                store = f"sqlite:///{tmp / f'store-{i}.db'}" if args.store == "sqlite" else args.store
+                keys[name], project = project_key(store)
+                write_config(cfg, upstream, store, project=project)
+                cfg.write_text(cfg.read_text() + "".join(f"{line}\n" for line in args.store_option))
             port = free_port()
             boot = (f"import sys; sys.path.insert(0, {str(src)!r}); sys.argv[0] = 'ethen'; "
                     "from ethen.cli import main; main()")
@@ -84,13 +99,13 @@ def main() -> None:
             procs.append(p)
             wait_ready(f"http://127.0.0.1:{port}/api/gateway/v1/healthz", p, 120)
             urls[name] = f"http://127.0.0.1:{port}/api/gateway/v1/chat/completions"
-        for url in urls.values():
-            asyncio.run(load(url, 40))  # warm-up
+        for name, url in urls.items():
+            asyncio.run(load(url, 40, key=keys[name]))  # warm-up
         own: dict[str, list[float]] = {k: [] for k in urls}
         client: dict[str, list[float]] = {k: [] for k in urls}
         for _ in range(args.rounds):
             for name, url in urls.items():
-                o, c = asyncio.run(load(url, args.requests))
+                o, c = asyncio.run(load(url, args.requests, key=keys[name]))
                 own[name].append(o)
                 client[name].append(c)
         print(f"medians of {args.rounds} alternating rounds of {args.requests} requests (4 clients), "

@@ -115,6 +115,12 @@ class Hold:
         self._reserved_usd = reserved_usd  # the settled cost's cap (None: no budget, nothing reserved)
         self._on_not_credible = on_not_credible  # the metric (set by the app)
         self._done = store is None or access.principal is None
+        self._queued = False
+
+    @property
+    def queued(self) -> bool:
+        """True once :meth:`settle_soon` queued a settlement to the ledger writer (its commit under way)."""
+        return self._queued
 
     async def guard(self, work: Awaitable[T]) -> T:
         """Await ``work``; if it fails (or is cancelled), release the hold and re-raise."""
@@ -149,6 +155,7 @@ class Hold:
             committed = self._queue(candidate, usage)
         except StoreError as exc:
             return self._unavailable(exc)
+        self._queued = True
         return self._committed(committed)
 
     async def _committed(self, committed: asyncio.Future[None]) -> None:

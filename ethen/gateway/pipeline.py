@@ -23,6 +23,7 @@ live in :mod:`ethen.gateway.app`), which keeps this module free of an import cyc
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -170,6 +171,11 @@ class Pipeline:
         call.res = res
         committed = call.hold.settle_soon(res.target.candidate, res.usage)
         try:
+            if call.hold.queued:
+                # one turn of the loop first: the ledger writer, woken by the queued entry, sends its batch
+                # (Postgres: the statement; SQLite FULL: the COMMIT to its thread), so the render below
+                # overlaps the commit's round trip instead of preceding it
+                await asyncio.sleep(0)
             content = render(res)
         finally:
             await committed

@@ -374,6 +374,10 @@ class _CorrectingHold(Hold):
             self._corrected = True
             self._limits.correct(self._ticket, tokens)
 
+    @property
+    def queued(self) -> bool:
+        return self._inner.queued
+
     async def guard(self, work: Awaitable[T]) -> T:
         try:
             return await work
