@@ -105,7 +105,8 @@ sha256 = "{hashlib.sha256(CLIENT_KEY.encode()).hexdigest()}"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     ap.add_argument("--rates", default="100,300", help="offered rates (RPS) for the overhead figures")
-    ap.add_argument("--ladder", default="200,300,400,500,600,700,800,1000", help="max-rate rungs")
+    ap.add_argument("--ladder", default="200,300,350,400,450,500,550,600,700,800,1000",
+                    help="max-rate rungs (50 apart near the usual maxima: the ratio is read to ~12 %%)")
     ap.add_argument("--duration", type=float, default=4.0, help="seconds per round of one target at one rate")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per rate (medians)")
     ap.add_argument("--ladder-duration", type=float, default=4.0)
