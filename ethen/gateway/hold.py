@@ -158,6 +158,21 @@ class Hold:
         self._queued = True
         return self._committed(committed)
 
+    async def settle_rendering(self, candidate: Candidate, usage: Usage | None, render: Callable[[], T]) -> T:
+        """Queue the settlement, run ``render`` (the answer's body) while it commits, then await the commit
+        (raising :class:`AccountsUnavailableError` if the spend could not be recorded): the answer leaves
+        only after its ledger entry is durable. With a settlement queued, the loop gets one turn before
+        ``render``: the ledger writer, woken by the entry, sends its batch (Postgres: the statement; SQLite
+        FULL: the COMMIT to its thread) so the render overlaps the commit's round trip instead of preceding
+        it (``bench/gateway_versions.py HEAD~ --store URL``)."""
+        committed = self.settle_soon(candidate, usage)
+        try:
+            if self.queued:
+                await asyncio.sleep(0)
+            return render()
+        finally:
+            await committed
+
     async def _committed(self, committed: asyncio.Future[None]) -> None:
         # the entry is queued already: a cancelled waiter leaves it to commit (asyncio.shield: the waiter's
         # cancellation does not cancel the writer's future; anyio's CancelScope cost ~0.1 ms per request)

@@ -23,7 +23,6 @@ live in :mod:`ethen.gateway.app`), which keeps this module free of an import cyc
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -169,16 +168,7 @@ class Pipeline:
         assert call.hold is not None and call.decision is not None and call.payload is not None
         res = await call.hold.guard(self.gw.executor.run_buffered(call.decision, call.payload, call.rid))
         call.res = res
-        committed = call.hold.settle_soon(res.target.candidate, res.usage)
-        try:
-            if call.hold.queued:
-                # one turn of the loop first: the ledger writer, woken by the queued entry, sends its batch
-                # (Postgres: the statement; SQLite FULL: the COMMIT to its thread), so the render below
-                # overlaps the commit's round trip instead of preceding it
-                await asyncio.sleep(0)
-            content = render(res)
-        finally:
-            await committed
+        content = await call.hold.settle_rendering(res.target.candidate, res.usage, lambda: render(res))
         return res, content
 
     async def open_stream(self, call: Call) -> StreamRun:
