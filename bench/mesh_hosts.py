@@ -13,10 +13,12 @@ a worker bound to the namespace's loopback behind a relay that holds each chunk 
   trips)``, where stage compute is the workers' own queue + compute time reported in each reply of the same
   run and the hop round trips are the echo round trips; the aggregate decode tokens/s of ``--sessions``
   concurrent sessions for each ``--lanes`` value (independent decode-round groups in flight at once,
-  staggered by a stage unless suffixed ``u``). Each configuration runs ``--repeat`` times with the delays
-  interleaved (0, 5, 20, 0, 5, 20, ...), so a ratio to 0 ms pairs runs taken close together on a shared
-  VM whose load drifts; medians are printed with every run's figure. Also printed, per token: what one
-  session pays beyond the limit (the head's time, the three RPCs beyond the echo round trip, the rest).
+  staggered by a stage unless suffixed ``u``, star and chain alike). Each configuration runs ``--repeat``
+  times with the delays interleaved (0, 5, 20, 0, 5, 20, ...), so a ratio to 0 ms pairs runs taken close
+  together on a shared VM whose load drifts; medians are printed with every run's figure. Also printed, per
+  token: what one session pays beyond the limit (the head's time, the three RPCs beyond the echo round trip,
+  the rest), and, as a baseline measured in the same run, one session with the orchestrator's head unsplit
+  (``head_fn.split = False``; the default splits its matmul over 2 threads) and the head's own time both ways.
 - ``--planes star,chain`` (default both): each measurement also runs with the worker-to-worker chain
   (:mod:`ethen.mesh.orchestrator.chain`), whose receiver sits behind a relay in the root namespace so the
   last hop's delivery pays D too; one session's chain step is printed against the same limit (which counts

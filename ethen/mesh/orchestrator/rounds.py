@@ -50,7 +50,10 @@ here; every stage's outputs come back with it, so the sessions record each stage
 same (each lane's round is its own chain) and are staggered too: a lane's chain leaves for the first
 worker no earlier than one compute time of the route's slowest stage (EWMAs of each hop's compute time,
 which the chain carries back per hop) after the previous lane's, so the lanes run a stage apart down the
-chain instead of being merged into one batched step at every hop.
+chain instead of being merged into one batched step at every hop. Measured (``bench/mesh_hosts.py``, 8
+sessions in 2 lanes at 20 ms one-way): no gain over unstaggered chained lanes beyond run-to-run noise on the
+shared 2-core VM (28.2 vs 30.0 and 25.1 vs 24.4 tok/s), where a lane of 4 costs ~0.8x a lane of 8 in CPU;
+kept for consistency with the star and for hosts whose cores are their own.
 
 The rounds see a session through :class:`RoundSession` (a Protocol), so this module does not import
 :mod:`~ethen.mesh.orchestrator.session` (which imports it).
