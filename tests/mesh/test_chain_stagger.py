@@ -8,21 +8,14 @@ lanes run a stage apart; greedy output stays that of the single process. Unstagg
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from ethen.mesh.orchestrator import Orchestrator
 from ethen.mesh.worker import ModelBackend, WorkerConfig, WorkerService, parse_fragments, serve
-from ethen.model import Model, SamplingParams, generate, load_model, model_step
-
-PROMPTS = [
-    [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "user", "content": "Write a short poem about the sea."}],
-]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
-LAYOUT = {"a": "0-9", "b": "10-19", "c": "20-29"}
+from ethen.model import Model, load_model
+from tests.mesh.test_rounds_stagger import LAYOUT, _run_together  # the star's test: same workers, same check
 
 
 @pytest.fixture(scope="module")
@@ -44,28 +37,6 @@ def addresses() -> Iterator[dict[str, str]]:
     for server, service in servers:
         server.stop(0)
         service.stop()
-
-
-def _run_together(model: Model, orch: Orchestrator, sessions: int) -> None:
-    """``sessions`` greedy generations started at once, checked against the single-process reference."""
-    prompts = [model.tokenizer.encode(model.chat_template.render(PROMPTS[i % 2], add_generation_prompt=True))
-               for i in range(sessions)]
-    results: dict[int, tuple[int, ...]] = {}
-    barrier = threading.Barrier(sessions)
-
-    def run(i: int) -> None:
-        gen = orch.generate(prompts[i], GREEDY)
-        barrier.wait(timeout=60)
-        results[i] = gen.result().token_ids
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(sessions)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    ctx = model.config.context_length
-    refs = [generate(model_step(model), model.tokenizer, ids, GREEDY, ctx).token_ids for ids in prompts]
-    assert [results.get(i) for i in range(sessions)] == refs
 
 
 def _merged(orch: Orchestrator) -> tuple[int, int]:
