@@ -99,33 +99,10 @@ def stores(pg_url: str | None) -> Iterator[list[tuple[str, str]]]:
     if not pg_url:
         yield out
         return
-    import uuid
+    from tests.pgdb import fresh_pg_database  # created for the run, dropped after (retrying an autovacuum)
 
-    import asyncpg
-    from sqlalchemy.engine import make_url
-
-    name = f"ethen_bench_{uuid.uuid4().hex[:12]}"
-    plain = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(plain)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    try:
-        yield [*out, ("postgres", make_url(pg_url).set(database=name).render_as_string(hide_password=False))]
-    finally:
-        for attempt in range(10):  # an autovacuum worker may still be on it after the inserts: retry
-            try:
-                asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}"'))
-                break
-            except asyncpg.PostgresError as exc:
-                if attempt == 9:
-                    print(f"could not drop the bench database {name}: {exc}")
-                time.sleep(1.0)
+    with fresh_pg_database(pg_url) as url:
+        yield [*out, ("postgres", url)]
 
 
 _KEY = """
