@@ -300,7 +300,11 @@ class GroupCommit:
             self._pg = await self.store.engine.connect()
             self._pg_raw = (await self._pg.get_raw_connection()).driver_connection
             if self.store.postgres_synchronous_commit == "off":
-                await self._pg_raw.execute("SET synchronous_commit = off")
+                try:
+                    await self._pg_raw.execute("SET synchronous_commit = off")
+                except BaseException:
+                    await self._drop_pg(invalidate=True)
+                    raise
         assert self._pg_raw is not None
         return self._pg_raw
 
@@ -309,10 +313,13 @@ class GroupCommit:
         if conn is None:
             return
         try:
+            if not invalidate and self.store.postgres_synchronous_commit == "off":
+                try:  # the pool's other users keep the server's setting
+                    await raw.execute("RESET synchronous_commit")
+                except Exception:
+                    invalidate = True  # never back to the pool with the writer's setting
             if invalidate:
                 await conn.invalidate()
-            elif self.store.postgres_synchronous_commit == "off":
-                await raw.execute("RESET synchronous_commit")  # the pool's other users keep the default
             await conn.close()
         except Exception:  # a broken connection: the pool replaces it
             pass
