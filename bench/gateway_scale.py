@@ -1,6 +1,6 @@
 """Gateway at scale (issue 11): requests/s and p50/p99 overhead of one ``ethen gateway`` without a store, with
 a store and a budgeted key (SQLite with the default ``synchronous=NORMAL`` and with ``FULL``, and Postgres
-when given), and ``--workers 2`` on Postgres + Redis, in one
+when given, with the default ``postgres_synchronous_commit = "off"`` and with ``"on"``), and ``--workers 2`` on Postgres + Redis, in one
 run, in front of the same scripted upstream (``tests/gateway/upstream.py``, fixed latency).
 
 Load: ``bench/gateway_overhead.py``'s open-loop generator (aiohttp + uvloop in this process; request i
@@ -171,8 +171,9 @@ def main() -> None:
         add("b: 1 process, SQLite FULL (fsync per commit), budgeted key", f"sqlite:///{tmp / 'bf.db'}",
             synchronous="FULL")
         if args.pg:
-            add("b: 1 process, Postgres store, budgeted key", args.pg)
-            add("b: 1 process, Postgres synchronous_commit=off, budgeted key", args.pg, pg_commit="off")
+            add("b: 1 process, Postgres store (default synchronous_commit=off), budgeted key", args.pg)
+            add("b: 1 process, Postgres synchronous_commit=on (fsync per commit), budgeted key", args.pg,
+                pg_commit="on")
         if args.redis:
             store = args.pg or f"sqlite:///{tmp / 'c.db'}"
             db = "Postgres" if args.pg else "SQLite (no --pg)"

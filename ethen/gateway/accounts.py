@@ -151,7 +151,7 @@ class Accounts:
         instance_id: str | None = None,
         release_dangling: bool = True,
         sqlite_synchronous: str = "NORMAL",
-        postgres_synchronous_commit: str = "on",
+        postgres_synchronous_commit: str = "off",
     ) -> None:
         self.keyring = keyring
         self.sqlite_synchronous = sqlite_synchronous

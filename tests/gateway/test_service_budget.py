@@ -323,14 +323,18 @@ def test_bad_store_config_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(GatewayConfigError,
                        match=r"store\.postgres_synchronous_commit = 'local': .*'on' or 'off'"):
         parse_config({**base, "store": {**sq, "postgres_synchronous_commit": "local"}})
-    off = parse_config({**base, "store": {**sq, "postgres_synchronous_commit": "off"}}).store
-    assert off is not None and off.postgres_synchronous_commit == "off"
+    on = parse_config({**base, "store": {**sq, "postgres_synchronous_commit": "on"}}).store
+    assert on is not None and on.postgres_synchronous_commit == "on"
+    default = parse_config({**base, "store": sq}).store  # off by default, like SQLite's NORMAL
+    assert default is not None and default.postgres_synchronous_commit == "off"
     from ethen.gateway.accounts import accounts_for
     from ethen.gateway.auth import KeyRing
 
-    built = accounts_for(parse_config({**base, "store": {**sq, "postgres_synchronous_commit": "off"}}),
+    built = accounts_for(parse_config({**base, "store": {**sq, "postgres_synchronous_commit": "on"}}),
                          KeyRing([]), ENV)
-    assert built.postgres_synchronous_commit == "off"  # what Accounts.start opens the store with
+    assert built.postgres_synchronous_commit == "on"  # what Accounts.start opens the store with
+    by_default = accounts_for(parse_config({**base, "store": sq}), KeyRing([]), ENV)
+    assert by_default.postgres_synchronous_commit == "off"
     # with a store, config keys are optional (project keys come from the database)
     cfg = parse_config({**base, "api_keys": [], "store": {"url": f"sqlite:///{tmp_path}/x.db"}})
     assert cfg.store is not None and cfg.api_keys == []

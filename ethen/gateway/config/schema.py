@@ -307,11 +307,12 @@ class StoreConfig(_Strict):
     #: WAL before the answer leaves, so it survives a crash or ``kill -9`` of the gateway, not a power loss or
     #: a kernel crash. FULL: also those (an fsync per group commit, ~0.4 ms more per request here).
     sqlite_synchronous: Literal["FULL", "NORMAL", "EXTRA"] = "NORMAL"
-    #: Postgres only: ``synchronous_commit`` of the ledger's settlements. on (default): a settled entry is
-    #: flushed to the server's WAL before the answer leaves. off: it is committed and visible to every
-    #: instance, and survives a crash of the gateway, but a crash of the Postgres server loses the last
-    #: <= 600 ms of settlements (~0.45 ms less per request here). Other writes keep the server's setting.
-    postgres_synchronous_commit: Literal["on", "off"] = "on"
+    #: Postgres only: ``synchronous_commit`` of the ledger's settlements. off (default, the counterpart of
+    #: SQLite's NORMAL): a settled entry is committed and visible to every instance before the answer
+    #: leaves, and survives a crash or ``kill -9`` of the gateway, but a crash of the Postgres server loses
+    #: the last <= 600 ms of settlements. on (Postgres's own default): also flushed to the server's WAL on
+    #: disk first (~1 ms more per request here). Other writes keep the server's setting.
+    postgres_synchronous_commit: Literal["on", "off"] = "off"
 
     @field_validator("reservation_ttl_s", "lease_s", mode="before")
     @classmethod
