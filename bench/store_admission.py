@@ -11,9 +11,10 @@ Two paths, same run: "per-request" is one transaction per step (the protocol bef
 ``Store.reserve``/``Store.settle``); "fast" is :class:`ethen.store.Admission`, the gateway's path since issue
 11 (key from the in-memory cache, remaining budget and the hold from memory, the settlement awaited through
 the group commit). Measured: median and p99 milliseconds per request, sequential, and requests/second with
-32 concurrent requests (one event loop, like one gateway process), on SQLite ``synchronous=NORMAL`` (durable
-across a process crash, not power loss) and the shipped ``FULL``, and Postgres with ``--pg``. A sequential
-request's floor is one commit (fsync): the settled entry must be durable before the answer leaves.
+32 concurrent requests (one event loop, like one gateway process), on SQLite ``synchronous=NORMAL`` (the
+gateway's default: durable across a process crash, not power loss) and ``FULL``, and Postgres with ``--pg``
+with ``synchronous_commit`` ``off`` (the gateway's default, the counterpart of NORMAL) and ``on``. A
+sequential request's floor is one commit: the settled entry must be committed before the answer leaves.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ async def one(st: Store, key: str, i: int) -> None:
     )
 
 
-async def measure(url: str, sync: str, n: int, conc: int, path: str) -> tuple[float, float, float]:
-    st = await Store.open(url, sqlite_synchronous=sync)
+async def measure(url: str, sync: str, n: int, conc: int, path: str,
+                  pg_commit: str = "on") -> tuple[float, float, float]:
+    st = await Store.open(url, sqlite_synchronous=sync, postgres_synchronous_commit=pg_commit)
     adm = Admission(st)
     try:
         name = f"bench{time.monotonic_ns()}"
@@ -127,9 +129,10 @@ def main() -> None:
                 rows.append(
                     (f"{path:12} {label}", *asyncio.run(measure(url, sync, args.n, args.concurrency, path)))
                 )
-            if args.pg:
-                got = asyncio.run(measure(args.pg, "FULL", args.n, args.concurrency, path))
-                rows.append((f"{path:12} postgresql", *got))
+            if args.pg:  # the gateway's default (off) and Postgres's own (on, a WAL flush per commit)
+                for commit in ("off", "on"):
+                    got = asyncio.run(measure(args.pg, "FULL", args.n, args.concurrency, path, commit))
+                    rows.append((f"{path:12} postgresql {commit}", *got))
     base = rows[0]
     print(
         f"per-request store work (auth + spend + reserve + settle), n={args.n}, "
@@ -146,9 +149,9 @@ def main() -> None:
           "costs at least one of these")
     floors = {"sqlite FULL": commit_ms}
     if args.pg:
-        floors["postgresql"] = asyncio.run(pg_floor(args.pg, args.n))
+        floors["postgresql on"] = asyncio.run(pg_floor(args.pg, args.n))
         print(f"floor, Postgres: a bare one-row INSERT committed (asyncpg, autocommit) median "
-              f"{floors['postgresql']:.3f} ms (the server's WAL flush + one round trip)")
+              f"{floors['postgresql on']:.3f} ms (the server's WAL flush + one round trip)")
     for label, med, _, _ in rows:
         backend = label.split(None, 1)[1]
         if label.startswith("fast") and backend in floors:
