@@ -1,7 +1,8 @@
 """Gateway at scale (issue 11): requests/s and p50/p99 overhead of one ``ethen gateway`` without a store, with
 a store and a budgeted key (SQLite with the default ``synchronous=NORMAL`` and with ``FULL``, and Postgres
-when given, with the default ``postgres_synchronous_commit = "off"`` and with ``"on"``), and ``--workers 2`` on Postgres + Redis, in one
-run, in front of the same scripted upstream (``tests/gateway/upstream.py``, fixed latency).
+when given, with the default ``postgres_synchronous_commit = "off"`` and with ``"on"``), and ``--workers 2``
+on Postgres + Redis, in one run, in front of the same scripted upstream (``tests/gateway/upstream.py``,
+fixed latency).
 
 Load: ``bench/gateway_overhead.py``'s open-loop generator (aiohttp + uvloop in this process; request i
 leaves at ``start + i / rate`` and its latency counts from then). Overhead = the gateway's latency percentile
