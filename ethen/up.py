@@ -56,11 +56,9 @@ Choices where the issue is silent:
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import secrets
-import shlex
 import signal
 import socket
 import sys
@@ -76,6 +74,7 @@ __all__ = [
     "DEFAULT_LAYOUT",
     "admin_key",
     "api_key",
+    "check_join",
     "check_port",
     "data_dir",
     "default_store_url",
@@ -233,12 +232,14 @@ def mesh_route(store: Any) -> dict[str, Any]:
 def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
                      user: dict[str, Any] | None = None, *, admin_key_sha256: str | None = None,
                      model_path: str | None = None, token_file: str | None = None,
-                     route: dict[str, Any] | None = None) -> dict[str, Any]:
+                     route: dict[str, Any] | None = None, join: str | None = None,
+                     tls: tuple[str, str] | None = None) -> dict[str, Any]:
     """The gateway config ``ethen up`` serves (a TOML document as a dict): the mesh over ``workers``, the
     local key, and the optional user config's providers, routes, keys, canaries, policy and store. With
     ``admin_key_sha256``: the embedded store (unless the user config has a ``[store]``) with that admin key
     (unless the user's ``[store]`` sets one). ``route``: the mesh's route (:func:`mesh_route`; default:
-    ``smollm2-135m-instruct``)."""
+    ``smollm2-135m-instruct``). ``join``: the mesh provider's registry address (workers on other machines
+    join there), ``tls``: its certificate and key (PEM paths)."""
     from ethen.gateway.auth import hash_key
 
     user = dict(user or {})
@@ -247,7 +248,9 @@ def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
         "server": {"host": host, "port": port},
         "providers": [{"id": "mesh", "kind": "mesh", "workers": workers, "start_timeout_s": 60.0,
                        **({} if model_path is None else {"model_path": model_path}),
-                       **({} if token_file is None else {"token_file": token_file})}],
+                       **({} if token_file is None else {"token_file": token_file}),
+                       **({} if join is None else {"join": join}),
+                       **({} if tls is None else {"tls_cert": tls[0], "tls_key": tls[1]})}],
         "routes": [route or {"model": MODEL, "provider": "mesh"}],
         "api_keys": [{"name": "local", "sha256": hash_key(key)}],
     }
@@ -265,6 +268,34 @@ def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
         doc["store"] = store
     doc.update(user)  # policy, store, and anything unknown (which validation then names)
     return doc
+
+
+def check_join(join: str | None, tls: tuple[str, str] | None, tls_given: bool) -> None:
+    """``--join`` / ``--tls-cert`` / ``--tls-key`` checked before anything slow loads, by the mesh provider's
+    own config rules (a non-loopback registry needs TLS; files must exist): a bad value exits 2 naming it."""
+    from ethen.gateway.config import parse_config
+    from ethen.gateway.errors import GatewayConfigError
+
+    if tls_given and tls is None:
+        _say("error: --tls-cert and --tls-key go together")
+        raise typer.Exit(2)
+    if join is None:
+        _say("error: --tls-cert / --tls-key secure the --join registry: give --join HOST:PORT too")
+        raise typer.Exit(2)
+    from ethen.mesh.auth import is_loopback
+
+    doc = gateway_document("127.0.0.1", 1, "x" * 32, {"check": "127.0.0.1:1"}, join=join, tls=tls,
+                           token_file=str(mesh_token_file().resolve()))
+    try:
+        parse_config(doc, source="--join")
+    except GatewayConfigError as exc:
+        host, _, port = join.rpartition(":")
+        if tls is None and port.isdigit() and not is_loopback(host):
+            _say(f"error: --join {join}: a registry other hosts reach needs --tls-cert and --tls-key "
+                 "(make them with `ethen mesh certs`); the mesh token is passed already")
+        else:
+            _say(f"error: {exc.message}")
+        raise typer.Exit(2) from None
 
 
 def _read_user_config(path: Path) -> dict[str, Any]:
@@ -343,53 +374,6 @@ def _command_start() -> float:
     return t0 if 0 <= time.time() - t0 < 86400 else _IMPORTED_AT
 
 
-def _ethen_command() -> str:
-    """How to run ``ethen`` from a shell: the script next to this interpreter (a venv's ``bin``) if any."""
-    script = Path(sys.executable).parent / "ethen"
-    return shlex.quote(str(script)) if script.is_file() else "ethen"
-
-
-def banner(url: str, key: str, key_source: str, admin: tuple[str, str] | None, config_path: Path,
-           workers: int) -> str:
-    """What ``ethen up`` prints once it serves: the URL, the keys, and examples that run as printed."""
-    question = '"What is the capital of France?"'
-    py = shlex.quote(sys.executable)
-    pip = "" if importlib.util.find_spec("openai") else f"{py} -m pip install openai   # the SDK, once\n"
-    ethen = _ethen_command()
-    data = os.environ.get("ETHEN_DATA_DIR")
-    prefix = f"ETHEN_DATA_DIR={shlex.quote(data)} " if data else ""
-    if admin is not None:
-        admin_text = f"""Admin key ({admin[1]}), for {url.rsplit('/api/', 1)[0]}/api/admin/v1 only:
-  {admin[0]}"""
-    else:
-        admin_text = "Admin API: /api/admin/v1 with the admin key of your [store]"
-    return f"""
-Ethen is up: {url}
-API key ({key_source}):
-  {key}
-{admin_text}
-
-curl {url}/chat/completions \\
-  -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
-  -d '{{"model": "ethen/auto", "temperature": 0, "max_tokens": 32,
-       "messages": [{{"role": "user", "content": {question}}}]}}'
-
-{pip}{py} - <<'PY'
-from openai import OpenAI
-client = OpenAI(base_url="{url}", api_key="{key}")
-r = client.chat.completions.create(model="ethen/auto", temperature=0, max_tokens=32,
-                                   messages=[{{"role": "user", "content": {question}}}])
-print(r.choices[0].message.content)
-print(r.model_extra["ethen"]["routing"]["mesh"]["route"]["nodes"])
-PY
-
-Projects, keys, budgets: `ethen projects|keys|usage|certify` act on this gateway's store, no flags needed.
-A project key (project 'default', created if missing; accepted here at once):
-  {prefix}{ethen} keys create
-The same gateway, without `ethen up`, while these workers run:  {ethen} gateway --config {config_path}
-Ctrl-C stops the gateway and the {workers} workers."""
-
-
 def up(
     port: int = typer.Option(8080, "--port", help="Gateway port (0: a free port)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Gateway bind address."),
@@ -402,6 +386,11 @@ def up(
                                    help="text, or json (one JSON object per line)."),
     model: Path = typer.Option(  # noqa: B008
         None, "--model", help="GGUF model file (llama, qwen2; default: SmolLM2-135M-Instruct)."),
+    join: str = typer.Option(
+        None, "--join", help="HOST:PORT where workers of other machines join the mesh (ethen worker --join); "
+        "not loopback: also --tls-cert and --tls-key (ethen mesh certs)."),
+    tls_cert: Path = typer.Option(None, "--tls-cert", help="PEM certificate of the --join registry."),  # noqa: B008
+    tls_key: Path = typer.Option(None, "--tls-key", help="PEM private key of --tls-cert."),  # noqa: B008
 ) -> None:
     """Start a local 3-worker mesh and the gateway serving it; Ctrl-C stops them all."""
     t0 = _command_start()
@@ -424,6 +413,9 @@ def up(
     one_blas_thread()  # the orchestrator's head matmul shares the cores with the workers
     from ethen.model.errors import ModelError  # after one_blas_thread: it imports NumPy
     workers_spec = load_layout(layout)
+    tls = None if tls_cert is None or tls_key is None else (str(tls_cert.resolve()), str(tls_key.resolve()))
+    if join is not None or tls_cert is not None or tls_key is not None:
+        check_join(join, tls, tls_cert is not None or tls_key is not None)
     user = _read_user_config(config) if config is not None else None
     key, key_source = api_key()
     user_admin = isinstance((user or {}).get("store"), dict) and "admin_key_sha256" in (user or {})["store"]
@@ -449,11 +441,13 @@ def up(
         from ethen.gateway.config import load_config, skip_providers_without_keys
         from ethen.gateway.errors import GatewayConfigError
         from ethen.gateway.serve import serve
+        from ethen.up_banner import banner
 
         doc = gateway_document(host, port, key, supervisor.addresses, user,
                                admin_key_sha256=hash_key(admin[0]) if admin else None,
                                model_path=None if model is None else str(model.resolve()),
-                               token_file=token_file, route=None if model is None else mesh_route(store))
+                               token_file=token_file, route=None if model is None else mesh_route(store),
+                               join=join, tls=tls)
         path = write_config(doc, up_config_path())
         _say(f"[3/4] gateway config: {path}")
         try:
@@ -463,7 +457,8 @@ def up(
             _say(f"error: {exc.message}")
             raise typer.Exit(2) from None
         _say("[4/4] gateway: starting its providers (the mesh loads its head, polls the workers, routes) ...")
-        text = banner(f"http://{host}:{port}{PREFIX}", key, key_source, admin, path, len(workers_spec))
+        text = banner(f"http://{host}:{port}{PREFIX}", key, key_source, admin, path, len(workers_spec),
+                      join=None if join is None else (join, token_file, tls_cert is not None))
 
         def announce() -> None:
             took = f"Ethen is up, ready in {time.time() - t0:.1f} s since the command started:"

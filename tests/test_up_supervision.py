@@ -34,9 +34,9 @@ PROMPT = "Count from 1 to 200, one number per line."
 class Up:
     """``ethen up --port 0`` with its output drained by a thread (the WARNING log lines keep coming)."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *extra_args: str) -> None:
         self.data = tmp / "data"
-        self.proc = subprocess.Popen([sys.executable, "-m", "ethen", "up", "--port", "0"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "ethen", "up", "--port", "0", *extra_args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=_env(self.data))
         self.lines: list[str] = []
