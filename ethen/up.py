@@ -27,6 +27,11 @@ routes to it again), after 0.5 s doubling to 30 s while it keeps failing (reset 
 death and restart is one WARNING line (node id, pid, exit code or signal, next delay). The workers still exit
 when ``ethen up`` dies of any signal (:mod:`ethen.mesh.worker.launch`).
 
+``--join HOST:PORT`` opens the mesh provider's membership registry, so workers of other machines join this
+mesh (``ethen worker --join``, with ``<data dir>/mesh_token``); the banner prints a worker command that joins
+as printed. A registry other hosts reach needs ``--tls-cert`` / ``--tls-key``; the flags are checked by the
+mesh provider's own config rules before anything loads (:func:`check_join`).
+
 Choices where the issue is silent:
 - The port is checked first (bind with ``SO_REUSEADDR`` as uvicorn does, then close): a taken port fails in
   well under a second with the port in the message, before the model and workers load. ``--port 0`` picks a
