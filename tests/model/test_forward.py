@@ -18,6 +18,7 @@ from ethen.model import (
     load_layer_stacks,
     parse_layer_ranges,
 )
+from ethen.model.layers import SMALL_BATCH_ROWS
 
 PROMPT = "<|im_start|>user\nName three colours.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -99,6 +100,31 @@ def test_batched_decode_equals_per_session(model: Model) -> None:
         batch_next = [int(t) for t in np.argmax(batched, axis=1)]
         assert solo_next == batch_next
     assert [kv.length for kv in batch_kvs] == [kv.length for kv in solo_kvs]
+
+
+@pytest.mark.parametrize("sessions", [2, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 1])
+def test_batched_rows_equal_single_row_forwards(model: Model, sessions: int) -> None:
+    """A decode step of several sessions in one ``forward_batch`` (its matmuls over the ``[out, in]`` weight
+    copies, in blocks up to SMALL_BATCH_ROWS rows, in one call beyond) gives each session the hidden state of
+    its own one-row step (gemv over the ``[in, out]`` layout)."""
+    stack = model.stack
+    ids = model.tokenizer.encode(PROMPT)
+    prompts = [ids[: 3 + i] for i in range(sessions)]  # different lengths: different cache depths
+    solo_kvs = [model.new_kv_cache() for _ in prompts]
+    batch_kvs = [model.new_kv_cache() for _ in prompts]
+    for p, a, b in zip(prompts, solo_kvs, batch_kvs, strict=True):
+        model.logits(p, a)
+        model.logits(p, b)
+    h = model.ends.embed([ids[len(p)] for p in prompts])  # [B, d] each session's next token
+    batched = stack.forward_batch(h, [kv.length for kv in batch_kvs], batch_kvs)  # [B, d]
+    solo = np.concatenate([stack.forward(h[i:i + 1], [kv.length], kv)
+                           for i, kv in enumerate(solo_kvs)])  # [B, d]
+    assert batched.shape == solo.shape and batched.dtype == np.float32
+    np.testing.assert_allclose(batched, solo, rtol=0, atol=2e-5 * float(np.abs(solo).max()))
+    for a, b in zip(solo_kvs, batch_kvs, strict=True):
+        assert a.length == b.length
+        k = a.k[:, :, :a.length]  # [L, Hkv, S, hd] the keys this step wrote, at every layer
+        np.testing.assert_allclose(b.k[:, :, :b.length], k, rtol=0, atol=2e-5 * float(np.abs(k).max()))
 
 
 def test_ragged_batch_prefill_equals_separate_prefill(model: Model) -> None:

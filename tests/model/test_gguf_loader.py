@@ -12,8 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ethen.model import ModelInputError, WeightsNotFoundError, WeightStore, find_gguf_path, open_weight_store
+from ethen.model import (
+    ModelInputError,
+    WeightsNotFoundError,
+    WeightStore,
+    find_gguf_path,
+    gguf_loader,
+    open_weight_store,
+)
 from ethen.model.gguf_loader import CACHE_FORMAT
+from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
 
 
 def test_gguf_is_found_without_executing_the_package() -> None:
@@ -81,6 +89,36 @@ def test_layers_are_memory_mapped(store: WeightStore) -> None:
     assert w.wo.shape == (576, 576) and w.w_down.shape == (1536, 576)
     with pytest.raises(ModelInputError, match="outside"):
         store.load_layer(30)
+
+
+def test_each_matrix_is_also_cached_as_its_transpose(store: WeightStore) -> None:
+    """The ``[d_out, d_in]`` copies (used for 2+ rows) hold exactly the ``[d_in, d_out]`` matrices."""
+    for i in (0, 29):
+        w = store.load_layer(i)
+        pairs = ((w.wqkv, w.wqkv_t), (w.wo, w.wo_t), (w.w_gate_up, w.w_gate_up_t), (w.w_down, w.w_down_t))
+        for a, t in pairs:
+            assert t.shape == a.shape[::-1] and t.flags.c_contiguous and t.dtype == np.float32
+            assert isinstance(t.base, np.memmap) or isinstance(t, np.memmap)
+            np.testing.assert_array_equal(t, a.T)
+
+
+def test_a_cache_of_another_format_is_rebuilt_not_read(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache written by an older layout (format CACHE_FORMAT - 1, without the transposed copies) is refused
+    by WeightStore, naming both formats, and open_weight_store builds the current one beside it."""
+    gguf = write_tiny_gguf(tmp_path / "m.gguf", TinySpec(n_layers=2))
+    with monkeypatch.context() as m:
+        m.setattr(gguf_loader, "CACHE_FORMAT", CACHE_FORMAT - 1)
+        old = open_weight_store(gguf, cache_root=tmp_path / "cache")
+    assert old.meta["format"] == CACHE_FORMAT - 1
+    for f in old.directory.glob("*_t.npy"):
+        f.unlink()  # as the old layout wrote it
+    with pytest.raises(WeightsNotFoundError, match=f"format {CACHE_FORMAT - 1}.*reads format {CACHE_FORMAT}"):
+        WeightStore(old.directory)
+    new = open_weight_store(gguf, cache_root=tmp_path / "cache")
+    assert new.directory != old.directory and new.meta["format"] == CACHE_FORMAT
+    w = new.load_layer(1)
+    np.testing.assert_array_equal(w.w_gate_up_t, w.w_gate_up.T)
 
 
 def test_unwritable_cache_root_is_a_clear_error(tmp_path: Path) -> None:
