@@ -1,7 +1,7 @@
-"""Single-process ethen.model: load time, prefill and decode speed, batched-decode scaling (SmolLM2), and
-prefill / decode tokens/s per architecture and tensor type on tiny random-weight GGUFs
-(``ethen.model.tiny_gguf``: llama and qwen2, d_model 256, 4 layers), next to transformers' GGUF loader in the
-same run when the parity extra is installed.
+"""Single-process ethen.model: load time, prefill (the chat prompt and 512 tokens) and decode speed,
+batched-decode scaling (2, 4, 8 sessions; SmolLM2), and prefill / decode tokens/s per architecture and tensor
+type on tiny random-weight GGUFs (``ethen.model.tiny_gguf``: llama and qwen2, d_model 256, 4 layers), next to
+transformers' GGUF loader in the same run when the parity extra is installed.
 
 .venv/bin/python bench/model_decode.py [--steps 32] [--repeats 5] [--skip-cold] [--skip-tiny] [--model X.gguf]
 
@@ -33,6 +33,7 @@ from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
 TINY_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm. " * 4}]
+LONG_PREFILL = 512  # tokens of the long-prefill figure (the prompt's tokens repeated)
 
 
 def _cold_load_s(model: Path | None) -> float:
@@ -159,11 +160,14 @@ def main() -> None:
     ids = m.tokenizer.encode(m.chat_template.render(PROMPT))
     prefill = statistics.median(_prefill_tok_s(m, ids) for _ in range(args.repeats))
     print(f"prefill ({len(ids)} tokens): {prefill:.0f} tok/s")
+    long_ids = (ids * (LONG_PREFILL // len(ids) + 1))[:LONG_PREFILL]
+    long_prefill = statistics.median(_prefill_tok_s(m, long_ids) for _ in range(args.repeats))
+    print(f"prefill ({len(long_ids)} tokens): {long_prefill:.0f} tok/s")
     print(f"load average now: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (high: wall figures suffer)")
     base, base_cpu = _median2([_decode_tok_s(m, ids, 1, args.steps) for _ in range(args.repeats)])
     print(f"decode, 1 session (baseline): {base:.1f} tok/s wall ({1000 / base:.1f} ms/token); "
           f"{base_cpu:.1f} tok per CPU-s")
-    for b in (4, 8):
+    for b in (2, 4, 8):
         agg, agg_cpu = _median2([_decode_tok_s(m, ids, b, args.steps) for _ in range(args.repeats)])
         print(f"decode, {b} sessions batched: {agg:.1f} tok/s wall aggregate = {agg / base:.2f}x baseline; "
               f"{agg_cpu:.1f} tok per CPU-s = {agg_cpu / base_cpu:.2f}x")
