@@ -275,20 +275,23 @@ def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
     return doc
 
 
-def check_join(join: str | None, tls: tuple[str, str] | None, tls_given: bool) -> None:
+def check_join(join: str | None, tls_cert: Path | None, tls_key: Path | None) -> tuple[str, str] | None:
     """``--join`` / ``--tls-cert`` / ``--tls-key`` checked before anything slow loads, by the mesh provider's
-    own config rules (a non-loopback registry needs TLS; files must exist): a bad value exits 2 naming it."""
+    own config rules (a non-loopback registry needs TLS; files must exist): a bad value exits 2 naming it.
+    Returns the registry's (certificate, key) paths, ``None`` without TLS."""
     from ethen.gateway.config import parse_config
     from ethen.gateway.errors import GatewayConfigError
+    from ethen.mesh.auth import is_loopback
 
-    if tls_given and tls is None:
+    if join is None and tls_cert is None and tls_key is None:
+        return None
+    if (tls_cert is None) != (tls_key is None):
         _say("error: --tls-cert and --tls-key go together")
         raise typer.Exit(2)
     if join is None:
         _say("error: --tls-cert / --tls-key secure the --join registry: give --join HOST:PORT too")
         raise typer.Exit(2)
-    from ethen.mesh.auth import is_loopback
-
+    tls = None if tls_cert is None or tls_key is None else (str(tls_cert.resolve()), str(tls_key.resolve()))
     doc = gateway_document("127.0.0.1", 1, "x" * 32, {"check": "127.0.0.1:1"}, join=join, tls=tls,
                            token_file=str(mesh_token_file().resolve()))
     try:
@@ -301,6 +304,7 @@ def check_join(join: str | None, tls: tuple[str, str] | None, tls_given: bool) -
         else:
             _say(f"error: {exc.message}")
         raise typer.Exit(2) from None
+    return tls
 
 
 def _read_user_config(path: Path) -> dict[str, Any]:
@@ -418,9 +422,7 @@ def up(
     one_blas_thread()  # the orchestrator's head matmul shares the cores with the workers
     from ethen.model.errors import ModelError  # after one_blas_thread: it imports NumPy
     workers_spec = load_layout(layout)
-    tls = None if tls_cert is None or tls_key is None else (str(tls_cert.resolve()), str(tls_key.resolve()))
-    if join is not None or tls_cert is not None or tls_key is not None:
-        check_join(join, tls, tls_cert is not None or tls_key is not None)
+    tls = check_join(join, tls_cert, tls_key)
     user = _read_user_config(config) if config is not None else None
     key, key_source = api_key()
     user_admin = isinstance((user or {}).get("store"), dict) and "admin_key_sha256" in (user or {})["store"]
@@ -463,7 +465,7 @@ def up(
             raise typer.Exit(2) from None
         _say("[4/4] gateway: starting its providers (the mesh loads its head, polls the workers, routes) ...")
         text = banner(f"http://{host}:{port}{PREFIX}", key, key_source, admin, path, len(workers_spec),
-                      join=None if join is None else (join, token_file, tls_cert is not None))
+                      join=None if join is None else (join, token_file, tls is not None))
 
         def announce() -> None:
             took = f"Ethen is up, ready in {time.time() - t0:.1f} s since the command started:"
