@@ -30,7 +30,7 @@ from ethen.model.config import ModelConfig
 from ethen.model.errors import ModelInputError
 from ethen.model.gguf_loader import LayerWeights, WeightStore, open_weight_store
 from ethen.model.kv_cache import DEFAULT_INITIAL_CAPACITY, KVCache
-from ethen.model.layers import AttentionSegment, block, rms_norm, rope_tables
+from ethen.model.layers import AttentionSegment, block, linear, rms_norm, rope_tables
 from ethen.model.tokenizer import Tokenizer
 
 __all__ = [
@@ -187,7 +187,7 @@ class EmbedAndHead:
         self.token_embd = token_embd  # [V, d]
         self.output_norm = output_norm  # [d]
         self.output_head = output_head  # [V, d] (the same array as token_embd when tied)
-        # [d, V] C-contiguous: h @ head_t beats h @ head.T by 1.4-1.5x at 2-8 rows (batched decode)
+        # [d, V] C-contiguous: the one-row head (a gemv over it is ~1.5x faster than over head [V, d])
         self.output_head_t: F32 = (np.ascontiguousarray(output_head.T) if output_head_t is None
                                    else output_head_t)
         want = (output_head.shape[1], output_head.shape[0])
@@ -215,7 +215,8 @@ class EmbedAndHead:
             shape = list(hidden.shape) if isinstance(hidden, np.ndarray) else type(hidden).__name__
             raise ModelInputError(f"hidden must be float32 [N, {self.config.d_model}], got {shape}")
         h = rms_norm(hidden, self.output_norm, np.float32(self.config.rms_eps))  # [N, d]
-        return h @ self.output_head_t  # [N, V]
+        # 1 row: gemv over head_t [d, V]; 2+ rows over head [V, d] (:func:`linear`): 8 rows 48 -> 17 ms
+        return linear(h, self.output_head_t, self.output_head)  # [N, V] (N > 1: a view of [V, N])
 
 
 class Model:

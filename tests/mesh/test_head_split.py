@@ -23,13 +23,14 @@ def test_split_head_gives_the_unsplit_logits(ends: EmbedAndHead) -> None:
         assert head._parts[-1][1] == ends.output_head_t.shape[1]
         rng = np.random.default_rng(7)
         real = ends.embed([1, 42, 314, 2718])  # real embedding rows as hidden states
-        for rows in (1, 2, 3, 4):
-            noise = rng.standard_normal(real[:rows].shape).astype(np.float32)
-            hidden = np.ascontiguousarray(real[:rows] + noise)
-            assert np.array_equal(head(hidden), ends.logits(hidden)), rows  # bitwise, 1-4 rows
-        hidden = rng.standard_normal((8, ends.config.d_model)).astype(np.float32)
+        for rows in (1, 2, 3, 4, 8):
+            noise = rng.standard_normal(real[:1].shape).astype(np.float32)
+            hidden = np.ascontiguousarray(np.repeat(real[:1], rows, axis=0) + noise)
+            hidden[: min(rows, 4)] = real[: min(rows, 4)] + noise
+            assert np.array_equal(head(hidden), ends.logits(hidden)), rows  # bitwise, 1-8 rows
+        hidden = rng.standard_normal((12, ends.config.d_model)).astype(np.float32)  # prefill-sized
         got, want = head(hidden), ends.logits(hidden)
-        assert got.shape == want.shape == (8, ends.config.vocab_size)
+        assert got.shape == want.shape == (12, ends.config.vocab_size)
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
         assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
     finally:
@@ -54,3 +55,18 @@ def test_one_thread_is_the_unsplit_head_and_bad_input_is_refused(ends: EmbedAndH
         two.close()
     with pytest.raises(ValueError, match="head_threads = 0"):
         SplitHead(ends, 0)
+
+
+def test_batched_head_gives_each_row_its_one_row_logits(ends: EmbedAndHead) -> None:
+    """The 2-8 row head (blocks over ``head [V, d]``) and the one-row gemv (over ``head_t [d, V]``) are two
+    BLAS calls; each row's logits agree to float32 rounding and pick the same greedy token."""
+    rng = np.random.default_rng(3)
+    hidden = ends.embed([7, 99, 1234, 4321, 17, 5, 3000, 12]) + rng.standard_normal((8, ends.config.d_model),
+                                                                                  dtype=np.float32)
+    assert ends.output_head.flags.c_contiguous  # the blocked path slices its rows
+    for rows in (2, 5, 8):
+        batch = ends.logits(np.ascontiguousarray(hidden[:rows]))
+        for i in range(rows):
+            one = ends.logits(np.ascontiguousarray(hidden[i:i + 1]))[0]
+            np.testing.assert_allclose(batch[i], one, rtol=0, atol=1e-4)
+            assert int(batch[i].argmax()) == int(one.argmax())

@@ -1,28 +1,32 @@
-"""The orchestrator's head (final RMSNorm + ``[N, d] x [d, V]``) with the matmul split by vocabulary columns
+"""The orchestrator's head (final RMSNorm + ``[N, d] x [d, V]``) with the matmul split by vocabulary ranges
 over ``threads`` threads.
 
 Why: on every decode step the head sits on the critical path of the sessions it serves, between the last
 stage's output and the next token's embedding, and it is a read of the whole ``[d, V]`` float32 matrix
 (113 MB for the model here). While it runs the workers wait for the next step, so their cores are idle:
-splitting the columns over two threads (numpy releases the GIL inside BLAS, BLAS itself stays
-single-threaded as the mesh processes run it) took the head from 7.3 to 5.5 ms for one row and from 22.5
-to 12.2 ms for eight rows on the 2-core VM here (``bench/mesh_hosts.py`` prints both, measured in the same
-run).
+splitting the vocabulary over two threads (numpy releases the GIL inside BLAS, BLAS itself stays
+single-threaded as the mesh processes run it) makes the head 1.4-1.6x faster for 1 and 4-8 rows on the
+2-core VM here (``bench/mesh_hosts.py`` prints both, measured in the same run).
 
 Choices where the issue is silent:
 
 - **Numerics**: the norm is computed once, exactly as :meth:`~ethen.model.model.EmbedAndHead.logits` does,
-  and each thread writes its column range of one output array. Every logit is the same dot product over
-  ``d`` as in one call; cut points are multiples of 256 columns. For 1-4 rows the logits are bitwise those
-  of the unsplit head here; for 8 rows OpenBLAS's gemm blocking differs in the last ulp (max 7e-6), the
-  order by which a batched ``[B, d]`` head already differs from a one-row one, and greedy output stays that
-  of the single process (tests). Failover replay does not involve the head (it rebuilds workers' caches
-  from recorded stage inputs).
+  and each thread writes its range of one output array with the call the unsplit head makes for that row
+  count (:func:`~ethen.model.layers.linear`): one row, a gemv over columns ``a:b`` of ``head_t [d, V]``;
+  2-8 rows, blocks of ``ROW_BLOCK`` rows of ``head [V, d]`` (the tied embedding, no copy) from ``a`` to
+  ``b``. Cut points are multiples of 256, so every block and every logit's dot product is the unsplit
+  one's: bitwise the unsplit logits for 1-8 rows (tests). More rows (a prefill's) take one call per range,
+  last-ulp close. Failover replay does not involve the head (it rebuilds workers' caches from recorded
+  stage inputs).
+- **Speed** (real weights, one BLAS thread per call, median of 41, ``OPENBLAS_NUM_THREADS=1``): unsplit /
+  split over 2 threads, 1 row 6.5 / 4.0 ms, 2 rows 11.7 / 12.8, 4 rows 13.5 / 9.1, 8 rows 16.2 / 10.2;
+  before the 2+ row head went over ``head [V, d]`` (``h @ head_t``) it took 38-46 ms unsplit at 2-8 rows.
 - ``threads = 1`` is the unsplit head (``Orchestrator(head_threads=1)``); the default is 2.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -30,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ethen.model.errors import ModelInputError
-from ethen.model.layers import rms_norm
+from ethen.model.layers import ROW_BLOCK, SMALL_BATCH_ROWS, rms_norm
 from ethen.model.model import EmbedAndHead
 
 __all__ = ["SplitHead"]
@@ -38,6 +42,14 @@ __all__ = ["SplitHead"]
 F32 = npt.NDArray[np.float32]
 
 _ALIGN = 256  # column cut points are multiples of this
+
+
+def _rows(head: F32, ht: F32, out_t: F32, a: int, b: int, step: int) -> None:
+    """``out_t[a:b] = head[a:b] @ ht`` in blocks of ``step`` rows (cut at the same multiples of ``step`` as
+    one unsplit call, so each logit is the same dot product)."""
+    for j in range(a, b, step):
+        k = min(b, j + step)
+        np.matmul(head[j:k], ht, out=out_t[j:k])  # [k - j, N]
 
 
 class SplitHead:
@@ -66,15 +78,25 @@ class SplitHead:
             shape = list(hidden.shape) if isinstance(hidden, np.ndarray) else type(hidden).__name__
             raise ModelInputError(f"hidden must be float32 [N, {self._d}], got {shape}")
         h = rms_norm(hidden, self.ends.output_norm, self._eps)  # [N, d]
-        w = self.ends.output_head_t
-        out: F32 = np.empty((h.shape[0], self._vocab), dtype=np.float32)
-        pending: list[Future[F32]] = [self._pool.submit(np.matmul, h, w[:, a:b], out=out[:, a:b])
-                                      for a, b in self._parts[1:]]
-        a, b = self._parts[0]
-        np.matmul(h, w[:, a:b], out=out[:, a:b])
+        if h.shape[0] == 1:  # a gemv over head_t [d, V], columns a:b per thread
+            w = self.ends.output_head_t
+            out: F32 = np.empty((1, self._vocab), dtype=np.float32)  # [1, V]
+            self._run([functools.partial(np.matmul, h, w[:, a:b], out=out[:, a:b]) for a, b in self._parts])
+            return out
+        # 2+ rows: what ``linear`` does over head [V, d], vocabulary rows a:b per thread
+        head, ht = self.ends.output_head, h.T  # [V, d], [d, N]
+        out_t: F32 = np.empty((self._vocab, h.shape[0]), dtype=np.float32)  # [V, N]
+        step = ROW_BLOCK if h.shape[0] <= SMALL_BATCH_ROWS else self._vocab
+        self._run([functools.partial(_rows, head, ht, out_t, a, b, step) for a, b in self._parts])
+        return out_t.T  # [N, V] (a view of [V, N], as ``linear`` returns it)
+
+    def _run(self, calls: list[functools.partial[object]]) -> None:
+        """The first call on this thread, the others on the pool's; returns when all are done."""
+        assert self._pool is not None
+        pending: list[Future[object]] = [self._pool.submit(c) for c in calls[1:]]
+        calls[0]()
         for fut in pending:
             fut.result()
-        return out
 
     def close(self) -> None:
         if self._pool is not None:
