@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -90,7 +91,7 @@ class SplitHead:
         self._run([functools.partial(_rows, head, ht, out_t, a, b, step) for a, b in self._parts])
         return out_t.T  # [N, V] (a view of [V, N], as ``linear`` returns it)
 
-    def _run(self, calls: list[functools.partial[object]]) -> None:
+    def _run(self, calls: Sequence[Callable[[], object]]) -> None:
         """The first call on this thread, the others on the pool's; returns when all are done."""
         assert self._pool is not None
         pending: list[Future[object]] = [self._pool.submit(c) for c in calls[1:]]
