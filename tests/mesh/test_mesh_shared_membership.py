@@ -26,113 +26,66 @@ import tomli_w
 from ethen.gateway.auth import hash_key
 from ethen.gateway.config import parse_config
 from ethen.gateway.errors import GatewayConfigError
-from ethen.mesh.worker.launch import WorkerProcess, spawn_worker
-from tests.mesh.test_mesh_membership import Gateway, _free_port, _until
+from ethen.mesh.worker.launch import spawn_worker
+from tests.mesh.member_pair import ask, gateway_pair, join, listed
+from tests.mesh.test_mesh_membership import _free_port, _until
 
 REDIS_URL = os.environ.get("ETHEN_TEST_REDIS_URL")
 KEY = "ethen-test-mesh-shared-membership-0123"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 EXPIRY_S = 2.0
-
-
-def _metrics(gw: Gateway) -> str:
-    return httpx.get(f"{gw.base}/metrics", timeout=5).text
-
-
-def _listed(gw: Gateway, node: str, alive: bool | None = None) -> bool:
-    text = _metrics(gw)
-    if alive is None:
-        return f'ethen_mesh_node_alive{{node="{node}",provider="mesh"}}' in text
-    return f'ethen_mesh_node_alive{{node="{node}",provider="mesh"}} {1.0 if alive else 0.0}' in text
-
-
-def _ask(gw: Gateway) -> httpx.Response:
-    return httpx.post(f"{gw.base}/chat/completions", timeout=60, headers={"authorization": f"Bearer {KEY}"},
-                      json={"model": "ethen/auto", "temperature": 0, "max_tokens": 8, "messages": QUESTION})
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     if not REDIS_URL:
         pytest.skip("ETHEN_TEST_REDIS_URL is not set: the shared membership needs a real Redis")
-    started: list[WorkerProcess] = []
-    gateways: list[Gateway] = []
-    try:
-        a = spawn_worker("a", "0-9,10-19")
-        started.append(a)
-        join_port = _free_port()
-        prefix = f"ethen-test-{uuid.uuid4().hex[:10]}"
-        for name in ("A", "B"):
-            port = _free_port()
-            cfg = {
-                "server": {"host": "127.0.0.1", "port": port},
-                "shared": {"redis_url": REDIS_URL, "key_prefix": prefix},
-                "providers": [{"id": "mesh", "kind": "mesh", "workers": {"a": a.address},
-                               "start_timeout_s": 0.0, "join": f"127.0.0.1:{join_port}",
-                               "member_expiry_s": EXPIRY_S}],
-                "routes": [{"model": "smollm2-135m-instruct", "provider": "mesh"}],
-                "api_keys": [{"name": "test", "sha256": hash_key(KEY)}],
-            }
-            tmp: Path = tmp_path_factory.mktemp(f"gateway-{name}")
-            gateways.append(Gateway(cfg, tmp, port))
-            if name == "A":  # A binds the join port before B tries
-                _until(lambda: "workers may join on port" in gateways[0].log.read_text(), 30, "A's registry")
-        yield {"A": gateways[0], "B": gateways[1], "registry": f"127.0.0.1:{join_port}", "workers": started}
-    finally:
-        for gw in gateways:
-            gw.stop()
-        for w in started:
-            w.stop()
-
-
-def _join(pair: dict[str, Any], node: str, layers: str = "20-29") -> WorkerProcess:
-    w = spawn_worker(node, layers, extra_args=["--join", pair["registry"]])
-    pair["workers"].append(w)
-    return w
+    prefix = f"ethen-test-{uuid.uuid4().hex[:10]}"
+    yield from gateway_pair({"shared": {"redis_url": REDIS_URL, "key_prefix": prefix}}, KEY, EXPIRY_S,
+                            tmp_path_factory)
 
 
 def test_a_worker_that_joins_instance_a_is_routed_by_instance_b_within_2s(pair: dict[str, Any]) -> None:
     a_gw, b_gw = pair["A"], pair["B"]
     before = b_gw.healthz()
     assert before.status_code == 503 and "layers 20-29" in before.text
-    _join(pair, "b")  # returns once the worker printed READY, right after its first announcement
+    join(pair, "b")  # returns once the worker printed READY, right after its first announcement
     took = _until(lambda: b_gw.healthz().status_code == 200, 2.0, "instance B routes over the joined worker")
     print(f"\njoined worker routable by the other instance after {took:.2f} s")
-    r = _ask(b_gw)
+    r = ask(b_gw, KEY)
     assert r.status_code == 200, r.text
     assert "another process serves it" in b_gw.log.read_text()  # B could not bind the join port
     assert r.json()["ethen"]["routing"]["mesh"]["route"]["nodes"] == ["a", "b"]
     assert "mesh worker b joined at" in a_gw.log.read_text()
     assert "mesh worker b joined at" in b_gw.log.read_text() and "(shared membership)" in b_gw.log.read_text()
-    assert _listed(a_gw, "b", alive=True) and _listed(b_gw, "b", alive=True)
+    assert listed(a_gw, "b", alive=True) and listed(b_gw, "b", alive=True)
 
 
 def test_a_sigkilled_joined_worker_expires_everywhere_and_comes_back(pair: dict[str, Any]) -> None:
     a_gw, b_gw = pair["A"], pair["B"]
-    k = _join(pair, "k")
-    _until(lambda: _listed(b_gw, "k", alive=True), 2.0, "B routes k")
+    k = join(pair, "k")
+    _until(lambda: listed(b_gw, "k", alive=True), 2.0, "B routes k")
     k.kill()
     killed = time.monotonic()
     time.sleep(0.8)  # its last announcement (every 0.5 s) is < 2 s old: still a member, listed
-    assert _listed(a_gw, "k") and _listed(b_gw, "k")
-    _until(lambda: not _listed(a_gw, "k") and not _listed(b_gw, "k"), EXPIRY_S + 1.5,
+    assert listed(a_gw, "k") and listed(b_gw, "k")
+    _until(lambda: not listed(a_gw, "k") and not listed(b_gw, "k"), EXPIRY_S + 1.5,
            "k leaves both instances' membership (metrics)")
     gone = time.monotonic() - killed
     assert gone >= EXPIRY_S - 0.6, f"removed {gone:.2f} s after the kill: before its expiry"
     assert "mesh worker k at" in a_gw.log.read_text() and "expired" in a_gw.log.read_text()
-    _join(pair, "k")  # restarted (a new port): it announces again and is a member again
-    _until(lambda: _listed(a_gw, "k", alive=True) and _listed(b_gw, "k", alive=True), 2.0, "k is back")
+    join(pair, "k")  # restarted (a new port): it announces again and is a member again
+    _until(lambda: listed(a_gw, "k", alive=True) and listed(b_gw, "k", alive=True), 2.0, "k is back")
 
 
 def test_a_worker_that_leaves_instance_a_leaves_instance_b_at_once(pair: dict[str, Any]) -> None:
     b_gw = pair["B"]
-    d = _join(pair, "d")
-    _until(lambda: _listed(b_gw, "d", alive=True), 2.0, "B routes d")
+    d = join(pair, "d")
+    _until(lambda: listed(b_gw, "d", alive=True), 2.0, "B routes d")
     d.process.send_signal(signal.SIGTERM)  # drains (no session open), sends Leave to A, exits
     t0 = time.monotonic()
     # the Leave deletes d's shared announcement: B drops d on its next poll, before its expiry could
     # (the last heartbeat was at most 0.5 s before the signal, so expiry comes >= 1.5 s after it)
-    _until(lambda: not _listed(b_gw, "d"), 1.0, "B drops the worker that left")
+    _until(lambda: not listed(b_gw, "d"), 1.0, "B drops the worker that left")
     assert d.process.wait(timeout=10) == 0 and time.monotonic() - t0 < 1.5
 
 
@@ -176,16 +129,16 @@ def test_with_workers_2_one_child_serves_the_registry_and_both_route_joined_work
 
 def test_static_workers_are_never_expired_nor_taken_over(pair: dict[str, Any]) -> None:
     a_gw, b_gw = pair["A"], pair["B"]
-    impostor = _join(pair, "a", "0-9")  # the static worker's name
+    impostor = join(pair, "a", "0-9")  # the static worker's name
     _until(lambda: any("cannot join the mesh" in line for line in impostor.output), 5, "the refusal")
     assert any("ALREADY_EXISTS" in line for line in impostor.output)
     impostor.stop()
     static = pair["workers"][0]
     assert static.node_id == "a"
     static.kill()
-    _until(lambda: _listed(b_gw, "a", alive=False), 2.0, "the dead static worker is seen dead")
+    _until(lambda: listed(b_gw, "a", alive=False), 2.0, "the dead static worker is seen dead")
     time.sleep(EXPIRY_S + 1.0)
-    assert _listed(a_gw, "a", alive=False) and _listed(b_gw, "a", alive=False)  # dead, still a member
+    assert listed(a_gw, "a", alive=False) and listed(b_gw, "a", alive=False)  # dead, still a member
 
 
 def test_member_expiry_is_checked_and_named() -> None:

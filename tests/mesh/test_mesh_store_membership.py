@@ -36,25 +36,13 @@ from ethen.mesh.orchestrator.shared_members import Announcement, SharedMembersUn
 from ethen.mesh.orchestrator.store_members import StoreMembers
 from ethen.mesh.worker.launch import WorkerProcess, spawn_worker
 from ethen.store import Store
+from tests.mesh.member_pair import ask, gateway_pair, join, listed
 from tests.mesh.test_mesh_member_expiry import _Relay
-from tests.mesh.test_mesh_membership import Gateway, _free_port, _until
+from tests.mesh.test_mesh_membership import _free_port, _until
 from tests.pgdb import PG_ENV, fresh_pg_database
 
 KEY = "ethen-test-mesh-store-membership-0123"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 EXPIRY_S = 3.0  # workers announce every 0.75 s
-
-
-def _listed(gw: Gateway, node: str, alive: bool | None = None) -> bool:
-    text = httpx.get(f"{gw.base}/metrics", timeout=5).text
-    if alive is None:
-        return f'ethen_mesh_node_alive{{node="{node}",provider="mesh"}}' in text
-    return f'ethen_mesh_node_alive{{node="{node}",provider="mesh"}} {1.0 if alive else 0.0}' in text
-
-
-def _ask(gw: Gateway) -> httpx.Response:
-    return httpx.post(f"{gw.base}/chat/completions", timeout=60, headers={"authorization": f"Bearer {KEY}"},
-                      json={"model": "ethen/auto", "temperature": 0, "max_tokens": 8, "messages": QUESTION})
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -71,91 +59,59 @@ def pair(request: pytest.FixtureRequest,
 
 
 def _pair(store_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    started: list[WorkerProcess] = []
-    gateways: list[Gateway] = []
-    try:
-        a = spawn_worker("a", "0-9,10-19")
-        started.append(a)
-        join_port = _free_port()
-        for name in ("A", "B"):
-            port = _free_port()
-            cfg = {
-                "server": {"host": "127.0.0.1", "port": port},
-                "store": {"url": store_url},
-                "providers": [{"id": "mesh", "kind": "mesh", "workers": {"a": a.address},
-                               "start_timeout_s": 0.0, "join": f"127.0.0.1:{join_port}",
-                               "member_expiry_s": EXPIRY_S}],
-                "routes": [{"model": "smollm2-135m-instruct", "provider": "mesh"}],
-                "api_keys": [{"name": "test", "sha256": hash_key(KEY)}],
-            }
-            tmp: Path = tmp_path_factory.mktemp(f"gateway-{name}")
-            gateways.append(Gateway(cfg, tmp, port))
-            if name == "A":  # A binds the join port before B tries
-                _until(lambda: "workers may join on port" in gateways[0].log.read_text(), 30, "A's registry")
-        yield {"A": gateways[0], "B": gateways[1], "registry": f"127.0.0.1:{join_port}", "workers": started,
-               "store_url": store_url}
-    finally:
-        for gw in gateways:
-            gw.stop()
-        for w in started:
-            w.stop()
-
-
-def _join(pair: dict[str, Any], node: str, layers: str = "20-29") -> WorkerProcess:
-    w = spawn_worker(node, layers, extra_args=["--join", pair["registry"]])
-    pair["workers"].append(w)
-    return w
+    for pair in gateway_pair({"store": {"url": store_url}}, KEY, EXPIRY_S, tmp_path_factory):
+        yield {**pair, "store_url": store_url}
 
 
 def test_a_worker_that_joins_instance_a_is_routed_by_instance_b_within_2s(pair: dict[str, Any]) -> None:
     a_gw, b_gw = pair["A"], pair["B"]
     before = b_gw.healthz()
     assert before.status_code == 503 and "layers 20-29" in before.text
-    _join(pair, "b")  # returns once the worker printed READY, right after its first announcement
+    join(pair, "b")  # returns once the worker printed READY, right after its first announcement
     took = _until(lambda: b_gw.healthz().status_code == 200, 2.0, "instance B routes over the joined worker")
     print(f"\njoined worker routable by the other instance (store) after {took:.2f} s")
-    r = _ask(b_gw)
+    r = ask(b_gw, KEY)
     assert r.status_code == 200, r.text
     b_log = b_gw.log.read_text()
     assert "another process serves it" in b_log  # B could not bind the join port
     assert r.json()["ethen"]["routing"]["mesh"]["route"]["nodes"] == ["a", "b"]
     assert "mesh worker b joined at" in b_log and "(shared membership)" in b_log
-    assert _listed(a_gw, "b", alive=True) and _listed(b_gw, "b", alive=True)
+    assert listed(a_gw, "b", alive=True) and listed(b_gw, "b", alive=True)
 
 
 def test_a_worker_that_leaves_instance_a_leaves_instance_b_before_its_expiry(pair: dict[str, Any]) -> None:
     a_gw, b_gw = pair["A"], pair["B"]
-    d = _join(pair, "d")
-    _until(lambda: _listed(b_gw, "d", alive=True), 2.0, "B routes d")
+    d = join(pair, "d")
+    _until(lambda: listed(b_gw, "d", alive=True), 2.0, "B routes d")
     d.process.send_signal(signal.SIGTERM)  # drains (no session open), sends Leave to A, exits
     t0 = time.monotonic()
     # the Leave deletes d's row: B drops d on its next poll (0.5 s); its expiry would come >= 2.25 s after
     # the signal (the last heartbeat was at most 0.75 s before it)
-    _until(lambda: not _listed(b_gw, "d") and not _listed(a_gw, "d"), 1.5, "both drop the worker that left")
+    _until(lambda: not listed(b_gw, "d") and not listed(a_gw, "d"), 1.5, "both drop the worker that left")
     assert time.monotonic() - t0 < EXPIRY_S - 0.75
     assert d.process.wait(timeout=10) == 0
 
 
 def test_a_sigkilled_joined_worker_expires_everywhere_and_comes_back(pair: dict[str, Any]) -> None:
     a_gw, b_gw = pair["A"], pair["B"]
-    k = _join(pair, "k")
-    _until(lambda: _listed(b_gw, "k", alive=True), 2.0, "B routes k")
+    k = join(pair, "k")
+    _until(lambda: listed(b_gw, "k", alive=True), 2.0, "B routes k")
     k.kill()
     killed = time.monotonic()
     time.sleep(1.0)  # its last announcement is < 3 s old: still a member (dead), listed on both
-    assert _listed(a_gw, "k") and _listed(b_gw, "k")
-    _until(lambda: not _listed(a_gw, "k") and not _listed(b_gw, "k"), EXPIRY_S + 1.5,
+    assert listed(a_gw, "k") and listed(b_gw, "k")
+    _until(lambda: not listed(a_gw, "k") and not listed(b_gw, "k"), EXPIRY_S + 1.5,
            "k leaves both instances' membership (metrics)")
     gone = time.monotonic() - killed
     assert gone >= EXPIRY_S - 0.9, f"removed {gone:.2f} s after the kill: before its expiry"
     assert "mesh worker k at" in b_gw.log.read_text() and "left the mesh or expired" in b_gw.log.read_text()
-    _join(pair, "k")  # restarted (a new port): it announces again and is a member again
-    _until(lambda: _listed(a_gw, "k", alive=True) and _listed(b_gw, "k", alive=True), 2.0, "k is back")
+    join(pair, "k")  # restarted (a new port): it announces again and is a member again
+    _until(lambda: listed(a_gw, "k", alive=True) and listed(b_gw, "k", alive=True), 2.0, "k is back")
 
 
 def test_static_workers_are_never_expired_nor_taken_over(pair: dict[str, Any]) -> None:
     a_gw, b_gw = pair["A"], pair["B"]
-    impostor = _join(pair, "a", "0-9")  # the static worker's name
+    impostor = join(pair, "a", "0-9")  # the static worker's name
     _until(lambda: any("cannot join the mesh" in line for line in impostor.output), 5, "the refusal")
     assert any("ALREADY_EXISTS" in line for line in impostor.output)
     impostor.stop()
@@ -165,17 +121,17 @@ def test_static_workers_are_never_expired_nor_taken_over(pair: dict[str, Any]) -
         foreign.write(Announcement("a", "127.0.0.1:1", ((0, 29),)), EXPIRY_S)
         assert foreign.read()["a"].address == "127.0.0.1:1"
         time.sleep(1.5)  # both instances polled the store (every 0.5 s) and Health-polled a meanwhile
-        assert _listed(a_gw, "a", alive=True) and _listed(b_gw, "a", alive=True)  # still the static worker
-        r = _ask(b_gw)
+        assert listed(a_gw, "a", alive=True) and listed(b_gw, "a", alive=True)  # still the static worker
+        r = ask(b_gw, KEY)
         assert r.status_code == 200, r.text
     finally:
         foreign.close()
     static = pair["workers"][0]
     assert static.node_id == "a"
     static.kill()
-    _until(lambda: _listed(b_gw, "a", alive=False), 2.0, "the dead static worker is seen dead")
+    _until(lambda: listed(b_gw, "a", alive=False), 2.0, "the dead static worker is seen dead")
     time.sleep(EXPIRY_S + 1.0)
-    assert _listed(a_gw, "a", alive=False) and _listed(b_gw, "a", alive=False)  # dead, still a member
+    assert listed(a_gw, "a", alive=False) and listed(b_gw, "a", alive=False)  # dead, still a member
 
 
 def test_with_workers_2_on_sqlite_one_child_serves_the_registry_and_both_route_joined_workers(
