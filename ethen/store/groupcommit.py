@@ -164,6 +164,36 @@ WHERE b.instance_id = $16 AND b.project_id = x.pid
 """
 
 
+#: Postgres, a batch of one entry (every batch at low rates, where its latency is the whole added wait): the
+#: same three writes with scalar parameters. Measured on an idle server with 10 ms between batches (the
+#: server's backend asleep between them, as at 100 req/s): 0.67 ms against 0.80 ms for ``_PG_BATCH``'s array
+#: decoding and ``unnest`` (``SELECT 1``: 0.38 ms). ``$13`` is the grant's project (NULL: no grant, no row).
+_PG_ONE = """
+WITH l AS (
+  INSERT INTO ledger (request_id, project_id, key_id, provider, model, prompt_tokens, completion_tokens,
+                      cost_nano, estimated, at)
+  VALUES ($1::varchar, $2::int, $3::varchar, $4::varchar, $5::varchar, $6::bigint, $7::bigint, $8::bigint,
+          $9::int, $10::timestamptz)
+), d AS (
+  INSERT INTO daily_spend (project_id, day, settled_nano) VALUES ($2::int, $11::varchar, $8::bigint)
+  ON CONFLICT (project_id, day) DO UPDATE SET settled_nano = daily_spend.settled_nano + EXCLUDED.settled_nano
+)
+UPDATE budget_grants SET amount_nano = amount_nano - $8::bigint
+WHERE instance_id = $12::varchar AND project_id = $13::int
+"""
+
+
+def _pg_statement(instance_id: str, batch: list[Entry]) -> tuple[str, list[Any]]:
+    """The Postgres statement of a batch and its arguments (:data:`_PG_ONE` for one entry, else
+    :data:`_PG_BATCH`)."""
+    if len(batch) == 1:
+        e = batch[0]
+        r = e.row
+        args = [r[c] for c in LEDGER_COLUMNS]
+        return _PG_ONE, [*args, r["at"].date().isoformat(), instance_id, e.grant_project]
+    return _PG_BATCH, _pg_args(instance_id, batch)
+
+
 def _pg_args(instance_id: str, batch: list[Entry]) -> list[Any]:
     args: list[Any] = [[e.row[c] for e in batch] for c in LEDGER_COLUMNS]
     days, spent = _sums(batch)
@@ -280,11 +310,11 @@ class GroupCommit:
                 await self._sqlite.batch([(_SQLITE_DAY, days), (_SQLITE_LEDGER, rows),
                                           (_SQLITE_GRANT, grants)])
                 return
-            args = _pg_args(self.instance_id, batch)
+            sql, args = _pg_statement(self.instance_id, batch)
             for attempt in range(3):  # a deadlock victim is rolled back whole: retrying is safe
                 driver = await self._pg_driver()
                 try:
-                    await driver.execute(_PG_BATCH, *args)
+                    await driver.execute(sql, *args)
                     self._pg_used = time.monotonic()
                     return
                 except Exception as exc:
