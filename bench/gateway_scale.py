@@ -198,9 +198,13 @@ def main() -> None:
         alive = list(targets)
         for rung in ladder:
             for t in list(alive):
-                if measure(t, rung, args.ladder_duration).sustained:
+                res = measure(t, rung, args.ladder_duration)
+                if res.sustained:
                     best[t.name] = rung
-                else:
+                else:  # say why the climb ends here (one bad rung ends it)
+                    print(f"({t.name}) not sustained at {rung} rps: {res.ok}/{res.sent} ok, "
+                          f"{res.achieved:.0f}/s achieved, p99 {res.p99_ms:.1f} ms", file=sys.stderr,
+                          flush=True)
                     alive.remove(t)
             if not alive:
                 break
