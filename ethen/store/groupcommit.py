@@ -18,8 +18,9 @@ profile of the writer thread; a one-entry batch on SQLite ``NORMAL``, whose comm
   an fsyncing ``COMMIT`` on its thread), which this process's other write transactions (claims,
   heartbeats, the request log) share through :meth:`GroupCommit.transaction`, so they never contend for
   SQLite's write lock.
-- **Postgres**: a batch is one statement (``_PG_BATCH``: data-modifying CTEs, arrays of the batch's rows)
-  sent in autocommit on a connection the writer keeps checked out: one round trip per batch. Checking a
+- **Postgres**: a batch is one statement (``_PG_BATCH``: data-modifying CTEs, arrays of the batch's rows;
+  ``_PG_ONE``, scalar parameters, for a batch of one) sent in autocommit on a connection the writer keeps
+  checked out: one round trip per batch. Checking a
   pooled connection out per batch added the pool's pre-ping (a second round trip); the kept connection is
   handed back to the pool after ``_PG_IDLE_S`` without a batch (the next checkout pings it), and dropped
   after an error other than a deadlock (a deadlock victim is rolled back whole and retried).
