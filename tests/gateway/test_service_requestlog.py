@@ -329,11 +329,12 @@ def test_new_metric_families_after_traffic(tmp_path: Path) -> None:
             assert r.status_code == 200, r.text
         url = f"{lv.base_url}/metrics"
 
-        def scraped() -> str | None:
-            text = httpx.get(url).text
-            return text if _metric(text, "ethen_gateway_fallback_served_total") is not None else None
+        def scraped() -> str | None:  # the log's task accounts records in order, a batch per linger: all
+            text = httpx.get(url).text  # four are in once the last fallback is (the first alone is a race)
+            served = _metric(text, "ethen_gateway_fallback_served_total", provider="beta", model="beta-small")
+            return text if served == 3 else None
 
-        text = _wait(scraped, "the fallback metric")
+        text = _wait(scraped, "the three fallbacks' metric")
         beta = {"project": "acme", "provider": "beta", "model": "beta-small"}  # m1 and the 3 fallbacks
         assert _metric(text, "ethen_gateway_tokens_total", **beta, direction="input") == 4 * 11
         assert _metric(text, "ethen_gateway_tokens_total", **beta, direction="output") == 4 * 3
