@@ -7,7 +7,7 @@ store's schema, one asyncpg connection with ``synchronous_commit = off`` (the le
 ``--n`` times each and with ``--gaps`` seconds between calls (0: back to back; 0.01: the server's backend
 asleep between calls, as at 100 req/s): ``SELECT 1`` (the round-trip floor), the ledger writer's batch
 statement for one entry (``_PG_BATCH``: ``unnest`` over arrays) and its single-row statement (``_PG_ONE``,
-what a one-entry batch sends), then the two again with the ledger's and day totals' foreign keys dropped.
+what a one-entry batch sends), then all three again with the ledger's and day totals' foreign keys dropped.
 Medians and p90 in ms.
 """
 

@@ -86,12 +86,18 @@ class Entry:
     future: asyncio.Future[None]
 
 
+def _day(row: dict[str, Any]) -> str:
+    """The ``daily_spend`` day (``YYYY-MM-DD``, UTC) a ledger row counts in."""
+    day: str = row["at"].date().isoformat()
+    return day
+
+
 def _sums(batch: list[Entry]) -> tuple[dict[tuple[int, str], int], dict[int, int]]:
     """Per (project, UTC day) settled totals and per-project grant decrements of a batch."""
     days: dict[tuple[int, str], int] = {}
     spent: dict[int, int] = {}
     for e in batch:
-        key = (e.row["project_id"], e.row["at"].date().isoformat())
+        key = (e.row["project_id"], _day(e.row))
         days[key] = days.get(key, 0) + e.row["cost_nano"]
         if e.grant_project is not None:
             spent[e.grant_project] = spent.get(e.grant_project, 0) + e.row["cost_nano"]
@@ -189,9 +195,7 @@ def _pg_statement(instance_id: str, batch: list[Entry]) -> tuple[str, list[Any]]
     :data:`_PG_BATCH`)."""
     if len(batch) == 1:
         e = batch[0]
-        r = e.row
-        args = [r[c] for c in LEDGER_COLUMNS]
-        return _PG_ONE, [*args, r["at"].date().isoformat(), instance_id, e.grant_project]
+        return _PG_ONE, [*(e.row[c] for c in LEDGER_COLUMNS), _day(e.row), instance_id, e.grant_project]
     return _PG_BATCH, _pg_args(instance_id, batch)
 
 

@@ -40,12 +40,12 @@ async def _burst(ports: list[int], key: str) -> list[httpx.Response]:
 def _refused_after(ports: list[int], key: str, since: float, limit_s: float) -> list[float]:
     """Seconds from ``since`` until each instance first refuses ``key`` with 401 (polled in turn)."""
     first: dict[int, float] = {}
+    auth = {"authorization": f"Bearer {key}"}
     with httpx.Client(timeout=10) as c:
         while len(first) < len(ports):
             for port in ports:
                 if port in first:
                     continue
-                auth = {"authorization": f"Bearer {key}"}
                 r = c.post(f"{_url(port)}/chat/completions", json=BODY, headers=auth)
                 if r.status_code == 401:
                     assert r.json()["error"]["code"] == "invalid_api_key", r.text
