@@ -51,7 +51,7 @@ def gateway_pair(backend: dict[str, Any], key: str, expiry_s: float,
                 **backend,
                 "providers": [{"id": "mesh", "kind": "mesh", "workers": {"a": a.address},
                                "start_timeout_s": 0.0, "join": f"127.0.0.1:{join_port}",
-                               "member_expiry_s": expiry_s}],
+                               "insecure": True, "member_expiry_s": expiry_s}],
                 "routes": [{"model": "smollm2-135m-instruct", "provider": "mesh"}],
                 "api_keys": [{"name": "test", "sha256": hash_key(key)}],
             }

@@ -53,7 +53,8 @@ def test_half_a_tls_pair_and_two_token_sources_are_refused(certs: dict[str, Path
 
 
 def test_a_join_only_mesh_and_a_secured_public_registry_are_accepted(certs: dict[str, Path]) -> None:
-    parse_config(_doc(join="127.0.0.1:7000"))
+    parse_config(_doc(join="127.0.0.1:7000", token_env="MESH_TOKEN"))
+    parse_config(_doc(join="127.0.0.1:7000", insecure=True))
     parse_config(_doc(join="0.0.0.0:7000", tls_cert=str(certs["server.pem"]),
                       tls_key=str(certs["server.key"]), token_file=str(certs["token"])))
 

@@ -46,7 +46,7 @@ def _alive(o: Orchestrator, node: str) -> bool:
 
 
 def test_without_redis_a_silent_joined_worker_expires_and_comes_back(orch: Orchestrator) -> None:
-    point = open_join_point(orch, "127.0.0.1", 0, expiry_s=1.5)
+    point = open_join_point(orch, "127.0.0.1", 0, expiry_s=1.5, insecure=True)
     workers: list[WorkerProcess] = []
     try:
         assert point.port is not None and point.membership.heartbeat_s == 1.5 / 4

@@ -99,7 +99,7 @@ def test_with_workers_2_one_child_serves_the_registry_and_both_route_joined_work
         "shared": {"redis_url": REDIS_URL, "key_prefix": f"ethen-test-{uuid.uuid4().hex[:10]}"},
         "providers": [{"id": "mesh", "kind": "mesh", "workers": {"a": pair["workers"][0].address},
                        "start_timeout_s": 0.0, "join": f"127.0.0.1:{join_port}",
-                       "member_expiry_s": EXPIRY_S}],
+                       "insecure": True, "member_expiry_s": EXPIRY_S}],
         "routes": [{"model": "smollm2-135m-instruct", "provider": "mesh"}],
         "api_keys": [{"name": "test", "sha256": hash_key(KEY)}],
     }

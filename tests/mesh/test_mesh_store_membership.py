@@ -147,7 +147,8 @@ def test_with_workers_2_on_sqlite_one_child_serves_the_registry_and_both_route_j
         "server": {"host": "127.0.0.1", "port": port},
         "store": {"url": f"sqlite:///{tmp_path / 'ethen.db'}"},
         "providers": [{"id": "mesh", "kind": "mesh", "workers": {"a": a.address}, "start_timeout_s": 0.0,
-                       "join": f"127.0.0.1:{join_port}", "member_expiry_s": EXPIRY_S}],
+                       "join": f"127.0.0.1:{join_port}", "insecure": True,
+                       "member_expiry_s": EXPIRY_S}],
         "routes": [{"model": "smollm2-135m-instruct", "provider": "mesh"}],
         "api_keys": [{"name": "test", "sha256": hash_key(KEY)}],
     }

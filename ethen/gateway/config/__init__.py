@@ -11,7 +11,9 @@ Layout (see ``examples/gateway.toml``)::
                         unset = the spec's defaults), fallback_model, health_interval_s, forward_timeout_s,
                         progress_timeout_s (a stage call's deadline per 128 rows: stuck nodes),
                         start_timeout_s, join, member_expiry_s (10: a joined worker silent this long
-                        leaves; ethen.mesh.orchestrator.members) (see ``examples/gateway-mesh.toml``)
+                        leaves; ethen.mesh.orchestrator.members), insecure (a join registry without a
+                        token), allow_private_join (Joins at private addresses) (see
+                        ``examples/gateway-mesh.toml``)
     [[routes]]          route profiles: model (gateway-visible id), provider, upstream_model (default: model),
                         catalog_model (catalog lookup id, default: upstream_model), catalog_provider
                         (catalog provider id, default: provider),

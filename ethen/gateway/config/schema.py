@@ -151,6 +151,10 @@ class MeshProviderConfig(_Strict):
     token_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     tls_cert: str | None = None
     tls_key: str | None = None
+    # the registry (``join``) without a token refuses to start unless insecure; a Join's address in a
+    # private / non-routable range is refused unless allow_private_join (ethen.mesh.orchestrator.registry)
+    insecure: bool = False
+    allow_private_join: bool = False
     # data plane (ethen.mesh.orchestrator.chain): "chain" sends decode steps worker to worker; the last worker
     # delivers to a receiver on chain_listen (TLS with tls_cert/tls_key), reached at chain_advertise
     data_plane: Literal["star", "chain"] = "star"
@@ -188,11 +192,16 @@ class MeshProviderConfig(_Strict):
             raise ValueError(f"token_file = {self.token_file!r} and token_env = {self.token_env!r}: set one")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError(f"tls_cert = {self.tls_cert!r}, tls_key = {self.tls_key!r}: set both or neither")
-        if self.join is not None:
+        if self.join is not None and not self.insecure:
             from ethen.mesh.auth import is_loopback
 
             host = self.join.rsplit(":", 1)[0]
-            secured = self.tls_cert is not None and (self.token_file or self.token_env) is not None
+            token = (self.token_file or self.token_env) is not None
+            if not token and is_loopback(host):
+                raise ValueError(f"join = {self.join!r}: the registry needs token_file (or token_env): "
+                                 f"without a token any local process could Join with any address; set "
+                                 f"insecure = true to serve it open")
+            secured = self.tls_cert is not None and token
             if not is_loopback(host) and not secured:
                 raise ValueError(f"join = {self.join!r}: a non-loopback registry needs tls_cert, tls_key and "
                                  f"token_file (or token_env)")

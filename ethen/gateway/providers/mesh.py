@@ -42,7 +42,9 @@ route, so a mesh of joined workers only can start), TLS with ``tls_cert``/``tls_
 token of the token file; it closes with the orchestrator. Joined workers expire after ``member_expiry_s``
 (10 s) without an announcement and, when the gateway has ``[shared]`` Redis (else a ``[store]``), are shared
 with every instance (:mod:`ethen.mesh.orchestrator.members`; of several processes on one host the first binds
-the join port).
+the join port). A ``join`` without a token is a config error unless ``insecure = true``; a Join whose
+address is link-local, unspecified, multicast or broadcast is refused, a private / non-routable one unless
+``allow_private_join = true`` (loopback is allowed).
 ``data_plane = "chain"`` sends decode steps worker to worker (:mod:`ethen.mesh.orchestrator.chain`; the
 receiver on ``chain_listen``, advertised as ``chain_advertise``, serves TLS with ``tls_cert``/``tls_key``).
 An unreadable file or an unset ``token_env`` is a :class:`GatewayConfigError` naming the key.
@@ -207,7 +209,8 @@ class MeshProvider(Provider):
                 elif store_url is not None:
                     shared = StoreMembers(store_url, p.id)
                 return open_join_point(orch, host.strip("[]"), int(port), static=workers,
-                                       expiry_s=p.member_expiry_s, shared=shared, tls=tls, auth=auth)
+                                       expiry_s=p.member_expiry_s, shared=shared, tls=tls, auth=auth,
+                                       insecure=p.insecure, allow_private=p.allow_private_join)
 
         provider = cls(name=p.id, loader=load, start_timeout_s=p.start_timeout_s, registry=registry)
         return provider
