@@ -31,6 +31,7 @@ from ethen.model.errors import ModelInputError
 from ethen.model.gguf_loader import LayerWeights, WeightStore, open_weight_store
 from ethen.model.kv_cache import DEFAULT_INITIAL_CAPACITY, KVCache
 from ethen.model.layers import AttentionSegment, block, linear, rms_norm, rope_tables
+from ethen.model.qmodel import QuantLayer, quant_block
 from ethen.model.tokenizer import Tokenizer
 
 __all__ = [
@@ -84,14 +85,14 @@ def _as_positions(positions: object, n: int) -> I64:
 class LayerStack:
     """Consecutive layers ``start..end`` (inclusive) with a pure-in-spirit ``forward`` over a KV cache."""
 
-    def __init__(self, config: ModelConfig, layers: Sequence[LayerWeights]) -> None:
+    def __init__(self, config: ModelConfig, layers: Sequence[LayerWeights | QuantLayer]) -> None:
         if not layers:
             raise ModelInputError("a LayerStack needs at least one layer")
         idx = [w.index for w in layers]
         if idx != list(range(idx[0], idx[0] + len(idx))):
             raise ModelInputError(f"LayerStack layers must be consecutive, got {idx}")
         self.config = config
-        self.layers: tuple[LayerWeights, ...] = tuple(layers)
+        self.layers: tuple[LayerWeights | QuantLayer, ...] = tuple(layers)
         self.start: int = idx[0]
         self.end: int = idx[-1]  # inclusive
         self._cos, self._sin = _rope(config.context_length, config.head_dim, config.rope_theta,
@@ -172,7 +173,8 @@ class LayerStack:
         for li, w in enumerate(self.layers):
             segments = [AttentionSegment(int(starts[i]), int(starts[i + 1]), kv.k[li], kv.v[li], kv.length)
                         for i, kv in enumerate(kvs)]
-            x = block(x, w, cos, sin, segments, cfg)
+            step = quant_block if isinstance(w, QuantLayer) else block
+            x = step(x, w, cos, sin, segments, cfg)  # type: ignore[arg-type]
         for kv, t in zip(kvs, lens, strict=True):
             kv.commit(t)
         return x

@@ -1,0 +1,204 @@
+"""The compute engine: onnxruntime graphs over weights kept in the GGUF's block layouts (:mod:`quant`).
+
+A layer is two small graphs, each one ``session.run`` (per-op Python overhead was ~1/3 of decode with one
+NumPy call per op):
+
+* ``attn_in``: ``x [N, d]`` -> RMSNorm -> Q | K | V (one ``MatMulNBits`` when the three share a type)
+  (+ biases) -> ``qkv [N, qd + 2 kvd]``;
+* ``attn_out_ffn``: ``x [N, d]``, ``att [N, qd]`` -> ``x + att @ Wo.T`` -> RMSNorm -> gate | up -> SiLU(gate)
+  * up -> down -> residual -> ``x [N, d]``.
+
+RoPE, the KV cache and attention stay in NumPy (:mod:`ethen.model.layers`): they are per session and small.
+The head is one more graph (RMSNorm + the vocabulary matmul over the tied embedding's own blocks).
+
+Choices where the issue is silent:
+
+* ``MatMulNBits`` ``accuracy_level`` 4 (int8 activations per block, int8 dot products - what llama.cpp
+  does with its Q8 activations) is the default, :data:`ACCURACY_EXACT` (0) computes in float32 from the
+  same weights (2-3x slower, used by tests that compare with a float64 reference at 1e-3).
+* Constant folding is disabled: it would turn the ``Cast`` of float16 weights / minimum terms into float32
+  copies of them (the memory the issue removes).
+* Threads: ``threads`` intra-op threads per session (default :func:`default_threads`: ``$ETHEN_THREADS``,
+  else 1 - the mesh runs one process per core), without spinning (a shared machine).
+* Devices: ``cpu``, ``cuda`` (onnxruntime-gpu's ``CUDAExecutionProvider``; a clear error when absent) or
+  ``auto`` (cuda when available, else cpu).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ethen.model.errors import ModelError
+from ethen.model.quant import Dense, Packed
+
+__all__ = ["ACCURACY_EXACT", "ACCURACY_FAST", "DEVICES", "Engine", "EngineError", "GraphBuilder",
+           "default_threads"]
+
+F32 = NDArray[np.float32]
+
+ACCURACY_FAST = 4  # int8 activations, int8 dot products
+ACCURACY_EXACT = 0  # float32 compute
+DEVICES = ("auto", "cpu", "cuda")
+_OPSET = 21
+
+
+class EngineError(ModelError):
+    """The engine cannot run as asked (e.g. ``--device cuda`` without onnxruntime-gpu or a GPU)."""
+
+
+def default_threads() -> int:
+    raw = os.environ.get("ETHEN_THREADS", "").strip()
+    try:
+        n = int(raw) if raw else 1
+    except ValueError:
+        raise EngineError(f"ETHEN_THREADS = {raw!r}: must be a positive integer") from None
+    if n < 1:
+        raise EngineError(f"ETHEN_THREADS = {raw!r}: must be a positive integer")
+    return n
+
+
+class GraphBuilder:
+    """A small ONNX graph: float32 inputs, nodes, initializers (weights), float32 outputs."""
+
+    def __init__(self, name: str) -> None:
+        from onnx import helper
+
+        self._helper = helper
+        self.name = name
+        self.nodes: list[Any] = []
+        self.inits: list[Any] = []
+        self.inputs: list[Any] = []
+        self.outputs: list[Any] = []
+        self._n = 0
+        self.weight_bytes = 0  # bytes of the weights as this graph holds them
+
+    def fresh(self, stem: str) -> str:
+        self._n += 1
+        return f"{stem}_{self._n}"
+
+    def input(self, name: str, cols: int) -> str:
+        from onnx import TensorProto
+
+        self.inputs.append(self._helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", cols]))
+        return name
+
+    def output(self, name: str, cols: int) -> None:
+        from onnx import TensorProto
+
+        self.outputs.append(self._helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", cols]))
+
+    def const(self, arr: NDArray[Any], stem: str = "w", weight: bool = True) -> str:
+        from onnx import numpy_helper
+
+        name = self.fresh(stem)
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        if weight:
+            self.weight_bytes += int(arr.nbytes)
+        return name
+
+    def bf16_const(self, bits: NDArray[np.uint16]) -> str:
+        from onnx import TensorProto
+
+        name = self.fresh("w_bf16")
+        t = self._helper.make_tensor(name, TensorProto.BFLOAT16, list(bits.shape),
+                                     np.ascontiguousarray(bits).tobytes(), raw=True)
+        self.inits.append(t)
+        self.weight_bytes += int(bits.nbytes)
+        return name
+
+    def op(self, op_type: str, inputs: Sequence[str], domain: str = "", **attrs: Any) -> str:
+        out = self.fresh(op_type.lower())
+        node = self._helper.make_node(op_type, list(inputs), [out], domain=domain or None, **attrs)
+        self.nodes.append(node)
+        return out
+
+    def rms_norm(self, x: str, weight: F32, eps: float) -> str:
+        """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis."""
+        sq = self.op("Mul", [x, x])  # [N, d]
+        axis = self.const(np.array([-1], np.int64), "ax", False)
+        ms = self.op("ReduceMean", [sq, axis], keepdims=1)  # [N, 1]
+        inv = self.op("Reciprocal", [self.op("Sqrt", [self.op("Add", [ms, self.const(
+            np.array(eps, np.float32), "eps", False)])])])  # [N, 1]
+        g = self.const(weight.astype(np.float32), "g")
+        return self.op("Mul", [self.op("Mul", [x, inv]), g])  # [N, d]
+
+    def linear(self, x: str, w: Packed, accuracy: int) -> str:
+        """``x [N, K] @ W.T`` -> ``[N, R]`` for ``W`` in its packed layout."""
+        if isinstance(w, Dense):
+            if w.kind == "F32":
+                return self.op("MatMul", [x, self.const(w.data_t)])  # [N, R]
+            src = self.bf16_const(w.data_t.view(np.uint16)) if w.kind == "BF16" else self.const(w.data_t)
+            return self.op("MatMul", [x, self.op("Cast", [src], to=1)])  # [K, R] float32 per call
+        nb = w.cols // w.block
+        ins = [x, self.const(w.data), self.const(w.scales)]
+        if w.zero_points is not None:
+            ins.append(self.const(w.zero_points))
+        y = self.op("MatMulNBits", ins, domain="com.microsoft", K=w.cols, N=w.rows, bits=w.bits,
+                    block_size=w.block, accuracy_level=accuracy)  # [N, R]
+        if w.mins_f16 is None and w.mins_m is None:
+            return y
+        blocks = self.op("Reshape", [x, self.const(np.array([-1, nb, w.block], np.int64), "shape", False)])
+        xsum = self.op("ReduceSum", [blocks, self.const(np.array([2], np.int64), "ax", False)],
+                       keepdims=0)  # [N, nb]
+        if w.mins_f16 is not None:  # Q4_1: w = d q + m
+            mins = self.op("Cast", [self.const(w.mins_f16)], to=1)  # [nb, R]
+        else:  # K-quants: w = d sc q - dmin m
+            assert w.mins_m is not None and w.mins_dmin is not None
+            m = self.op("Cast", [self.const(w.mins_m)], to=1)  # [nsb, 8, R]
+            dmin = self.op("Cast", [self.const(w.mins_dmin)], to=1)  # [nsb, 1, R]
+            neg = self.op("Neg", [self.op("Mul", [m, dmin])])  # [nsb, 8, R]
+            mins = self.op("Reshape", [neg, self.const(np.array([nb, w.rows], np.int64), "shape", False)])
+        return self.op("Add", [y, self.op("MatMul", [xsum, mins])])  # [N, R]
+
+    def model_bytes(self) -> bytes:
+        h = self._helper
+        graph = h.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.inits)
+        opsets = [h.make_opsetid("", _OPSET), h.make_opsetid("com.microsoft", 1)]
+        model = h.make_model(graph, opset_imports=opsets)
+        model.ir_version = 10
+        data: bytes = model.SerializeToString()
+        return data
+
+
+class Engine:
+    """onnxruntime sessions on one device with one thread count (one engine per process)."""
+
+    def __init__(self, device: str = "auto", threads: int | None = None,
+                 accuracy: int = ACCURACY_FAST) -> None:
+        import onnxruntime as ort
+
+        if device not in DEVICES:
+            raise EngineError(f"device {device!r} is not one of {', '.join(DEVICES)}")
+        available = ort.get_available_providers()
+        has_cuda = "CUDAExecutionProvider" in available
+        if device == "cuda" and not has_cuda:
+            raise EngineError(
+                "device 'cuda' needs onnxruntime-gpu with a CUDA GPU (pip install onnxruntime-gpu); "
+                f"this onnxruntime offers {', '.join(available)}")
+        self.device = "cuda" if device == "cuda" or (device == "auto" and has_cuda) else "cpu"
+        self.threads = default_threads() if threads is None else int(threads)
+        if self.threads < 1:
+            raise EngineError(f"threads = {threads!r}: must be >= 1")
+        self.accuracy = accuracy
+        self._ort = ort
+        self.providers = (["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda"
+                          else ["CPUExecutionProvider"])
+
+    def __repr__(self) -> str:
+        return f"Engine(device={self.device!r}, threads={self.threads}, accuracy={self.accuracy})"
+
+    def session(self, graph: GraphBuilder) -> Any:
+        ort = self._ort
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = self.threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.log_severity_level = 3
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return ort.InferenceSession(graph.model_bytes(), so, providers=self.providers,
+                                    disabled_optimizers=["ConstantFolding"])

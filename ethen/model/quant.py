@@ -1,0 +1,188 @@
+"""GGUF tensor blocks -> the block layout of onnxruntime's ``MatMulNBits`` (weight-only 4/8-bit matmul).
+
+``MatMulNBits`` computes ``y = x @ W.T`` for ``W [R, K]`` stored as R rows of ``K / block`` blocks, each
+block ``block`` unsigned ``bits``-bit values ``u`` with a float32 scale ``s`` and an integer zero point
+``z`` (default ``2^(bits-1)``): ``w = s * (u - z)``. Every GGUF type is written in that form, with the
+same integers the file holds; a type that also has a per-block *minimum* (``w = s * u + min``: Q4_1 and
+the K-quants' ``- dmin * m``) gets ``z = 0`` and a second, small term ``xsum @ mins`` where ``xsum [N,
+K / block]`` is the sum of x over each block (computed in the graph, :mod:`ethen.model.engine`).
+
+=====  ==========================================  =======================  ======================
+type   file (bytes / 32 weights)                   here (bytes / 32)        exact?
+=====  ==========================================  =======================  ======================
+Q4_0   18: f16 d, 16 B nibbles (w = d (q - 8))      20: 4-bit, f32 scale     yes (f16 -> f32)
+Q4_1   20: f16 d, f16 m, nibbles (w = d q + m)      22.5: + zp 0, f16 mins   yes
+Q8_0   34: f16 d, 32 int8 (w = d q)                 36: 8-bit, u = q + 128   yes
+Q4_K   18 (144 / 256): 6-bit sc, m; f16 d, dmin     21.75: f32 d*sc, u8 m    yes (d * sc fits f32)
+Q5_K   22 (176 / 256)                               37.75: 8-bit (u = q)     yes
+Q6_K   26.25 (210 / 256): int8 sc per 16            40: 8-bit, block 16      yes (u = q + 96)
+F16    64                                           64 (cast per call)       yes
+BF16   64                                           64 (cast per call)       yes
+F32    128                                          128                      yes
+=====  ==========================================  =======================  ======================
+
+So Q4_0, Q4_1 and Q8_0 stay within 1.125x of the file; Q4_K takes 1.21x (its 6-bit sub-block scales
+become float32: ``MatMulNBits`` wants one float scale per block), and Q5_K / Q6_K, which ``MatMulNBits``
+cannot hold in 5 or 6 bits, take 1.5-1.7x as 8-bit blocks (nothing is requantized: every weight is the
+file's value, bit for bit, once scaled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["BYTES_PER_BLOCK", "DENSE_TYPES", "QUANT_TYPES", "Dense", "NBits", "Packed", "pack", "row_bytes"]
+
+U8 = NDArray[np.uint8]
+F32 = NDArray[np.float32]
+
+#: (weights per block, bytes per block) of each GGUF type
+BYTES_PER_BLOCK: dict[str, tuple[int, int]] = {
+    "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20),
+    "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
+QUANT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+DENSE_TYPES = ("F32", "F16", "BF16")
+
+
+def row_bytes(kind: str, cols: int) -> int:
+    """Bytes of one row of ``cols`` weights of GGUF type ``kind``."""
+    per, size = BYTES_PER_BLOCK[kind]
+    if cols % per:
+        raise ValueError(f"a {kind} row needs a multiple of {per} weights, got {cols}")
+    return cols // per * size
+
+
+@dataclass(frozen=True, slots=True)
+class NBits:
+    """``W [R, K]`` as ``MatMulNBits`` blocks; ``mins`` the optional per-block minimum term."""
+
+    rows: int
+    cols: int
+    bits: int  # 4 or 8
+    block: int  # 16 or 32
+    data: NDArray[Any]  # uint8 [R, K / block, block * bits / 8]
+    scales: F32  # [R * K / block]
+    zero_points: U8 | None  # [R * ceil(K / block * bits / 8)] packed; None: 2^(bits - 1)
+    mins_f16: NDArray[np.float16] | None = None  # [K / block, R]: w += min (Q4_1)
+    mins_m: U8 | None = None  # [K / 256, 256 / block, R] 6-bit m of the K-quants: w -= dmin * m
+    mins_dmin: NDArray[np.float16] | None = None  # [K / 256, 1, R]
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.data, self.scales, self.zero_points, self.mins_f16, self.mins_m, self.mins_dmin)
+        return sum(int(p.nbytes) for p in parts if p is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class Dense:
+    """``W.T [K, R]`` as stored (float32, float16 or bfloat16 bits in a uint16 array), cast per call."""
+
+    rows: int
+    cols: int
+    kind: str  # "F32" | "F16" | "BF16"
+    data_t: NDArray[np.generic]  # [K, R]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data_t.nbytes)
+
+
+Packed = NBits | Dense
+
+
+def _f16(b: U8) -> F32:
+    """Little-endian float16 fields ``b [..., 2]`` -> float32 ``[...]``."""
+    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
+
+
+def _nibbles(vals: NDArray[Any]) -> U8:
+    """``vals [..., n]`` 4-bit values -> ``[..., n / 2]`` bytes, element 2i in the low nibble."""
+    out: U8 = (vals[..., 0::2] | (vals[..., 1::2] << 4)).astype(np.uint8)
+    return out
+
+
+def _zero_nibbles(rows: int, nb: int) -> U8:
+    return np.zeros(rows * ((nb + 1) // 2), dtype=np.uint8)  # 4-bit zero points, all 0
+
+
+def _k_scale_min(scales: U8) -> tuple[U8, U8]:
+    """The K-quants' 12 bytes of packed 6-bit (scale, min) -> ``[n, 8]`` each (``gguf.quants.Q4_K``)."""
+    n = scales.shape[0]
+    s = scales.reshape(n, 3, 4)
+    d, m, m_d = s[:, 0], s[:, 1], s[:, 2]
+    sc = np.concatenate([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc.astype(np.uint8), mn.astype(np.uint8)
+
+
+def pack(kind: str, raw: U8, rows: int, cols: int) -> Packed:
+    """``raw [rows, row_bytes]`` (a GGUF tensor of ``kind``, rows = output features) -> engine layout."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, row_bytes(kind, cols))
+    if kind in DENSE_TYPES:
+        dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[kind]
+        return Dense(rows, cols, kind, np.ascontiguousarray(raw.view(dtype).reshape(rows, cols).T))  # [K, R]
+    r = rows
+    vals: NDArray[Any]
+    blk: NDArray[Any]
+    qs: NDArray[Any]
+    ql: NDArray[Any]
+    qh: NDArray[Any]
+    if kind == "Q4_0":
+        blk = raw.reshape(r, -1, 18)
+        qs = blk[:, :, 2:]  # [R, nb, 16]: element j low nibble, j + 16 high nibble
+        vals = np.concatenate([qs & 15, qs >> 4], axis=2)  # [R, nb, 32]
+        return NBits(r, cols, 4, 32, _nibbles(vals), _f16(blk[:, :, 0:2]).reshape(-1), None)
+    if kind == "Q4_1":
+        blk = raw.reshape(r, -1, 20)
+        qs = blk[:, :, 4:]
+        vals = np.concatenate([qs & 15, qs >> 4], axis=2)  # [R, nb, 32]
+        nb = blk.shape[1]
+        mins = np.ascontiguousarray(blk[:, :, 2:4]).view(np.float16)[..., 0]  # [R, nb]
+        return NBits(r, cols, 4, 32, _nibbles(vals), _f16(blk[:, :, 0:2]).reshape(-1), _zero_nibbles(r, nb),
+                     mins_f16=np.ascontiguousarray(mins.T))
+    if kind == "Q8_0":
+        blk = raw.reshape(r, -1, 34)
+        vals = (blk[:, :, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)  # [R, nb, 32]
+        return NBits(r, cols, 8, 32, vals, _f16(blk[:, :, 0:2]).reshape(-1), None)
+    if kind in ("Q4_K", "Q5_K"):
+        size = 144 if kind == "Q4_K" else 176
+        kb: NDArray[Any] = raw.reshape(-1, size)  # [R * nsb, size]
+        blk = kb
+        n = blk.shape[0]
+        d, dmin = _f16(blk[:, 0:2]), blk[:, 2:4]
+        sc, m = _k_scale_min(blk[:, 4:16])  # [n, 8] x2
+        if kind == "Q4_K":
+            qs = blk[:, 16:].reshape(n, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+            vals = (qs & 15).reshape(n, 8, 32)
+        else:
+            qh = blk[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+            ql = blk[:, 48:].reshape(n, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+            vals = ((ql & 15).reshape(n, 8, 32) | ((qh & 1) << 4)).astype(np.uint8)
+        nsb = n // r
+        scales = (d[:, None] * sc.astype(np.float32)).reshape(-1)  # [R * nb] exact in float32
+        m_t = np.ascontiguousarray(m.reshape(r, nsb, 8).transpose(1, 2, 0))  # [nsb, 8, R]
+        dmin_t = np.ascontiguousarray(
+            np.ascontiguousarray(dmin).view(np.float16).reshape(r, nsb).T[:, None, :])  # [nsb, 1, R]
+        nb = nsb * 8
+        if kind == "Q4_K":
+            return NBits(r, cols, 4, 32, _nibbles(vals.reshape(r, nb, 32)), scales, _zero_nibbles(r, nb),
+                         mins_m=m_t, mins_dmin=dmin_t)
+        return NBits(r, cols, 8, 32, vals.reshape(r, nb, 32), scales, np.zeros(r * nb, np.uint8),
+                     mins_m=m_t, mins_dmin=dmin_t)
+    if kind == "Q6_K":
+        sb: NDArray[Any] = raw.reshape(-1, 210)
+        blk = sb
+        n = blk.shape[0]
+        ql = blk[:, :128].reshape(n, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+        ql = (ql & 15).reshape(n, 8, 32)
+        qh = blk[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+        qh = (qh & 3).reshape(n, 8, 32)
+        vals = ((ql | (qh << 4)) + 96).astype(np.uint8)  # q in 0..63, w = s (q - 32) = s (u - 128)
+        sc = blk[:, 192:208].view(np.int8).astype(np.float32)  # [n, 16]
+        scales = (_f16(blk[:, 208:210])[:, None] * sc).reshape(-1)  # [R * K / 16]
+        return NBits(r, cols, 8, 16, vals.reshape(r, -1, 16), scales, None)
+    raise ValueError(f"tensor type {kind} has no engine layout (supported: {QUANT_TYPES + DENSE_TYPES})")

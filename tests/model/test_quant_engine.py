@@ -1,0 +1,90 @@
+"""Each GGUF tensor type kept in its own blocks (:mod:`ethen.model.quant`) and multiplied by the engine
+(:mod:`ethen.model.engine`, onnxruntime ``MatMulNBits``) against a float64 product of ``gguf``'s own
+dequantization: float32-exact at ``ACCURACY_EXACT``, within 2% of the output scale at the default
+``ACCURACY_FAST`` (int8 activations, as llama.cpp's Q8 dot products), and the packed bytes per type."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from ethen.model.engine import ACCURACY_EXACT, ACCURACY_FAST, Engine, EngineError, GraphBuilder
+from ethen.model.quant import pack
+from ethen.model.tiny_gguf import _KQUANT_SCALES
+
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+#: packed bytes / file bytes per type (the table in ``ethen.model.quant``)
+RATIO = {"F32": 1.0, "F16": 1.0, "BF16": 1.0, "Q8_0": 36 / 34, "Q4_0": 20 / 18, "Q4_1": 22.5 / 20,
+         "Q4_K": 21.75 / 18, "Q5_K": 1.74, "Q6_K": 1.53}
+R, K = 96, 512
+
+
+def _raw(kind: str, rng: np.random.Generator) -> np.ndarray:
+    w = rng.standard_normal((R, K)).astype(np.float32) * 0.1
+    if kind in _KQUANT_SCALES:
+        size, fields = _KQUANT_SCALES[kind]
+        raw = rng.integers(0, 256, size=(R, K // 256, size), dtype=np.uint8)
+        for off, sc in fields:
+            d = (sc * rng.uniform(0.5, 1, size=(R, K // 256))).astype(np.float16)
+            raw[:, :, off:off + 2] = d.view(np.uint8).reshape(R, K // 256, 2)
+        return raw.reshape(R, -1)
+    if kind == "F32":
+        return w.view(np.uint8)
+    if kind == "F16":
+        return w.astype(np.float16).view(np.uint8)
+    return np.asarray(quantize(w, GGMLQuantizationType[kind])).view(np.uint8)
+
+
+def _run(kind: str, raw: np.ndarray, x: np.ndarray, accuracy: int) -> np.ndarray:
+    g = GraphBuilder("one-matmul")
+    y = g.linear(g.input("x", K), pack(kind, raw, R, K), accuracy)
+    g.nodes.append(g._helper.make_node("Identity", [y], ["y"]))
+    g.output("y", R)
+    out: np.ndarray = Engine("cpu", 1, accuracy).session(g).run(["y"], {"x": x})[0]
+    return out
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_every_type_multiplies_like_its_float64_dequantization(kind: str) -> None:
+    rng = np.random.default_rng(TYPES.index(kind))
+    raw = _raw(kind, rng)
+    x = rng.standard_normal((5, K)).astype(np.float32)
+    w64 = np.asarray(dequantize(raw, GGMLQuantizationType[kind]), np.float64).reshape(R, K)
+    ref = x.astype(np.float64) @ w64.T  # [5, R]
+    scale = float(np.abs(ref).max())
+    exact = _run(kind, raw, x, ACCURACY_EXACT)
+    assert float(np.abs(exact - ref).max()) <= 1e-5 * scale, kind
+    fast = _run(kind, raw, x, ACCURACY_FAST)
+    assert float(np.abs(fast - ref).max()) <= 2e-2 * scale, kind
+    assert pack(kind, raw, R, K).nbytes == pytest.approx(RATIO[kind] * raw.nbytes, rel=0.01)
+
+
+def test_device_errors_are_clear() -> None:
+    import onnxruntime as ort
+
+    with pytest.raises(EngineError, match="not one of auto, cpu, cuda"):
+        Engine("tpu")
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        assert Engine("auto").device == "cuda"
+    else:
+        with pytest.raises(EngineError, match="onnxruntime-gpu"):
+            Engine("cuda")
+        assert Engine("auto").device == "cpu"
+
+
+def test_cuda_gives_the_cpu_outputs() -> None:
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("no CUDAExecutionProvider here (needs onnxruntime-gpu and a CUDA GPU)")
+    rng = np.random.default_rng(1)
+    raw = _raw("Q4_0", rng)
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    g = GraphBuilder("cuda")
+    y = g.linear(g.input("x", K), pack("Q4_0", raw, R, K), ACCURACY_EXACT)
+    g.nodes.append(g._helper.make_node("Identity", [y], ["y"]))
+    g.output("y", R)
+    got = Engine("cuda", 1, ACCURACY_EXACT).session(g).run(["y"], {"x": x})[0]
+    np.testing.assert_allclose(got, _run("Q4_0", raw, x, ACCURACY_EXACT), rtol=0, atol=1e-3)

@@ -1,0 +1,53 @@
+"""Layers run from the GGUF's own blocks (:func:`ethen.model.qmodel.load_quant_layer_stack`) on the tiny
+models (between them every tensor type, both architectures, biases, RoPE variants) against the float64
+reference within 1e-3 at ``ACCURACY_EXACT`` (``ACCURACY_FAST``'s int8 activations are checked per matmul
+in ``test_quant_engine``: on these random-weight models their error compounds over
+layers). And packed weight bytes per layer against the layer's bytes in the file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ethen.model import Model
+from ethen.model.engine import ACCURACY_EXACT, Engine
+from ethen.model.qmodel import QuantLayer, load_quant_layer_stack
+from tests.model.conftest import TINY_SPECS, Tiny
+from tests.model.tiny_reference import reference_logits
+
+CHAT = [{"role": "user", "content": "hello world, the mesh is a model of layers"}]
+
+
+@pytest.mark.parametrize("name", list(TINY_SPECS))
+def test_quantized_layers_match_the_float64_reference(tiny_models: dict[str, Tiny], name: str) -> None:
+    t = tiny_models[name]
+    ids = t.model.tokenizer.encode(t.model.chat_template.render(CHAT))
+    ref = reference_logits(t.path, ids)
+    n = t.model.config.n_layers
+    stack = load_quant_layer_stack(0, n - 1, t.path, Engine("cpu", 1, ACCURACY_EXACT))
+    assert all(isinstance(w, QuantLayer) for w in stack.layers)
+    m = Model(t.model.config, t.model.ends, stack, t.model.tokenizer, t.model.chat_template)
+    ours = m.logits(ids, m.new_kv_cache(), all_positions=True)
+    assert ref.std() > 0.3
+    assert float(np.abs(ours - ref).max()) <= 1e-3, name
+
+
+def test_a_split_quantized_stack_equals_the_whole(tiny_models: dict[str, Tiny]) -> None:
+    t = tiny_models["llama-mixed"]
+    eng = Engine("cpu", 1, ACCURACY_EXACT)
+    whole = load_quant_layer_stack(0, 2, t.path, eng)
+    parts = [load_quant_layer_stack(0, 0, t.path, eng), load_quant_layer_stack(1, 2, t.path, eng)]
+    x = t.model.ends.embed([1, 2, 3, 4])
+    a = whole.forward(x, np.arange(4), whole.new_kv_cache())
+    b = x
+    for p in parts:
+        b = p.forward(b, np.arange(4), p.new_kv_cache())
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-4)
+
+
+def test_q4_0_q4_1_q8_0_layers_stay_within_1_15x_of_the_file(tiny_models: dict[str, Tiny]) -> None:
+    t = tiny_models["llama-linear"]  # BF16 + Q4_0
+    stack = load_quant_layer_stack(0, 1, t.path, Engine("cpu", 1))
+    for w in stack.layers:
+        assert isinstance(w, QuantLayer)
+        assert w.nbytes <= 1.15 * w.file_nbytes, (w.nbytes, w.file_nbytes)
