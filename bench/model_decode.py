@@ -4,6 +4,12 @@ type on tiny random-weight GGUFs (``ethen.model.tiny_gguf``: llama and qwen2, d_
 transformers' GGUF loader in the same run when the parity extra is installed.
 
 .venv/bin/python bench/model_decode.py [--steps 32] [--repeats 5] [--skip-cold] [--skip-tiny] [--model X.gguf]
+.venv/bin/python bench/model_decode.py --vs-llama-cpp [--model X.gguf]   (quantized engine vs llama.cpp)
+
+``--vs-llama-cpp`` builds ``llama-cpp-python`` into ``~/.cache/ethen-bench/llama-venv`` on first use (a
+source build, ~7-25 minutes, cached; ``CMAKE_BUILD_PARALLEL_LEVEL=1``) and prints, in one run, decode and
+512-token prefill tok/s of Ethen's quantized layers (``ethen.model.qmodel``, int8 activations and exact)
+and llama.cpp on the same GGUF at 1 and 2 threads.
 
 The tensor type changes the file and the cold load (dequantization), not the decode step: the cache is
 float32 whatever the file holds, so per-type decode rates should agree within noise.
@@ -139,6 +145,74 @@ def _median2(runs: list[tuple[float, float]]) -> tuple[float, float]:
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
+LLAMA_VENV = Path.home() / ".cache" / "ethen-bench" / "llama-venv"
+_LLAMA_PROBE = """
+import sys, time, llama_cpp
+path, threads, steps, n_pre = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=1024,
+                      n_batch=512, verbose=False)
+ids = [(7 * i) % 1000 + 100 for i in range(n_pre)]
+t0 = time.perf_counter(); llm.eval(ids); pre = n_pre / (time.perf_counter() - t0)
+llm.reset(); llm.eval(ids[:16])
+t0 = time.perf_counter()
+for i in range(steps):
+    llm.eval([ids[i]])
+print(pre, steps / (time.perf_counter() - t0))
+"""
+
+
+def _llama_cpp(path: Path, threads: int, steps: int) -> tuple[float, float]:
+    import subprocess
+    import sys
+
+    py = LLAMA_VENV / "bin" / "python"
+    if not py.exists():
+        print(f"building llama-cpp-python into {LLAMA_VENV} (one time, several minutes)...")
+        subprocess.run([sys.executable, "-m", "venv", str(LLAMA_VENV)], check=True)
+        subprocess.run([str(LLAMA_VENV / "bin" / "pip"), "install", "llama-cpp-python"], check=True,
+                       env={**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": "1"})
+    argv = [str(py), "-c", _LLAMA_PROBE, str(path), str(threads), str(steps), str(LONG_PREFILL)]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout.split()
+    return float(out[0]), float(out[1])
+
+
+def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int) -> tuple[float, float, int, int]:
+    from ethen.model.engine import Engine
+    from ethen.model.qmodel import QuantLayer, load_quant_layer_stack
+
+    store = open_weight_store(path)
+    stack = load_quant_layer_stack(0, store.config.n_layers - 1, path, Engine("cpu", threads, accuracy))
+    layers = [w for w in stack.layers if isinstance(w, QuantLayer)]
+    x = np.random.default_rng(0).standard_normal((LONG_PREFILL, store.config.d_model)).astype(np.float32)
+    kv = stack.new_kv_cache()
+    t0 = time.perf_counter()
+    stack.forward(x, np.arange(LONG_PREFILL), kv)
+    pre = LONG_PREFILL / (time.perf_counter() - t0)
+    kv = stack.new_kv_cache()
+    stack.forward(x[:16], np.arange(16), kv)
+    t0 = time.perf_counter()
+    for i in range(steps):
+        stack.forward(x[16 + i:17 + i], np.array([16 + i]), kv)
+    dec = steps / (time.perf_counter() - t0)
+    return pre, dec, sum(w.nbytes for w in layers), sum(w.file_nbytes for w in layers)
+
+
+def vs_llama_cpp(model: Path | None, steps: int) -> None:
+    """Layers only on Ethen's side (the head stays the orchestrator's); llama.cpp runs the whole model."""
+    from ethen.model.engine import ACCURACY_EXACT, ACCURACY_FAST
+
+    path = model or find_gguf_path()
+    print(f"model: {path.name}; {LONG_PREFILL}-token prefill, {steps} decode steps")
+    for threads in (1, 2):
+        lp, ld = _llama_cpp(path, threads, steps)
+        print(f"  llama.cpp {threads} thread(s): prefill {lp:.0f} tok/s, decode {ld:.1f} tok/s")
+        for name, acc in (("int8-act", ACCURACY_FAST), ("exact", ACCURACY_EXACT)):
+            ep, ed, packed, file = _ethen_quant(path, threads, steps, acc)
+            print(f"  ethen {name} {threads} thread(s): prefill {ep:.0f} tok/s ({ep / lp:.0%}), decode "
+                  f"{ed:.1f} tok/s ({ed / ld:.0%}); layer weights {packed / 1e6:.1f} MB = "
+                  f"{packed / file:.3f}x the file's {file / 1e6:.1f} MB")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=32)
@@ -146,7 +220,11 @@ def main() -> None:
     ap.add_argument("--skip-cold", action="store_true", help="skip the cold (cache-building) load")
     ap.add_argument("--skip-tiny", action="store_true", help="skip the per-architecture/type tiny models")
     ap.add_argument("--model", type=Path, default=None, help="GGUF to measure (default: SmolLM2)")
+    ap.add_argument("--vs-llama-cpp", action="store_true", help="quantized engine vs llama.cpp, same GGUF")
     args = ap.parse_args()
+    if args.vs_llama_cpp:
+        vs_llama_cpp(args.model, args.steps)
+        return
     print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}")
     if not args.skip_tiny:
         _tiny_rows(args.steps, args.repeats)
