@@ -208,7 +208,19 @@ class Orchestrator:
     def load(cls, workers: Mapping[str, str], store: WeightStore | None = None,
              **kwargs: Any) -> Orchestrator:
         s = store if store is not None else open_weight_store()
-        return cls(workers, load_embed_and_head(s), s.load_tokenizer(), s.load_chat_template(), **kwargs)
+        orch = cls(workers, load_embed_and_head(s), s.load_tokenizer(), s.load_chat_template(), **kwargs)
+        path = s.meta.get("gguf_path")
+        if path:  # issue 24: route only to workers that loaded this file (ethen.mesh.model_id)
+            from ethen.mesh.model_id import model_fingerprint
+
+            try:
+                orch.monitor.expect_model(model_fingerprint(path), str(path))
+            except (OSError, ValueError) as exc:  # the cache outlived its file: workers cannot be checked
+                import logging
+
+                logging.getLogger("ethen.mesh.orchestrator").warning(
+                    "mesh: the workers' model files are not checked: %s", exc)
+        return orch
 
     @property
     def context_length(self) -> int:

@@ -31,6 +31,14 @@ The spec's §8/§9 assumed the worker's EWMA covers the data plane; it does not 
 Logs (logger ``ethen.mesh.orchestrator``, one line per transition, never per poll): WARNING when a worker
 that answered its Health polls stops answering (or reports itself not alive), and when a request to a worker
 fails and backs it off; WARNING again when a dead worker answers again (its recovery pairs with the death).
+A worker that reports ``draining`` (it was told to stop: SIGTERM, ``ethen up`` shutting down) is logged once
+at INFO as stopping, not dead, and its polls failing afterwards (it closed its port) add no line.
+
+Model check (issue 24): with :meth:`HealthMonitor.expect_model` (the orchestrator's own GGUF fingerprint,
+:func:`ethen.mesh.model_id.model_fingerprint`), a worker whose Health ``model_sha256`` differs serves another
+model file: its polls count as failed (``alive=False``, no fragments), so nothing is routed to it, and one
+ERROR line says which file the mesh serves (again only after the worker changed). A worker that reports no
+fingerprint (an in-process test service, an older worker) is not checked.
 """
 
 from __future__ import annotations
@@ -97,8 +105,27 @@ class HealthMonitor:
         self._last: dict[str, NodeHealth] = {}
         self._last_good: dict[str, NodeHealth] = {}
         self._alive: dict[str, bool] = {}  # last reported liveness, for the transition logs
+        self._model: tuple[str, str] | None = None  # (fingerprint, file) the workers must report
+        self._refused: dict[str, str] = {}  # node -> the other fingerprint it reported (logged once)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+
+    def expect_model(self, fingerprint: str, path: str) -> None:
+        """Route only to workers whose Health reports ``fingerprint`` (the GGUF ``path``) or none."""
+        self._model = (fingerprint, path)
+
+    def _model_mismatch(self, node_id: str, reply: mesh_pb2.HealthResponse) -> str:
+        """Why ``reply`` is refused (another model file), or "" (under ``self._lock``)."""
+        if self._model is None or not reply.model_sha256 or reply.model_sha256 == self._model[0]:
+            self._refused.pop(node_id, None)
+            return ""
+        expected, path = self._model
+        why = (f"serves another model file ({reply.model_sha256}) than this mesh ({path}, {expected}): "
+               f"refused, no request is routed to it; start it with --model {path}")
+        if self._refused.get(node_id) != reply.model_sha256:
+            self._refused[node_id] = reply.model_sha256
+            log.error("mesh worker %s %s", node_id, why)
+        return why
 
     def poll(self, node_id: str) -> NodeHealth:
         client = self.clients.get(node_id)
@@ -108,10 +135,14 @@ class HealthMonitor:
         try:
             reply = client.health()
             rtt_ms = (time.perf_counter() - t0) * 1000.0
-            health = NodeHealth(node_id, self.clock(), reply, rtt_ms=rtt_ms)
+            with self._lock:
+                mismatch = self._model_mismatch(node_id, reply)
+            health = (NodeHealth(node_id, self.clock(), reply, rtt_ms=rtt_ms) if not mismatch
+                      else NodeHealth(node_id, self.clock(), None, mismatch))
         except NodeError as exc:
             health = NodeHealth(node_id, self.clock(), None, str(exc))
         alive = health.reply is not None and health.reply.alive
+        draining = health.reply is not None and health.reply.draining
         with self._lock:
             self._last[node_id] = health
             if health.reply is not None:
@@ -121,7 +152,9 @@ class HealthMonitor:
                 self._rtt.pop(node_id, None)
             was = self._alive.get(node_id)
             self._alive[node_id] = alive
-        if was is True and not alive:
+        if was is True and not alive and draining:
+            log.info("mesh worker %s is stopping (draining): no new session is routed to it", node_id)
+        elif was is True and not alive and node_id not in self._refused:
             log.warning("mesh worker %s is dead: %s", node_id, health.error or "Health says not alive")
         elif was is False and alive:
             log.warning("mesh worker %s answers Health again", node_id)
@@ -184,7 +217,7 @@ class HealthMonitor:
         """Stop watching ``node_id`` (its thread ends within one interval)."""
         self.clients.pop(node_id, None)
         with self._lock:
-            for table in (self._last, self._last_good, self._alive, self._rtt, self._step):
+            for table in (self._last, self._last_good, self._alive, self._rtt, self._step, self._refused):
                 table.pop(node_id, None)
 
     def _loop(self, node_id: str) -> None:

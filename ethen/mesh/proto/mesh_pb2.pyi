@@ -135,7 +135,7 @@ class LayerRange(_message.Message):
     def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
 
 class HealthResponse(_message.Message):
-    __slots__ = ("node_id", "served_layers", "latency_ms", "load", "served_requests", "failed_requests", "alive", "capacity_score", "active_sessions", "cache_bytes", "cache_bytes_limit", "draining")
+    __slots__ = ("node_id", "served_layers", "latency_ms", "load", "served_requests", "failed_requests", "alive", "capacity_score", "active_sessions", "cache_bytes", "cache_bytes_limit", "draining", "model_sha256")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SERVED_LAYERS_FIELD_NUMBER: _ClassVar[int]
     LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,7 @@ class HealthResponse(_message.Message):
     CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     CACHE_BYTES_LIMIT_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     served_layers: _containers.RepeatedCompositeFieldContainer[LayerRange]
     latency_ms: float
@@ -160,7 +161,8 @@ class HealthResponse(_message.Message):
     cache_bytes: int
     cache_bytes_limit: int
     draining: bool
-    def __init__(self, node_id: _Optional[str] = ..., served_layers: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., latency_ms: _Optional[float] = ..., load: _Optional[float] = ..., served_requests: _Optional[int] = ..., failed_requests: _Optional[int] = ..., alive: _Optional[bool] = ..., capacity_score: _Optional[float] = ..., active_sessions: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_bytes_limit: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
+    model_sha256: str
+    def __init__(self, node_id: _Optional[str] = ..., served_layers: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., latency_ms: _Optional[float] = ..., load: _Optional[float] = ..., served_requests: _Optional[int] = ..., failed_requests: _Optional[int] = ..., alive: _Optional[bool] = ..., capacity_score: _Optional[float] = ..., active_sessions: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_bytes_limit: _Optional[int] = ..., draining: _Optional[bool] = ..., model_sha256: _Optional[str] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -67,6 +67,10 @@ def run_worker(config: WorkerConfig, host: str, port: int, model_path: Path | No
     t0 = time.perf_counter()
     backend = ModelBackend(load_layer_stacks(list(config.fragments), open_weight_store(model_path)))
     service = WorkerService(config, backend, auth=auth, peers=peers)
+    from ethen.mesh.model_id import model_fingerprint  # issue 24: Health says which file this worker loaded
+    from ethen.model import find_gguf_path
+
+    service.model_sha256 = model_fingerprint(model_path if model_path is not None else find_gguf_path())
     server, bound = serve(service, host, port, tls=tls)
     layers = ",".join(f"{a}-{b}" for a, b in config.fragments)
     print(f"ethen worker {config.node_id!r}: layers {layers} loaded in {time.perf_counter() - t0:.1f}s, "

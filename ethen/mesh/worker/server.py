@@ -48,6 +48,12 @@ Limits on one caller (see :mod:`ethen.mesh.worker.limits` for the defaults and w
   ``CANCELLED``. An abandoned (or failed) step leaves the session exactly as it was before it (its caches are
   truncated back), and a session that step opened is dropped, so the next step of any session is served as
   soon as the chunk in progress ends.
+- Fairness (issue 23, item 5): such a long step is computed one *slice* (one chunk through one fragment) per
+  turn of the step batcher (:data:`~ethen.mesh.worker.batching.MORE`): between two slices the queued decode
+  steps of every caller get a batched turn, and the slices of several long steps alternate round robin per
+  caller (then per session), so one caller's 2,048-token prefill delays another's decode step by at most one
+  slice instead of the whole prefill. The slices compute exactly what the chunk loop computed (same shapes,
+  same order), so the outputs are the same bits.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -66,7 +73,7 @@ import numpy as np
 from ethen.mesh.auth import ClientCredentials, TokenAuth, TokenInterceptor
 from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
 from ethen.mesh.worker.backend import F32, FragmentBackend
-from ethen.mesh.worker.batching import Job, StepBatcher
+from ethen.mesh.worker.batching import MORE, Job, StepBatcher
 from ethen.mesh.worker.chain import CAPABILITY_BYTES, Capabilities, ChainSender, bind_capability, handle_chain
 from ethen.mesh.worker.errors import (
     DeadlineExceededError,
@@ -119,6 +126,20 @@ def _stop_if_abandoned(job: Job) -> None:
         raise RequestCancelledError(
             f"session {job.session_id!r}: the caller cancelled; the step of {len(job.positions)} positions "
             f"was abandoned")
+
+
+@dataclass(slots=True, eq=False)
+class _Prefill:
+    """A long step's progress between its slices (``Job.state``)."""
+
+    fragments: list[int]
+    caches: list[KVCache]
+    before: list[int]  # each cache's length before the step (restored if it fails)
+    opened: bool  # the step opened the session (dropped if it fails)
+    row: int = 0  # first row of the chunk in progress
+    frag: int = 0  # index in ``fragments`` of the chunk's next fragment
+    x: F32 = field(default_factory=lambda: _PENDING)  # the chunk's hidden states so far
+    outs: list[F32] = field(default_factory=list)  # finished chunks' outputs
 
 
 def parse_fragments(text: str) -> list[tuple[int, int]]:
@@ -178,6 +199,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         self.backend = backend
         self.auth = auth  # with tokens: sessions belong to the token's principal + peer host
         self.draining = False
+        self.model_sha256 = ""  # Health's model_sha256 (ethen.mesh.model_id), set by `ethen worker`
         self._served = set(config.layers)
         self._starts = {first for first, _ in config.fragments}
         self._ends = {last for _, last in config.fragments}
@@ -288,6 +310,8 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         return self.store.admit(job.session_id, fragments, len(job.positions), now, job.caller)
 
     def _run(self, jobs: list[Job]) -> list[F32 | BaseException]:
+        if len(jobs) == 1 and len(jobs[0].positions) > PREFILL_CHUNK_TOKENS:
+            return [self._prefill_slice(jobs[0])]
         results: list[F32 | BaseException] = []
         admitted: list[tuple[int, list[KVCache]]] = []
         opened: set[str] = set()  # sessions this step creates (dropped again if it fails)
@@ -336,6 +360,55 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             for i, _ in admitted:
                 self.store.refresh(jobs[i].session_id)
         return results
+
+    def _prefill_slice(self, job: Job) -> F32 | BaseException:
+        """One slice (one chunk through one fragment) of a long step; :data:`MORE` until its last slice,
+        then its output. A failure or an abandoned caller leaves the session as it was before the step."""
+        st: _Prefill | None = job.state
+        if st is None:
+            fragments = self._fragments(job)
+            with self._lock:
+                now = time.monotonic()
+                self.store.evict_idle(now)
+                try:
+                    _stop_if_abandoned(job)
+                    new = job.session_id not in self.store
+                    caches = self._admit(job, fragments, now)
+                except WorkerError as exc:
+                    return exc
+            st = job.state = _Prefill(fragments, caches, [kv.length for kv in caches], new)
+        chunk = PREFILL_CHUNK_TOKENS
+        try:
+            _stop_if_abandoned(job)
+            if st.frag == 0:
+                st.x = job.hidden[st.row : st.row + chunk]  # [C, d]
+            pos = np.asarray(job.positions[st.row : st.row + chunk], np.int64)
+            st.x = self.backend.forward([st.fragments[st.frag]], st.x, pos, [st.caches[st.frag]])
+            st.frag += 1
+            if st.frag == len(st.fragments):
+                st.outs.append(st.x)
+                st.row, st.frag = st.row + chunk, 0
+        except Exception as exc:
+            error: BaseException = exc
+            if isinstance(exc, ModelInputError):
+                error = WorkerInputError(str(exc))
+            elif not isinstance(exc, WorkerError):
+                log.exception("forward failed on %s", self.config.node_id)
+            for kv, n in zip(st.caches, st.before, strict=True):
+                kv.truncate(n)  # leave the session as it was
+            with self._lock:
+                if st.opened:
+                    self.store.close(job.session_id)
+                else:
+                    self.store.refresh(job.session_id)
+            job.state = None
+            return error
+        if st.row < len(job.positions):
+            return MORE
+        with self._lock:
+            self.store.refresh(job.session_id)
+        job.state = None
+        return np.concatenate(st.outs, axis=0)
 
     def _forward_one(self, job: Job, fragments: list[int], caches: list[KVCache]) -> F32:
         """One session's step; a long one chunk by chunk, fragment by fragment, stopping when its caller
@@ -434,7 +507,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             latency_ms=snap.latency_ms, load=snap.load, served_requests=snap.served_requests,
             failed_requests=snap.failed_requests, alive=not self.draining,
             capacity_score=self.config.capacity_score, active_sessions=sessions, cache_bytes=nbytes,
-            cache_bytes_limit=self.store.max_bytes, draining=self.draining)
+            cache_bytes_limit=self.store.max_bytes, draining=self.draining, model_sha256=self.model_sha256)
 
     def CloseSession(
         self, request: mesh_pb2.CloseSessionRequest, context: Any
