@@ -91,7 +91,7 @@ def address_refusal(ip: IP, allow_private: bool) -> str | None:
     if allow_private:
         return None
     return ("a non-routable (private) address is refused unless the mesh provider sets "
-            "allow_private_join = true (`ethen up --allow-private-join`)")
+            "allow_private_join = true")
 
 
 def _resolve(host: str) -> list[IP]:

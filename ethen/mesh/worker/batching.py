@@ -13,6 +13,15 @@ Collection window (the spec is silent): when fewer decode steps are queued than 
 sent a decode step recently (within ``active_horizon_s``), the leader waits up to ``window_s`` (default
 1 ms) for the others to arrive. With a single active session it never waits.
 
+Fairness (issue 23, item 5): a long prefill must not hold the compute for seconds while other callers'
+decode steps queue. A runner may compute a prefill job one *slice* at a time (the worker: one 128-row chunk
+through one fragment, :data:`~ethen.mesh.worker.limits.PREFILL_CHUNK_TOKENS`) and answer :data:`MORE` for it:
+the job stays queued, its state in ``Job.state``. Between two slices the leader gives the queued decode steps
+a turn (one batched step of every queued decode step of a span), and the prefill slices themselves go round
+robin over callers (``Job.caller``: the token principal + peer host), then over a caller's sessions, so one
+caller's 2,048-token prefill delays another caller's decode step by at most one slice, and two prefilling
+callers alternate slice by slice.
+
 Only the leader computes, so compute is serialised: every access to the session store and the KV caches
 happens on one thread at a time.
 """
@@ -30,9 +39,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["BatchRunner", "Job", "StepBatcher"]
+__all__ = ["MORE", "BatchRunner", "Job", "StepBatcher"]
 
 F32 = npt.NDArray[np.float32]
+
+
+class _More(Exception):
+    """A runner's answer for a prefill job it advanced by one slice: not done, queue it again."""
+
+
+MORE = _More("more slices to compute")
 
 
 @dataclass(slots=True, eq=False)
@@ -52,6 +68,7 @@ class Job:
     caller: str = ""  # who sent it (a worker: the gRPC peer's host), for per-caller caps
     deadline: float = math.inf  # time.monotonic() after which the caller no longer waits for the result
     is_active: Callable[[], bool] | None = None  # False once the caller cancelled (gRPC context.is_active)
+    state: Any = None  # the runner's progress on a prefill it computes slice by slice (see MORE)
 
     @property
     def is_decode(self) -> bool:
@@ -88,6 +105,9 @@ class StepBatcher:
         self._queue: deque[Job] = deque()
         self._busy = False
         self._recent: dict[str, float] = {}  # session -> last decode-step arrival
+        self._last_caller: str | None = None  # caller of the last prefill slice (round robin)
+        self._last_session: dict[str, str] = {}  # caller -> its session of its last prefill slice
+        self._decode_turn = False  # a prefill slice just ran: queued decode steps go next
 
     def forget(self, session_id: str) -> None:
         """The session ended: stop counting it among the active ones (so no leader waits for it)."""
@@ -102,17 +122,43 @@ class StepBatcher:
             del self._recent[sid]
         return len(self._recent)
 
+    def _next_prefill(self) -> Job:
+        """Under the lock: the queued prefill job whose turn it is (round robin over callers, then over a
+        caller's sessions)."""
+        heads: dict[str, dict[str, Job]] = {}
+        for job in self._queue:
+            if not job.is_decode:
+                heads.setdefault(job.caller, {}).setdefault(job.session_id, job)
+        callers = sorted(heads)
+        after = "" if self._last_caller is None else self._last_caller
+        caller = next((c for c in callers if c > after), callers[0])
+        sessions = sorted(heads[caller])
+        last = self._last_session.get(caller, "")
+        session = next((x for x in sessions if x > last), sessions[0])
+        self._last_caller = caller
+        self._last_session[caller] = session
+        if len(self._last_session) > 4 * self._max_batch + 64:  # forget callers gone long ago (bounded)
+            self._last_session = {caller: session}
+        return heads[caller][session]
+
     def _take(self) -> list[Job]:
-        """Under the lock: the next batch (first queued job + compatible decode steps)."""
-        first = self._queue[0]
-        if not first.is_decode:
-            return [self._queue.popleft()]
+        """Under the lock: the next batch: a prefill job (run alone, maybe one slice), or the first queued
+        decode step with every compatible one. After a prefill slice, queued decode steps go first."""
+        busy = {j.session_id for j in self._queue if not j.is_decode}  # a session's steps never overlap
+        decodes = [j for j in self._queue if j.is_decode and j.session_id not in busy]
+        head = self._queue[0]
+        if busy and not (decodes and (self._decode_turn or (head.is_decode and head.session_id not in busy))):
+            self._decode_turn = True
+            return [self._next_prefill()]  # stays queued until done (a runner may answer MORE)
+        self._decode_turn = False
+        first = decodes[0]
         deadline = time.perf_counter() + self._window_s
         while True:
             batch: list[Job] = []
             sessions: set[str] = set()
             for job in self._queue:
-                if job.is_decode and job.span == first.span and job.session_id not in sessions:
+                if (job.is_decode and job.span == first.span and job.session_id not in sessions
+                        and job.session_id not in busy):
                     batch.append(job)
                     sessions.add(job.session_id)
                     if len(batch) >= self._max_batch:
@@ -167,9 +213,14 @@ class StepBatcher:
                 self._on_step(end, end - start)
             with self._cond:
                 for item, result in zip(batch, results, strict=True):
+                    if result is MORE:  # one slice of a prefill: it stays queued for its next turn
+                        item.compute_ms += (end - start) * 1000.0
+                        continue
+                    if not item.is_decode:
+                        self._queue.remove(item)
                     item.result = result
-                    item.queue_ms = (start - item.enqueued) * 1000.0
-                    item.compute_ms = (end - start) * 1000.0
+                    item.compute_ms += (end - start) * 1000.0
+                    item.queue_ms = (end - item.enqueued) * 1000.0 - item.compute_ms
                     item.batch_size = len(batch)
                     item.done = True
                 self._cond.notify_all()

@@ -52,8 +52,9 @@ Limits on one caller (see :mod:`ethen.mesh.worker.limits` for the defaults and w
   turn of the step batcher (:data:`~ethen.mesh.worker.batching.MORE`): between two slices the queued decode
   steps of every caller get a batched turn, and the slices of several long steps alternate round robin per
   caller (then per session), so one caller's 2,048-token prefill delays another's decode step by at most one
-  slice instead of the whole prefill. The slices compute exactly what the chunk loop computed (same shapes,
-  same order), so the outputs are the same bits.
+  slice instead of the whole prefill. A slice is bounded in compute (rows x layers x context:
+  :func:`~ethen.mesh.worker.limits.slice_rows`), and its rows depend only on the step (its positions and the
+  fragments), so a replay of the same step sizes gives the same bits.
 """
 
 from __future__ import annotations
@@ -85,7 +86,12 @@ from ethen.mesh.worker.errors import (
     WorkerInputError,
 )
 from ethen.mesh.worker.health import HealthTracker
-from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER, PREFILL_CHUNK_TOKENS
+from ethen.mesh.worker.limits import (
+    MAX_PREFILL_TOKENS,
+    MAX_SESSIONS_PER_CALLER,
+    PREFILL_CHUNK_TOKENS,
+    slice_rows,
+)
 from ethen.mesh.worker.sessions import SessionStore
 from ethen.model.errors import ModelInputError
 from ethen.model.kv_cache import KVCache
@@ -137,6 +143,7 @@ class _Prefill:
     before: list[int]  # each cache's length before the step (restored if it fails)
     opened: bool  # the step opened the session (dropped if it fails)
     row: int = 0  # first row of the chunk in progress
+    rows: int = 0  # rows of the chunk in progress
     frag: int = 0  # index in ``fragments`` of the chunk's next fragment
     x: F32 = field(default_factory=lambda: _PENDING)  # the chunk's hidden states so far
     outs: list[F32] = field(default_factory=list)  # finished chunks' outputs
@@ -203,6 +210,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         self._served = set(config.layers)
         self._starts = {first for first, _ in config.fragments}
         self._ends = {last for _, last in config.fragments}
+        self._layers = {first: last - first + 1 for first, last in config.fragments}  # fragment -> layers
         self.health = HealthTracker()
         self.store: SessionStore[KVCache] = SessionStore(
             backend.new_cache, config.max_cache_bytes, config.session_ttl_s, config.max_sessions,
@@ -377,17 +385,17 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
                 except WorkerError as exc:
                     return exc
             st = job.state = _Prefill(fragments, caches, [kv.length for kv in caches], new)
-        chunk = PREFILL_CHUNK_TOKENS
         try:
             _stop_if_abandoned(job)
-            if st.frag == 0:
-                st.x = job.hidden[st.row : st.row + chunk]  # [C, d]
-            pos = np.asarray(job.positions[st.row : st.row + chunk], np.int64)
+            if st.frag == 0:  # a new chunk: as many rows as one slice's compute allows (limits.slice_rows)
+                st.rows = slice_rows(max(self._layers[f] for f in st.fragments), job.positions[st.row])
+                st.x = job.hidden[st.row : st.row + st.rows]  # [C, d]
+            pos = np.asarray(job.positions[st.row : st.row + st.rows], np.int64)
             st.x = self.backend.forward([st.fragments[st.frag]], st.x, pos, [st.caches[st.frag]])
             st.frag += 1
             if st.frag == len(st.fragments):
                 st.outs.append(st.x)
-                st.row, st.frag = st.row + chunk, 0
+                st.row, st.frag = st.row + st.rows, 0
         except Exception as exc:
             error: BaseException = exc
             if isinstance(exc, ModelInputError):

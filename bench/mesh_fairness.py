@@ -1,0 +1,118 @@
+"""Mesh fairness benchmark (issue 23, item 5): another caller's decode-step latency, unloaded vs while one
+caller prefills 2,048 tokens, in the same run.
+
+    .venv/bin/python bench/mesh_fairness.py [--layers 0-9] [--steps 60] [--prefills 2]
+
+One worker (``--layers``, default 0-9: a third of the model, like ``ethen up``'s workers) serves gRPC on
+127.0.0.1 in a child process with two mesh tokens, i.e. two callers. Caller B decodes one row per step
+(``Forward`` of layers ``--layers``): first ``--steps`` steps alone (the unloaded baseline), then for as long
+as caller A prefills 2,048 positions (``--prefills`` times, one after the other, each a new session). Prints
+the medians and p99 of B's step latency in both phases, their ratio (target: p99 <= 3x the unloaded p99)
+and A's prefill time alone vs under B's decoding. BLAS is single-threaded. The load average is printed: the
+VM has 2 vCPUs shared with other jobs, so compare figures of the same run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import numpy as np
+
+from ethen.mesh.auth import ClientCredentials
+from ethen.mesh.orchestrator.client import WorkerClient
+from ethen.mesh.worker.launch import spawn_worker
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", default="0-9")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--prefills", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=576, help="the model's hidden size (SmolLM2-135M: 576)")
+    args = ap.parse_args()
+    first, last = (int(x) for x in args.layers.split("-"))
+    tokens = [secrets.token_urlsafe(24), secrets.token_urlsafe(24)]
+    with tempfile.TemporaryDirectory() as tmp:
+        token_file = Path(tmp) / "tokens"
+        token_file.write_text("\n".join(tokens) + "\n")
+        worker = spawn_worker("w", args.layers, extra_args=["--token-file", str(token_file)])
+        try:
+            run(worker.address, first, last, tokens, args.steps, args.prefills, args.hidden)
+        finally:
+            worker.stop()
+    print(f"load average {os.getloadavg()[0]:.2f}")
+
+
+def run(address: str, first: int, last: int, tokens: list[str], steps: int, prefills: int, d: int) -> None:
+    def client(token: str) -> WorkerClient:
+        return WorkerClient("w", address, forward_timeout_s=600.0, credentials=ClientCredentials(token=token))
+
+    a, b = client(tokens[0]), client(tokens[1])
+    rng = np.random.default_rng(0)
+    prompt = rng.standard_normal((2048, d)).astype(np.float32)
+    row = rng.standard_normal((1, d)).astype(np.float32)
+    t0 = time.perf_counter()
+    a.forward("alone", first, last, prompt, 0)
+    alone_s = time.perf_counter() - t0
+    a.close_session("alone")
+    pos = 0
+    unloaded: list[float] = []
+    for _ in range(steps + 3):
+        t0 = time.perf_counter()
+        b.forward("dec", first, last, row, pos)
+        unloaded.append(time.perf_counter() - t0)
+        pos += 1
+    unloaded = unloaded[3:]  # warm-up
+    loaded: list[float] = []
+    loaded_prefill: list[float] = []
+    for i in range(prefills):
+        done = threading.Event()
+
+        def prefill(n: int = i, done: threading.Event = done) -> None:
+            t = time.perf_counter()
+            a.forward(f"long-{n}", first, last, prompt, 0)
+            loaded_prefill.append(time.perf_counter() - t)
+            done.set()
+
+        thread = threading.Thread(target=prefill)
+        thread.start()
+        while not done.is_set():
+            t0 = time.perf_counter()
+            b.forward("dec", first, last, row, pos)
+            loaded.append(time.perf_counter() - t0)
+            pos += 1
+        thread.join()
+        a.close_session(f"long-{i}")
+    a.close()
+    b.close()
+    um, up = statistics.median(unloaded) * 1000, _pct(unloaded, 0.99) * 1000
+    lm, lp = statistics.median(loaded) * 1000, _pct(loaded, 0.99) * 1000
+    print(f"worker layers {first}-{last}; caller B's decode step (one row), ms:")
+    print(f"  unloaded                     n={len(unloaded):4d}  median {um:8.1f}  p99 {up:8.1f}  "
+          f"max {max(unloaded) * 1000:8.1f}")
+    print(f"  while A prefills 2,048 tok   n={len(loaded):4d}  median {lm:8.1f}  p99 {lp:8.1f}  "
+          f"max {max(loaded) * 1000:8.1f}")
+    print(f"  ratio loaded / unloaded      median {lm / um:5.2f}x  p99 {lp / up:5.2f}x  (target p99 <= 3x)")
+    print(f"caller A's 2,048-token prefill: alone {alone_s:.2f} s, while B decodes "
+          f"{statistics.median(loaded_prefill):.2f} s (median of {len(loaded_prefill)})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
