@@ -2,7 +2,9 @@
 
 1. the model's float32 weight cache (built from the GGUF on first run);
 2. three ``ethen worker`` processes with a heterogeneous, partly replicated layout
-   (``examples/mesh-layout.toml``, embedded as :data:`DEFAULT_LAYOUT`; ``--layout FILE`` replaces it);
+   (``examples/mesh-layout.toml``, embedded as :data:`DEFAULT_LAYOUT`, derived from the model's layer count
+   by :func:`default_layout`; ``--layout FILE`` replaces it, refused before any worker starts when it does
+   not fit the model, :func:`check_layout`);
 3. a gateway config with one ``kind = "mesh"`` provider listing those workers' addresses, written to
    ``<data dir>/up-gateway.toml`` (rewritten on every run: worker ports are picked by the OS);
 4. the gateway from that file, by the same code path as ``ethen gateway --config FILE`` (``load_config`` ->
@@ -80,8 +82,10 @@ __all__ = [
     "admin_key",
     "api_key",
     "check_join",
+    "check_layout",
     "check_port",
     "data_dir",
+    "default_layout",
     "default_store_url",
     "load_layout",
     "mesh_route",
@@ -187,8 +191,56 @@ def check_port(host: str, port: int) -> int:
     return port
 
 
+def default_layout(n_layers: int) -> list[tuple[str, str, float]]:
+    """The default workers for a model of ``n_layers`` blocks (issue 24): the layers split into three
+    contiguous parts as equal as possible (the first ones one layer longer), gpu serves the first part, mini
+    the first two, laptop the last two (each part a fragment), as :data:`DEFAULT_LAYOUT` does for 30 layers.
+    With 2 layers: gpu layer 0 and mini layers 0 and 1 (laptop would repeat a part); 1 layer: gpu alone."""
+    if n_layers < 1:
+        raise ValueError(f"a model needs at least one layer, got {n_layers}")
+    sizes = [n_layers // 3 + (1 if i < n_layers % 3 else 0) for i in range(3)]
+    parts: list[str] = []
+    start = 0
+    for size in sizes:
+        if size:
+            parts.append(f"{start}-{start + size - 1}")
+            start += size
+    out = [("gpu", parts[0], 10.0)]
+    if len(parts) >= 2:
+        out.append(("mini", ",".join(parts[:2]), 6.0))
+    if len(parts) == 3:
+        out.append(("laptop", ",".join(parts[1:]), 3.0))
+    return out
+
+
+def check_layout(workers: list[tuple[str, str, float]], n_layers: int, source: str,
+                 partial: bool = False) -> None:
+    """Refuse (``typer.BadParameter``, naming the model's layer count) a layout that does not fit a model
+    of ``n_layers`` blocks: a fragment past its last layer, or (unless ``partial``: workers may join)
+    fragments from which no chain of whole fragments covers layers 0..n-1."""
+    from ethen.mesh.orchestrator.planning import plan_route
+    from ethen.mesh.routing import MeshRoutingError, NodeState, RouteWeights
+    from ethen.mesh.worker.server import parse_fragments
+
+    states = []
+    for node, layers, score in workers:
+        frags = parse_fragments(layers)
+        if frags[-1][1] >= n_layers:
+            raise typer.BadParameter(f"{source}: worker {node!r} layers {layers!r} go past the model's last "
+                                     f"layer: the model has {n_layers} layers (0-{n_layers - 1})")
+        states.append(NodeState(node, 1.0, 0.0, score, tuple(frags)))
+    if partial:
+        return
+    try:
+        plan_route(states, n_layers, 1, RouteWeights(), MODEL)
+    except MeshRoutingError as exc:
+        raise typer.BadParameter(f"{source}: no chain of whole fragments of these workers covers layers "
+                                 f"0-{n_layers - 1} (the model has {n_layers} layers): {exc}") from None
+
+
 def load_layout(path: Path | None) -> list[tuple[str, str, float]]:
-    """Workers of a layout TOML file (``[[workers]] node_id, layers, capacity_score``), or the defaults."""
+    """Workers of a layout TOML file (``[[workers]] node_id, layers, capacity_score``), or the defaults
+    (for 30 layers; ``ethen up`` derives them from the model, :func:`default_layout`)."""
     if path is None:
         return list(DEFAULT_LAYOUT)
     from ethen.mesh.worker.server import parse_fragments
@@ -386,7 +438,8 @@ def _command_start() -> float:
 def up(
     port: int = typer.Option(8080, "--port", help="Gateway port (0: a free port)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Gateway bind address."),
-    layout: Path = typer.Option(None, "--layout", help="Mesh layout TOML (default: embedded)."),  # noqa: B008
+    layout: Path = typer.Option(  # noqa: B008
+        None, "--layout", help="Mesh layout TOML (default: 3 workers derived from the model's layer count)."),
     config: Path = typer.Option(  # noqa: B008
         None, "--config", help="Gateway TOML whose providers/routes/keys/canaries/policy/store are merged in."
     ),
@@ -434,6 +487,15 @@ def up(
     try:
         _say("[1/4] model weights: the float32 cache (the first run builds it from the GGUF) ...")
         store = _open_weights(model)
+        n_layers = int(store.config.n_layers)
+        if layout is None:
+            workers_spec = default_layout(n_layers)
+        else:
+            try:
+                check_layout(workers_spec, n_layers, f"--layout {layout}", partial=join is not None)
+            except typer.BadParameter as exc:
+                _say(f"error: {exc.message}")
+                raise typer.Exit(2) from None
         model_args = [] if model is None else ["--model", str(model.resolve())]
         token_file = str(mesh_token_file().resolve())
         model_args += ["--token-file", token_file]
@@ -476,6 +538,8 @@ def up(
             raise typer.Exit(1)
     except KeyboardInterrupt:
         pass
+    except typer.Exit:  # a RuntimeError too: keep its status (2 for a bad --layout or config)
+        raise
     except (TimeoutError, RuntimeError, OSError, ModelError) as exc:  # a worker did not start, bad GGUF, ...
         _say(f"error: {exc}")
         raise typer.Exit(1) from None
