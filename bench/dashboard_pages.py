@@ -59,7 +59,7 @@ TABS = {
     "requests (/ui)": (None, "#req-rows tr"),
     "spend": ("spend", "#chart-model canvas"),
     "projects & keys": ("keys", "#keys-rows tr"),
-    "providers & mesh": ("health", "#log-state:not(:empty)"),
+    "health": ("health", "#log-state:not(:empty)"),
     "candidates": ("providers", "#chart-circuit canvas, #chart-circuit p"),
     "canaries": ("canaries", "#c-rows tr"),
     "mesh": ("mesh", "#m-body p"),

@@ -76,7 +76,7 @@ from ethen.gateway.config import (
     build_policy,
     build_pool,
 )
-from ethen.gateway.dashboard import gateway_health, ui_routes
+from ethen.gateway.dashboard import favicon_route, gateway_health, ui_routes
 from ethen.gateway.embeddings import embedding_routes, embeddings_endpoint
 from ethen.gateway.errors import (
     GatewayError,
@@ -340,6 +340,7 @@ def create_app(
             *admin_routes(acc, admin_auth if cfg.store else None),
             *request_routes(gw.requestlog, admin_auth, lambda: gateway_health(gw)),
             *ui_routes(admin_auth),  # the dashboard (ethen.gateway.dashboard): pages reading the admin API
+            favicon_route(),  # GET /favicon.ico, the dashboard's icon (public)
             *observe_routes(gw, admin_auth),  # its providers / canaries / mesh data (ethen.gateway.observe)
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},

@@ -13,7 +13,10 @@ newest 2000 rows of the request log), projects and keys (create a project, creat
 key), provider health (open circuits) and mesh nodes (``/health``). ``observe.js`` adds the Candidates tab
 (success rate, latency p50 / p95 and circuit state over time per candidate or provider, uPlot), Canaries and
 Mesh (nodes, layers, health, the route chosen now and its cost), from ``/api/admin/v1/observe/*``
-(:mod:`ethen.gateway.observe`).
+(:mod:`ethen.gateway.observe`). ``GET /favicon.ico`` (public) is the pages' icon, an ICO built here.
+
+Axes: spend from $0 to just above the data (all-zero data, free models: $0-0.01), success rate and circuit
+state 0-100%. Wide tables (the Mesh tab's) sit in a card and scroll inside it, never the page.
 
 Choices where the issue is silent: data is put in the page with ``textContent`` only, and every page is served
 with a Content-Security-Policy that allows scripts from the gateway alone and forms posting to it alone; no
@@ -24,6 +27,8 @@ from __future__ import annotations
 
 import hashlib
 import html
+import struct
+import zlib
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
@@ -37,7 +42,7 @@ from ethen.admin.sessions import COOKIE, AdminAuth, secure_cookie
 if TYPE_CHECKING:
     from ethen.gateway.app import Gateway
 
-__all__ = ["gateway_health", "ui_routes"]
+__all__ = ["favicon_route", "gateway_health", "ui_routes"]
 
 _CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; connect-src 'self'; "
         "img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
@@ -71,6 +76,41 @@ def gateway_health(gw: Gateway) -> dict[str, Any]:
 
 def _asset(name: str) -> bytes:
     return resources.files("ethen.gateway").joinpath("ui", name).read_bytes()
+
+
+def _favicon() -> bytes:
+    """A 32x32 ICO (one PNG inside): a light-blue "E" on the header's dark blue, corners rounded."""
+    dark, blue, clear = b"\x1d\x23\x30\xff", b"\x6e\xa8\xfe\xff", b"\x00\x00\x00\x00"
+    strokes = ((4, 3, 6, 13), (4, 3, 12, 5), (4, 7, 11, 9), (4, 11, 12, 13))  # x0, y0, x1, y1 on a 16 grid
+    corners = {(0, 0), (1, 0), (0, 1), (14, 0), (15, 0), (15, 1), (0, 14), (0, 15), (1, 15), (15, 14),
+               (14, 15), (15, 15)}
+
+    def pixel(x: int, y: int) -> bytes:
+        if (x, y) in corners:
+            return clear
+        return blue if any(a <= x < c and b <= y < d for a, b, c, d in strokes) else dark
+
+    raw = b"".join(b"\x00" + b"".join(pixel(x // 2, y // 2) for x in range(32)) for y in range(32))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 32, 32, 8, 6, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+    # ICONDIR (reserved, type 1 = icon, 1 image), then its entry: 32x32, 32 bpp, size, offset 6 + 16
+    return struct.pack("<HHH", 0, 1, 1) + struct.pack("<BBBBHHII", 32, 32, 0, 0, 1, 32, len(png), 22) + png
+
+
+def favicon_route() -> Route:
+    """``GET /favicon.ico``: the dashboard's icon (public, like any site's: browsers ask for it before and
+    without a session; it is built once here, a few hundred bytes)."""
+    body = _favicon()
+    headers = {"cache-control": "public, max-age=86400", "x-content-type-options": "nosniff"}
+
+    async def favicon(request: Request) -> Response:
+        return Response(body, 200, headers, media_type="image/x-icon")
+
+    return Route("/favicon.ico", favicon, methods=["GET"])
 
 
 def ui_routes(auth: AdminAuth | None) -> list[Route]:

@@ -2,8 +2,11 @@
 (``/usr/bin/chromium``, installed by ``.ci/run``; never ``playwright install``) against a live store-backed
 gateway with a scripted upstream. A wrong key sees nothing; after signing in: the request log with a fallback
 request and its receipt, the spend charts (pixels of the series colour on the canvas), a project and a key
-created, the key used, then revoked. Screenshots of each page go to ``$ETHEN_TEST_ARTIFACTS/dashboard`` (else
-the test's tmp_path).
+created, the key used, then revoked. Issue 23: the axes scale to the data (spend: free models are not drawn on
+$0-100; success at most 100%), the Mesh tab's tables fit their cards in a 1,400 px window (and scroll inside
+them in a narrower one) under a header as wide as the page, the Health and Mesh tabs do not overlap, and the
+pages have an icon (``/favicon.ico``). Screenshots of each page, at 1,400 px wide, go to
+``$ETHEN_TEST_ARTIFACTS/dashboard`` (else the test's tmp_path; the folder is printed).
 
 Skips, with the reason, without Chromium or the ``playwright`` package."""
 
@@ -19,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from budget_harness import ADMIN_KEY, live_store, new_project_key
-from service_harness import live
+from service_harness import ROUTES, live
 from upstream import Behavior
 
 CHROMIUM = "/usr/bin/chromium"
@@ -27,6 +30,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 USER = [{"role": "user", "content": "hello"}]
 CANARY = {"alias": "ethen/cheap", "candidate": "alpha/alpha-large", "percent": 100, "min_samples": 1}
+VIEWPORT = {"width": 1400, "height": 900}  # the window the issue's screenshots were taken in
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent (apt-get install "
                                 "chromium; .ci/run does it)")
@@ -47,6 +51,7 @@ def _artifacts(tmp_path: Path) -> Path:
     root = os.environ.get("ETHEN_TEST_ARTIFACTS")
     out = (Path(root) if root else tmp_path) / "dashboard"
     out.mkdir(parents=True, exist_ok=True)
+    print(f"screenshots: {out}")
     return out
 
 
@@ -66,6 +71,14 @@ _SERIES_PIXELS = """(sel) => {
     if (Math.abs(d[i] - 47) < 8 && Math.abs(d[i + 1] - 111) < 8 && Math.abs(d[i + 2] - 222) < 8
         && d[i + 3] > 200) n++;
   return n;
+}"""
+
+# a chart's y scale as uPlot drew it, and the largest value it plots (the spend and Candidates charts)
+_Y_SCALE = """(id) => {
+  const u = [...charts, ...obsCharts].find((c) => c.root.parentElement.id === id);
+  if (!u) return null;
+  const ys = u.data.slice(1).flat().filter((v) => v !== null && v !== undefined);
+  return { min: u.scales.y.min, max: u.scales.y.max, top: ys.length ? Math.max(...ys) : null };
 }"""
 
 # pixels of any series colour on a chart's canvas (saturated: the axes, grid and text are grey or black)
@@ -97,7 +110,7 @@ def test_dashboard_in_chromium(tmp_path: Path, browser: Any) -> None:
             time.sleep(0.05)
         assert len(rows) == 2
 
-        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+        ctx = browser.new_context(viewport=VIEWPORT)
         ctx.set_default_timeout(15_000)
         page = ctx.new_page()
 
@@ -137,6 +150,9 @@ def test_dashboard_in_chromium(tmp_path: Path, browser: Any) -> None:
         page.wait_for_selector("#projects tr >> text=acme")
         assert page.evaluate(_SERIES_PIXELS, "#chart-project") > 50
         assert page.evaluate(_SERIES_PIXELS, "#chart-model") > 50
+        for chart in ("chart-project", "chart-model"):  # priced: the axis ends just above the data
+            y = page.evaluate(_Y_SCALE, chart)
+            assert y["min"] == 0 and 0 < y["top"] <= y["max"] <= 1.5 * y["top"], (chart, y)
         page.screenshot(path=str(shots / "3-spend.png"), full_page=True)
 
         # projects and keys: create a project, a key (shown once, and it works), revoke it (then it does not)
@@ -213,6 +229,55 @@ def test_dashboard_in_chromium(tmp_path: Path, browser: Any) -> None:
             "5-key-revoked.png", "6-candidates.png", "7-canaries.png"} <= saved
 
 
+def test_free_models_axes_and_the_icon(tmp_path: Path, browser: Any) -> None:
+    """Free models (every route priced $0) and only successes: the spend charts' axis is $0-0.01, not uPlot's
+    $0-100 for all-zero data, and the success rate's stops at 100% (it was 200% for all-1 data). The icon:
+    ``/favicon.ico`` answers 200 with an image, and the page's ``<link rel="icon">`` loads as a 32x32
+    image."""
+    shots = _artifacts(tmp_path)
+    free = [{**r, "prices": {"input_per_mtok": 0.0, "output_per_mtok": 0.0}} for r in ROUTES]
+    with live_store(f"sqlite:///{tmp_path / 'f.db'}", routes=free) as lv:
+        url = lv.gateway.url
+        key = new_project_key(lv, "free")
+        for i, model in enumerate(("alpha-large", "beta-tools", "alpha-large")):
+            assert _chat(lv.base_url, key, model, f"free-{i}").status_code == 200
+        _wait_logged(url, 3)
+
+        ctx = browser.new_context(viewport=VIEWPORT)
+        ctx.set_default_timeout(15_000)
+        page = ctx.new_page()
+        icon = ctx.request.get(f"{url}/favicon.ico")  # before signing in: the login page shows it too
+        assert icon.status == 200 and icon.headers["content-type"].startswith("image/"), icon.headers
+        page.goto(f"{url}/ui")
+        assert page.get_attribute("link[rel=icon]", "href") == "/favicon.ico"
+        page.fill("#admin-key", ADMIN_KEY)
+        page.click("button[type=submit]")
+        page.wait_for_selector("#req-rows tr >> text=free-0")
+        href = page.get_attribute("link[rel=icon]", "href")
+        assert href == "/favicon.ico"
+        size = page.evaluate("""(href) => new Promise((ok) => { const i = new Image();
+          i.onload = () => ok([i.naturalWidth, i.naturalHeight]);
+          i.onerror = () => ok(null); i.src = href; })""", href)
+        assert size == [32, 32]  # the browser decodes it (and the page's CSP lets it load)
+
+        page.click("nav button[data-tab=spend]")
+        page.wait_for_selector("#chart-project canvas")
+        page.wait_for_selector("#chart-model canvas")
+        page.wait_for_selector("#usage tr >> text=alpha-large")
+        for chart in ("chart-project", "chart-model"):
+            y = page.evaluate(_Y_SCALE, chart)
+            assert y == {"min": 0, "max": 0.01, "top": 0}, (chart, y)  # was $0-100: a flat line at the bottom
+        page.screenshot(path=str(shots / "9-spend-free.png"), full_page=True)
+
+        page.click("nav button[data-tab=providers]")
+        page.wait_for_selector("#o-rows tr >> text=beta/beta-tools")
+        page.wait_for_selector("#chart-success canvas")
+        y = page.evaluate(_Y_SCALE, "chart-success")
+        assert y["top"] == 1 and y["min"] == 0 and y["max"] == 1, y  # every attempt a success: up to 100%
+        page.screenshot(path=str(shots / "10-candidates-all-ok.png"), full_page=True)
+        ctx.close()
+
+
 def test_mesh_page_in_chromium(tmp_path: Path, browser: Any) -> None:
     """The Mesh tab over three real worker processes: each node's layers, health and the route chosen now
     (its stages cover layers 0-29), with its cost breakdown."""
@@ -229,7 +294,7 @@ def test_mesh_page_in_chromium(tmp_path: Path, browser: Any) -> None:
         log = {"admin_key_sha256": hashlib.sha256(ADMIN_KEY.encode()).hexdigest()}
         with live(providers=[mesh], routes=[{"model": "smollm2-135m-instruct", "provider": "mesh"}],
                   log=log) as lv:
-            ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+            ctx = browser.new_context(viewport=VIEWPORT)
             ctx.set_default_timeout(30_000)
             page = ctx.new_page()
             page.goto(f"{lv.gateway.url}/ui")
@@ -245,11 +310,61 @@ def test_mesh_page_in_chromium(tmp_path: Path, browser: Any) -> None:
             assert summary.startswith("route now: ") and "cost" in summary
             assert page.locator("#m-body").get_by_role("cell", name="total", exact=True).count() == 1
             page.screenshot(path=str(shots / "8-mesh.png"), full_page=True)
+            # 1,400 px: each table fits its card (no scrolling needed), the page does not overflow, the
+            # header bar is as wide as the page, and each table's header row as wide as its table
+            at = page.evaluate(_LAYOUT)
+            assert at["page"] <= at["window"] and at["header"] == at["page"] == at["window"], at
+            assert len(at["cards"]) == 1 and len(at["cards"][0]["tables"]) == 2, at
+            for card in at["cards"]:
+                for t in card["tables"]:
+                    assert card["left"] <= t["left"] and t["right"] <= card["right"], (card, t)
+                    assert abs(t["head"] - t["width"]) < 1 and t["scrolls"] is False, (card, t)
+            # narrower (900 px): the node table scrolls inside its card; the page and its header still fit
+            page.set_viewport_size({"width": 900, "height": 900})
+            at = page.evaluate(_LAYOUT)
+            assert at["page"] <= at["window"] and at["header"] == at["page"] == at["window"] == 900, at
+            nodes = at["cards"][0]["tables"][0]
+            assert nodes["scrolls"] is True and nodes["box_right"] <= at["cards"][0]["right"], at
+            page.screenshot(path=str(shots / "8-mesh-900px.png"), full_page=True)
+            page.set_viewport_size(VIEWPORT)
+
+            # the Health tab (circuits, providers, the log's queue) counts the mesh nodes; their table is
+            # the Mesh tab's alone, and the two tabs' names and boxes do not overlap
+            page.click("nav button[data-tab=health]")
+            sync_api.expect(page.locator("#mesh-state")).to_have_text(
+                "mesh nodes: 3 of 3 alive · each node's layers, load and the route: the Mesh tab")
+            assert page.locator("section#health table").count() == 1  # circuits only
+            labels = page.locator("nav button").all_text_contents()
+            assert [x for x in labels if "mesh" in x.lower()] == ["Mesh"], labels
+            boxes = [page.locator(f"nav button[data-tab={t}]").bounding_box() for t in ("health", "mesh")]
+            assert not _intersect(boxes[0], boxes[1]), boxes
+            page.screenshot(path=str(shots / "8-health.png"), full_page=True)
             ctx.close()
     finally:
         for w in workers.values():
             w.stop()
-    assert (shots / "8-mesh.png").exists()
+    assert {"8-mesh.png", "8-mesh-900px.png", "8-health.png"} <= {p.name for p in shots.glob("*.png")}
+
+
+# the page's width, the header bar's, and per Mesh tab card: its box and each table's (left, right, width,
+# its header row's width, whether the table scrolls inside its card, the scroll box's right edge)
+_LAYOUT = """() => {
+  const box = (e) => e.getBoundingClientRect();
+  const cards = [...document.querySelectorAll("#m-body > *")].map((card) => ({
+    left: box(card).left, right: box(card).right,
+    tables: [...card.querySelectorAll("table")].map((t) => {
+      const holder = t.parentElement === card ? t : t.parentElement;
+      return { left: box(t).left, right: box(t).right, width: box(t).width, head: box(t.rows[0]).width,
+               scrolls: holder.scrollWidth > holder.clientWidth, box_right: box(holder).right };
+    }) }));
+  return { page: document.documentElement.scrollWidth, window: window.innerWidth,
+           header: box(document.querySelector("header")).width, cards };
+}"""
+
+
+def _intersect(a: dict[str, float], b: dict[str, float]) -> bool:
+    return (a["x"] < b["x"] + b["width"] and b["x"] < a["x"] + a["width"]
+            and a["y"] < b["y"] + b["height"] and b["y"] < a["y"] + a["height"])
 
 
 def _wait_logged(url: str, n: int) -> None:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import re
+import struct
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 import httpx
 from budget_harness import ADMIN_KEY, live_store, new_project_key
+from service_harness import live
 from starlette.requests import Request
 from upstream import Behavior
 
@@ -158,6 +161,36 @@ def test_login_session_cookie_csrf_and_logout(tmp_path: Path) -> None:
         assert out.status_code == 204 and f'{COOKIE}=""' in out.headers["set-cookie"]
         assert httpx.get(f"{base}/projects", headers=cookie).status_code == 401
         assert "req-rows" not in httpx.get(f"{url}/ui", headers=cookie).text
+
+
+def _png_size(ico: bytes) -> tuple[int, int]:
+    """The size of the one image in an ICO file that holds a PNG (the format's header, entry and IHDR)."""
+    reserved, kind, count = struct.unpack_from("<HHH", ico, 0)
+    assert (reserved, kind, count) == (0, 1, 1)
+    w, h, _colors, _zero, _planes, _bpp, size, offset = struct.unpack_from("<BBBBHHII", ico, 6)
+    png = ico[offset:offset + size]
+    assert offset + size == len(ico) and png.startswith(b"\x89PNG\r\n\x1a\n") and png[12:16] == b"IHDR"
+    assert zlib.crc32(png[12:29]) == struct.unpack_from(">I", png, 29)[0]  # IHDR's checksum
+    assert struct.unpack_from(">II", png, 16) == (w, h)
+    return w, h
+
+
+def test_favicon_served_to_anyone_and_named_by_the_pages(tmp_path: Path) -> None:
+    """Issue 23: ``/favicon.ico`` was a 404. Now an ICO (a 32x32 PNG inside), public like any site's icon (a
+    browser asks for it on the login page too), also from a gateway without a dashboard; both pages link
+    it."""
+    with live_store(f"sqlite:///{tmp_path / 'icon.db'}", {}) as lv:
+        url = lv.gateway.url
+        icon = httpx.get(f"{url}/favicon.ico")
+        assert icon.status_code == 200 and icon.headers["content-type"] == "image/x-icon"
+        assert _png_size(icon.content) == (32, 32) and len(icon.content) < 1024
+        assert '<link rel="icon" href="/favicon.ico" sizes="32x32">' in httpx.get(f"{url}/ui").text  # login
+        page = httpx.get(f"{url}/ui", headers=_login(url)).text
+        assert '<link rel="icon" href="/favicon.ico" sizes="32x32">' in page and 'id="req-rows"' in page
+    with live() as lv:  # no admin key: no dashboard, the icon all the same
+        assert httpx.get(f"{lv.gateway.url}/ui").status_code == 404
+        icon = httpx.get(f"{lv.gateway.url}/favicon.ico")
+        assert icon.status_code == 200 and _png_size(icon.content) == (32, 32)
 
 
 def _request(client: str, cookie: str = "") -> Request:

@@ -18,6 +18,7 @@ function row(cells, cls) {
   for (const c of cells) tr.appendChild(c instanceof Node ? c : el("td", c));
   return tr;
 }
+function wide(text, cols) { const td = el("td", text); td.colSpan = cols; return td; }  // a row's only cell
 function num(v, digits) { return v === null || v === undefined ? "-" : Number(v).toFixed(digits); }
 
 async function api(path, method, data) {
@@ -90,6 +91,13 @@ async function showRequest(id) {
 const COLORS = ["#2f6fde", "#e8590c", "#2b8a3e", "#c2255c", "#7048e8", "#0b7285", "#a61e4d", "#5c940d"];
 let charts = [];
 
+// The spend axis: from $0 to just above the data's largest bucket (uPlot's own default draws all-zero data,
+// e.g. free models, on a $0-100 axis); all-zero data gets $0-0.01, so a flat line at $0 reads as $0.
+const SPEND_MIN_TOP = 0.01;
+function spendRange(u, min, max) {
+  return max > 0 ? [0, uPlot.rangeNum(0, max, 0.1, true)[1]] : [0, SPEND_MIN_TOP];
+}
+
 // Spend per bucket of time, one line per project (or model), from the request log's newest rows.
 function drawSpend(target, rows, keyOf, what) {
   const priced = rows.filter((r) => r.cost_usd !== null && keyOf(r) !== null);
@@ -105,6 +113,7 @@ function drawSpend(target, rows, keyOf, what) {
   priced.forEach((r, i) => { ys[names.indexOf(keyOf(r))][Math.floor((times[i] - start) / step)] += r.cost_usd; });
   const series = [{}, ...names.map((label, i) => ({ label, stroke: COLORS[i % COLORS.length], width: 2 }))];
   const opts = { width: 760, height: 220, title: `spend per ${what} ($ per ${step} s)`, series,
+    scales: { y: { range: spendRange } },
     axes: [{}, { size: 100, values: (u, vals) => vals.map((v) => "$" + Number(v.toPrecision(3))) }] };
   charts.push(new uPlot(opts, [xs, ...ys], target));
 }
@@ -232,10 +241,15 @@ async function loadHealth() {
   try {
     const h = await api("/health");
     $("circuits").replaceChildren(...(h.circuits.length ? h.circuits.map((c) =>
-      row([c.circuit, c.reason, c.state, num(c.trial_in_s, 1)], "err")) : [row(["all circuits closed"])]));
-    $("nodes").replaceChildren(...h.nodes.map((n) => row([n.provider, n.node_id, n.alive ? "yes" : "no",
-      num(n.latency_ms, 1), num(n.load, 2), n.active_sessions ?? "-", n.sessions, n.failovers],
-      n.alive ? "ok" : "err")));
+      row([c.circuit, c.reason, c.state, num(c.trial_in_s, 1)], "err"))
+      : [row([wide("all circuits closed", 4)])]));
+    // mesh nodes: a count here; each node's layers, health and the route are the Mesh tab's
+    const dead = h.nodes.filter((n) => !n.alive).map((n) => n.provider + "/" + n.node_id);
+    const mesh = $("mesh-state");
+    mesh.textContent = h.nodes.length ? `mesh nodes: ${h.nodes.length - dead.length} of ${h.nodes.length} ` +
+      `alive` + (dead.length ? ` (down: ${dead.join(", ")})` : "") + " · each node's layers, load and the " +
+      "route: the Mesh tab" : "";
+    mesh.className = dead.length ? "err" : "ok";
     $("log-state").textContent = `providers: ${h.providers.join(", ")} · request log: ` +
       `${h.request_log.store ? "store" : "memory ring"}, ${h.request_log.queued} queued`;
     $("health-error").textContent = "";

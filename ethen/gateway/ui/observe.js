@@ -6,7 +6,9 @@ const OBS_COLORS = ["#2f6fde", "#e8590c", "#2b8a3e", "#c2255c", "#7048e8", "#0b7
 let obsCharts = [];
 let obsData = null;
 
-function obsLine(target, title, d, names, ys, fmt, stepped) {
+// unit: a rate or a fraction (success, circuit open), drawn on a fixed 0-100% axis (uPlot's own padding drew
+// all-1 data, every attempt a success, on 0-200%)
+function obsLine(target, title, d, names, ys, fmt, stepped, unit) {
   const xs = d.buckets.map((t) => t + d.bucket_s / 2);  // each bucket's middle, over the whole window
   target.replaceChildren();
   if (!names.length) { target.appendChild(el("p", "no attempts in this window", "muted")); return; }
@@ -14,7 +16,9 @@ function obsLine(target, title, d, names, ys, fmt, stepped) {
   const series = [{}, ...names.map((label, i) => ({  // filled points: a bucket alone is still seen
     label, stroke: color(i), width: 2, spanGaps: false, points: { show: true, size: 8, fill: color(i) },
     ...(stepped ? { paths: uPlot.paths.stepped({ align: 1 }) } : {}) }))];
-  const opts = { width: 760, height: 200, title, series, scales: { x: { time: true, range: [d.since, d.until] } },
+  const scales = { x: { time: true, range: [d.since, d.until] } };
+  if (unit) scales.y = { range: () => [0, 1] };
+  const opts = { width: 760, height: 200, title, series, scales,
     axes: [{}, { size: 70, values: (u, vals) => vals.map(fmt) }] };
   obsCharts.push(new uPlot(opts, [xs, ...ys], target));
 }
@@ -32,7 +36,7 @@ function drawObserve() {
   const ms = (v) => Number(v.toPrecision(3)) + " ms";
   const per = `per ${Math.round(d.bucket_s)} s`;
   obsLine($("chart-success"), `success rate ${per}`, d, names,
-          traffic.map((e) => e.series.success_rate), pct);
+          traffic.map((e) => e.series.success_rate), pct, false, true);
   obsLine($("chart-p50"), `latency p50 ${per}`, d, names, traffic.map((e) => e.series.p50_ms), ms);
   obsLine($("chart-p95"), `latency p95 ${per}`, d, names, traffic.map((e) => e.series.p95_ms), ms);
   const circuits = entries.filter((e) => e.series.circuit_open.some((v) => v > 0));
@@ -41,7 +45,7 @@ function drawObserve() {
     circuitTarget.replaceChildren(el("p", "circuit state: every circuit closed over this window", "muted"));
   } else {
     obsLine(circuitTarget, `circuit open (fraction of each bucket)`, d, circuits.map((e) => e.key),
-            circuits.map((e) => e.series.circuit_open), pct, true);
+            circuits.map((e) => e.series.circuit_open), pct, true, true);
   }
   $("o-rows").replaceChildren(...entries.map((e) => {
     const live = e.live || {};
@@ -69,7 +73,7 @@ async function loadCanaries() {
       c.success_rate === null ? "-" : Math.round(c.success_rate * 1000) / 10 + "%",
       `>= ${c.min_samples} samples, >= ${Math.round(c.min_success_rate * 1000) / 10}% success`,
       c.acceptance_met ? "yes" : "no"], c.acceptance_met ? "ok" : "err"))
-      : [row(["no [[canaries]] configured"])]));
+      : [row([wide("no [[canaries]] configured", 9)])]));
     $("c-error").textContent = "";
   } catch (e) { $("c-error").textContent = e.message; }
 }
@@ -86,8 +90,15 @@ function layerMap(node, n, stages) {
   return cells;
 }
 
+// a table in a card: it scrolls inside the card when the window is too narrow, never the page
+function scroller(table) {
+  const wrap = el("div", null, "scroll");
+  wrap.appendChild(table);
+  return wrap;
+}
+
 function meshBlock(m) {
-  const box = el("div");
+  const box = el("div", null, "card");
   box.appendChild(el("h3", `${m.provider}` + (m.model ? ` · ${m.model} · ${m.n_layers} layers` : "")));
   if (!m.loaded) { box.appendChild(el("p", m.error, "err")); return box; }
   const r = m.route;
@@ -96,31 +107,38 @@ function meshBlock(m) {
     (r.degraded ? " · degraded" : "") + ` · weights latency ${r.weights.latency}, load ${r.weights.load}, ` +
     `capacity ${r.weights.capacity}, hop ${r.weights.hop}, prompt ${r.weights.prompt}`
     : "no route: " + m.error, r ? "route" : "err"));
-  const t = el("table");
-  t.appendChild(row(["node", "layers (blue: in the route)", "alive", "latency EWMA ms", "load", "capacity",
+  const t = el("table", null, "mesh");
+  const head = el("thead");
+  head.appendChild(row(["node", "layers (blue: in the route)", "alive", "latency EWMA ms", "load", "capacity",
     "worker ms", "sessions now", "routed", "failovers", "node cost (latency + load + capacity)"]
     .map((h) => el("th", h))));
+  t.appendChild(head);
   const body = el("tbody");
   for (const n of m.nodes) {
     const map = el("td"); map.appendChild(layerMap(n, m.n_layers, stages));
-    const terms = n.cost_terms ? ` (${num(n.cost_terms.latency, 1)} + ${num(n.cost_terms.load, 1)} + ` +
-      `${num(n.cost_terms.capacity, 1)})` : "";
+    const cost = el("td", n.node_cost === null ? "-" : num(n.node_cost, 1));
+    if (n.cost_terms) {
+      cost.appendChild(el("span", ` = ${num(n.cost_terms.latency, 1)} + ${num(n.cost_terms.load, 1)} + ` +
+        `${num(n.cost_terms.capacity, 1)}`, "muted"));
+    }
     body.appendChild(row([n.node_id, map, n.alive ? "yes" : "no", num(n.latency_ms_ewma, 1), num(n.load, 2),
       num(n.capacity_score, 2), num(n.worker_latency_ms, 1), n.active_sessions ?? "-", n.sessions, n.failovers,
-      n.node_cost === null ? "-" : num(n.node_cost, 1) + terms], n.alive ? (n.in_route ? "ok" : "") : "err"));
+      cost], n.alive ? (n.in_route ? "ok" : "") : "err"));
   }
   t.appendChild(body);
-  box.appendChild(t);
+  box.appendChild(scroller(t));
   if (r) {
     box.appendChild(el("h4", "Route cost breakdown"));
-    const s = el("table");
-    s.appendChild(row(["stage", "node", "layers", "node", "hop", "prefill", "stage total"].map((h) => el("th", h))));
+    const s = el("table", null, "mesh");
+    const sh = el("thead");
+    sh.appendChild(row(["stage", "node", "layers", "node", "hop", "prefill", "stage total"].map((h) => el("th", h))));
+    s.appendChild(sh);
     const sb = el("tbody");
     stages.forEach((st, i) => sb.appendChild(row([i + 1, st.node_id, `${st.first}-${st.last}`,
       num(st.node_cost, 2), num(st.hop_cost, 2), num(st.prefill_cost, 3), num(st.cost, 2)])));
     sb.appendChild(row(["", "total", "", "", "", "", num(r.cost, 2)]));
     s.appendChild(sb);
-    box.appendChild(s);
+    box.appendChild(scroller(s));
     const rej = Object.entries(r.rejected).filter(([, ids]) => ids.length)
       .map(([why, ids]) => `${why.replace("_", " ")}: ${ids.join(", ")}`);
     if (rej.length) box.appendChild(el("p", "not in the route: " + rej.join(" · "), "muted"));
