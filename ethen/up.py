@@ -359,6 +359,17 @@ def check_join(join: str | None, tls_cert: Path | None, tls_key: Path | None) ->
     return tls
 
 
+def _second_port(host: str, port: int) -> int | None:
+    """A port for the banner's second ``ethen gateway --config`` (issue 23 item 8): ``port + 1`` if free,
+    else one the OS picks (free now; ``None`` if none can be bound)."""
+    for candidate in ((port + 1, 0) if port < 65535 else (0,)):
+        try:
+            return check_port(host, candidate)
+        except OSError:
+            continue
+    return None
+
+
 def _read_user_config(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
@@ -527,7 +538,8 @@ def up(
             raise typer.Exit(2) from None
         _say("[4/4] gateway: starting its providers (the mesh loads its head, polls the workers, routes) ...")
         text = banner(f"http://{host}:{port}{PREFIX}", key, key_source, admin, path, len(workers_spec),
-                      join=None if join is None else (join, token_file, tls is not None))
+                      join=None if join is None else (join, token_file, tls is not None),
+                      second_port=_second_port(host, port))
 
         def announce() -> None:
             took = f"Ethen is up, ready in {time.time() - t0:.1f} s since the command started:"

@@ -19,9 +19,10 @@ def _ethen_command() -> str:
 
 
 def banner(url: str, key: str, key_source: str, admin: tuple[str, str] | None, config_path: Path,
-           workers: int, join: tuple[str, str, bool] | None = None) -> str:
+           workers: int, join: tuple[str, str, bool] | None = None, second_port: int | None = None) -> str:
     """What ``ethen up`` prints once it serves: the URL, the keys, and examples that run as printed.
-    ``join``: (registry address, mesh token file, TLS on) of ``--join``."""
+    ``join``: (registry address, mesh token file, TLS on) of ``--join``. ``second_port``: a free port for
+    the printed ``ethen gateway --config`` command (the config's own port is the one ``ethen up`` holds)."""
     question = '"What is the capital of France?"'
     py = shlex.quote(sys.executable)
     pip = "" if importlib.util.find_spec("openai") else f"{py} -m pip install openai   # the SDK, once\n"
@@ -56,8 +57,18 @@ PY
 Projects, keys, budgets: `ethen projects|keys|usage|certify` act on this gateway's store, no flags needed.
 A project key (project 'default', created if missing; accepted here at once):
   {prefix}{ethen} keys create
-The same gateway, without `ethen up`, while these workers run:  {ethen} gateway --config {config_path}
+{_second_text(ethen, config_path, second_port, join is not None)}
 {_join_text(ethen, join)}Ctrl-C stops the gateway and the {workers} workers."""
+
+
+def _second_text(ethen: str, config_path: Path, port: int | None, joined: bool) -> str:
+    """The line printing a second gateway on this config (it needs another port than ``ethen up``'s; with
+    ``--join`` the config also opens the registry ``ethen up`` holds, so no command is printed)."""
+    if joined or port is None:
+        return (f"The config it serves: {config_path} (`ethen gateway --config` it once `ethen up` stopped; "
+                "its workers stop with it)")
+    return (f"A second gateway on these workers, while they run:  {ethen} gateway --config "
+            f"{shlex.quote(str(config_path))} --port {port}")
 
 
 def _join_text(ethen: str, join: tuple[str, str, bool] | None) -> str:

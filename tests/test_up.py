@@ -184,6 +184,38 @@ def test_certify_finds_the_config_and_the_store_without_flags(up: Up) -> None:
     assert receipt["receipt_id"] in r.text
 
 
+def test_the_banner_second_gateway_command_serves_as_printed(up: Up) -> None:
+    """Issue 23 item 8: the printed ``ethen gateway --config`` command runs while ``ethen up`` does (the
+    config's own port is the one ``ethen up`` holds)."""
+    (line,) = [ln for ln in up.lines if ln.startswith("A second gateway on these workers")]
+    command = line.split(":  ", 1)[1]
+    port = int(command.rsplit("--port ", 1)[1])
+    proc = subprocess.Popen(["bash", "-c", f"exec {command}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=_env(up.data))
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # bounded by the deadline: the mesh provider loads its head and polls the workers
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                r = httpx.post(f"http://127.0.0.1:{port}/api/gateway/v1/chat/completions", timeout=120,
+                               headers={"authorization": f"Bearer {up.key}"},
+                               json={"model": "ethen/auto", "temperature": 0, "max_tokens": 4,
+                                     "messages": [{"role": "user", "content": "What is the capital?"}]})
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert r.status_code == 200, r.text
+        assert r.json()["ethen"]["routing"]["selected_provider"] == "mesh"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 def test_kill_9_of_ethen_up_leaves_no_worker(up: Up) -> None:  # last: it ends the shared process
     assert len(up.worker_pids) == 3 and not any(_gone(p) for p in up.worker_pids)
     up.proc.kill()

@@ -160,14 +160,17 @@ def die_with_parent() -> None:
 
 def spawn_worker(node_id: str, layers: str, port: int = 0, host: str = "127.0.0.1",
                  extra_args: Sequence[str] = (), timeout_s: float = 120.0,
-                 command_prefix: Sequence[str] = ()) -> WorkerProcess:
+                 command_prefix: Sequence[str] = (), own_process_group: bool = False) -> WorkerProcess:
     """Start ``python -m ethen worker`` and return once it printed ``READY`` (raises on exit or timeout).
-    ``command_prefix`` wraps the command (tests: ``ip netns exec NS``, which execs in place, same pid)."""
+    ``command_prefix`` wraps the command (tests: ``ip netns exec NS``, which execs in place, same pid).
+    ``own_process_group``: the worker gets its own process group, so a terminal's Ctrl-C reaches only this
+    process, which stops its workers in its own order (``ethen up``: the gateway first)."""
     cmd = [*command_prefix, sys.executable, "-m", "ethen", "worker", "--node-id", node_id, "--layers", layers,
            "--port", str(port), "--host", host, *extra_args]
     # stdin: a pipe the child never reads data from; its end-of-file tells the child this process died.
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1, env=_parent_env(worker_env()))
+                            text=True, bufsize=1, env=_parent_env(worker_env()),
+                            process_group=0 if own_process_group else None)
     worker = WorkerProcess(node_id, layers, proc)
     lines: queue.Queue[str | None] = queue.Queue()
 

@@ -48,7 +48,9 @@ Spawn = Callable[[str, str, int, str, Sequence[str]], WorkerProcess]
 
 
 def _spawn(node_id: str, layers: str, port: int, host: str, extra_args: Sequence[str]) -> WorkerProcess:
-    return spawn_worker(node_id, layers, port=port, host=host, extra_args=extra_args)
+    # own process group: a terminal's Ctrl-C reaches the supervising process alone, which stops its
+    # workers after the gateway (so the gateway never sees them vanish: no "is dead" lines on shutdown)
+    return spawn_worker(node_id, layers, port=port, host=host, extra_args=extra_args, own_process_group=True)
 
 
 def describe_exit(returncode: int) -> str:
