@@ -20,7 +20,9 @@ Choices where the issue is silent:
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
@@ -267,10 +269,26 @@ def load_layer_stack(start: int, end: int, store: WeightStore | None = None) -> 
 
 def load_layer_stacks(ranges: str | Sequence[tuple[int, int]],
                       store: WeightStore | None = None) -> list[LayerStack]:
-    """One stack per fragment, e.g. ``"0-9,10-19"`` or ``[(0, 9), (10, 19)]``."""
+    """One stack per fragment, e.g. ``"0-9,10-19"`` or ``[(0, 9), (10, 19)]``.
+
+    ``$ETHEN_WEIGHTS=quantized`` keeps the weights in the GGUF's blocks (:mod:`ethen.model.qmodel`, on
+    ``$ETHEN_DEVICE``, default ``auto``; ``$ETHEN_ACCURACY=fast`` for int8 activations, default exact);
+    ``float32`` (the default for now) maps the float32 cache."""
     s = _store(store)
     pairs = parse_layer_ranges(ranges) if isinstance(ranges, str) else list(ranges)
+    if weights_mode() == "quantized":
+        from ethen.model.qmodel import load_quant_layer_stacks
+
+        return load_quant_layer_stacks(pairs, Path(s.meta["gguf_path"]), s.config)
     return [load_layer_stack(lo, hi, s) for lo, hi in pairs]
+
+
+def weights_mode() -> str:
+    """``$ETHEN_WEIGHTS``: ``float32`` (default) or ``quantized``; anything else names the value."""
+    mode = os.environ.get("ETHEN_WEIGHTS", "").strip() or "float32"
+    if mode not in ("float32", "quantized"):
+        raise ModelInputError(f"ETHEN_WEIGHTS = {mode!r}: must be 'float32' or 'quantized'")
+    return mode
 
 
 def load_embed_and_head(store: WeightStore | None = None) -> EmbedAndHead:

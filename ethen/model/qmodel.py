@@ -24,7 +24,8 @@ from ethen.model.gguf_loader import find_gguf_path, open_weight_store, unpermute
 from ethen.model.layers import AttentionSegment, apply_rope, attention
 from ethen.model.quant import Packed, pack
 
-__all__ = ["QuantLayer", "load_quant_layer_stack", "quant_block"]
+__all__ = ["QuantEmbedAndHead", "QuantLayer", "load_quant_layer_stack", "load_quant_layer_stacks",
+           "quant_block"]
 
 F32 = NDArray[np.float32]
 
@@ -166,3 +167,85 @@ def load_quant_layer_stack(start: int, end: int, gguf_path: str | Path | None = 
     del tensors
     return LayerStack(cfg, layers)
 
+
+
+def engine_from_env() -> Engine:
+    """The engine ``$ETHEN_DEVICE`` (auto|cpu|cuda, default auto) and ``$ETHEN_ACCURACY`` (exact|fast,
+    default exact: float32 compute, greedy text as the float32 path's) ask for."""
+    import os
+
+    from ethen.model.engine import ACCURACY_EXACT, ACCURACY_FAST
+
+    device = os.environ.get("ETHEN_DEVICE", "").strip() or "auto"
+    acc = os.environ.get("ETHEN_ACCURACY", "").strip() or "exact"
+    if acc not in ("exact", "fast"):
+        raise ModelInputError(f"ETHEN_ACCURACY = {acc!r}: must be 'exact' or 'fast'")
+    return Engine(device, None, ACCURACY_EXACT if acc == "exact" else ACCURACY_FAST)
+
+
+def load_quant_layer_stacks(pairs: Sequence[tuple[int, int]], gguf_path: Path, cfg: ModelConfig,
+                            engine: Engine | None = None) -> list[Any]:
+    """One quantized :class:`~ethen.model.model.LayerStack` per ``(start, end)``; the GGUF is parsed once."""
+    from ethen.model.model import LayerStack
+
+    n = cfg.n_layers
+    for start, end in pairs:
+        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end < n):
+            raise ModelInputError(f"layer range {start!r}-{end!r} must satisfy 0 <= start <= end <= {n - 1}")
+    eng = engine or engine_from_env()
+    tensors = _Tensors(gguf_path)
+    return [LayerStack(cfg, [_compile_layer(tensors, i, cfg, eng) for i in range(lo, hi + 1)])
+            for lo, hi in pairs]
+
+
+class QuantEmbedAndHead:
+    """:class:`~ethen.model.model.EmbedAndHead` over the GGUF's blocks: ``embed`` dequantizes the asked rows
+    of the (memory-mapped) token embedding; ``logits`` is one engine graph, RMSNorm + the head's matmul over
+    its own blocks (the tied embedding packed once, no float32 copy)."""
+
+    def __init__(self, config: ModelConfig, gguf_path: Path, engine: Engine | None = None) -> None:
+        from gguf import GGMLQuantizationType
+
+        self.config = config
+        eng = engine or engine_from_env()
+        tensors = _Tensors(gguf_path)
+        kind, raw, _rows, _cols = tensors.get("token_embd.weight")
+        self._embd_kind = GGMLQuantizationType[kind]
+        self._embd_raw = np.memmap(gguf_path, dtype=np.uint8, mode="r",
+                                   offset=int(tensors.by_name["token_embd.weight"].data_offset),
+                                   shape=raw.shape)  # [V, row_bytes], file pages
+        head = "token_embd.weight" if "output.weight" not in tensors.by_name else "output.weight"
+        g = GraphBuilder("head")
+        x = g.input("x", config.d_model)
+        h = g.rms_norm(x, tensors.f32("output_norm.weight"), config.rms_eps)  # [N, d]
+        hk, hraw, hrows, hcols = tensors.get(head)
+        y = g.linear(h, pack(hk, hraw, hrows, hcols), eng.accuracy)  # [N, V]
+        g.nodes.append(g._helper.make_node("Identity", [y], ["logits"]))
+        g.output("logits", hrows)
+        self.nbytes = g.weight_bytes
+        self._session = eng.session(g)
+        del tensors
+
+    def embed(self, token_ids: Sequence[int] | NDArray[np.integer]) -> F32:
+        """``token_ids[T]`` -> ``hidden[T, d]`` float32."""
+        from gguf.quants import dequantize
+
+        ids = np.asarray(token_ids)
+        if ids.ndim != 1 or ids.shape[0] == 0:
+            raise ModelInputError(f"token_ids must be a non-empty 1-D sequence, got shape {list(ids.shape)}")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise ModelInputError(f"token_ids must be integers, got dtype {ids.dtype}")
+        bad = (ids < 0) | (ids >= self.config.vocab_size)
+        if bad.any():
+            raise ModelInputError(f"token id {int(ids[bad][0])} is outside [0, {self.config.vocab_size})")
+        rows = np.asarray(dequantize(np.asarray(self._embd_raw[ids]), self._embd_kind), dtype=np.float32)
+        return np.ascontiguousarray(rows.reshape(len(ids), self.config.d_model))  # [T, d]
+
+    def logits(self, hidden: F32) -> F32:
+        """``hidden[N, d]`` -> ``logits[N, V]`` float32."""
+        if not isinstance(hidden, np.ndarray) or hidden.dtype != np.float32 or hidden.ndim != 2 \
+                or hidden.shape[1] != self.config.d_model:
+            shape = list(hidden.shape) if isinstance(hidden, np.ndarray) else type(hidden).__name__
+            raise ModelInputError(f"hidden must be float32 [N, {self.config.d_model}], got {shape}")
+        out: F32 = self._session.run(None, {"x": np.ascontiguousarray(hidden)})[0]
+        return out

@@ -11,7 +11,7 @@ import pytest
 
 from ethen.model import Model
 from ethen.model.engine import ACCURACY_EXACT, Engine
-from ethen.model.qmodel import QuantLayer, load_quant_layer_stack
+from ethen.model.qmodel import QuantEmbedAndHead, QuantLayer, load_quant_layer_stack
 from tests.model.conftest import TINY_SPECS, Tiny
 from tests.model.tiny_reference import reference_logits
 
@@ -51,3 +51,17 @@ def test_q4_0_q4_1_q8_0_layers_stay_within_1_15x_of_the_file(tiny_models: dict[s
     for w in stack.layers:
         assert isinstance(w, QuantLayer)
         assert w.nbytes <= 1.15 * w.file_nbytes, (w.nbytes, w.file_nbytes)
+
+
+@pytest.mark.parametrize("name", ["llama-mixed", "qwen2"])
+def test_quantized_head_gives_the_float32_heads_logits_without_a_float32_copy(tiny_models: dict[str, Tiny],
+                                                                              name: str) -> None:
+    t = tiny_models[name]  # llama-mixed: tied Q8_0 embedding; qwen2: Q6_K output, F16 embedding
+    q = QuantEmbedAndHead(t.model.config, t.path, Engine("cpu", 1, ACCURACY_EXACT))
+    ids = [1, 5, 9, 200]
+    np.testing.assert_array_equal(q.embed(ids), t.model.ends.embed(ids))
+    h = np.random.default_rng(0).standard_normal((3, t.model.config.d_model)).astype(np.float32)
+    want = t.model.ends.logits(h)
+    np.testing.assert_allclose(q.logits(h), want, rtol=0, atol=1e-4 * float(np.abs(want).max()))
+    head_file = 2 * t.model.config.vocab_size * t.model.config.d_model * 4  # float32 head + its transpose
+    assert q.nbytes < head_file / 3

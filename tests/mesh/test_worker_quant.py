@@ -1,0 +1,81 @@
+"""Real ``ethen worker`` processes holding their layers in the GGUF's own blocks (``ETHEN_WEIGHTS=quantized``,
+:mod:`ethen.model.qmodel`): one tiny model per tensor type, two workers, the orchestrator over them; the
+workers map no float32 cache file, the
+greedy tokens equal the single-process float32 model's (exact engine: logits within 1e-3 of the float64
+reference, ``tests/model/test_quant_stack.py``), and a bad ``ETHEN_WEIGHTS`` is refused naming the value."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ethen.mesh.orchestrator import Orchestrator
+from ethen.mesh.worker.launch import WorkerProcess, spawn_worker
+from ethen.model import SamplingParams, generate, load_model, model_step, open_weight_store
+from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
+
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    r = tmp_path_factory.mktemp("quant-workers")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ETHEN_CACHE_DIR", str(r / "cache"))  # the workers inherit both
+    mp.setenv("ETHEN_WEIGHTS", "quantized")
+    yield r
+    mp.undo()
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_quantized_workers_give_the_single_process_greedy_tokens(root: Path, kind: str) -> None:
+    path = write_tiny_gguf(root / f"{kind}.gguf", TinySpec(types=(kind,), embd_type="Q8_0", name=f"t-{kind}"))
+    store = open_weight_store(path)
+    os.environ["ETHEN_WEIGHTS"] = "float32"  # the single-process reference: the float32 path
+    try:
+        single = load_model(store)
+    finally:
+        os.environ["ETHEN_WEIGHTS"] = "quantized"
+    ids = single.tokenizer.encode(single.chat_template.render([{"role": "user", "content": "hello mesh"}]))
+    expected = generate(model_step(single), single.tokenizer, ids, GREEDY).token_ids
+    workers: list[WorkerProcess] = []
+    try:
+        for node, layers in (("a", "0-0"), ("b", "1-2")):
+            workers.append(spawn_worker(node, layers, extra_args=["--model", str(path)], timeout_s=120))
+        orch = Orchestrator.load({w.node_id: w.address for w in workers}, store).start()
+        try:
+            deadline = time.monotonic() + 20
+            while True:  # bounded: the first Health polls
+                try:
+                    orch.route_for(len(ids))
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+            got = orch.generate(ids, GREEDY).result().token_ids
+            for w in workers:  # no float32 layer file of the cache is mapped: the layers are the GGUF's
+                maps = Path(f"/proc/{w.process.pid}/maps").read_text()
+                assert ".npy" not in maps and str(path) not in maps, w.node_id
+        finally:
+            orch.close()
+    finally:
+        for w in workers:
+            w.stop()
+    assert tuple(got) == tuple(expected) and len(expected) >= 1
+
+
+def test_a_bad_weights_mode_is_refused_naming_the_value(root: Path) -> None:
+    path = write_tiny_gguf(root / "bad.gguf", TinySpec())
+    out = subprocess.run(
+        [sys.executable, "-m", "ethen", "worker", "--node-id", "x", "--layers", "0-1", "--model", str(path)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "ETHEN_WEIGHTS": "int3"})
+    assert out.returncode != 0 and "READY" not in out.stdout
+    assert "ETHEN_WEIGHTS = 'int3'" in out.stderr
