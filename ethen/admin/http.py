@@ -134,11 +134,12 @@ def _time(request: Request, name: str) -> datetime | None:
         return None
     try:
         t = datetime.fromisoformat(raw)
-    except ValueError:
+        return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+    except (ValueError, OverflowError):  # not a date, or one out of range in UTC (0001-01-01T00:00+05:00)
         raise InvalidRequestError(
-            f"{name} = {raw!r}: not an ISO-8601 date or time.", code="invalid_value", param=name
+            f"{name} = {raw!r}: not an ISO-8601 date or time (years 1-9999 in UTC).", code="invalid_value",
+            param=name
         ) from None
-    return t.replace(tzinfo=UTC) if t.tzinfo is None else t
 
 
 async def _list_projects(request: Request, st: Store) -> Response:
@@ -244,13 +245,25 @@ def query_int(request: Request, name: str, default: int | None, lo: int, hi: int
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or not lo <= int(raw) <= hi:
+    # ASCII digits only ("²" is a digit to str.isdigit, not to int()), at most as many as ``hi`` has
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= len(str(hi))) or not lo <= int(raw) <= hi:
         raise InvalidRequestError(f"{name} = {raw!r}: an integer from {lo} to {hi}.", code="invalid_value",
                                   param=name)
     return int(raw)
 
 
+def _text_filter(request: Request, name: str) -> str | None:
+    """A text filter, or a 400 ``invalid_value`` naming it when it holds a NUL (no stored text holds one:
+    the log stores U+FFFD in its place, and Postgres refuses a NUL in a query)."""
+    raw = request.query_params.get(name)
+    if raw is not None and "\x00" in raw:
+        raise InvalidRequestError(f"{name} = {raw!r}: a filter cannot hold a NUL character.",
+                                  code="invalid_value", param=name)
+    return raw
+
+
 def _request_query(request: Request) -> RequestQuery:
+    """The filters of ``GET /requests``: any bad one is a 400 ``invalid_value`` whose ``param`` names it."""
     qp = request.query_params
     status = qp.get("status")
     try:
@@ -258,8 +271,8 @@ def _request_query(request: Request) -> RequestQuery:
     except ValueError as exc:
         raise InvalidRequestError(str(exc), code="invalid_value", param="status") from None
     return RequestQuery(
-        project=qp.get("project"),
-        model=qp.get("model"),
+        project=_text_filter(request, "project"),
+        model=_text_filter(request, "model"),
         status=parsed,
         since=_time(request, "since"),
         until=_time(request, "until"),

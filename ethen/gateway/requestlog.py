@@ -17,8 +17,11 @@ Choices where the issue is silent:
   stored log up to ~300 ms after their request, and a ``kill -9`` loses at most that much of the log (never
   the ledger).
 - Encoding: each row's JSON columns are serialized once, here (``ethen.store.requests.encode_row``), and
-  the batch inserted raw with its attempts (``request_attempts``); a row that cannot be encoded is dropped
-  alone (logged), not with its batch.
+  the batch inserted raw with its attempts (``request_attempts``). Text no column can hold (NUL, which
+  Postgres refuses, or a lone surrogate) is stored with U+FFFD in its place, in every field (issue 23). A
+  row that cannot be encoded, or that the database refuses (e.g. a number no column holds), is dropped alone
+  (the refused batch's halves are retried down to that row), logged and counted in
+  ``ethen_gateway_request_log_rows_dropped_total``; the other rows of its batch are stored.
 - Queue full (``[log] queue_size``, 10,000 records): the record is dropped and counted in
   ``ethen_gateway_request_log_dropped_total``; the request never waits. A failed write (store down) drops the
   batch, logs one WARNING per failure streak and counts ``ethen_gateway_request_log_write_errors_total``.
@@ -46,10 +49,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client import Counter
+
 from ethen.gateway.execute import Attempt, cost_usd
 from ethen.gateway.providers.base import Usage
 from ethen.gateway.routing import Candidate, Decision
-from ethen.store import Store, StoreError
+from ethen.store import Store, StoreError, StoreInvalidError
 from ethen.store.requests import (
     EncodedRow,
     RequestQuery,
@@ -214,6 +219,11 @@ class RequestLog:
         self._pending: list[EncodedRow] = []  # rows handled, waiting for their database write
         self._pending_since = 0.0
         self.written = 0  # records handled by the writer (rows built and counted; ringed or pending/stored)
+        #: rows dropped alone: not encodable, or refused by the database (the rest of their batch is stored)
+        self.rows_dropped = Counter(
+            "ethen_gateway_request_log_rows_dropped",
+            "Request-log rows dropped alone: a row that could not be encoded or that the database refused "
+            "(the other rows of its batch are stored).", registry=metrics.registry)
 
     # -- the request path ------------------------------------------------------------------------------
     def record(self, rec: RequestRecord) -> None:
@@ -281,6 +291,7 @@ class RequestLog:
                     self.tracing.emit(rec, row)
             except Exception:  # a bug here must not stop the writer
                 log.exception("request log: could not record request %s", rec.request_id)
+                self.rows_dropped.inc()
                 continue
             if enc is None:
                 row["id"] = self._next_id
@@ -299,8 +310,22 @@ class RequestLog:
         st = self.store()
         if st is None or not rows:
             return
+        await self._insert(st, rows)
+
+    async def _insert(self, st: Store, rows: list[EncodedRow]) -> None:
+        """One transaction of ``rows``. When the database refuses a value of one of them, each half is retried
+        on its own, down to the bad row, dropped alone and counted (a batch of ``n`` rows with one bad row
+        takes about ``2 log2 n`` transactions); when the store fails, the batch is dropped and counted."""
         try:
             await insert_requests(st, rows, self.write())
+        except StoreInvalidError as exc:
+            if len(rows) > 1:
+                half = len(rows) // 2
+                await self._insert(st, rows[:half])
+                await self._insert(st, rows[half:])
+                return
+            self.rows_dropped.inc()
+            log.warning("request log: a row the database refused was dropped: %s", exc.message)
         except StoreError as exc:
             self.metrics.log_write_errors.inc()
             if not self._failing:

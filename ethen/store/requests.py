@@ -35,6 +35,8 @@ Choices where the issue is silent:
 from __future__ import annotations
 
 import json
+import re
+import sqlite3
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -64,6 +66,7 @@ from sqlalchemy.dialects import sqlite
 
 from ._common import EngineBase, utc
 from .engine import boundary
+from .errors import StoreInvalidError
 from .values import aware
 
 __all__ = [
@@ -86,6 +89,7 @@ __all__ = [
     "request_attempts",
     "request_log",
     "row_matches",
+    "storable",
 ]
 
 OUTCOMES = ("ok", "error", "stream_error", "client_closed")
@@ -285,11 +289,60 @@ def _number(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
+#: the characters no text column holds: NUL (Postgres ``text``; ``\u0000`` in its JSON) and the surrogates
+#: (a lone one, e.g. ``"\ud800"`` in a JSON body, is not UTF-8: neither SQLite's driver nor asyncpg takes it)
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+_REPLACEMENT = "\ufffd"
+#: (index, longest text) of each plain text column (``VARCHAR(n)``: Postgres refuses a longer text)
+_TEXTS = tuple((i, int(t.length or 2**31)) for i, t in enumerate(request_log.c[c].type for c in _PLAIN)
+               if isinstance(t, String))
+
+
+def storable(s: str) -> str:
+    """``s`` with every character a text column cannot hold (NUL, a surrogate) replaced by U+FFFD."""
+    if "\x00" in s or not s.isascii():
+        return _UNSTORABLE.sub(_REPLACEMENT, s)
+    return s
+
+
+def _storable_json(v: Any) -> Any:
+    """``v`` (a JSON value) with :func:`storable` strings, keys included."""
+    if isinstance(v, str):
+        return storable(v)
+    if isinstance(v, Mapping):
+        return {storable(k) if isinstance(k, str) else k: _storable_json(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_storable_json(x) for x in v]
+    return v
+
+
+def _json_text(v: Any) -> str:
+    """``v``'s JSON text (ASCII: ``json.dumps`` escapes the rest), re-encoded from a :func:`storable` copy
+    when it holds ``\\u0000`` or a ``\\udXXX`` escape (a surrogate: a lone one, or a pair of an astral
+    character, which the copy keeps as it is)."""
+    t = _dumps(v)
+    if "\\u0000" in t or "\\ud" in t:
+        t = _dumps(_storable_json(v))
+    return t
+
+
+def _plain(row: Mapping[str, Any]) -> list[Any]:
+    """The plain columns' values: text made :func:`storable` and cut to its column's length."""
+    out = [row[c] for c in _PLAIN]
+    for i, n in _TEXTS:
+        v = out[i]
+        if isinstance(v, str):
+            out[i] = storable(v if len(v) <= n else v[:n])
+    return out
+
+
 def encode_row(row: Mapping[str, Any]) -> EncodedRow:
     """A row (as :func:`ethen.gateway.requestlog.to_row` builds it) encoded for :func:`insert_requests`:
-    done once per row, in the writer (raises ``TypeError`` / ``ValueError`` for a value JSON cannot hold)."""
+    done once per row, in the writer (raises ``TypeError`` / ``ValueError`` for a value JSON cannot hold).
+    Text a column cannot hold (:func:`storable`) is stored with U+FFFD in its place, and a plain column's text
+    cut to the column's length, so one client's odd input (``"model": "m\\u0000"``) never fails the batch."""
     attempts = row["attempts"]
-    values = (*[row[c] for c in _PLAIN], _dumps(attempts), _dumps(row["receipt"]))
+    values = (*_plain(row), _json_text(attempts), _json_text(row["receipt"]))
     at = utc(row["at"])
     at_s = at.timestamp() if at is not None else 0.0
     out = []
@@ -301,7 +354,8 @@ def encode_row(row: Mapping[str, Any]) -> EncodedRow:
             continue
         status = a.get("status")
         provider = str(a.get("provider") or cand.partition("/")[0])  # as the page read it before
-        out.append((seq, at_s, cand, provider, str(a.get("model") or ""), str(a.get("outcome") or ""),
+        out.append((seq, at_s, storable(cand), storable(provider), storable(str(a.get("model") or "")),
+                    storable(str(a.get("outcome") or "")),
                     status if isinstance(status, int) and not isinstance(status, bool)
                     and abs(status) < 2**31 else None,
                     _number(a.get("latency_ms"))))
@@ -358,7 +412,40 @@ def _pg_args(rows: Sequence[EncodedRow]) -> tuple[Any, ...]:
     return (len(rows), *cols, *att)
 
 
+#: exception classes (by name, anywhere in the chain) of a database refusing a value, not of a store down:
+#: SQLAlchemy's and the DBAPIs' ``DataError`` / ``IntegrityError``, asyncpg's (its client-side ``DataError``
+#: too: a value its codec cannot encode)
+_REFUSALS = frozenset({"DataError", "IntegrityError", "IntegrityConstraintViolationError"})
+
+
+def _refused_value(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database (or its driver) refused a value of the batch: a row of it cannot be
+    stored, while the store itself works (an integer past 64 bits, text a column cannot hold...)."""
+    cur: BaseException | None = exc
+    for _ in range(8):  # bounded: the cause chain
+        if cur is None:
+            return False
+        if isinstance(cur, OverflowError | UnicodeError | sqlite3.DataError | sqlite3.IntegrityError):
+            return True
+        if any(c.__name__ in _REFUSALS for c in type(cur).__mro__):
+            return True
+        nxt = getattr(cur, "orig", None)
+        cur = nxt if isinstance(nxt, BaseException) else (cur.__cause__ or cur.__context__)
+    return False
+
+
 def _insert(conn: Connection, rows: Sequence[EncodedRow]) -> None:
+    try:
+        _insert_raw(conn, rows)
+    except Exception as exc:
+        if _refused_value(exc):
+            detail = type(getattr(exc, "orig", None) or exc).__name__
+            raise StoreInvalidError(f"write request log: the database refused a value of the {len(rows)} "
+                                    f"row(s) ({detail})") from exc
+        raise
+
+
+def _insert_raw(conn: Connection, rows: Sequence[EncodedRow]) -> None:
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql(_PG_INSERT, _pg_args(rows))
         return
@@ -381,7 +468,9 @@ async def insert_requests(
     store: EngineBase, rows: Sequence[Mapping[str, Any] | EncodedRow], write: Write | None = None
 ) -> None:
     """Insert a batch of rows (one transaction; through ``write`` when given) and their attempts. Rows may
-    come encoded already (:func:`encode_row`: the log writer does it per row, so one bad row is its own)."""
+    come encoded already (:func:`encode_row`: the log writer does it per row, so one bad row is its own).
+    Raises :class:`~ethen.store.StoreInvalidError` when the database refused a value of a row (nothing of
+    the batch is written: the caller may retry its halves), another ``StoreError`` when the store failed."""
     if not rows:
         return
     encoded = [r if isinstance(r, EncodedRow) else encode_row(r) for r in rows]
