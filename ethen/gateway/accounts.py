@@ -69,6 +69,7 @@ from ethen.store import (
     StoreError,
     parse_key,
 )
+from ethen.store.admission import DEFAULT_LEASE
 from ethen.store.engine import normalize_url
 
 __all__ = [
@@ -147,7 +148,7 @@ class Accounts:
         keyring: KeyRing,
         *,
         store_url: str | None = None,
-        lease: timedelta = timedelta(seconds=15),
+        lease: timedelta = DEFAULT_LEASE,
         instance_id: str | None = None,
         release_dangling: bool = True,
         sqlite_synchronous: str = "NORMAL",

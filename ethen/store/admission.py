@@ -16,17 +16,26 @@ request it does no database round trip except the settlement's share of one grou
   IMMEDIATE``, Postgres ``SELECT ... FOR UPDATE``) takes at most ``budget - settled - held``, and settlement
   moves the cost from the grant into the ledger in one transaction. A claim takes what the request needs plus
   a little more (a quarter of what is free, at most 128 such requests), so one claim serves many requests,
-  and a background claim tops the grant up when a quarter of that is left (requests rarely wait for one); an
-  idle grant's unused part is given back at the next heartbeat, so other instances can use it.
-- **Leases**: each instance renews ``gateway_instances.lease_until_ms`` every ``lease_s / 5``; a grant counts
-  only while its instance's lease is live, so a dead instance's unsettled holds stop counting when its lease
-  expires (default 15 s), and its settled entries are in the ledger already. An instance admits from memory
-  only while its own last renewal is less than ``lease_s - 2 heartbeats`` old; otherwise it claims (renewing
-  the lease) or refuses. Start-up deletes only rows of this instance id and of instances whose lease expired.
-  A process that stops (SIGSTOP, a swapped-out host) for longer than its lease while requests are in flight
-  can have its grant reclaimed by others: those requests still settle (the ledger tells the truth), which is
-  the one way to overspend; the instance then notices the lost lease and starts from a zero grant. Lease
-  times are wall-clock epoch ms: instances on several hosts need synchronized clocks (NTP).
+  and a background claim tops the grant up when a quarter of that is left (requests rarely wait for one).
+- **Leases**: each instance renews ``gateway_instances.lease_until_ms`` every ``lease_s / 5`` (one small
+  write); a grant counts only while its instance's lease is live, so a dead instance's unsettled holds and
+  unused grant stop counting when its lease expires (:data:`DEFAULT_LEASE`, 2.5 s: within 2.5 s of a
+  ``kill -9``, issue 23; it was 15 s), and its settled entries are in the ledger already. Others see that
+  share at once: a read of ``free`` (or a claim) also notes the soonest lease end among the other instances
+  holding a grant of the project, and ``remaining`` is refreshed from then on, not a heartbeat later. Safety:
+  an instance admits from memory only while its own last renewal (timed from *before* the renewal's
+  transaction, on the monotonic clock) is less than ``lease_s - 2 heartbeats`` old (1.5 s by default);
+  otherwise it claims (renewing the lease, and finding out in the same transaction if it was lost) or
+  refuses. So a frozen process (SIGSTOP, a swapped-out host) that resumes never admits against a grant
+  others may have taken: it stopped admitting 2 heartbeats before its lease could end. What it had already
+  admitted before it froze still settles (the ledger tells the truth): a process frozen longer than its
+  lease *with requests in flight* is the one way to overspend, by those requests' holds; it then notices the
+  lost lease and starts from a zero grant. Start-up deletes only rows of this instance id and of instances
+  whose lease expired. Lease times are wall-clock epoch ms: instances on several hosts need clocks within a
+  heartbeat or so of each other (NTP), the 2 heartbeats of margin being what a skew eats into.
+- **Idle grants**: a grant without a claim for ``idle_s`` (3 s, or a heartbeat if longer: independent of the
+  lease, so a short lease does not make busy instances claim more often) gives its unused part back at the
+  next heartbeat, so other live instances can use it.
 - **Group commit**: settlements queue to one writer task, which commits everything queued in one transaction
   (ledger rows, the day totals and the grant decrements: one fsync for many requests); each request awaits its
   batch's commit, so a settled entry is durable before the answer leaves.
@@ -65,12 +74,16 @@ from .values import from_nano, to_nano, window_start
 
 T = TypeVar("T")
 
-__all__ = ["Admission", "Ticket"]
+__all__ = ["DEFAULT_LEASE", "Admission", "Ticket"]
 
 log = logging.getLogger("ethen.store.admission")
 
 _CLAIM_AHEAD = 128  # a claim takes up to this many more requests of the same amount ahead of need
+_IDLE_GRANT_S = 3.0  # a grant without a claim for this long (at least a heartbeat) gives its unused part back
 _MAX_KEYS = 100_000  # key cache bound (cleared when full)
+#: An instance's lease (``[store] lease_s``): a dead instance's grants stop counting this long after its last
+#: renewal (heartbeat every fifth of it).
+DEFAULT_LEASE = timedelta(seconds=2.5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +103,7 @@ class _Grant:
     epoch: int = 0  # bumped when free is set or dropped: a read started before then is discarded
     reading: asyncio.Task[None] | None = None  # the one read of free in flight
     last_claim: float = 0.0  # monotonic time of the last claim
+    stale_at_ms: int | None = None  # epoch ms: another instance's grant stops counting then (free grows)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -102,13 +116,14 @@ class Admission:
         store: Store,
         *,
         instance_id: str | None = None,
-        lease: timedelta = timedelta(seconds=15),
+        lease: timedelta = DEFAULT_LEASE,
         poll_s: float = 0.5,
     ) -> None:
         self.store = store
         self.instance_id = instance_id or uuid.uuid4().hex
         self.lease_ms = int(lease.total_seconds() * 1000)
         self.heartbeat_s = lease.total_seconds() / 5
+        self.idle_s = max(self.heartbeat_s, _IDLE_GRANT_S)
         self.poll_s = poll_s
         self._keys: dict[bytes, tuple[Principal, float]] = {}
         self._gen = 0
@@ -248,6 +263,8 @@ class Admission:
             if g.free is not None:
                 break
             await asyncio.shield(self._refresh(project, g))
+        if g.fresh and g.stale_at_ms is not None and time.time() * 1000 >= g.stale_at_ms:
+            g.fresh = False  # another instance's lease ended since the read: its grant is free now
         if not g.fresh:
             self._refresh(project, g)
         return from_nano(max(0, (g.free or 0) + g.granted - g.reserved))
@@ -270,27 +287,27 @@ class Admission:
     @staticmethod
     def _forget(g: _Grant) -> None:
         """Drop ``g``'s snapshot of ``free`` (and any read in flight): the next request reads it again."""
-        g.free, g.fresh, g.reading = None, False, None
+        g.free, g.fresh, g.reading, g.stale_at_ms = None, False, None, None
         g.epoch += 1
 
     async def _read_free(self, project: Project, g: _Grant) -> None:
         now = datetime.now(UTC)
         epoch = g.epoch
 
-        def read(conn: Connection) -> int:
+        def read(conn: Connection) -> tuple[int, int | None]:
             budget, window = self._budget_row(conn, project, lock=False)
             if budget is None:
-                return 0
-            settled, reserved, granted = self.store.sums_sync(
-                conn, project.id, window_start(window, now), now
+                return 0, None
+            settled, reserved, granted, ends = self.store.sums_and_lease_end_sync(
+                conn, project.id, window_start(window, now), now, self.instance_id
             )
-            return max(0, int(budget) - settled - reserved - granted)
+            return max(0, int(budget) - settled - reserved - granted), ends
 
         with boundary("read spend"):
             async with self.store.engine.connect() as conn:  # a reader: never waits for the write lock
-                free = await conn.run_sync(read)
+                free, ends = await conn.run_sync(read)
         if g.epoch == epoch:
-            g.free, g.fresh = free, True
+            g.free, g.fresh, g.stale_at_ms = free, True, ends
 
     @staticmethod
     def _budget_row(conn: Connection, project: Project, *, lock: bool) -> Any:
@@ -336,31 +353,31 @@ class Admission:
         started = time.monotonic()
         reserved_now, granted_now = g.reserved, g.granted
 
-        def tx(conn: Connection) -> tuple[int | None, int | None, bool]:
-            """(taken or None when refused, what is left free, lease lost)."""
+        def tx(conn: Connection) -> tuple[int | None, int | None, bool, int | None]:
+            """(taken or None when refused, what is left free, lease lost, soonest other lease end)."""
             now = datetime.now(UTC)
             budget, window = self._budget_row(conn, project, lock=True)
             lost = self._ensure_lease(conn, epoch_ms(now))
             needed = max(0, reserved_now + amount - (0 if lost else granted_now))
             if budget is None:
-                take, free_after = needed, None
-            else:
-                settled, reserved, granted = self.store.sums_sync(
-                    conn, project.id, window_start(window, now), now
-                )
-                free = budget - settled - reserved - granted
-                if needed > free:
-                    return None, max(0, free), lost
-                take = needed + min((free - needed) // 4, _CLAIM_AHEAD * per)
-                free_after = free - take
+                if needed:
+                    self._add_grant(conn, project.id, needed)
+                return needed, None, lost, None
+            settled, reserved, granted, ends = self.store.sums_and_lease_end_sync(
+                conn, project.id, window_start(window, now), now, self.instance_id
+            )
+            free = budget - settled - reserved - granted
+            if needed > free:
+                return None, max(0, free), lost, ends
+            take = needed + min((free - needed) // 4, _CLAIM_AHEAD * per)
             if take:
                 self._add_grant(conn, project.id, take)
-            return take, free_after, lost
+            return take, free - take, lost, ends
 
-        take, free, lost = await self._writer.transaction(tx, "reserve budget")
+        take, free, lost, ends = await self._writer.transaction(tx, "reserve budget")
         if lost:
             self._lost()
-        g.free, g.fresh = free, True
+        g.free, g.fresh, g.stale_at_ms = free, True, ends
         g.epoch += 1
         if take is None:
             return False
@@ -419,7 +436,7 @@ class Admission:
         trims: dict[int, int] = {}
         for pid, g in self._grants.items():
             excess = g.granted - max(g.reserved, 0)
-            if excess > 0 and not g.lock.locked() and started - g.last_claim >= self.heartbeat_s:
+            if excess > 0 and not g.lock.locked() and started - g.last_claim >= self.idle_s:
                 g.granted -= excess  # lowered in memory first: the database value never drops below it
                 trims[pid] = excess
                 if g.free is not None:  # what this instance gives back is free again: remaining is unchanged

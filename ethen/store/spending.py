@@ -60,6 +60,25 @@ class SpendLedger(EngineBase):
         row = conn.execute(cls._sum_query(project_id, start, now)).one()
         return int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)
 
+    @classmethod
+    def sums_and_lease_end_sync(
+        cls, conn: Connection, project_id: int, start: datetime, now: datetime, me: str
+    ) -> tuple[int, int, int, int | None]:
+        """:meth:`sums_sync` plus, in the same statement, the soonest lease end (epoch ms) among the other
+        live instances holding a grant of the project: when it passes, that grant stops counting and the
+        free budget grows (``None``: no other instance holds any)."""
+        gi, bg = s.gateway_instances.c, s.budget_grants.c
+        ms = epoch_ms(now)
+        soonest = (
+            select(func.min(gi.lease_until_ms))
+            .select_from(s.budget_grants.join(s.gateway_instances, gi.instance_id == bg.instance_id))
+            .where(bg.project_id == project_id, bg.amount_nano > 0, bg.instance_id != me)
+            .where(gi.lease_until_ms > ms)
+        )
+        q = cls._sum_query(project_id, start, now).add_columns(soonest.scalar_subquery())
+        row = conn.execute(q).one()
+        return int(row[0] or 0), int(row[1] or 0), int(row[2] or 0), None if row[3] is None else int(row[3])
+
     async def spend(self, project: Project, *, now: datetime | None = None) -> Spend:
         at = now_utc(now)
         start = window_start(project.budget_window, at)

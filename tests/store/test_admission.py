@@ -107,7 +107,7 @@ def test_an_instance_starting_does_not_release_a_live_instances_grant(store_url:
         b = Admission(st, lease=LEASE)
         await b.start()  # a "second gateway" (or a restarted one) starting during a's request
         try:
-            await asyncio.sleep(2.5)  # longer than the lease: a's heartbeat keeps its grant alive
+            await asyncio.sleep(3.5)  # longer than the lease (a's heartbeat keeps its grant alive) and idle_s
             after = await grants(st)
             refused = await b.reserve(p, 0.006)  # 0.006 + 0.006 > 0.010 while a holds its hold
             await settle(a, p, t, "r1", 0.006)
@@ -117,7 +117,8 @@ def test_an_instance_starting_does_not_release_a_live_instances_grant(store_url:
             await a.aclose()
 
     before, after, refused, spend = run(store_url, fn)
-    # a's grant row survives b's start-up and the lease period; only its unused excess went back (heartbeat)
+    # a's grant row survives b's start-up and the lease period; only its unused excess went back (a heartbeat
+    # after idle_s, 3 s, without a claim)
     assert len(before) == 1 and after.keys() == before.keys() and min(before.values()) >= to_nano(0.006)
     assert min(after.values()) == to_nano(0.006)
     assert refused is None
@@ -151,6 +152,39 @@ def test_a_dead_instances_hold_is_released_by_lease_expiry(
     assert while_alive is None and after is not None
     assert granted >= 0.008 and granted < 0.010  # b's grant only: the dead one stopped counting
     assert released == 1  # the dead instance's grant row (b's is live and stays)
+
+
+def test_remaining_includes_a_dead_instances_grant_as_soon_as_its_lease_ends(store_url: str) -> None:
+    """``remaining`` (what ``decide`` compares each candidate's cost with) is served from a snapshot refreshed
+    once per heartbeat; a snapshot that saw another instance's grant also knows when that instance's lease
+    ends, and is refreshed from then on, not a heartbeat later (issue 23: with a 2.5 s lease and a 0.5 s
+    heartbeat, waiting for the heartbeat could push a dead instance's share past 3 s)."""
+
+    async def fn(st: Store) -> tuple[float | None, float | None, float]:
+        p = await st.create_project("p", budget_usd=0.010, budget_window="day")
+        dead = Admission(st, lease=LEASE)
+        await dead.start()
+        assert await dead.reserve(p, 0.008) is not None
+        for task in dead._tasks:  # the process dies: no heartbeat, nothing returned
+            task.cancel()
+        await dead._writer.aclose()
+        b = Admission(st, lease=timedelta(seconds=60))  # b's own heartbeat (12 s) never comes in this test
+        await b.start()
+        try:
+            while_alive = await b.remaining_usd(p)
+            await asyncio.sleep(LEASE.total_seconds() + 0.2)  # the dead instance's lease passes
+            t0 = time.monotonic()
+            while (after := await b.remaining_usd(p)) != pytest.approx(0.010):
+                if time.monotonic() - t0 > 1.0:
+                    break
+                await asyncio.sleep(0.01)
+            return while_alive, after, time.monotonic() - t0
+        finally:
+            await b.aclose()
+
+    while_alive, after, took = run(store_url, fn)
+    assert while_alive is not None and while_alive < 0.003  # the dead instance's grant counts while it lives
+    assert after == pytest.approx(0.010) and took < 0.5  # one read after the lease end, not a heartbeat later
 
 
 def test_revoked_key_and_new_budget_seen_by_another_instance_within_a_second(store_url: str) -> None:

@@ -310,7 +310,9 @@ class StoreConfig(_Strict):
     admin_key_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     reservation_ttl_s: float = Field(900.0, gt=0)  # accepted for older configs; holds now expire with lease_s
     release_dangling: bool = True  # log what start-up released (only dead instances' holds)
-    lease_s: float = Field(15.0, ge=1.0, le=3600.0)  # a dead instance's budget grants count this long
+    #: A dead (killed, frozen) instance's budget grants count this long after its last renewal (heartbeat
+    #: every lease_s/5; it admits from memory only while its last renewal is younger than 3/5 of it).
+    lease_s: float = Field(2.5, ge=1.0, le=3600.0)
     instance_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._:-]{1,64}$")  # default: random per process
     #: SQLite only. NORMAL (default, as Rails and Litestream set WAL databases up): a settled entry is in the
     #: WAL before the answer leaves, so it survives a crash or ``kill -9`` of the gateway, not a power loss or
