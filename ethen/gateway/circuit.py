@@ -210,7 +210,13 @@ class Prober:
     board with the telemetry, takes the trial slot of every ready circuit and runs ``probe(candidate_id,
     keys)`` for the candidate ``target(key)`` names (the executor's; it records the outcome, which ends the
     trial), then sleeps until the next cool-down ends (0.25-1 s: circuits whose failures age out close too).
-    At most one trial is in flight per key (probes and live trials share the slot)."""
+    At most one trial is in flight per key (probes and live trials share the slot).
+
+    A probe is bounded by ``timeout_s`` (issue 23: before, a probe sent to a hanging upstream held the trial
+    slot for the provider's whole request timeout, up to ``total_s`` = 300 s, and with a healthy alternative
+    no live request ever takes a trial, so a recovered primary stayed out until its failures left the
+    window): past it the trial fails (the cool-down doubles, capped) and the probe is cancelled, so a
+    recovered primary gets a probe within ``timeout_s + max_cooldown_s`` of its recovery."""
 
     def __init__(
         self,
@@ -218,11 +224,16 @@ class Prober:
         snapshot: Callable[[], TelemetrySnapshot],
         target: Callable[[str], str | None],
         probe: Callable[[str, tuple[str, ...]], Coroutine[Any, Any, None]],
+        *,
+        timeout_s: float = 3.0,
     ) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"need timeout_s > 0, got {timeout_s}")
         self.board = board
         self.snapshot = snapshot
         self.target = target
         self.probe = probe
+        self.timeout_s = float(timeout_s)
         self._loop_task: asyncio.Task[None] | None = None
         self._probes: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
@@ -251,13 +262,29 @@ class Prober:
                 provider, _, model = cid.partition("/")
                 keys = board.blocking(provider, model)
                 if keys and board.acquire(keys):
-                    task = asyncio.get_running_loop().create_task(self.probe(cid, keys))
+                    task = asyncio.get_running_loop().create_task(self._bounded(cid, keys))
                     self._probes.add(task)
                     task.add_done_callback(self._probes.discard)
             # a ready circuit whose probe target is blocked by another circuit stays ready: poll it at 4 Hz
             wait = max(0.25, min(1.0, board.next_trial_in()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
+
+    async def _bounded(self, cid: str, keys: tuple[str, ...]) -> None:
+        """``probe(cid, keys)``, failed as a trial and cancelled once it took ``timeout_s``."""
+        task = asyncio.get_running_loop().create_task(self.probe(cid, keys))
+        try:
+            done, _ = await asyncio.wait((task,), timeout=self.timeout_s)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if done:
+            return
+        # failed before the cancellation: the probe's own handler then finds no trial left to free
+        self.board.resolve(keys, False, detail=f"probe of {cid} timed out after {self.timeout_s:g} s")
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
 
     async def aclose(self) -> None:
         """Cancel the loop and any probe in flight (gateway shutdown)."""

@@ -4,13 +4,15 @@ to the cap, closes when the gate lifts, and logs each transition once. Config ke
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from service_harness import config_dict
 
-from ethen.gateway.circuit import CircuitBoard
+from ethen.gateway.circuit import CircuitBoard, Prober
 from ethen.gateway.config import parse_config
 from ethen.gateway.errors import GatewayConfigError
 from ethen.gateway.telemetry_store import AttemptRecord, TelemetryStore
@@ -131,3 +133,56 @@ def test_config_errors_name_the_key_and_value(section: dict[str, object], messag
 def test_config_defaults() -> None:
     c = parse_config(config_dict("http://127.0.0.1:9")).circuit
     assert (c.cooldown_s, c.max_cooldown_s, c.probe) == (2.0, 10.0, True)
+
+
+def test_a_hanging_probe_fails_its_trial_after_the_probe_timeout_and_the_next_probe_goes() -> None:
+    """Issue 23 item 3: a probe that gets no answer used to hold the trial slot for the provider's whole
+    request timeout (300 s by default), so no other probe (nor live trial) went. Now the Prober fails the
+    trial after ``timeout_s`` (the cool-down doubles, capped) and cancels the probe; the next probe follows
+    the cool-down."""
+
+    async def main() -> tuple[list[float], list[bool], float, bool]:
+        board = CircuitBoard(0.1, 0.3)
+        store = TelemetryStore()
+        fail(store, "alpha", "m", time.monotonic(), 3)
+        board.sync(store.snapshot())
+        started: list[float] = []
+        cancelled: list[bool] = []
+
+        async def probe(cid: str, keys: tuple[str, ...]) -> None:
+            started.append(time.monotonic())
+            try:
+                await asyncio.sleep(3600)  # the upstream never answers
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                board.resolve(keys, None)  # what the executor's probe does when cancelled
+                raise
+
+        prober = Prober(board, store.snapshot, lambda key: "alpha/m", probe, timeout_s=0.2)
+        board.on_open = prober.wake
+        prober.wake()
+        try:
+            for _ in range(200):  # bounded: 4 s
+                if len(started) >= 2:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            await prober.aclose()
+        c = board.circuits["alpha"]
+        return started, cancelled, c.cooldown_s, c.in_flight
+
+    started, cancelled, cooldown, in_flight = asyncio.run(main())
+    assert len(started) >= 2, started  # before: one probe, stuck for as long as the upstream hangs
+    gap = started[1] - started[0]
+    assert 0.2 + 0.2 * 0.9 <= gap < 2.0, gap  # the probe timeout, then the doubled cool-down (0.2 s)
+    assert cancelled and cooldown >= 0.2 and not in_flight
+
+
+def test_probe_timeout_must_be_positive() -> None:
+    board = CircuitBoard()
+    with pytest.raises(ValueError, match="timeout_s"):
+        Prober(board, TelemetryStore().snapshot, lambda key: None, _never, timeout_s=0)
+
+
+async def _never(cid: str, keys: tuple[str, ...]) -> None:
+    raise AssertionError("not called")

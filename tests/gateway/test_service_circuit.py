@@ -204,3 +204,49 @@ def test_requests_refused_during_an_outage_do_not_flood_the_log(caplog: pytest.L
             assert ei.value.code == "no_healthy_candidate"
     flood = [r.getMessage() for r in caplog.records[before:] if "flood-" in r.getMessage()]
     assert flood == []
+
+
+@pytest.mark.parametrize("model", ["ethen/best", "alpha-large"])  # with a healthy alternative; sole provider
+def test_a_probe_stuck_on_a_hanging_upstream_does_not_keep_a_recovered_primary_out(model: str) -> None:
+    """Issue 23 item 3: the primary fails (its circuit opens, traffic goes to the fallback), then hangs
+    (the probe sent then gets no answer), then recovers. Before, the stuck probe held the circuit's trial
+    slot for the provider's whole read timeout (60 s here, ``total_s`` 300 s by default): with a fallback no
+    live request takes a trial, so the primary stayed out until its failures left the 300 s window. Now a
+    probe is bounded (3 s): the recovered primary is served again within 15 s, with or without an
+    alternative."""
+    down = Behavior(fail_status=503)
+    timeouts = {"connect_s": 2.0, "first_byte_s": 60.0, "total_s": 300.0}
+    with live({"up-alpha-large": down}, timeouts=timeouts) as lv:  # default [circuit]: probes on
+        c = lv.client(timeout=90)
+        for _ in range(3):  # the gate trips: alpha's circuit opens
+            try:
+                r = c.chat.completions.create(model=model, messages=USER)
+                assert routing(r)["served_provider"] != "alpha"
+            except openai.APIStatusError as exc:
+                assert model == "alpha-large", exc
+        down.fail_status, down.latency_s = None, 120.0  # alpha now hangs
+        deadline = time.monotonic() + 10.0
+
+        def probes() -> int:
+            return len([x for x in lv.script.calls
+                        if x["body"]["model"] == "up-alpha-large" and x["body"].get("max_tokens") == 1])
+
+        hung = probes()
+        while probes() == hung:  # bounded: the deadline
+            assert time.monotonic() < deadline, "no probe reached the hanging upstream"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        down.latency_s = 0.0  # alpha is back; the probe sent while it hung is still waiting
+        t_back = time.monotonic()
+        back_after: float | None = None
+        while time.monotonic() - t_back < 15.0:  # bounded
+            try:
+                r = c.chat.completions.create(model=model, messages=USER)
+            except openai.APIStatusError as exc:  # sole provider: 503 until its circuit lets a trial through
+                assert model == "alpha-large" and exc.status_code == 503, exc
+            else:
+                if routing(r)["served_provider"] == "alpha":
+                    back_after = time.monotonic() - t_back
+                    break
+            time.sleep(0.2)
+        assert back_after is not None and back_after <= 15.0, back_after
