@@ -20,6 +20,37 @@ to send a request, so a slowloris client (one header byte a second) held its con
 - ``max_connections`` (1000) is uvicorn's ``limit_concurrency``: a request arriving while that many
   connections (or requests) are open gets 503 ``server_overloaded`` with ``Retry-After: 1``.
 
+Per client address (issue 23: one host reopening 1,000 trickling sockets as they were closed held the whole
+``max_connections`` budget, and 111 of 116 other requests got 503). One record per address
+(:class:`ClientAddress`), kept by the protocol:
+
+- ``max_connections_per_client`` (default half of ``max_connections``, at most all of it): open connections
+  of one address. A new socket past it closes the address's oldest *slow* socket (below), else its oldest
+  socket still sending its first request's headers, and takes its place; when the address has neither (all
+  its connections are in requests or idle keep-alive), the new socket is refused: 429
+  ``too_many_connections`` with ``Retry-After: 1`` is written and the socket closed at once, before uvicorn
+  counts it, so it takes nothing from the global budget (a client that already sent its request may see a
+  reset instead). One address thus holds at most half the global cap by default: the rest stays for others.
+- ``max_pending_headers_per_client`` (32): sockets of one address still sending a request's headers
+  :attr:`~SlowClientProtocol.slow_after_s` (1 s, at most half of ``header_timeout_s``) after the connection
+  opened (or after the first byte of a next request on a keep-alive connection): *slow* sockets. When one
+  more turns slow, the address's oldest slow socket gets 429 ``too_many_connections`` and is closed. A fast
+  client's headers arrive well within that second, so a burst of new connections from one address (a pool
+  opening 200 at once) is never cut by it.
+
+An address is the IPv4 address; an IPv4-mapped IPv6 address counts as its IPv4; an IPv6 address counts as
+its /64 (one host is commonly given a whole /64, and could otherwise open each socket from a new address).
+
+Choice where a trickler and a well-behaved client **share one address** (a NAT, one host): at most 32 of the
+trickler's sockets stay slow, and the address's connection cap holds the rest; a new socket of the
+well-behaved client arriving while the address is at its cap closes the trickler's oldest header-phase socket
+instead of being refused, and its own headers, complete within milliseconds, take it out of the header phase
+before the trickler's next sockets could pick it; requests on connections already open are served whatever
+the trickler does. So the well-behaved client is served (>= 95% in the test); the trickler keeps
+reconnecting. Behind a reverse proxy every client has the proxy's address: set ``max_connections_per_client
+= max_connections`` there (and cap per client at the proxy). Each ``--workers`` child counts for itself (the
+kernel spreads an address's connections over the children).
+
 ``ethen gateway --workers N`` (:func:`serve_workers`): the parent binds the listening socket once and starts N
 ``ethen gateway`` child processes that inherit it (pre-fork, as gunicorn and uvicorn's own ``--workers`` do:
 the kernel hands each connection to one of them; ``--port 0`` works, every worker serves the one port). Each
@@ -33,13 +64,17 @@ The 408/503 bodies are the OpenAI error envelope, written straight to the socket
 A body cut off by its timeout reaches the app as a client disconnect; uvicorn's "Exception in ASGI
 application" log of that ``ClientDisconnect`` is dropped (nothing failed on the server, and a log line per
 slow client would let clients flood the log). The hot path pays two timer operations per request (arm and
-cancel of a ``loop.call_later`` handle, as uvicorn's own keep-alive timer does).
+cancel of a ``loop.call_later`` handle, as uvicorn's own keep-alive timer does) and per connection two
+lookups of its address's record (``connection_made``; ``connection_lost`` deletes it with the last one) and
+an insert and delete in its header-phase set; the slow set is touched only by sockets still sending headers
+after a second.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -59,7 +94,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ethen.gateway.config import ServerConfig
 
-__all__ = ["GatewayServer", "SlowClientProtocol", "serve", "serve_workers", "slow_client_protocol"]
+__all__ = ["ClientAddress", "GatewayServer", "SlowClientProtocol", "client_key", "serve", "serve_workers",
+           "slow_client_protocol"]
 
 log = logging.getLogger("ethen.gateway.serve")
 
@@ -102,6 +138,40 @@ _OVERLOADED_HEADERS = [(b"content-type", b"application/json"),
                        (b"connection", b"close"), (b"retry-after", b"1")]
 
 
+_TOO_MANY = _raw_response(b"429 Too Many Requests\r\nretry-after: 1", _envelope(
+    "too_many_connections", "Too many connections from your address are open or still sending headers; "
+    "retry shortly.", "rate_limit_error"))
+
+
+def client_key(peer: Any) -> str | None:
+    """The address a connection counts under (module docstring): ``peer`` is the transport's ``peername``;
+    ``None`` (not counted) for a peer that is no IP address (a Unix socket)."""
+    if not isinstance(peer, tuple) or not peer or not isinstance(peer[0], str):
+        return None
+    host: str = peer[0]
+    if ":" not in host:
+        return host
+    if host.startswith("::ffff:") and "." in host:
+        return host[7:]
+    try:
+        net = ipaddress.IPv6Network((host.partition("%")[0], 64), strict=False)
+    except ValueError:
+        return host
+    return f"{net.network_address}/64"
+
+
+class ClientAddress:
+    """One address's connections: how many are open, which are still sending their first request's headers
+    (``pending``) and which have been sending headers for over ``slow_after_s`` (``slow``), oldest first."""
+
+    __slots__ = ("open", "pending", "slow")
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.pending: dict[SlowClientProtocol, None] = {}
+        self.slow: dict[SlowClientProtocol, None] = {}
+
+
 async def _overloaded(scope: Any, receive: Any, send: Any) -> None:
     """ASGI app answering a request beyond ``max_connections`` (uvicorn's own 503 is text/plain)."""
     await send({"type": "http.response.start", "status": 503, "headers": _OVERLOADED_HEADERS})
@@ -109,14 +179,24 @@ async def _overloaded(scope: Any, receive: Any, send: Any) -> None:
 
 
 class SlowClientProtocol(HttpToolsProtocol):
-    """uvicorn's httptools HTTP/1.1 protocol with a header-read and a body-read deadline per request."""
+    """uvicorn's httptools HTTP/1.1 protocol with a header-read and a body-read deadline per request, and the
+    per-address caps (module docstring)."""
 
     header_timeout_s: ClassVar[float] = 10.0
     body_timeout_s: ClassVar[float] = 60.0
+    slow_after_s: ClassVar[float] = 1.0
+    max_connections_per_client: ClassVar[int] = 500
+    max_pending_headers_per_client: ClassVar[int] = 32
+    clients: ClassVar[dict[str, ClientAddress]] = {}  # one table per server (slow_client_protocol)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._read_timer: asyncio.TimerHandle | None = None
+        self._key: str | None = None  # the address this connection counts under (None: not counted)
+        self._address: ClientAddress | None = None
+        self._pending = False  # listed in _address.pending
+        self._slow = False  # listed in _address.slow
+        self._admitted = False
 
     def _arm(self, seconds: float, on_timeout: Callable[[], None]) -> None:
         if self._read_timer is not None:
@@ -129,19 +209,49 @@ class SlowClientProtocol(HttpToolsProtocol):
             self._read_timer = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        key = client_key(transport.get_extra_info("peername"))
+        if key is not None:
+            address = self.clients.get(key)
+            if address is None:
+                address = self.clients[key] = ClientAddress()
+            elif address.open >= self.max_connections_per_client:
+                # make room with the address's oldest slow socket, else its oldest one still sending its
+                # first headers; none: refused before uvicorn counts it (nothing taken from the global cap)
+                victim = next(iter(address.slow or address.pending), None)
+                if victim is None:
+                    transport.write(_TOO_MANY)
+                    transport.close()
+                    return
+                victim._evict()
+                self.clients[key] = address  # back in, had the victim been its last connection
+            address.open += 1
+            address.pending[self] = None
+            self._key, self._address, self._pending = key, address, True
+        self._admitted = True
         super().connection_made(transport)
-        self._arm(self.header_timeout_s, self._headers_too_slow)
+        self._arm(self.slow_after_s, self._turned_slow)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self._admitted:
+            return
+        self._release()
         self._disarm()
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self._read_timer is None:  # a next request on a keep-alive connection: its clock starts now
-            self._arm(self.header_timeout_s, self._headers_too_slow)
+            self._arm(self.slow_after_s, self._turned_slow)
 
     def on_headers_complete(self) -> None:
+        address = self._address
+        if address is not None:
+            if self._pending:
+                self._pending = False
+                del address.pending[self]
+            if self._slow:
+                self._slow = False
+                del address.slow[self]
         self._arm(self.body_timeout_s, self._body_too_slow)
         super().on_headers_complete()
 
@@ -151,6 +261,44 @@ class SlowClientProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         super()._start_asgi_task(cycle, _overloaded if app is service_unavailable else app)
+
+    def _turned_slow(self) -> None:
+        """Headers still incomplete ``slow_after_s`` in: listed as slow; past the address's cap its oldest
+        slow socket is closed. Then the rest of the header timeout runs."""
+        self._read_timer = None
+        address = self._address
+        if address is not None and not self.transport.is_closing():
+            address.slow[self] = None
+            self._slow = True
+            if len(address.slow) > self.max_pending_headers_per_client:
+                next(iter(address.slow))._evict()  # the oldest: never this one (the cap is at least 1)
+        self._arm(self.header_timeout_s - self.slow_after_s, self._headers_too_slow)
+
+    def _release(self) -> None:
+        """Stop counting this connection under its address (once)."""
+        address, key = self._address, self._key
+        if address is None or key is None:
+            return
+        self._address = self._key = None
+        if self._pending:
+            self._pending = False
+            del address.pending[self]
+        if self._slow:
+            self._slow = False
+            del address.slow[self]
+        address.open -= 1
+        if not address.open:
+            del self.clients[key]
+
+    def _evict(self) -> None:
+        """Close this slow header-phase socket to make room for its address (429 unless a response of an
+        earlier request on it is still being written)."""
+        self._release()
+        self._disarm()
+        if not self.transport.is_closing():
+            if self.cycle is None or self.cycle.response_complete:
+                self.transport.write(_TOO_MANY)
+            self.transport.close()
 
     def _headers_too_slow(self) -> None:
         self._read_timer = None
@@ -170,9 +318,13 @@ class SlowClientProtocol(HttpToolsProtocol):
 
 
 def slow_client_protocol(limits: ServerConfig) -> type[SlowClientProtocol]:
-    """:class:`SlowClientProtocol` with ``limits``' timeouts (uvicorn makes one instance per connection)."""
+    """:class:`SlowClientProtocol` with ``limits``' timeouts and caps, and a fresh per-address table (uvicorn
+    makes one instance per connection)."""
     return type("SlowClientProtocol", (SlowClientProtocol,), {
-        "header_timeout_s": limits.header_timeout_s, "body_timeout_s": limits.body_timeout_s})
+        "header_timeout_s": limits.header_timeout_s, "body_timeout_s": limits.body_timeout_s,
+        "slow_after_s": min(1.0, limits.header_timeout_s / 2),
+        "max_connections_per_client": limits.connections_per_client,
+        "max_pending_headers_per_client": limits.max_pending_headers_per_client, "clients": {}})
 
 
 class _DropClientDisconnects(logging.Filter):

@@ -105,7 +105,10 @@ async def _slowloris_while_serving(port: int) -> tuple[list[tuple[float, bytes]]
 
 
 def test_slowloris_clients_get_408_after_the_header_timeout_while_others_are_served(tmp_path: Path) -> None:
-    with gateway(tmp_path, header_timeout_s=HEADER_TIMEOUT_S) as (port, _):
+    # the header timeout alone: the per-address cap on slow sockets (32 by default) would close most of these
+    # 200 first (tests/gateway/test_service_client_caps.py)
+    with gateway(tmp_path, header_timeout_s=HEADER_TIMEOUT_S,
+                 max_pending_headers_per_client=SLOW_CLIENTS) as (port, _):
         slow, statuses = asyncio.run(_slowloris_while_serving(port))
     assert statuses == [200, 200, 200]
     for took, raw in slow:
@@ -144,7 +147,9 @@ def test_past_max_connections_a_request_gets_503_until_slow_ones_are_closed(tmp_
             writer.close()
         return refused, served
 
-    with gateway(tmp_path, max_connections=5, header_timeout_s=HEADER_TIMEOUT_S) as (port, _):
+    # one address may hold all 5 here (max_connections_per_client: tests/gateway/test_service_client_caps.py)
+    with gateway(tmp_path, max_connections=5, max_connections_per_client=5,
+                 header_timeout_s=HEADER_TIMEOUT_S) as (port, _):
         refused, served = asyncio.run(run(port))
     assert refused.status_code == 503
     assert refused.headers["retry-after"] == "1"
@@ -153,7 +158,11 @@ def test_past_max_connections_a_request_gets_503_until_slow_ones_are_closed(tmp_
 
 
 @pytest.mark.parametrize(("key", "value"), [("header_timeout_s", 0), ("body_timeout_s", -1.0),
-                                            ("max_connections", 0), ("header_timeout_s", "10")])
+                                            ("max_connections", 0), ("header_timeout_s", "10"),
+                                            ("max_connections_per_client", 0),
+                                            ("max_connections_per_client", 1001),
+                                            ("max_pending_headers_per_client", 0),
+                                            ("max_pending_headers_per_client", "32")])
 def test_server_limits_are_checked_and_errors_name_key_and_value(key: str, value: object) -> None:
     data = config_dict("http://127.0.0.1:9")
     data["server"] = {key: value}
@@ -166,3 +175,17 @@ def test_server_limits_default() -> None:
     cfg = parse_config(config_dict("http://127.0.0.1:9"))
     server = cfg.server
     assert (server.header_timeout_s, server.body_timeout_s, server.max_connections) == (10.0, 60.0, 1000)
+    assert (server.connections_per_client, server.max_pending_headers_per_client) == (500, 32)
+
+
+def test_the_per_client_cap_may_not_exceed_the_global_one() -> None:
+    data = config_dict("http://127.0.0.1:9")
+    data["server"] = {"max_connections": 10, "max_connections_per_client": 11}
+    with pytest.raises(GatewayConfigError) as excinfo:
+        parse_config(data)
+    assert "server.max_connections_per_client = 11: must be at most server.max_connections (10)" in (
+        excinfo.value.message)
+    data["server"] = {"max_connections": 10, "max_connections_per_client": 10}  # no reserve: behind a proxy
+    assert parse_config(data).server.connections_per_client == 10
+    data["server"] = {"max_connections": 1}
+    assert parse_config(data).server.connections_per_client == 1
