@@ -30,6 +30,14 @@ instance polls every :data:`POLL_S` (0.5 s): the same cookie, replayed, is refus
 that signed it out and within a second by the others. Without a store, a sign-out is known to the
 process that handled it only. Until :meth:`AdminAuth.start` has run (a unit test; the app calls it at
 start-up) the key comes from a per-process random secret.
+
+**Sign-in throttle** (issue 23: ``POST /ui/login`` answered 300 wrong keys in 0.2 s): :class:`LoginThrottle`
+counts failed sign-ins per client address. After :data:`FREE_FAILURES` (5) failures in a row the address is
+locked for 1 s, and each further failure doubles the lock (2, 4, ... at most 60 s). While locked, every
+sign-in from the address, right key or wrong, is answered 429 with ``Retry-After`` without the key being
+checked (so the lock cannot be used to test keys). A success resets the address; failures are forgotten 15
+minutes after the last one. The table holds at most 4,096 addresses (the least recently failed one is dropped
+first). It lives in each process: ``--workers N`` children each throttle on their own.
 """
 
 from __future__ import annotations
@@ -55,7 +63,8 @@ from ethen.store import StoreError
 if TYPE_CHECKING:
     from ethen.store import Store
 
-__all__ = ["COOKIE", "POLL_S", "SECRET_FILE", "AdminAuth", "Session", "file_secret", "secure_cookie"]
+__all__ = ["COOKIE", "FREE_FAILURES", "POLL_S", "SECRET_FILE", "AdminAuth", "LoginThrottle", "Session",
+           "file_secret", "secure_cookie"]
 
 log = logging.getLogger("ethen.admin.sessions")
 
@@ -65,6 +74,7 @@ SECRET_FILE = "dashboard_secret"
 _SAFE = frozenset({"GET", "HEAD"})
 _LOOPBACK = ("127.", "::1", "localhost")
 _CONTEXT = b"ethen dashboard session v1\x00"
+FREE_FAILURES = 5  # failed sign-ins in a row before an address is locked
 
 
 @dataclass(frozen=True)
@@ -246,3 +256,46 @@ def secure_cookie(request: Request) -> bool:
     """``Secure`` unless the client is on loopback (plain-HTTP local use keeps working)."""
     host = request.client.host if request.client else ""
     return not host.startswith(_LOOPBACK)
+
+
+class LoginThrottle:
+    """Failed sign-ins per client address (module docstring). Pure bookkeeping on an injected clock: the
+    caller asks :meth:`retry_after` first and reports :meth:`failed` / :meth:`succeeded`."""
+
+    def __init__(self, free_failures: int = FREE_FAILURES, base_lock_s: float = 1.0, max_lock_s: float = 60.0,
+                 forget_after_s: float = 900.0, max_addresses: int = 4096,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.free_failures = free_failures
+        self.base_lock_s = base_lock_s
+        self.max_lock_s = max_lock_s
+        self.forget_after_s = forget_after_s
+        self.max_addresses = max_addresses
+        self.clock = clock
+        # address -> (failures in a row, last failure, locked until)
+        self._failures: dict[str, tuple[int, float, float]] = {}
+
+    def __len__(self) -> int:
+        return len(self._failures)
+
+    def retry_after(self, address: str) -> float:
+        """Seconds until ``address`` may try again; 0 when it may now."""
+        entry = self._failures.get(address)
+        return 0.0 if entry is None else max(0.0, entry[2] - self.clock())
+
+    def failed(self, address: str) -> float:
+        """Record a failed sign-in; returns the lock it starts (0: none yet)."""
+        now = self.clock()
+        count, last, _ = self._failures.pop(address, (0, now, 0.0))
+        if now - last > self.forget_after_s:
+            count = 0
+        count += 1
+        lock = 0.0
+        if count >= self.free_failures:
+            lock = min(self.max_lock_s, self.base_lock_s * 2.0 ** min(count - self.free_failures, 62))
+        self._failures[address] = (count, now, now + lock)  # re-inserted: the table stays in failure order
+        while len(self._failures) > self.max_addresses:
+            del self._failures[next(iter(self._failures))]
+        return lock
+
+    def succeeded(self, address: str) -> None:
+        self._failures.pop(address, None)

@@ -58,7 +58,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
@@ -293,6 +293,9 @@ def create_app(
         return Response(dumps(err.to_dict()), status, media_type=_JSON)
 
     async def server_error(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, ClientDisconnect):  # the client went away before its request was read: no error
+            log.info("client disconnected on %s before its request was read", request.url.path)
+            return Response(None, 400)  # nobody reads it
         log.error("unhandled error on %s: %s", request.url.path, type(exc).__name__, exc_info=exc)
         err = GatewayError("The gateway had an internal error.", code="internal_error", type="server_error")
         return Response(dumps(err.to_dict()), 500, media_type=_JSON)

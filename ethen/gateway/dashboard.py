@@ -18,6 +18,9 @@ Mesh (nodes, layers, health, the route chosen now and its cost), from ``/api/adm
 Axes: spend from $0 to just above the data (all-zero data, free models: $0-0.01), success rate and circuit
 state 0-100%. Wide tables (the Mesh tab's) sit in a card and scroll inside it, never the page.
 
+``POST /ui/login`` is throttled per client address (``ethen.admin.sessions.LoginThrottle``: 5 failures in a
+row, then 429 with ``Retry-After`` for 1 s, doubling per further failure up to 60 s; a success resets).
+
 Choices where the issue is silent: data is put in the page with ``textContent`` only, and every page is served
 with a Content-Security-Policy that allows scripts from the gateway alone and forms posting to it alone; no
 dashboard without an admin key (``[store]`` or ``[log] admin_key_sha256``).
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import math
 import struct
 import zlib
 from importlib import resources
@@ -37,7 +41,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ethen.admin.sessions import COOKIE, AdminAuth, secure_cookie
+from ethen.admin.sessions import COOKIE, AdminAuth, LoginThrottle, secure_cookie
+from ethen.gateway.serve import client_key
 
 if TYPE_CHECKING:
     from ethen.gateway.app import Gateway
@@ -139,13 +144,24 @@ def ui_routes(auth: AdminAuth | None) -> list[Route]:
         page = app_page.replace("__CSRF_TOKEN__", s.csrf)  # token_urlsafe: no HTML-special characters
         return Response(page, 200, headers, media_type="text/html; charset=utf-8")
 
+    throttle = LoginThrottle()  # failed sign-ins per client address (ethen.admin.sessions)
+
     async def login(request: Request) -> Response:
         raw = await request.body()
         if len(raw) > _MAX_LOGIN_BODY:
             return login_form("The form is too large.", 413)
+        # no await from here on: the throttle's check and its record of this attempt are one step
+        address = client_key((request.client.host,) if request.client else None) or ""
+        wait = math.ceil(throttle.retry_after(address))
+        if wait > 0:  # locked: the key is not even checked
+            r = login_form(f"Too many failed sign-ins; try again in {wait} s.", 429)
+            r.headers["retry-after"] = str(wait)
+            return r
         key = (parse_qs(raw.decode("utf-8", "replace")).get("admin_key") or [""])[0]
         if not auth.key_ok(key):
+            throttle.failed(address)
             return login_form("That is not the admin key.", 401)
+        throttle.succeeded(address)
         sid, _ = auth.login()
         r = Response(None, 303, {**headers, "location": "/ui"})
         r.set_cookie(COOKIE, sid, max_age=int(auth.ttl_s), path="/", secure=secure_cookie(request),
