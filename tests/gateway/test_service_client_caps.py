@@ -194,3 +194,14 @@ def test_past_the_pending_headers_cap_the_oldest_slow_socket_is_closed(tmp_path:
     assert still_open == [True, True]
     assert served == 200
     assert evicted_len > 0
+
+
+def test_an_address_is_an_ipv4_address_or_an_ipv6_slash_64() -> None:
+    from ethen.gateway.serve import client_key
+
+    assert client_key(("127.0.0.2", 5000)) == "127.0.0.2"
+    assert client_key(("::ffff:10.1.2.3", 5000, 0, 0)) == "10.1.2.3"
+    assert client_key(("2001:db8:1:2:aaaa::1", 5000, 0, 0)) == client_key(("2001:db8:1:2:ffff::9", 1, 0, 0))
+    assert client_key(("2001:db8:1:2::1", 5000, 0, 0)) == "2001:db8:1:2::/64"
+    assert client_key(("2001:db8:1:3::1", 5000, 0, 0)) != client_key(("2001:db8:1:2::1", 5000, 0, 0))
+    assert client_key("") is None and client_key(None) is None  # a Unix socket: not counted
