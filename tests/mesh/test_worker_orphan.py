@@ -15,6 +15,7 @@ import grpc
 import numpy as np
 
 from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
+from ethen.mesh.worker.launch import ORPHAN_EXIT_S
 
 PARENT = textwrap.dedent("""
     import sys, time
@@ -66,3 +67,46 @@ def test_an_orphaned_worker_with_an_open_session_stops_without_draining() -> Non
     (the worker is not orphaned yet when its handler looks), which a single run catches only sometimes."""
     for _ in range(3):
         _orphan_once()
+
+
+STUCK_CHILD = textwrap.dedent("""
+    import signal, time
+    from ethen.mesh.worker.launch import die_with_parent
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a main thread that never acts on its SIGTERM
+    die_with_parent()
+    time.sleep(600)
+""")
+
+STUCK_PARENT = textwrap.dedent("""
+    import os, subprocess, sys, time
+    from ethen.mesh.worker.launch import PARENT_PID_ENV
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdin=subprocess.PIPE,
+                             env={**os.environ, PARENT_PID_ENV: str(os.getpid())})
+    print(child.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_an_orphan_whose_main_thread_is_stuck_still_exits() -> None:
+    """The parent watch ends the process ORPHAN_EXIT_S after its SIGTERM, whatever the main thread does (here
+    it ignores SIGTERM: without the backstop it would run for its whole 600 s sleep)."""
+    pid = -1
+    parent = subprocess.Popen([sys.executable, "-c", STUCK_PARENT, STUCK_CHILD], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+        time.sleep(1.0)  # the child is in its sleep, SIGTERM ignored
+        assert not _gone(pid)
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + ORPHAN_EXIT_S + 4.0  # stdin EOF at once (pid poll: 1 s) + the grace
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(pid), "an orphan whose main thread ignores SIGTERM is still running"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=10)
+        if pid > 0 and not _gone(pid):
+            os.kill(pid, 9)

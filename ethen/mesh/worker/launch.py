@@ -25,7 +25,10 @@ worker (:func:`orphaned`: its parent is gone) has nobody left to finish sessions
 it stops without draining (a session left open by the dead parent must not keep it alive for 30 s). The
 kernel may send the death signal while the dying parent's other threads still run (the worker is then the
 child of one of them for a moment: same pid, not yet orphaned), so a drain also gives up once the parent is
-really gone (seen: 1 in 5 ``kill -9`` runs drained for the full 30 s before this).
+really gone (seen: 1 in 5 ``kill -9`` runs drained for the full 30 s before this). And whatever the main
+thread is doing when the parent goes (a step still computing, a stop that blocks), the watch thread ends the
+process with ``os._exit`` :data:`ORPHAN_EXIT_S` seconds after its SIGTERM: an orphan answers nobody (CI saw a
+``kill -9``'d ``ethen up`` leave one worker running past 5 s).
 """
 
 from __future__ import annotations
@@ -41,12 +44,14 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["PARENT_DEATHSIG_ENV", "PARENT_PID_ENV", "WorkerProcess", "die_with_parent", "orphaned",
-           "spawn_worker", "worker_env"]
+__all__ = ["ORPHAN_EXIT_S", "PARENT_DEATHSIG_ENV", "PARENT_PID_ENV", "WorkerProcess", "die_with_parent",
+           "orphaned", "spawn_worker", "worker_env"]
 
 PARENT_PID_ENV = "ETHEN_PARENT_PID"
 PARENT_DEATHSIG_ENV = "ETHEN_PARENT_DEATHSIG"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+ORPHAN_EXIT_S = 2.0  # an orphan still running this long after its SIGTERM exits at once
+ORPHAN_EXIT_CODE = 128 + int(signal.SIGTERM)  # what a SIGTERM'd process reports
 _watched_parent: int | None = None  # set by die_with_parent
 
 
@@ -121,7 +126,8 @@ def _terminate_self() -> None:
 
 
 def _watch_parent(parent: int) -> None:
-    """Until stdin reaches end-of-file or the parent pid changes, then SIGTERM to this process."""
+    """Until stdin reaches end-of-file or the parent pid changes, then SIGTERM to this process, and if it is
+    still running :data:`ORPHAN_EXIT_S` later, ``os._exit`` (no cleanup is owed to a dead parent)."""
     fd = sys.stdin.fileno() if sys.stdin is not None else -1
     while os.getppid() == parent:
         if fd < 0:
@@ -134,6 +140,8 @@ def _watch_parent(parent: int) -> None:
         except (OSError, ValueError):
             fd = -1  # stdin unusable: keep watching the pid
     _terminate_self()
+    threading.Event().wait(ORPHAN_EXIT_S)
+    os._exit(ORPHAN_EXIT_CODE)
 
 
 def orphaned() -> bool:
