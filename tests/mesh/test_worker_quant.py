@@ -79,3 +79,40 @@ def test_a_bad_weights_mode_is_refused_naming_the_value(root: Path) -> None:
         capture_output=True, text=True, timeout=120, env={**os.environ, "ETHEN_WEIGHTS": "int3"})
     assert out.returncode != 0 and "READY" not in out.stdout
     assert "ETHEN_WEIGHTS = 'int3'" in out.stderr
+
+
+def _worker_run(path: Path, *extra: str,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ethen", "worker", "--node-id", "x", "--layers", "0-1", "--model", str(path),
+         *extra], capture_output=True, text=True, timeout=120, env=env or dict(os.environ))
+
+
+def test_a_bad_device_is_refused_naming_the_value(root: Path) -> None:
+    path = write_tiny_gguf(root / "device.gguf", TinySpec())
+    out = _worker_run(path, "--device", "tpu")
+    assert out.returncode == 2 and "READY" not in out.stdout
+    assert "--device 'tpu': must be one of auto, cpu, cuda" in out.stderr
+
+
+def test_device_cuda_without_a_gpu_is_refused_before_serving(root: Path) -> None:
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("a CUDA GPU is here: tests/model/test_quant_engine.py runs the cuda path")
+    path = write_tiny_gguf(root / "device.gguf", TinySpec())
+    out = _worker_run(path, "--device", "cuda", env={**os.environ, "ETHEN_WEIGHTS": ""})
+    assert out.returncode == 2 and "READY" not in out.stdout
+    assert "device 'cuda' needs onnxruntime-gpu" in out.stderr
+    out = _worker_run(path, "--device", "cuda", env={**os.environ, "ETHEN_WEIGHTS": "float32"})
+    assert out.returncode == 2 and "ETHEN_WEIGHTS = 'float32' runs on the cpu" in out.stderr
+
+
+def test_device_cpu_serves_the_quantized_layers(root: Path) -> None:
+    path = write_tiny_gguf(root / "device.gguf", TinySpec())
+    w = spawn_worker("cpu", "0-1", extra_args=["--model", str(path), "--device", "cpu"], timeout_s=120)
+    try:
+        maps = Path(f"/proc/{w.process.pid}/maps").read_text()
+        assert ".npy" not in maps  # the quantized engine, not the float32 cache
+    finally:
+        w.stop()

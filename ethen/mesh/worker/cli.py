@@ -38,13 +38,14 @@ import typer
 
 from ethen.mesh.worker.launch import orphaned
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER
+from ethen.model.engine import DEVICES
 
 if TYPE_CHECKING:
     from ethen.mesh.auth import ClientCredentials, TokenAuth
     from ethen.mesh.worker.membership import JoinSpec
     from ethen.mesh.worker.server import WorkerConfig
 
-__all__ = ["one_blas_thread", "run_worker", "worker"]
+__all__ = ["apply_device", "one_blas_thread", "run_worker", "worker"]
 
 
 def one_blas_thread() -> None:
@@ -104,6 +105,22 @@ def run_worker(config: WorkerConfig, host: str, port: int, model_path: Path | No
     service.stop()
 
 
+def apply_device(device: str | None) -> None:
+    """``--device`` into the environment the model loader reads (``$ETHEN_DEVICE``, this worker process's).
+    ``cuda`` runs the quantized engine (the float32 path is NumPy on the CPU), so it selects
+    ``ETHEN_WEIGHTS=quantized`` unless the environment asked for ``float32``, which is refused."""
+    if device is None:
+        return
+    if device not in DEVICES:
+        raise ValueError(f"--device {device!r}: must be one of {', '.join(DEVICES)}")
+    os.environ["ETHEN_DEVICE"] = device
+    if device == "cuda":
+        if os.environ.get("ETHEN_WEIGHTS", "").strip() == "float32":
+            raise ValueError(
+                "--device cuda runs the quantized engine; ETHEN_WEIGHTS = 'float32' runs on the cpu")
+        os.environ["ETHEN_WEIGHTS"] = "quantized"
+
+
 def worker(
     node_id: str = typer.Option(..., "--node-id", help="This node's id, as the router names it."),
     layers: str = typer.Option(..., "--layers", help="Served fragments, e.g. '0-9,10-19' (inclusive)."),
@@ -135,6 +152,9 @@ def worker(
         None, "--ca-file", help="CA of the registry's and the peer workers' certificates (TLS join, chain)."),
     drain_timeout: float = typer.Option(
         30.0, "--drain-timeout", help="SIGTERM: seconds to let open sessions finish."),
+    device: str = typer.Option(
+        None, "--device", help="Compute device: auto (cuda when onnxruntime-gpu sees a GPU, else cpu), "
+        "cpu or cuda (the quantized engine; default: $ETHEN_DEVICE, else auto)."),
 ) -> None:
     """Serve fragments of the model's layers to the mesh over gRPC."""
     from ethen.mesh.worker.launch import die_with_parent
@@ -153,6 +173,11 @@ def worker(
                               max_sessions_per_caller=max_sessions_per_caller)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
+    try:
+        apply_device(device)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise typer.Exit(2) from None
     from ethen.mesh.auth import ClientCredentials, CredentialsError
     from ethen.mesh.worker.membership import credentials_of
 
