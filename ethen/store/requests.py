@@ -318,8 +318,8 @@ def _storable_json(v: Any) -> Any:
 
 def _json_text(v: Any) -> str:
     """``v``'s JSON text (ASCII: ``json.dumps`` escapes the rest), re-encoded from a :func:`storable` copy
-    when it holds ``\\u0000`` or a ``\\ud800``-``\\udfff`` escape (a surrogate: a lone one, or a pair of an astral
-    character, which the copy keeps as it is)."""
+    when it holds ``\\u0000`` or a ``\\ud800``-``\\udfff`` escape (a surrogate: a lone one, or a pair of an
+    astral character, which the copy keeps as it is)."""
     t = _dumps(v)
     if "\\u0000" in t or "\\ud" in t:
         t = _dumps(_storable_json(v))
