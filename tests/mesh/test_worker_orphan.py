@@ -37,6 +37,13 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _gone(pid)
+
+
 def _orphan_once() -> None:
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     try:
@@ -52,10 +59,8 @@ def _orphan_once() -> None:
             assert stub.Health(mesh_pb2.HealthRequest(), timeout=5).active_sessions == 1
         parent.kill()
         parent.wait(timeout=10)
-        deadline = time.monotonic() + 8.0  # a drain would hold it for --drain-timeout (30 s)
-        while not _gone(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _gone(pid), "the orphaned worker is still running (draining a session nobody will finish?)"
+        # a drain would hold it for --drain-timeout (30 s)
+        assert _gone_within(pid, 8.0), "the orphan still runs (draining a session nobody will finish?)"
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -100,10 +105,8 @@ def test_an_orphan_whose_main_thread_is_stuck_still_exits() -> None:
         assert not _gone(pid)
         parent.kill()
         parent.wait(timeout=10)
-        deadline = time.monotonic() + ORPHAN_EXIT_S + 4.0  # stdin EOF at once (pid poll: 1 s) + the grace
-        while not _gone(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _gone(pid), "an orphan whose main thread ignores SIGTERM is still running"
+        # stdin's end-of-file at once (the pid poll: 1 s), then the grace
+        assert _gone_within(pid, ORPHAN_EXIT_S + 4.0), "an orphan ignoring SIGTERM still runs"
     finally:
         if parent.poll() is None:
             parent.kill()
