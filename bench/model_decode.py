@@ -178,10 +178,12 @@ def _llama_cpp(path: Path, threads: int, steps: int) -> tuple[float, float]:
 
 def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int) -> tuple[float, float, int, int]:
     from ethen.model.engine import Engine
-    from ethen.model.qmodel import QuantLayer, load_quant_layer_stack
+    from ethen.model.model import LayerStack
+    from ethen.model.qmodel import QuantLayer, load_quant_layers
 
-    store = open_weight_store(path)
-    stack = load_quant_layer_stack(0, store.config.n_layers - 1, path, Engine("cpu", threads, accuracy))
+    store = open_weight_store(path, weights="quantized")
+    stack = LayerStack(store.config, load_quant_layers([(0, store.config.n_layers - 1)], store,
+                                                       Engine("cpu", threads, accuracy))[0])
     layers = [w for w in stack.layers if isinstance(w, QuantLayer)]
     x = np.random.default_rng(0).standard_normal((LONG_PREFILL, store.config.d_model)).astype(np.float32)
     kv = stack.new_kv_cache()

@@ -28,10 +28,17 @@ from ethen.model.generate import (
     generate_stream,
     model_step,
 )
-from ethen.model.gguf_loader import LayerWeights, WeightStore, find_gguf_path, open_weight_store
+from ethen.model.gguf_loader import (
+    LayerWeights,
+    WeightStore,
+    find_gguf_path,
+    open_weight_store,
+    weights_mode,
+)
 from ethen.model.kv_cache import KVCache
 from ethen.model.model import (
     EmbedAndHead,
+    Ends,
     LayerStack,
     Model,
     load_embed_and_head,
@@ -46,6 +53,7 @@ from ethen.model.tokenizer import Tokenizer
 __all__ = [
     "ChatTemplate",
     "EmbedAndHead",
+    "Ends",
     "GGUFFormatError",
     "GenerationChunk",
     "GenerationResult",
@@ -77,4 +85,5 @@ __all__ = [
     "open_weight_store",
     "parse_layer_ranges",
     "sample_token",
+    "weights_mode",
 ]

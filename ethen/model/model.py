@@ -20,24 +20,24 @@ Choices where the issue is silent:
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ethen.model.chat_template import ChatTemplate
 from ethen.model.config import ModelConfig
+from ethen.model.engine import Engine
 from ethen.model.errors import ModelInputError
-from ethen.model.gguf_loader import LayerWeights, WeightStore, open_weight_store
+from ethen.model.gguf_loader import LayerWeights, WeightStore, open_weight_store, weights_mode
 from ethen.model.kv_cache import DEFAULT_INITIAL_CAPACITY, KVCache
 from ethen.model.layers import AttentionSegment, block, linear, rms_norm, rope_tables
-from ethen.model.qmodel import QuantLayer, quant_block
+from ethen.model.qmodel import QuantEmbedAndHead, QuantLayer, load_quant_layers, quant_block
 from ethen.model.tokenizer import Tokenizer
 
 __all__ = [
     "EmbedAndHead",
+    "Ends",
     "LayerStack",
     "Model",
     "load_embed_and_head",
@@ -223,10 +223,14 @@ class EmbedAndHead:
         return linear(h, self.output_head_t, self.output_head)  # [N, V] (N > 1: a view of [V, N])
 
 
+#: The orchestrator's ends, float32 or over the GGUF's blocks (the same ``embed`` / ``logits``).
+Ends = EmbedAndHead | QuantEmbedAndHead
+
+
 class Model:
     """The whole model in one process: the single-process reference for generation and benchmarks."""
 
-    def __init__(self, config: ModelConfig, ends: EmbedAndHead, stack: LayerStack, tokenizer: Tokenizer,
+    def __init__(self, config: ModelConfig, ends: Ends, stack: LayerStack, tokenizer: Tokenizer,
                  chat_template: ChatTemplate) -> None:
         if (stack.start, stack.end) != (0, config.n_layers - 1):
             raise ModelInputError(f"Model needs layers 0-{config.n_layers - 1}, got {stack!r}")
@@ -267,37 +271,32 @@ def load_layer_stack(start: int, end: int, store: WeightStore | None = None) -> 
     return LayerStack(s.config, [s.load_layer(i) for i in range(start, end + 1)])
 
 
-def load_layer_stacks(ranges: str | Sequence[tuple[int, int]],
-                      store: WeightStore | None = None) -> list[LayerStack]:
+def load_layer_stacks(ranges: str | Sequence[tuple[int, int]], store: WeightStore | None = None,
+                      engine: Engine | None = None) -> list[LayerStack]:
     """One stack per fragment, e.g. ``"0-9,10-19"`` or ``[(0, 9), (10, 19)]``.
 
-    ``$ETHEN_WEIGHTS=quantized`` keeps the weights in the GGUF's blocks (:mod:`ethen.model.qmodel`, on
-    ``$ETHEN_DEVICE``, default ``auto``; ``$ETHEN_ACCURACY=fast`` for int8 activations, default exact);
-    ``float32`` (the default for now) maps the float32 cache."""
+    ``$ETHEN_WEIGHTS`` (:func:`~ethen.model.gguf_loader.weights_mode`): ``quantized`` (the default) keeps
+    the weights in the GGUF's blocks (:mod:`ethen.model.qmodel`, on ``engine``, default from
+    ``$ETHEN_DEVICE`` / ``$ETHEN_ACCURACY``); ``float32`` maps the float32 cache."""
     s = _store(store)
     pairs = parse_layer_ranges(ranges) if isinstance(ranges, str) else list(ranges)
     if weights_mode() == "quantized":
-        from ethen.model.qmodel import load_quant_layer_stacks
-
-        return load_quant_layer_stacks(pairs, Path(s.meta["gguf_path"]), s.config)
+        return [LayerStack(s.config, layers) for layers in load_quant_layers(pairs, s, engine)]
     return [load_layer_stack(lo, hi, s) for lo, hi in pairs]
 
 
-def weights_mode() -> str:
-    """``$ETHEN_WEIGHTS``: ``float32`` (default) or ``quantized``; anything else names the value."""
-    mode = os.environ.get("ETHEN_WEIGHTS", "").strip() or "float32"
-    if mode not in ("float32", "quantized"):
-        raise ModelInputError(f"ETHEN_WEIGHTS = {mode!r}: must be 'float32' or 'quantized'")
-    return mode
-
-
-def load_embed_and_head(store: WeightStore | None = None) -> EmbedAndHead:
+def load_embed_and_head(store: WeightStore | None = None, engine: Engine | None = None) -> Ends:
+    """The orchestrator's ends: over the GGUF's blocks (``quantized``, the default: the tied head is not
+    copied) or the float32 cache (``$ETHEN_WEIGHTS=float32``)."""
     s = _store(store)
+    if weights_mode() == "quantized":
+        return QuantEmbedAndHead(s, engine)
     return EmbedAndHead(s.config, s.load_token_embeddings(), s.load_output_norm(), s.load_output_head(),
                         s.load_output_head_t())
 
 
-def load_model(store: WeightStore | None = None) -> Model:
+def load_model(store: WeightStore | None = None, engine: Engine | None = None) -> Model:
+    """The whole model in one process, in the weights :func:`~ethen.model.gguf_loader.weights_mode` names."""
     s = _store(store)
-    return Model(s.config, load_embed_and_head(s), load_layer_stack(0, s.config.n_layers - 1, s),
-                 s.load_tokenizer(), s.load_chat_template())
+    stack = load_layer_stacks([(0, s.config.n_layers - 1)], s, engine)[0]
+    return Model(s.config, load_embed_and_head(s, engine), stack, s.load_tokenizer(), s.load_chat_template())

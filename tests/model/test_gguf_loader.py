@@ -48,7 +48,7 @@ def test_missing_gguf_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_cold_build_matches_and_is_reused(tmp_path: Path, store: WeightStore) -> None:
     """Two concurrent openers build the cache once (flock + atomic rename); a later open reuses it."""
     gguf = find_gguf_path()
-    stale = tmp_path / store.directory.name
+    stale = tmp_path / gguf_loader._cache_key(gguf, "float32")
     stale.mkdir()  # an incomplete directory left by a crash: rebuilt, not trusted
     (stale / "junk.npy").write_bytes(b"x")
     results: list[WeightStore] = []
@@ -56,7 +56,7 @@ def test_cold_build_matches_and_is_reused(tmp_path: Path, store: WeightStore) ->
 
     def opener() -> None:
         try:
-            results.append(open_weight_store(gguf, cache_root=tmp_path))
+            results.append(open_weight_store(gguf, cache_root=tmp_path, weights="float32"))
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -151,3 +151,28 @@ def test_a_new_build_prunes_older_caches_of_the_same_gguf(tmp_path: Path) -> Non
     assert olds[0].name not in kept and olds[1].name not in kept
     assert olds[0].name + ".lock" not in kept and olds[2].name + ".lock" in kept
     assert building.name in kept and other.name in kept
+
+
+def test_the_default_cache_holds_metadata_and_no_float32_weights(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24: ``ETHEN_WEIGHTS=quantized`` writes meta.json + tokenizer.json only, with the tensor
+    table the quantized loader maps the GGUF by; asking it for a float32 tensor builds the float32 cache."""
+    from gguf import GGUFReader
+
+    monkeypatch.setenv("ETHEN_WEIGHTS", "quantized")
+    gguf = write_tiny_gguf(tmp_path / "m.gguf", TinySpec(n_layers=2))
+    store = open_weight_store(gguf, cache_root=tmp_path / "cache")
+    assert store.weights == "quantized" and store.directory.name.endswith(f"-m{CACHE_FORMAT}")
+    assert sorted(p.name for p in store.directory.iterdir()) == ["meta.json", "tokenizer.json"]
+    reader = GGUFReader(str(gguf))
+    assert {t.name: (t.tensor_type.name, int(t.data_offset), int(t.n_bytes)) for t in reader.tensors} == {
+        n: (t.kind, t.offset, t.nbytes) for n, t in store.tensors.items()}
+    assert store.load_tokenizer().encode("hello") and store.config.n_layers == 2
+    assert not list((tmp_path / "cache").glob(f"*-v{CACHE_FORMAT}"))
+    w = store.load_layer(1)  # the float32 path, asked for explicitly: built now, once
+    assert w.wqkv.dtype == np.float32 and store.weights == "float32"
+    assert len(list((tmp_path / "cache").glob(f"*-v{CACHE_FORMAT}"))) == 1
+    assert store.directory.name.endswith(f"-v{CACHE_FORMAT}")
+    monkeypatch.setenv("ETHEN_WEIGHTS", "int3")
+    with pytest.raises(ModelInputError, match="ETHEN_WEIGHTS = 'int3'"):
+        open_weight_store(gguf, cache_root=tmp_path / "cache")

@@ -22,6 +22,8 @@ Choices where the issue is silent:
   split over 2 threads, 1 row 6.5 / 4.0 ms, 2 rows 11.7 / 12.8, 4 rows 13.5 / 9.1, 8 rows 16.2 / 10.2;
   before the 2+ row head went over ``head [V, d]`` (``h @ head_t``) it took 38-46 ms unsplit at 2-8 rows.
 - ``threads = 1`` is the unsplit head (``Orchestrator(head_threads=1)``); the default is 2.
+- Ends over the GGUF's blocks (:class:`~ethen.model.qmodel.QuantEmbedAndHead`, the default weights) are
+  one engine graph whose session runs on the engine's own intra-op threads: called as they are.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import numpy.typing as npt
 
 from ethen.model.errors import ModelInputError
 from ethen.model.layers import ROW_BLOCK, SMALL_BATCH_ROWS, rms_norm
-from ethen.model.model import EmbedAndHead
+from ethen.model.model import EmbedAndHead, Ends
 
 __all__ = ["SplitHead"]
 
@@ -56,11 +58,15 @@ def _rows(head: F32, ht: F32, out_t: F32, a: int, b: int, step: int) -> None:
 class SplitHead:
     """``hidden[N, d]`` -> ``logits[N, V]``: :meth:`EmbedAndHead.logits` with its matmul split by columns."""
 
-    def __init__(self, ends: EmbedAndHead, threads: int = 2) -> None:
+    def __init__(self, ends: Ends, threads: int = 2) -> None:
         if threads < 1:
             raise ValueError(f"head_threads = {threads!r}: must be >= 1")
         self.ends = ends
         self.threads = threads
+        if not isinstance(ends, EmbedAndHead):  # one engine graph (its own threads): called as it is
+            self._pool, self.split = None, False
+            return
+        self._float32: EmbedAndHead = ends
         d, vocab = ends.output_head_t.shape
         self._d, self._vocab = int(d), int(vocab)
         step = -(-self._vocab // threads // _ALIGN) * _ALIGN
@@ -78,14 +84,15 @@ class SplitHead:
                 or hidden.shape[1] != self._d:
             shape = list(hidden.shape) if isinstance(hidden, np.ndarray) else type(hidden).__name__
             raise ModelInputError(f"hidden must be float32 [N, {self._d}], got {shape}")
-        h = rms_norm(hidden, self.ends.output_norm, self._eps)  # [N, d]
+        ends = self._float32
+        h = rms_norm(hidden, ends.output_norm, self._eps)  # [N, d]
         if h.shape[0] == 1:  # a gemv over head_t [d, V], columns a:b per thread
-            w = self.ends.output_head_t
+            w = ends.output_head_t
             out: F32 = np.empty((1, self._vocab), dtype=np.float32)  # [1, V]
             self._run([functools.partial(np.matmul, h, w[:, a:b], out=out[:, a:b]) for a, b in self._parts])
             return out
         # 2+ rows: what ``linear`` does over head [V, d], vocabulary rows a:b per thread
-        head, ht = self.ends.output_head, h.T  # [V, d], [d, N]
+        head, ht = ends.output_head, h.T  # [V, d], [d, N]
         out_t: F32 = np.empty((self._vocab, h.shape[0]), dtype=np.float32)  # [V, N]
         step = ROW_BLOCK if h.shape[0] <= SMALL_BATCH_ROWS else self._vocab
         self._run([functools.partial(_rows, head, ht, out_t, a, b, step) for a, b in self._parts])

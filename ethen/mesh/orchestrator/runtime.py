@@ -49,7 +49,8 @@ from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS
 from ethen.model.chat_template import ChatTemplate
 from ethen.model.generate import GenerationChunk, GenerationResult, generate_stream
 from ethen.model.gguf_loader import WeightStore, open_weight_store
-from ethen.model.model import EmbedAndHead, load_embed_and_head
+from ethen.model.model import Ends, load_embed_and_head
+from ethen.model.qmodel import engine_from_env
 from ethen.model.sampling import SamplingParams
 from ethen.model.tokenizer import Tokenizer
 
@@ -152,7 +153,7 @@ class Orchestrator:
     def __init__(
         self,
         workers: Mapping[str, str],
-        ends: EmbedAndHead,
+        ends: Ends,
         tokenizer: Tokenizer,
         chat_template: ChatTemplate,
         weights: RouteWeights | None = None,
@@ -208,7 +209,9 @@ class Orchestrator:
     def load(cls, workers: Mapping[str, str], store: WeightStore | None = None,
              **kwargs: Any) -> Orchestrator:
         s = store if store is not None else open_weight_store()
-        orch = cls(workers, load_embed_and_head(s), s.load_tokenizer(), s.load_chat_template(), **kwargs)
+        engine = engine_from_env(threads=int(kwargs.get("head_threads", 2)))  # the head's threads
+        orch = cls(workers, load_embed_and_head(s, engine), s.load_tokenizer(), s.load_chat_template(),
+                   **kwargs)
         path = s.meta.get("gguf_path")
         if path:  # issue 24: route only to workers that loaded this file (ethen.mesh.model_id)
             from ethen.mesh.model_id import model_fingerprint
