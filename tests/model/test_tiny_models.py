@@ -93,7 +93,8 @@ def test_split_greedy_output_equals_single_process(tiny_models: dict[str, Tiny],
     assert split.token_ids == single.token_ids and len(single.token_ids) >= 1
 
 
-def test_a_split_stack_maps_only_its_layers(tiny_models: dict[str, Tiny], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_split_stack_maps_only_its_layers(tiny_models: dict[str, Tiny],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ETHEN_WEIGHTS", "float32")
     store = tiny_models["qwen2"].store
     (stack,) = load_layer_stacks("1-2", store)
