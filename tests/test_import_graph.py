@@ -1,0 +1,327 @@
+"""The import graph of ``ethen`` (read with stdlib ``ast``, every import: module-level, function-level and
+``if TYPE_CHECKING``): no circle between modules, no upward import between packages, and no function-level
+import except the few listed below with their reason.
+
+The allowed direction is written once, in ``LAYERS``: a module may import its own package and any package
+in a LATER layer, never one in an earlier layer. Known violations still being removed are listed in the
+``KNOWN_*`` sets; the test also fails when a listed violation is gone, so the lists only ever shrink."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "ethen"
+
+# The layer rule, top to bottom: entry points -> admin -> gateway -> mesh -> store / model. A module imports
+# only its own layer and the layers below it. A prefix names a package (or a single module); the longest
+# prefix that matches a module decides its layer. store and model are one layer but do not import each other.
+LAYERS: list[list[str]] = [
+    ["ethen", "ethen.__main__", "ethen.cli", "ethen.up", "ethen.up_banner", "ethen.serve"],
+    ["ethen.admin"],
+    ["ethen.gateway"],
+    ["ethen.mesh"],
+    ["ethen.store", "ethen.model"],
+]
+
+# Function-level imports that stay, each with its one-line reason: (importer, imported) -> reason.
+_CLI = "start-up: `ethen --help` and the light sub-commands import only the command they run"
+_WEIGHTS = "start-up: a heavy import (~0.5-1 s) paid only by the code path that reads/builds weights"
+LAZY_ALLOWED: dict[tuple[str, str], str] = {
+    ("ethen.cli", "ethen.admin.cli"): _CLI,
+    ("ethen.cli", "ethen.gateway.cli"): _CLI,
+    ("ethen.cli", "ethen.mesh.cli"): _CLI,
+    ("ethen.cli", "ethen.mesh.worker.cli"): _CLI,
+    ("ethen.cli", "ethen.up"): _CLI,
+    ("ethen.gateway.catalog.loader", "genai_prices"): "start-up: price snapshot parsed on a fallback only",
+    ("ethen.gateway.tracing", "opentelemetry"): "optional: the OTLP exporter, only with [otel] endpoint",
+    ("ethen.model.engine", "onnx"): _WEIGHTS,
+    ("ethen.model.engine", "onnxruntime"): _WEIGHTS,
+    ("ethen.model.gguf_loader", "gguf"): _WEIGHTS,
+    ("ethen.model.gguf_loader", "tokenizers"): _WEIGHTS,
+    ("ethen.model.qmodel", "gguf"): _WEIGHTS,
+    ("ethen.model.tiny_gguf", "gguf"): _WEIGHTS,
+}
+
+# Violations that exist today and are being removed (the lists must end empty).
+KNOWN_CYCLES: set[frozenset[str]] = {
+    frozenset({
+        "ethen.admin.http",
+        "ethen.admin.sessions",
+        "ethen.gateway.app",
+        "ethen.gateway.completions",
+        "ethen.gateway.dashboard",
+        "ethen.gateway.embeddings",
+        "ethen.gateway.execute",
+        "ethen.gateway.metrics",
+        "ethen.gateway.observe",
+        "ethen.gateway.pipeline",
+        "ethen.gateway.ratelimit",
+        "ethen.gateway.relay",
+        "ethen.gateway.requestlog",
+        "ethen.gateway.responses_http",
+        "ethen.gateway.shared",
+        "ethen.gateway.tracing",
+        "ethen.up",
+    }),
+    frozenset({
+        "ethen.gateway.accounts",
+        "ethen.gateway.hold",
+    }),
+    frozenset({
+        "ethen.mesh.worker.chain",
+        "ethen.mesh.worker.server",
+    }),
+}
+KNOWN_UPWARD: set[tuple[str, str]] = {
+    ("ethen.admin.cli", "ethen.up"),
+    ("ethen.admin.sessions", "ethen.up"),
+    ("ethen.gateway.app", "ethen.admin.http"),
+    ("ethen.gateway.app", "ethen.admin.sessions"),
+    ("ethen.gateway.dashboard", "ethen.admin.sessions"),
+    ("ethen.gateway.observe", "ethen.admin.http"),
+    ("ethen.gateway.observe", "ethen.admin.sessions"),
+    ("ethen.store.store", "ethen.gateway.routing"),
+}
+KNOWN_LAZY: set[tuple[str, str]] = {
+    ("ethen.admin.certify", "ethen.gateway.app"),
+    ("ethen.admin.cli", "ethen.admin.certify"),
+    ("ethen.admin.cli", "ethen.gateway.config"),
+    ("ethen.admin.cli", "ethen.store"),
+    ("ethen.admin.cli", "ethen.store.requests"),
+    ("ethen.admin.cli", "ethen.up"),
+    ("ethen.admin.sessions", "ethen.up"),
+    ("ethen.gateway.cli", "ethen.gateway.app"),
+    ("ethen.gateway.cli", "ethen.gateway.auth"),
+    ("ethen.gateway.cli", "ethen.gateway.catalog"),
+    ("ethen.gateway.cli", "ethen.gateway.config"),
+    ("ethen.gateway.cli", "ethen.gateway.logformat"),
+    ("ethen.gateway.cli", "ethen.gateway.serve"),
+    ("ethen.gateway.cli", "ethen.mesh.worker.launch"),
+    ("ethen.gateway.cli", "socket"),
+    ("ethen.gateway.config.schema", "ethen.mesh.auth"),
+    ("ethen.gateway.logformat", "uvicorn"),
+    ("ethen.gateway.observe_data", "ethen.gateway.providers.mesh"),
+    ("ethen.gateway.providers", "ethen.gateway.config"),
+    ("ethen.gateway.providers", "ethen.gateway.providers.mesh"),
+    ("ethen.gateway.requestlog", "ethen.gateway.pipeline"),
+    ("ethen.gateway.serve", "ethen.mesh.worker.launch"),
+    ("ethen.mesh.cli", "ethen.mesh.certs"),
+    ("ethen.mesh.orchestrator.runtime", "ethen.mesh.model_id"),
+    ("ethen.mesh.orchestrator.runtime", "logging"),
+    ("ethen.mesh.worker.chain", "ethen.mesh.worker.server"),
+    ("ethen.mesh.worker.cli", "ethen.mesh.auth"),
+    ("ethen.mesh.worker.cli", "ethen.mesh.model_id"),
+    ("ethen.mesh.worker.cli", "ethen.mesh.worker.backend"),
+    ("ethen.mesh.worker.cli", "ethen.mesh.worker.launch"),
+    ("ethen.mesh.worker.cli", "ethen.mesh.worker.membership"),
+    ("ethen.mesh.worker.cli", "ethen.mesh.worker.server"),
+    ("ethen.mesh.worker.cli", "ethen.model"),
+    ("ethen.mesh.worker.cli", "ethen.model.errors"),
+    ("ethen.mesh.worker.cli", "ethen.model.gguf_loader"),
+    ("ethen.mesh.worker.cli", "ethen.model.model"),
+    ("ethen.up", "ethen.gateway.app"),
+    ("ethen.up", "ethen.gateway.auth"),
+    ("ethen.up", "ethen.gateway.catalog"),
+    ("ethen.up", "ethen.gateway.config"),
+    ("ethen.up", "ethen.gateway.errors"),
+    ("ethen.up", "ethen.gateway.logformat"),
+    ("ethen.up", "ethen.gateway.providers.mesh"),
+    ("ethen.up", "ethen.gateway.serve"),
+    ("ethen.up", "ethen.mesh.auth"),
+    ("ethen.up", "ethen.mesh.orchestrator.planning"),
+    ("ethen.up", "ethen.mesh.routing"),
+    ("ethen.up", "ethen.mesh.worker.cli"),
+    ("ethen.up", "ethen.mesh.worker.server"),
+    ("ethen.up", "ethen.mesh.worker.supervisor"),
+    ("ethen.up", "ethen.model.errors"),
+    ("ethen.up", "ethen.model.gguf_loader"),
+    ("ethen.up", "ethen.up_banner"),
+    ("ethen.up", "rich"),
+    ("ethen.up", "tomli_w"),
+}
+
+
+@dataclass(frozen=True)
+class Edge:
+    importer: str
+    imported: str
+    lazy: bool  # inside a function body
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _resolve(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = importer.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _walk(tree: ast.AST, in_function: bool = False) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+    for child in ast.iter_child_nodes(tree):
+        if isinstance(child, ast.Import | ast.ImportFrom):
+            yield child, in_function
+        inner = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+        yield from _walk(child, inner)
+
+
+def _edges() -> list[Edge]:
+    modules = _modules()
+    edges: list[Edge] = []
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node, lazy in _walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = _resolve(name, is_package, node)
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    targets.append(sub if sub in modules else base)
+            for target in targets:
+                # the longest known module the name starts with (``import a.b.c`` where c is an attribute)
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    edges.append(Edge(name, target, lazy))
+    return edges
+
+
+def _layer(module: str) -> tuple[int, str]:
+    best = (-1, "", -1)
+    for rank, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best[2]:
+                best = (rank, prefix, len(prefix))
+    assert best[0] >= 0, f"{module} is in no layer of LAYERS"
+    return best[0], best[1]
+
+
+def _cycles(edges: list[Edge]) -> set[frozenset[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        graph.setdefault(e.importer, set()).add(e.imported)
+        graph.setdefault(e.imported, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: set[frozenset[str]] = set()
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, it = work[-1]
+            advanced = False
+            for nxt in it:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    advanced = True
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp: set[str] = set()
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    comp.add(top)
+                    if top == node:
+                        break
+                if len(comp) > 1:
+                    out.add(frozenset(comp))
+    return out
+
+
+def _upward(edges: list[Edge]) -> set[tuple[str, str]]:
+    out: set[tuple[str, str]] = set()
+    for e in edges:
+        (rank_from, pkg_from), (rank_to, pkg_to) = _layer(e.importer), _layer(e.imported)
+        if rank_to < rank_from or (rank_to == rank_from and pkg_from != pkg_to and rank_from > 0):
+            out.add((e.importer, e.imported))
+    return out
+
+
+def _lazy_imports() -> set[tuple[str, str]]:
+    """(importer, imported) for every import inside a function: an ``ethen`` module, or the top-level
+    package of anything else (``gguf``, ``onnx``, ``socket``)."""
+    modules = _modules()
+    out: set[tuple[str, str]] = set()
+    for edge in _edges():
+        if edge.lazy:
+            out.add((edge.importer, edge.imported))
+    for name, path in modules.items():
+        for node, lazy in _walk(ast.parse(path.read_text(), str(path))):
+            if not lazy:
+                continue
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                names = [_resolve(name, path.name == "__init__.py", node)]
+            out.update((name, n.split(".")[0]) for n in names if n.split(".")[0] != "ethen")
+    return out
+
+
+def test_the_walk_sees_the_package() -> None:
+    edges = _edges()
+    assert len(_modules()) > 100 and len(edges) > 300
+    assert Edge("ethen.cli", "ethen.up", False) in edges or any(e.importer == "ethen.cli" for e in edges)
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    edges = [Edge("a", "b", False), Edge("b", "c", False), Edge("c", "a", True), Edge("c", "d", False)]
+    assert _cycles(edges) == {frozenset({"a", "b", "c"})}
+
+
+def test_no_import_circles() -> None:
+    found = _cycles(_edges())
+    new = {tuple(sorted(c)) for c in found - KNOWN_CYCLES}
+    gone = {tuple(sorted(c)) for c in KNOWN_CYCLES - found}
+    assert not new, f"import circles: {sorted(new)}"
+    assert not gone, f"fixed circles still listed in KNOWN_CYCLES: {sorted(gone)}"
+
+
+def test_imports_only_run_down_the_layers() -> None:
+    found = _upward(_edges())
+    assert not found - KNOWN_UPWARD, f"upward imports (see LAYERS): {sorted(found - KNOWN_UPWARD)}"
+    assert not KNOWN_UPWARD - found, f"fixed, still listed in KNOWN_UPWARD: {sorted(KNOWN_UPWARD - found)}"
+
+
+def test_function_level_imports_are_only_the_allowed_ones() -> None:
+    found = _lazy_imports()
+    allowed = set(LAZY_ALLOWED) | KNOWN_LAZY
+    assert not found - allowed, f"function-level imports: {sorted(found - allowed)}"
+    assert not allowed - found, f"listed but gone: {sorted(allowed - found)}"
+    assert all(reason.strip() for reason in LAZY_ALLOWED.values())
