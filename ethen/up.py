@@ -77,6 +77,8 @@ from typing import Any
 
 import typer
 
+from ethen.paths import data_dir, default_store_url, up_config_path
+
 __all__ = [
     "DEFAULT_LAYOUT",
     "admin_key",
@@ -103,24 +105,6 @@ DEFAULT_LAYOUT: tuple[tuple[str, str, float], ...] = (
     ("laptop", "10-19,20-29", 3.0),
 )
 MODEL = "smollm2-135m-instruct"
-
-
-def data_dir() -> Path:
-    env = os.environ.get("ETHEN_DATA_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_DATA_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "ethen"
-
-
-def default_store_url() -> str:
-    """The embedded store of ``ethen up``: SQLite in the data directory."""
-    return f"sqlite:///{(data_dir() / 'ethen.db').resolve()}"
-
-
-def up_config_path() -> Path:
-    """Where ``ethen up`` writes the gateway config it serves."""
-    return data_dir() / "up-gateway.toml"
 
 
 def _secret(env_var: str, filename: str, prefix: str) -> tuple[str, str]:

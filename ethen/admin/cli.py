@@ -4,7 +4,7 @@ from a shell.
 The database comes from ``--db URL``, else ``$ETHEN_DATABASE_URL``, else the ``[store]`` section of
 ``--config FILE``, else the store of ``ethen up``: the ``[store]`` of the config it last wrote
 (``<data dir>/up-gateway.toml``), else its embedded SQLite file ``<data dir>/ethen.db`` (created if need be;
-the data dir is ``$ETHEN_DATA_DIR``, see :mod:`ethen.up`). So with ``ethen up`` running, every command here
+the data dir is ``$ETHEN_DATA_DIR``, see :mod:`ethen.paths`). So with ``ethen up`` running, every command here
 works without flags and acts on the store that gateway serves. ``ethen certify`` probes through the providers
 of ``--config``, else of ``ethen up``'s config. ``keys create`` prints the new key alone on stdout (so
 ``KEY=$(ethen keys create ...)`` works) and its public data on stderr; the key is not shown again. Without
@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import typer
 
 from ethen.gateway.errors import GatewayError
+from ethen.paths import default_store_url, up_config_path
 from ethen.store import UNSET, Store, StoreConflictError, StoreError, StoreNotFoundError
 from ethen.store.store import MAX_RATE
 
@@ -77,8 +78,6 @@ def _url(db: str | None, config: Path | None) -> str:
         if url:
             return url
         raise _fail(f"{config}: no [store] section")
-    from ethen.up import default_store_url, up_config_path
-
     written = up_config_path()
     if written.is_file():  # ethen up's config: its [store] (the embedded one unless the user gave one)
         try:
@@ -334,8 +333,6 @@ def certify_command(
     except ValueError as exc:
         raise _fail(f"--valid-for: {exc}") from None
     if config is None:
-        from ethen.up import up_config_path
-
         config = up_config_path()
         if not config.is_file():
             raise _fail(f"no config: pass --config FILE (or run `ethen up`, which writes {config})")

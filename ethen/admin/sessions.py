@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
+from ethen.paths import data_dir as default_data_dir
 from ethen.store import StoreError
 
 if TYPE_CHECKING:
@@ -137,7 +138,7 @@ class AdminAuth:
 
     # -- life cycle ------------------------------------------------------------------------------------
     async def start(self, store: Store | None, data_dir: Path | None = None) -> None:
-        """Take the shared secret: the store's, else the data directory's (``ethen.up.data_dir()`` unless
+        """Take the shared secret: the store's, else the data directory's (``ethen.paths.data_dir()`` unless
         given); with a store, also follow the sign-outs other instances record."""
         if store is not None:
             try:
@@ -150,9 +151,7 @@ class AdminAuth:
             self._poller = asyncio.create_task(self._poll())
             return
         if data_dir is None:
-            from ethen.up import data_dir as default_dir
-
-            data_dir = default_dir()
+            data_dir = default_data_dir()
         try:
             self._key = self._derive(await asyncio.to_thread(file_secret, data_dir))
         except (OSError, ValueError) as exc:

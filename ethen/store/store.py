@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy import Row, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ethen.gateway.routing import ALIASES
+from ethen.aliases import ALIAS_NAMES
 
 from . import schema as s
 from ._common import budget_nano, now_utc, utc
@@ -81,8 +81,8 @@ def _window(value: str) -> Window:
 
 
 def _alias(value: str | None) -> str | None:
-    if value is not None and value not in ALIASES:
-        raise StoreInvalidError(f"default_alias = {value!r}: unknown alias (known: {sorted(ALIASES)})")
+    if value is not None and value not in ALIAS_NAMES:
+        raise StoreInvalidError(f"default_alias = {value!r}: unknown alias (known: {sorted(ALIAS_NAMES)})")
     return value
 
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ethen.aliases import ALIAS_NAMES
 from ethen.gateway.errors import (
     HTTP_STATUS,
     GatewayConfigError,
@@ -62,6 +63,7 @@ def test_eight_aliases_with_versioned_profiles() -> None:
         "ethen/auto", "ethen/fast", "ethen/best", "ethen/cheap",
         "ethen/reasoning", "ethen/coding", "ethen/vision", "ethen/long-context",
     }
+    assert tuple(ALIASES) == ALIAS_NAMES  # the leaf module the store checks default_alias against
     assert POLICY_VERSION == "ethen.routing-policy.v1"
     for profile in ALIASES.values():
         assert sum(profile.weights) == pytest.approx(1.0)

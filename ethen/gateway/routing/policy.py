@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
+from ethen.aliases import ALIAS_NAMES, AUTO_ALIAS
+
 __all__ = [
     "ALIASES",
     "AUTO_ALIAS",
@@ -154,7 +156,7 @@ ALIASES: Final = MappingProxyType(
     }
 )
 
-AUTO_ALIAS: Final = "ethen/auto"
+assert tuple(ALIASES) == ALIAS_NAMES, "ethen.aliases.ALIAS_NAMES names the profiles, in order"
 #: Profile used for a concrete model id: the ``ethen/auto`` weights, no alias gate.
 CONCRETE_PROFILE: Final = ALIASES[AUTO_ALIAS]
 
