@@ -50,10 +50,8 @@ import contextlib
 import gc
 import logging
 import re
-import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from starlette.applications import Starlette
@@ -64,17 +62,12 @@ from starlette.routing import Route
 
 from ethen.admin.http import admin_routes, request_routes
 from ethen.admin.sessions import AdminAuth
-from ethen.gateway.accounts import Accounts, Hold, accounts_for
-from ethen.gateway.auth import KeyRing
+from ethen.gateway.accounts import Hold, accounts_for
 from ethen.gateway.body import MAX_BODY_BYTES, parse_body, read_body, stream_options
 from ethen.gateway.catalog import Catalog
-from ethen.gateway.circuit import CircuitBoard
 from ethen.gateway.completions import completions_endpoint
 from ethen.gateway.config import (
     GatewayConfig,
-    build_canaries,
-    build_policy,
-    build_pool,
 )
 from ethen.gateway.dashboard import favicon_route, gateway_health, ui_routes
 from ethen.gateway.embeddings import embedding_routes, embeddings_endpoint
@@ -82,21 +75,19 @@ from ethen.gateway.errors import (
     GatewayError,
     http_status,
 )
-from ethen.gateway.execute import Attempt, BufferedRun, Executor, RouteTarget, StreamRun
-from ethen.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
+from ethen.gateway.execute import Attempt, BufferedRun, RouteTarget, StreamRun
+from ethen.gateway.metrics import CONTENT_TYPE_LATEST
 from ethen.gateway.observe import observe_routes
 from ethen.gateway.pipeline import Pipeline, routing_receipt
 from ethen.gateway.providers import build_providers
 from ethen.gateway.providers.base import Provider
-from ethen.gateway.ratelimit import RateLimits
 from ethen.gateway.relay import OnEnd, StreamRelay
-from ethen.gateway.requestlog import RequestLog
 from ethen.gateway.responses_http import responses_endpoint
-from ethen.gateway.routing import ALIASES, Decision, RoutingContext
+from ethen.gateway.routing import Decision
 from ethen.gateway.shared import SharedRuntime
 from ethen.gateway.sse import dumps
+from ethen.gateway.state import Gateway
 from ethen.gateway.telemetry_store import TelemetryStore
-from ethen.gateway.tracing import tracing_for
 
 __all__ = ["MAX_BODY_BYTES", "PREFIX", "Gateway", "build_providers", "create_app"]
 
@@ -113,69 +104,6 @@ def _error_response(err: GatewayError, request_id: str) -> Response:
     if isinstance(retry_after, int):
         headers["retry-after"] = str(retry_after)
     return Response(dumps(err.to_dict()), http_status(err), headers, media_type=_JSON)
-
-
-class Gateway:
-    """Runtime state of one gateway: pool, policy, keys, providers, telemetry, metrics."""
-
-    def __init__(
-        self,
-        cfg: GatewayConfig,
-        *,
-        providers: Mapping[str, Provider],
-        catalog: Catalog | None = None,
-        store: TelemetryStore | None = None,
-    ) -> None:
-        self.cfg = cfg
-        self.pool = build_pool(cfg, catalog)
-        self.policy = build_policy(cfg)
-        self.canaries = build_canaries(cfg)
-        self.keyring = KeyRing(cfg.api_keys)
-        self.accounts = Accounts(self.keyring)  # create_app sets the store-backed one (ethen.admin)
-        self.providers = dict(providers)
-        self.store = store or TelemetryStore()
-        self.metrics = GatewayMetrics(self.providers)  # + per-node families, read at scrape time
-        upstream = {f"{r.provider}/{r.model}": r.upstream for r in cfg.routes}
-        targets = {c.id: RouteTarget(c, self.providers[c.provider], upstream[c.id]) for c in self.pool}
-        cc = cfg.circuit
-        self.circuits = CircuitBoard(cc.cooldown_s, cc.max_cooldown_s)
-        self.executor = Executor(targets, self.store, self.metrics, self.circuits, probe=cc.probe)
-        self.metrics.watch_circuits(self.circuits)
-        self.requestlog = RequestLog(cfg.log, self.metrics, tracing_for(cfg.otel))  # issue 14
-        self.limits = RateLimits(cfg)  # rpm/tpm in process memory; create_app sets the Redis-backed one
-        self.known_models = frozenset({c.model for c in self.pool} | set(ALIASES))
-        created = int(time.time())
-        owners: dict[str, list[str]] = {}
-        for c in self.pool:
-            owners.setdefault(c.model, []).append(c.provider)
-        data = [
-            {"id": m, "object": "model", "created": created, "owned_by": ",".join(sorted(set(ps)))}
-            for m, ps in sorted(owners.items())
-        ] + [{"id": a, "object": "model", "created": created, "owned_by": "ethen"} for a in sorted(ALIASES)]
-        self.models_body = dumps({"object": "list", "data": data})
-
-    def context(self, request_id: str) -> RoutingContext:
-        telemetry = self.store.snapshot()
-        now = datetime.now(UTC)
-        self.circuits.sync(telemetry)  # O(1) unless the snapshot changed; opens/closes circuits
-        return RoutingContext(
-            pool=self.pool,
-            policy=self.policy,
-            telemetry=telemetry,
-            canaries=self.canaries,
-            now=now,
-            request_id=request_id,
-            circuits=self.circuits.view(now),  # half-open keys, trial times (cached; empty when all closed)
-        )
-
-    def label(self, body: Mapping[str, Any] | None) -> str:
-        model = body.get("model") if body else None
-        return model if isinstance(model, str) and model in self.known_models else "other"
-
-    async def aclose(self) -> None:
-        await self.executor.aclose()  # circuit probes
-        for p in self.providers.values():
-            await p.aclose()
 
 
 def _request_id(request: Request) -> str:

@@ -45,7 +45,7 @@ from ethen.admin.sessions import COOKIE, AdminAuth, LoginThrottle, secure_cookie
 from ethen.gateway.serve import client_key
 
 if TYPE_CHECKING:
-    from ethen.gateway.app import Gateway
+    from ethen.gateway.state import Gateway
 
 __all__ = ["favicon_route", "gateway_health", "ui_routes"]
 

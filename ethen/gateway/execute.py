@@ -48,7 +48,8 @@ from ethen.gateway.errors import (
     UpstreamInvalidResponseError,
 )
 from ethen.gateway.metrics import GatewayMetrics
-from ethen.gateway.providers.base import Provider, ProviderStream, UpstreamCall, Usage
+from ethen.gateway.providers.base import ProviderStream, UpstreamCall, Usage
+from ethen.gateway.record import Attempt, RouteTarget, cost_usd
 from ethen.gateway.routing import Candidate, Decision, ScoredCandidate
 from ethen.gateway.telemetry_store import AttemptRecord, TelemetryStore
 
@@ -67,40 +68,6 @@ __all__ = [
 log = logging.getLogger("ethen.gateway.execute")
 
 
-@dataclass(frozen=True, slots=True)
-class RouteTarget:
-    """Where a candidate is executed: its provider instance and the model name the upstream knows."""
-
-    candidate: Candidate
-    provider: Provider
-    upstream_model: str
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """One try of one candidate, as shown on the receipt."""
-
-    candidate: str
-    outcome: str  # "ok" | "error"
-    latency_ms: float
-    error_class: str | None = None
-    code: str | None = None
-    upstream_status: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "candidate": self.candidate,
-            "outcome": self.outcome,
-            "latency_ms": round(self.latency_ms, 3),  # this attempt's own time, not a telemetry figure
-        }
-        if self.error_class is not None:
-            out["error_class"] = self.error_class
-            out["code"] = self.code
-            if self.upstream_status is not None:
-                out["upstream_status"] = self.upstream_status
-        return out
-
-
 def upstream_payload(body: Mapping[str, Any]) -> dict[str, Any]:
     """The client's body without the gateway-only fields."""
     out = dict(body)
@@ -113,13 +80,6 @@ def upstream_payload(body: Mapping[str, Any]) -> dict[str, Any]:
         else:
             del out["metadata"]
     return out
-
-
-def cost_usd(candidate: Candidate, usage: Usage | None) -> float | None:
-    if usage is None:
-        return None
-    p = candidate.prices
-    return (usage.prompt_tokens * p.input_per_mtok + usage.completion_tokens * p.output_per_mtok) / 1e6
 
 
 @dataclass(slots=True)

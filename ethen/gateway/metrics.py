@@ -39,7 +39,7 @@ from ethen.gateway.providers.base import Provider
 
 if TYPE_CHECKING:
     from ethen.gateway.circuit import CircuitBoard
-    from ethen.gateway.requestlog import RequestRecord
+    from ethen.gateway.record import RequestRecord
 
 __all__ = ["CONTENT_TYPE_LATEST", "CircuitCollector", "GatewayMetrics", "NodeCollector"]
 

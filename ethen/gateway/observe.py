@@ -52,7 +52,7 @@ from ethen.store.requeststats import AttemptRow, attempts_between, canary_counts
 
 if TYPE_CHECKING:
     from ethen.admin.sessions import AdminAuth
-    from ethen.gateway.app import Gateway
+    from ethen.gateway.state import Gateway
 
 __all__ = ["MAX_ROWS", "observe_routes"]
 

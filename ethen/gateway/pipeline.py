@@ -42,14 +42,14 @@ from ethen.gateway.errors import (
 )
 from ethen.gateway.execute import Attempt, BufferedRun, RouteTarget, StreamRun, upstream_payload
 from ethen.gateway.providers.base import Usage
-from ethen.gateway.requestlog import RequestRecord
+from ethen.gateway.record import RequestRecord, routing_receipt
 from ethen.gateway.routing import Candidate, Decision
 
 if TYPE_CHECKING:
     from ethen.gateway.relay import StreamRelay
 
 if TYPE_CHECKING:
-    from ethen.gateway.app import Gateway
+    from ethen.gateway.state import Gateway
 
 __all__ = ["Call", "Pipeline", "routing_receipt"]
 
@@ -60,23 +60,6 @@ StreamCheck = Callable[[Mapping[str, Any]], tuple[bool, bool]]
 ErrorResponse = Callable[[GatewayError, str], Response]
 RequestId = Callable[[Request], str]
 Translate = Callable[[dict[str, Any]], dict[str, Any]]
-
-
-def routing_receipt(
-    decision: Decision,
-    attempts: list[Attempt],
-    served: RouteTarget | None,
-    extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The ``ethen.routing`` receipt: the decision's, with the attempts and the candidate that answered."""
-    routing = decision.receipt.to_dict(served.candidate.id if served is not None else None)
-    if served is not None:
-        routing["served_model"] = served.candidate.model
-        routing["served_provider"] = served.candidate.provider
-    routing["attempts"] = [a.to_dict() for a in attempts]
-    for k, v in (extra or {}).items():
-        routing.setdefault(k, v)
-    return routing
 
 
 @dataclass(slots=True)

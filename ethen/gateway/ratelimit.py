@@ -68,7 +68,7 @@ from ethen.gateway.routing import Candidate, Requirements
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-    from ethen.gateway.shared import SharedState
+    from ethen.gateway.redis_state import SharedState
 
 __all__ = ["Limit", "RateLimits", "Ticket", "estimated_tokens"]
 

@@ -44,16 +44,15 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
-from ethen.gateway.execute import Attempt, cost_usd
-from ethen.gateway.providers.base import Usage
-from ethen.gateway.routing import Candidate, Decision
+from ethen.gateway.record import Attempt, RequestRecord, cost_usd, routing_receipt
+from ethen.gateway.routing import Candidate
 from ethen.store import Store, StoreError, StoreInvalidError
 from ethen.store.requests import (
     EncodedRow,
@@ -81,36 +80,6 @@ _LINGER_S = 0.05  # after handling a batch, let the next one gather this long
 _WRITE_EVERY_S = 0.25  # pending rows are inserted once the oldest waited this long (or a batch is full)
 
 
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
-    """One finished request, as the request path knows it (references, not copies; nothing serialized)."""
-
-    at: float  # wall clock (epoch s) at arrival
-    request_id: str
-    endpoint: str  # chat | responses | embeddings
-    stream: bool
-    status: int  # HTTP status sent
-    outcome: str  # ok | error | stream_error | client_closed
-    latency_s: float
-    project: str | None = None
-    key_id: str | None = None
-    requested_model: Any = None  # the body's "model" (any JSON: checked when the row is built)
-    decision: Decision | None = None
-    attempts: Sequence[Attempt | Mapping[str, Any]] = ()
-    served: Candidate | None = None
-    extra: Mapping[str, Any] | None = None  # the provider's receipt extras
-    receipt: Mapping[str, Any] | None = None  # a receipt built by the endpoint (embeddings)
-    usage: Usage | None = None
-    ttft_s: float | None = None
-    overhead_s: float | None = None
-    error_code: str | None = None
-    error_provider: str | None = None  # an UpstreamError's provider (its only attempt)
-    decided_s: float | None = None  # arrival -> decision made
-    admitted_s: float | None = None  # arrival -> admitted (the first attempt starts)
-    remaining_usd: float | None = None  # the project's remaining budget at admission (memory)
-    trace_headers: tuple[str, str | None] | None = None  # the caller's (traceparent, tracestate)
-
-
 def _attempt(a: Attempt | Mapping[str, Any]) -> dict[str, Any]:
     d = a.to_dict() if isinstance(a, Attempt) else dict(a)
     provider, _, model = str(d.get("candidate", "")).partition("/")
@@ -135,8 +104,6 @@ def _receipt(rec: RequestRecord, attempts: list[dict[str, Any]]) -> dict[str, An
         return dict(rec.receipt)
     if rec.decision is None:
         return None
-    from ethen.gateway.pipeline import routing_receipt  # the answer's own receipt builder (import cycle)
-
     if rec.served is not None:  # served: the attempts are the executor's own
         attempts_ = [a for a in rec.attempts if isinstance(a, Attempt)]
         out = routing_receipt(rec.decision, attempts_, _Served(rec.served), rec.extra)  # type: ignore[arg-type]

@@ -42,7 +42,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 if TYPE_CHECKING:
     from ethen.gateway.config import OtelConfig
-    from ethen.gateway.requestlog import RequestRecord
+    from ethen.gateway.record import RequestRecord
 
 __all__ = ["Tracing", "tracing_for"]
 

@@ -1,0 +1,95 @@
+"""The runtime state of one gateway (:class:`Gateway`): pool, policy, keys, accounts, providers,
+telemetry, circuits, executor, metrics, request log and rate limits, built from its config.
+
+The HTTP app (:func:`ethen.gateway.app.gateway_app`) builds one and its endpoints read it; it lives here,
+apart from the app, so the modules that read it (pipeline, shared state, the admin's pages) do not import
+the app.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from ethen.gateway.accounts import Accounts
+from ethen.gateway.auth import KeyRing
+from ethen.gateway.catalog import Catalog
+from ethen.gateway.circuit import CircuitBoard
+from ethen.gateway.config import GatewayConfig, build_canaries, build_policy, build_pool
+from ethen.gateway.execute import Executor
+from ethen.gateway.metrics import GatewayMetrics
+from ethen.gateway.providers.base import Provider
+from ethen.gateway.ratelimit import RateLimits
+from ethen.gateway.record import RouteTarget
+from ethen.gateway.requestlog import RequestLog
+from ethen.gateway.routing import ALIASES, RoutingContext
+from ethen.gateway.sse import dumps
+from ethen.gateway.telemetry_store import TelemetryStore
+from ethen.gateway.tracing import tracing_for
+
+__all__ = ["Gateway"]
+
+
+class Gateway:
+    """Runtime state of one gateway: pool, policy, keys, providers, telemetry, metrics."""
+
+    def __init__(
+        self,
+        cfg: GatewayConfig,
+        *,
+        providers: Mapping[str, Provider],
+        catalog: Catalog | None = None,
+        store: TelemetryStore | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.pool = build_pool(cfg, catalog)
+        self.policy = build_policy(cfg)
+        self.canaries = build_canaries(cfg)
+        self.keyring = KeyRing(cfg.api_keys)
+        self.accounts = Accounts(self.keyring)  # create_app sets the store-backed one (ethen.admin)
+        self.providers = dict(providers)
+        self.store = store or TelemetryStore()
+        self.metrics = GatewayMetrics(self.providers)  # + per-node families, read at scrape time
+        upstream = {f"{r.provider}/{r.model}": r.upstream for r in cfg.routes}
+        targets = {c.id: RouteTarget(c, self.providers[c.provider], upstream[c.id]) for c in self.pool}
+        cc = cfg.circuit
+        self.circuits = CircuitBoard(cc.cooldown_s, cc.max_cooldown_s)
+        self.executor = Executor(targets, self.store, self.metrics, self.circuits, probe=cc.probe)
+        self.metrics.watch_circuits(self.circuits)
+        self.requestlog = RequestLog(cfg.log, self.metrics, tracing_for(cfg.otel))  # issue 14
+        self.limits = RateLimits(cfg)  # rpm/tpm in process memory; create_app sets the Redis-backed one
+        self.known_models = frozenset({c.model for c in self.pool} | set(ALIASES))
+        created = int(time.time())
+        owners: dict[str, list[str]] = {}
+        for c in self.pool:
+            owners.setdefault(c.model, []).append(c.provider)
+        data = [
+            {"id": m, "object": "model", "created": created, "owned_by": ",".join(sorted(set(ps)))}
+            for m, ps in sorted(owners.items())
+        ] + [{"id": a, "object": "model", "created": created, "owned_by": "ethen"} for a in sorted(ALIASES)]
+        self.models_body = dumps({"object": "list", "data": data})
+
+    def context(self, request_id: str) -> RoutingContext:
+        telemetry = self.store.snapshot()
+        now = datetime.now(UTC)
+        self.circuits.sync(telemetry)  # O(1) unless the snapshot changed; opens/closes circuits
+        return RoutingContext(
+            pool=self.pool,
+            policy=self.policy,
+            telemetry=telemetry,
+            canaries=self.canaries,
+            now=now,
+            request_id=request_id,
+            circuits=self.circuits.view(now),  # half-open keys, trial times (cached; empty when all closed)
+        )
+
+    def label(self, body: Mapping[str, Any] | None) -> str:
+        model = body.get("model") if body else None
+        return model if isinstance(model, str) and model in self.known_models else "other"
+
+    async def aclose(self) -> None:
+        await self.executor.aclose()  # circuit probes
+        for p in self.providers.values():
+            await p.aclose()
