@@ -175,7 +175,7 @@ async def candidates_data(db: Path, repeat: int) -> dict[str, list[float]]:
     buckets), before (JSON unnesting) and now (``attempts_between``: the attempts table), alternated."""
     from sqlalchemy import bindparam, text
 
-    from ethen.gateway.observe_data import bucket_attempts
+    from ethen.admin.observe_data import bucket_attempts
     from ethen.store import Store
     from ethen.store.requests import request_log
     from ethen.store.requeststats import attempts_between

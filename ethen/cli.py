@@ -26,7 +26,7 @@ _LIGHT = {"up": ("ethen.up", "up"), "worker": ("ethen.mesh.worker.cli", "worker"
 @functools.cache
 def _app() -> typer.Typer:
     from ethen.admin.cli import certify_command, keys_app, logs_command, projects_app, usage_command
-    from ethen.gateway.cli import gateway as gateway_command
+    from ethen.gateway_cli import gateway as gateway_command
     from ethen.mesh.cli import app as mesh_app
     from ethen.mesh.worker.cli import worker as worker_command
     from ethen.up import up as up_command

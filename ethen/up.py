@@ -499,7 +499,7 @@ def up(
             w = supervisor.add(node, layers, extra_args=["--capacity-score", str(score), *model_args])
             _say(f"      ready on {w.address} (pid {w.pid})")
         supervisor.start()  # from now on a worker that dies is restarted on its address
-        from ethen.gateway.app import PREFIX, create_app
+        from ethen.app import PREFIX, create_app
         from ethen.gateway.auth import hash_key
         from ethen.gateway.catalog import Catalog
         from ethen.gateway.config import load_config, skip_providers_without_keys

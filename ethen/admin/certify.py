@@ -18,6 +18,7 @@ from typing import Any
 
 from ethen.gateway.config import GatewayConfig
 from ethen.gateway.errors import GatewayError
+from ethen.gateway.providers import build_providers
 from ethen.gateway.providers.base import UpstreamCall
 from ethen.store import CertificationReceipt, Store
 
@@ -58,8 +59,6 @@ async def certify(
     env: Mapping[str, str] | None = None,
     now: datetime | None = None,
 ) -> CertificationReceipt:
-    from ethen.gateway.app import build_providers
-
     provider_id, sep, model = target.partition("/")
     route = next((r for r in cfg.routes if r.provider == provider_id and r.model == model), None)
     if not sep or route is None:

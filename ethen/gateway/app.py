@@ -51,17 +51,15 @@ import gc
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
-from ethen.admin.http import admin_routes, request_routes
-from ethen.admin.sessions import AdminAuth
 from ethen.gateway.accounts import Hold, accounts_for
 from ethen.gateway.body import MAX_BODY_BYTES, parse_body, read_body, stream_options
 from ethen.gateway.catalog import Catalog
@@ -69,7 +67,6 @@ from ethen.gateway.completions import completions_endpoint
 from ethen.gateway.config import (
     GatewayConfig,
 )
-from ethen.gateway.dashboard import favicon_route, gateway_health, ui_routes
 from ethen.gateway.embeddings import embedding_routes, embeddings_endpoint
 from ethen.gateway.errors import (
     GatewayError,
@@ -77,7 +74,6 @@ from ethen.gateway.errors import (
 )
 from ethen.gateway.execute import Attempt, BufferedRun, RouteTarget, StreamRun
 from ethen.gateway.metrics import CONTENT_TYPE_LATEST
-from ethen.gateway.observe import observe_routes
 from ethen.gateway.pipeline import Pipeline, routing_receipt
 from ethen.gateway.providers import build_providers
 from ethen.gateway.providers.base import Provider
@@ -89,7 +85,7 @@ from ethen.gateway.sse import dumps
 from ethen.gateway.state import Gateway
 from ethen.gateway.telemetry_store import TelemetryStore
 
-__all__ = ["MAX_BODY_BYTES", "PREFIX", "Gateway", "build_providers", "create_app"]
+__all__ = ["MAX_BODY_BYTES", "PREFIX", "Gateway", "Surface", "build_providers", "gateway_app"]
 
 PREFIX = "/api/gateway/v1"
 V1_PREFIX = "/v1"  # the same endpoints again, for clients configured with a base URL ending in /v1
@@ -113,17 +109,31 @@ def _request_id(request: Request) -> str:
     return uuid.uuid4().hex
 
 
-def create_app(
+class Surface(Protocol):
+    """Routes mounted after the gateway's own (the operator's: :mod:`ethen.admin.surface`), started in the
+    lifespan after the accounts and closed before them."""
+
+    routes: Sequence[BaseRoute]
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+def gateway_app(
     cfg: GatewayConfig,
     *,
     env: Mapping[str, str] | None = None,
     catalog: Catalog | None = None,
     providers: Mapping[str, Provider] | None = None,
     store: TelemetryStore | None = None,
+    surface: Callable[[Gateway], Surface] | None = None,
 ) -> Starlette:
     """Build the gateway app. ``providers`` defaults to one per ``[[providers]]`` entry (``build_providers``,
     secrets from ``env``); each is started in the lifespan start-up and closed at shutdown.
-    ``catalog`` (model intelligence + prices) defaults to none: routes then carry their own limits/prices."""
+    ``catalog`` (model intelligence + prices) defaults to none: routes then carry their own limits/prices.
+    ``surface`` builds more routes from the built :class:`Gateway` (the composition module,
+    :func:`ethen.app.create_app`, passes the admin's); without it the app serves the gateway API only."""
     gw = Gateway(cfg, providers=providers or build_providers(cfg, env), catalog=catalog, store=store)
     gw.accounts = acc = accounts_for(cfg, gw.keyring, env)
     gw.requestlog.store = lambda: acc.store  # the request log goes to the store when there is one
@@ -236,8 +246,8 @@ def create_app(
         gc.freeze()
         try:
             await acc.start()  # opens/migrates the store, releases dangling reservations
-            if admin_auth is not None:  # dashboard sessions: the store's (else the data dir's) shared secret
-                await admin_auth.start(acc.store)
+            if extra is not None:  # the operator's surfaces (ethen.admin): dashboard sessions
+                await extra.start()
             gw.requestlog.start()  # the request log's writer (store or memory ring)
             await shared.start()  # Redis unreachable: logged, served degraded (ethen.gateway.shared)
             for provider in gw.providers.values():
@@ -246,8 +256,8 @@ def create_app(
         finally:
             await shared.aclose()
             await gw.requestlog.aclose()  # writes what is queued while the store is still open
-            if admin_auth is not None:
-                await admin_auth.aclose()
+            if extra is not None:
+                await extra.aclose()
             await acc.aclose()
             await gw.aclose()
 
@@ -261,18 +271,13 @@ def create_app(
         ("/healthz", healthz, "GET"),
         ("/metrics", metrics, "GET"),
     ]
-    admin_key = cfg.store.admin_key_sha256 if cfg.store else cfg.log.admin_key_sha256
-    admin_auth = AdminAuth(admin_key) if admin_key else None  # admin key or dashboard session (ethen.admin)
+    extra = surface(gw) if surface is not None else None
     app = Starlette(
         routes=[
             # every gateway endpoint under PREFIX and under /v1 (clients whose base URL ends in /v1)
             *(Route(f"{prefix}{path}", fn, methods=[method])
               for prefix in (PREFIX, V1_PREFIX) for path, fn, method in endpoints),
-            *admin_routes(acc, admin_auth if cfg.store else None),
-            *request_routes(gw.requestlog, admin_auth, lambda: gateway_health(gw)),
-            *ui_routes(admin_auth),  # the dashboard (ethen.gateway.dashboard): pages reading the admin API
-            favicon_route(),  # GET /favicon.ico, the dashboard's icon (public)
-            *observe_routes(gw, admin_auth),  # its providers / canaries / mesh data (ethen.gateway.observe)
+            *(extra.routes if extra is not None else ()),  # the admin API, /ui (ethen.admin.surface)
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,

@@ -92,7 +92,7 @@ class Call:
 
 
 class Pipeline:
-    """The shared request path of one gateway (built once by ``create_app``)."""
+    """The shared request path of one gateway (built once by ``gateway_app``)."""
 
     def __init__(
         self,

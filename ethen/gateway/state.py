@@ -48,7 +48,7 @@ class Gateway:
         self.policy = build_policy(cfg)
         self.canaries = build_canaries(cfg)
         self.keyring = KeyRing(cfg.api_keys)
-        self.accounts = Accounts(self.keyring)  # create_app sets the store-backed one (ethen.admin)
+        self.accounts = Accounts(self.keyring)  # gateway_app sets the store-backed one
         self.providers = dict(providers)
         self.store = store or TelemetryStore()
         self.metrics = GatewayMetrics(self.providers)  # + per-node families, read at scrape time
@@ -59,7 +59,7 @@ class Gateway:
         self.executor = Executor(targets, self.store, self.metrics, self.circuits, probe=cc.probe)
         self.metrics.watch_circuits(self.circuits)
         self.requestlog = RequestLog(cfg.log, self.metrics, tracing_for(cfg.otel))  # issue 14
-        self.limits = RateLimits(cfg)  # rpm/tpm in process memory; create_app sets the Redis-backed one
+        self.limits = RateLimits(cfg)  # rpm/tpm in process memory; gateway_app sets the Redis-backed one
         self.known_models = frozenset({c.model for c in self.pool} | set(ALIASES))
         created = int(time.time())
         owners: dict[str, list[str]] = {}

@@ -12,7 +12,7 @@ from typing import Any
 import openai
 from upstream import Behavior, Script, ServerThread, make_upstream_app
 
-from ethen.gateway.app import PREFIX, create_app
+from ethen.app import PREFIX, create_app
 from ethen.gateway.config import GatewayConfig, parse_config
 
 CLIENT_KEY = "ethen-test-4f1c2a9b7e6d5c3b2a1f0e9d8c7b6a5f"

@@ -295,7 +295,7 @@ def test_no_key_material_in_logs_receipts_or_errors(db_url: str, caplog: pytest.
 
 
 def test_bad_store_config_names_the_key(tmp_path: Path) -> None:
-    from ethen.gateway.app import create_app
+    from ethen.app import create_app
     from ethen.gateway.config import parse_config
     from ethen.gateway.errors import GatewayConfigError
 

@@ -14,7 +14,7 @@ from schemas import validator
 from service_harness import CLIENT_KEY, ENV, ROUTES, Live, config_dict, live
 from upstream import Behavior
 
-from ethen.gateway.app import create_app
+from ethen.app import create_app
 from ethen.gateway.config import parse_config
 from ethen.gateway.errors import GatewayConfigError
 

@@ -19,7 +19,7 @@ from budget_harness import ADMIN_KEY, db_url, live_store, new_project_key  # noq
 from service_harness import CLIENT_KEY, ROUTES, config_dict, live
 from upstream import Behavior
 
-from ethen.gateway.observe_data import open_fractions, percentile
+from ethen.admin.observe_data import open_fractions, percentile
 
 USER = [{"role": "user", "content": "hello"}]
 HDR = {"authorization": f"Bearer {ADMIN_KEY}"}

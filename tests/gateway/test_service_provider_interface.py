@@ -12,7 +12,7 @@ import httpx
 from service_harness import CLIENT_KEY, live
 from upstream import Behavior, ServerThread
 
-from ethen.gateway.app import PREFIX, create_app
+from ethen.app import PREFIX, create_app
 from ethen.gateway.config import parse_config
 from ethen.gateway.providers.base import Completion, Provider, ProviderStream, UpstreamCall, Usage
 from ethen.gateway.sse import dumps

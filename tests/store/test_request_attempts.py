@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 from sqlalchemy import select, text
 
-from ethen.gateway.observe_data import bucket_attempts
+from ethen.admin.observe_data import bucket_attempts
 from ethen.store import Store
 from ethen.store.engine import make_engine
 from ethen.store.migrations import MIGRATIONS, applied

@@ -13,7 +13,7 @@ newest 2000 rows of the request log), projects and keys (create a project, creat
 key), provider health (open circuits) and mesh nodes (``/health``). ``observe.js`` adds the Candidates tab
 (success rate, latency p50 / p95 and circuit state over time per candidate or provider, uPlot), Canaries and
 Mesh (nodes, layers, health, the route chosen now and its cost), from ``/api/admin/v1/observe/*``
-(:mod:`ethen.gateway.observe`). ``GET /favicon.ico`` (public) is the pages' icon, an ICO built here.
+(:mod:`ethen.admin.observe`). ``GET /favicon.ico`` (public) is the pages' icon, an ICO built here.
 
 Axes: spend from $0 to just above the data (all-zero data, free models: $0-0.01), success rate and circuit
 state 0-100%. Wide tables (the Mesh tab's) sit in a card and scroll inside it, never the page.
@@ -80,7 +80,7 @@ def gateway_health(gw: Gateway) -> dict[str, Any]:
 
 
 def _asset(name: str) -> bytes:
-    return resources.files("ethen.gateway").joinpath("ui", name).read_bytes()
+    return resources.files("ethen.admin").joinpath("ui", name).read_bytes()
 
 
 def _favicon() -> bytes:

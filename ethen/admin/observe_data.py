@@ -1,7 +1,7 @@
 """What the dashboard's Providers, Canaries and Mesh pages show (issue 14), built from the gateway's objects.
 
 Functions of their inputs (rows, snapshots, the board's transitions, the clock readings passed in), so the
-HTTP shell (:mod:`ethen.gateway.observe`) stays a few lines and the numbers can be checked directly.
+HTTP shell (:mod:`ethen.admin.observe`) stays a few lines and the numbers can be checked directly.
 
 - **Providers and candidates** (:func:`bucket_attempts`, :func:`open_fractions`, :func:`live_state`): the
   request log's attempts in a time window, cut into equal buckets; per candidate (``provider/model``) and per

@@ -50,7 +50,7 @@ def gateway(
         typer.echo("error: --config FILE is required", err=True)
         raise typer.Exit(2)
 
-    from ethen.gateway.app import create_app
+    from ethen.app import create_app
     from ethen.gateway.catalog import Catalog
     from ethen.gateway.config import load_config, skip_providers_without_keys
     from ethen.gateway.serve import serve, serve_workers

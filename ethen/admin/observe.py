@@ -14,7 +14,7 @@
 
 The same guard as the rest of the admin API (:class:`ethen.admin.sessions.AdminAuth`: the admin key as a
 bearer token, or a dashboard session); none of these routes exist without an admin key. What the numbers
-mean: :mod:`ethen.gateway.observe_data`.
+mean: :mod:`ethen.admin.observe_data`.
 
 Choices where the issue is silent: buckets are aligned to multiples of their width (the last one holds
 now); ``window_s`` is 60 s to 30 days, ``buckets`` 1-120; the attempts are read from the newest
@@ -37,9 +37,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ethen.admin.http import query_int
-from ethen.gateway.accounts import AccountsUnavailableError
-from ethen.gateway.errors import AuthenticationError, GatewayError, http_status
-from ethen.gateway.observe_data import (
+from ethen.admin.observe_data import (
     bucket_attempts,
     canary_rows,
     flatten,
@@ -47,6 +45,8 @@ from ethen.gateway.observe_data import (
     mesh_view,
     open_fractions,
 )
+from ethen.gateway.accounts import AccountsUnavailableError
+from ethen.gateway.errors import AuthenticationError, GatewayError, http_status
 from ethen.store import StoreError
 from ethen.store.requeststats import AttemptRow, attempts_between, canary_counts, newest_costs
 
