@@ -30,10 +30,10 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from ethen.gateway.access import Access
 from ethen.gateway.auth import KeyRing
 from ethen.gateway.config import GatewayConfig, store_url
 from ethen.gateway.errors import (
@@ -63,8 +63,6 @@ from ethen.gateway.routing.reasons import OVER_PROJECT_BUDGET
 from ethen.store import (
     Admission,
     CertificationReceipt,
-    Principal,
-    Project,
     Store,
     StoreError,
     parse_key,
@@ -88,18 +86,6 @@ __all__ = [
 
 log = logging.getLogger("ethen.accounts")
 _ONLY_BUDGET = (OVER_PROJECT_BUDGET,)
-
-@dataclass(frozen=True, slots=True)
-class Access:
-    """Who a request acts for: a config key (``principal`` is ``None``) or a store key of one project."""
-
-    name: str
-    principal: Principal | None = None
-
-    @property
-    def project(self) -> Project | None:
-        return self.principal.project if self.principal is not None else None
-
 
 def _intersect(a: frozenset[str] | None, b: tuple[str, ...] | None) -> frozenset[str] | None:
     if b is None:

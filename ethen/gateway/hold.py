@@ -42,7 +42,7 @@ from ethen.gateway.routing import Candidate, Decision, Requirements
 from ethen.store import Admission, StoreError, Ticket
 
 if TYPE_CHECKING:
-    from ethen.gateway.accounts import Access
+    from ethen.gateway.access import Access
 
 __all__ = [
     "PROMPT_FACTOR",
