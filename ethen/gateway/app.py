@@ -57,12 +57,13 @@ from typing import Any, Protocol
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ethen.gateway.accounts import Hold, accounts_for
+from ethen.gateway.accounts import accounts_for
 from ethen.gateway.body import MAX_BODY_BYTES, parse_body, read_body, stream_options
 from ethen.gateway.catalog import Catalog
+from ethen.gateway.chat import chat_endpoint
 from ethen.gateway.completions import completions_endpoint
 from ethen.gateway.config import (
     GatewayConfig,
@@ -72,14 +73,11 @@ from ethen.gateway.errors import (
     GatewayError,
     http_status,
 )
-from ethen.gateway.execute import Attempt, BufferedRun, RouteTarget, StreamRun
 from ethen.gateway.metrics import CONTENT_TYPE_LATEST
-from ethen.gateway.pipeline import Pipeline, routing_receipt
+from ethen.gateway.pipeline import Pipeline
 from ethen.gateway.providers import build_providers
 from ethen.gateway.providers.base import Provider
-from ethen.gateway.relay import OnEnd, StreamRelay
 from ethen.gateway.responses_http import responses_endpoint
-from ethen.gateway.routing import Decision
 from ethen.gateway.shared import SharedRuntime
 from ethen.gateway.sse import dumps
 from ethen.gateway.state import Gateway
@@ -149,39 +147,6 @@ def gateway_app(
     # the shared request path of /chat/completions, /responses and /embeddings (ethen.gateway.pipeline)
     pipe = Pipeline(gw, acc, read_json, stream_options, _error_response, _request_id)
     embeddings = embedding_routes(cfg, gw.providers, catalog)  # refuses a provider without embeddings
-
-    async def chat(request: Request) -> Response:
-        call = pipe.start(request)
-
-        def render(res: BufferedRun) -> bytes:
-            out = res.body
-            out["ethen"] = {"routing": call.receipt(res.attempts, res.target, res.receipt_extra)}
-            return dumps(out)
-
-        try:
-            await pipe.admit(call, request)  # auth, parse, decide, rate limits, budget hold
-            assert call.decision is not None and call.hold is not None
-            if call.stream:
-                run = await pipe.open_stream(call)
-                return _stream_response(
-                    call.decision, run, call.include_usage, call.rid, call.t0, call.label, call.hold,
-                    pipe.stream_end(call),
-                )
-            res, content = await pipe.run_buffered(call, render)  # settled before the answer leaves
-            return Response(content, 200, pipe.served(call, res.upstream_s), media_type=_JSON)
-        except GatewayError as err:
-            return pipe.failed(call, err)
-
-    def _stream_response(
-        decision: Decision, run: StreamRun, include_usage: bool, rid: str, t0: float, label: str, hold: Hold,
-        on_end: OnEnd,
-    ) -> Response:
-        def receipt(attempts: list[Attempt], target: RouteTarget, extra: Mapping[str, Any] | None
-                    ) -> dict[str, Any]:
-            return routing_receipt(decision, attempts, target, extra)
-
-        relay = StreamRelay(run, receipt, include_usage, rid, t0, label, hold, m, on_end)
-        return StreamingResponse(relay.frames(), 200, relay.headers(), media_type="text/event-stream")
 
     async def explain(request: Request) -> Response:
         rid = _request_id(request)
@@ -262,7 +227,7 @@ def gateway_app(
             await gw.aclose()
 
     endpoints = [
-        ("/chat/completions", chat, "POST"),
+        ("/chat/completions", chat_endpoint(pipe), "POST"),  # ethen.gateway.chat
         ("/responses", responses_endpoint(pipe), "POST"),
         ("/completions", completions_endpoint(pipe), "POST"),  # legacy: ethen.gateway.completions
         ("/embeddings", embeddings_endpoint(pipe, embeddings), "POST"),

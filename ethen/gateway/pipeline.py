@@ -18,7 +18,9 @@ requirements, fallback chain, budgets (reserve and settle), telemetry, metrics a
   (an append to its queue; the writer task does the rest).
 
 The app passes in its body reader, ``stream`` checker, error-response builder and request-id reader (they
-live in :mod:`ethen.gateway.app`), which keeps this module free of an import cycle with it.
+live in :mod:`ethen.gateway.app`), which keeps this module free of an import cycle with it; of the gateway's
+state the pipeline sees :class:`RequestPath` only (executor, rate limits, metrics, request log, routing
+context and model label).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -40,18 +42,19 @@ from ethen.gateway.errors import (
     UpstreamError,
     http_status,
 )
-from ethen.gateway.execute import Attempt, BufferedRun, RouteTarget, StreamRun, upstream_payload
+from ethen.gateway.execute import Attempt, BufferedRun, Executor, RouteTarget, StreamRun, upstream_payload
 from ethen.gateway.providers.base import Usage
 from ethen.gateway.record import RequestRecord, routing_receipt
 from ethen.gateway.routing import Candidate, Decision
 
 if TYPE_CHECKING:
+    from ethen.gateway.metrics import GatewayMetrics
+    from ethen.gateway.ratelimit import RateLimits
     from ethen.gateway.relay import StreamRelay
+    from ethen.gateway.requestlog import RequestLog
+    from ethen.gateway.routing import RoutingContext
 
-if TYPE_CHECKING:
-    from ethen.gateway.state import Gateway
-
-__all__ = ["Call", "Pipeline", "routing_receipt"]
+__all__ = ["Call", "Pipeline", "RequestPath", "routing_receipt"]
 
 log = logging.getLogger("ethen.gateway")
 
@@ -91,12 +94,30 @@ class Call:
         return routing_receipt(self.decision, attempts, served, extra)
 
 
+class RequestPath(Protocol):
+    """What the request path reads of a gateway (:class:`~ethen.gateway.state.Gateway` is one): the
+    endpoints and the pipeline see this, not the whole runtime state."""
+
+    @property
+    def executor(self) -> Executor: ...
+    @property
+    def limits(self) -> RateLimits: ...
+    @property
+    def metrics(self) -> GatewayMetrics: ...
+    @property
+    def requestlog(self) -> RequestLog: ...
+
+    def context(self, request_id: str) -> RoutingContext: ...
+
+    def label(self, body: Mapping[str, Any] | None) -> str: ...
+
+
 class Pipeline:
     """The shared request path of one gateway (built once by ``gateway_app``)."""
 
     def __init__(
         self,
-        gw: Gateway,
+        gw: RequestPath,
         acc: Accounts,
         read_body: BodyReader,
         stream_check: StreamCheck,
