@@ -3,7 +3,8 @@
     .venv/bin/python bench/store_admission.py                       # SQLite file in a temp dir
     .venv/bin/python bench/store_admission.py --pg URL              # also a PostgreSQL server
 
-One "request" is what ``ethen.gateway.accounts`` does per chat completion with a project key that has a
+One "request" is what ``ethen.gateway.accounting.accounts`` does per chat completion with a project key that
+has a
 budget: authenticate (key lookup + salted-hash check), read the window spend (for ``decide``), reserve the
 estimate (locked write transaction), settle (ledger insert + reservation delete, one transaction).
 

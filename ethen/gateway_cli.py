@@ -1,7 +1,7 @@
 """``ethen gateway --config FILE [--host H] [--port P] [--workers N]``: serve the gateway with uvicorn.
 
 ``--workers N`` (default 1) runs N gateway processes on the one port
-(:func:`ethen.gateway.serve.serve_workers`): each is a separate instance; give them ``[shared]`` Redis to
+(:func:`ethen.gateway.api.serve.serve_workers`): each is a separate instance; give them ``[shared]`` Redis to
 share telemetry and rate limits. ``--fd`` and ``--worker-index`` are how the parent starts each worker
 (not for direct use).
 
@@ -36,8 +36,8 @@ def gateway(
     worker_index: int | None = typer.Option(None, "--worker-index", hidden=True),
 ) -> None:
     """Serve the OpenAI-compatible gateway (``/api/gateway/v1``) with ethen/* smart routing."""
-    from ethen.gateway.auth import KEY_PREFIX
-    from ethen.gateway.auth import hash_key as digest
+    from ethen.gateway.accounting.auth import KEY_PREFIX
+    from ethen.gateway.accounting.auth import hash_key as digest
 
     if hash_key:
         key = sys.stdin.readline().strip()
@@ -51,15 +51,15 @@ def gateway(
         raise typer.Exit(2)
 
     from ethen.app import create_app
+    from ethen.gateway.api.serve import serve, serve_workers
     from ethen.gateway.catalog import Catalog
     from ethen.gateway.config import load_config, skip_providers_without_keys
-    from ethen.gateway.serve import serve, serve_workers
 
     level = log_level.upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         typer.echo(f"error: --log-level = {log_level!r}: use debug, info, warning or error", err=True)
         raise typer.Exit(2)
-    from ethen.gateway.logformat import FORMATS, configure_logging
+    from ethen.gateway.observation.logformat import FORMATS, configure_logging
 
     if log_format not in FORMATS:
         typer.echo(f"error: --log-format = {log_format!r}: use text or json", err=True)

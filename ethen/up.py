@@ -110,7 +110,7 @@ MODEL = "smollm2-135m-instruct"
 def _secret(env_var: str, filename: str, prefix: str) -> tuple[str, str]:
     """(key, where it came from): ``$env_var``, the key stored in the data directory, or a new one stored
     now (mode 600)."""
-    from ethen.gateway.auth import KEY_PREFIX
+    from ethen.gateway.accounting.auth import KEY_PREFIX
 
     env = os.environ.get(env_var)
     if env:
@@ -132,7 +132,7 @@ def _secret(env_var: str, filename: str, prefix: str) -> tuple[str, str]:
 
 def api_key() -> tuple[str, str]:
     """(key, where it came from): ``ETHEN_API_KEY``, the stored key, or a new one stored now."""
-    from ethen.gateway.auth import KEY_PREFIX
+    from ethen.gateway.accounting.auth import KEY_PREFIX
 
     return _secret("ETHEN_API_KEY", "api_key", KEY_PREFIX)
 
@@ -281,7 +281,7 @@ def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
     (unless the user's ``[store]`` sets one). ``route``: the mesh's route (:func:`mesh_route`; default:
     ``smollm2-135m-instruct``). ``join``: the mesh provider's registry address (workers on other machines
     join there), ``tls``: its certificate and key (PEM paths)."""
-    from ethen.gateway.auth import hash_key
+    from ethen.gateway.accounting.auth import hash_key
 
     user = dict(user or {})
     user.pop("server", None)
@@ -405,7 +405,7 @@ def _open_weights(model: Path | None = None) -> Any:
 
 def _startup_logging(level: str) -> None:
     """Start-up progress (``ethen.gateway.startup``, e.g. the mesh loading) as indented plain lines."""
-    from ethen.gateway.logformat import LOG_FORMAT_ENV, JsonFormatter
+    from ethen.gateway.observation.logformat import LOG_FORMAT_ENV, JsonFormatter
 
     handler = logging.StreamHandler(sys.stderr)
     json_lines = os.environ.get(LOG_FORMAT_ENV) == "json"  # --log-format json
@@ -459,7 +459,7 @@ def up(
     except OSError as exc:
         _say(f"error: {exc}")
         raise typer.Exit(1) from None
-    from ethen.gateway.logformat import FORMATS, configure_logging
+    from ethen.gateway.observation.logformat import FORMATS, configure_logging
 
     if log_format not in FORMATS:
         raise typer.BadParameter(f"--log-format = {log_format!r}: use text or json")
@@ -500,11 +500,11 @@ def up(
             _say(f"      ready on {w.address} (pid {w.pid})")
         supervisor.start()  # from now on a worker that dies is restarted on its address
         from ethen.app import PREFIX, create_app
-        from ethen.gateway.auth import hash_key
+        from ethen.gateway.accounting.auth import hash_key
+        from ethen.gateway.api.serve import serve
         from ethen.gateway.catalog import Catalog
         from ethen.gateway.config import load_config, skip_providers_without_keys
         from ethen.gateway.errors import GatewayConfigError
-        from ethen.gateway.serve import serve
         from ethen.up_banner import banner
 
         doc = gateway_document(host, port, key, supervisor.addresses, user,

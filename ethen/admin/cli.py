@@ -11,7 +11,8 @@ of ``--config``, else of ``ethen up``'s config. ``keys create`` prints the new k
 ``--project`` the key is for project ``default``, created (no budget, no restriction) on first use. Errors
 exit with status 2 and a message naming the field (or flag) and value; a failed probe exits with status 1.
 
-Rate limits (:mod:`ethen.gateway.ratelimit`): ``--rpm`` / ``--tpm`` on ``projects create``, ``projects set``,
+Rate limits (:mod:`ethen.gateway.accounting.ratelimit`): ``--rpm`` / ``--tpm`` on ``projects create``,
+``projects set``,
 ``keys create`` and ``keys set`` (requests / tokens per ``[rate_limits] window_s``; a whole number >= 1, or
 ``none`` to clear one with ``set``). Running gateways apply a change within about a second.
 """

@@ -19,7 +19,8 @@ Endpoints (JSON in and out, OpenAI-style error envelopes)::
     GET    /requests/{request_id}         one logged request with its full receipt
     GET    /health                        circuits (open / half-open), mesh nodes, the request log's queue
 
-``rpm`` / ``tpm`` (requests / tokens per ``[rate_limits] window_s``, :mod:`ethen.gateway.ratelimit`) are a
+``rpm`` / ``tpm`` (requests / tokens per ``[rate_limits] window_s``,
+:mod:`ethen.gateway.accounting.ratelimit`) are a
 whole number from 1 to ``MAX_RATE`` or null (no limit): anything else is a 400 whose ``param`` names the field
 (``invalid_type`` for a non-integer, ``invalid_value`` out of range). A change is applied by every gateway
 instance within about a second (the store's change counter, as a revocation).
@@ -43,7 +44,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ethen.admin.sessions import AdminAuth
-from ethen.gateway.accounts import Accounts, AccountsUnavailableError
+from ethen.gateway.accounting.accounts import Accounts, AccountsUnavailableError
 from ethen.gateway.errors import AuthenticationError, GatewayError, InvalidRequestError, http_status
 from ethen.store import (
     UNSET,
@@ -57,7 +58,7 @@ from ethen.store.requests import RequestQuery, parse_status
 from ethen.store.store import MAX_RATE
 
 if TYPE_CHECKING:
-    from ethen.gateway.requestlog import RequestLog
+    from ethen.gateway.observation.requestlog import RequestLog
 
 __all__ = ["ADMIN_PREFIX", "admin_routes", "query_int", "request_routes"]
 _MAX_LIMIT = 500

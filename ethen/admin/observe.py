@@ -45,7 +45,7 @@ from ethen.admin.observe_data import (
     mesh_view,
     open_fractions,
 )
-from ethen.gateway.accounts import AccountsUnavailableError
+from ethen.gateway.accounting.accounts import AccountsUnavailableError
 from ethen.gateway.errors import AuthenticationError, GatewayError, http_status
 from ethen.store import StoreError
 from ethen.store.requeststats import AttemptRow, attempts_between, canary_counts, newest_costs

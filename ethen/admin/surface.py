@@ -3,7 +3,7 @@ projects, keys, usage, certifications), the request-log API and ``/health``, the
 ``/favicon.ico`` and the ``observe/*`` data, and the dashboard sessions they share (:class:`AdminAuth`).
 
 :func:`admin_surface` builds it from a built :class:`~ethen.gateway.state.Gateway`; the composition module
-(:func:`ethen.app.create_app`) hands it to :func:`ethen.gateway.app.gateway_app`, which mounts the routes
+(:func:`ethen.app.create_app`) hands it to :func:`ethen.gateway.api.app.gateway_app`, which mounts the routes
 after its own and starts / closes the sessions in its lifespan (after the accounts start, before they
 close). No admin key (``[store] admin_key_sha256`` or ``[log] admin_key_sha256``): the routes answer 403 and
 there are no sessions.
@@ -19,7 +19,7 @@ from ethen.admin.dashboard import favicon_route, gateway_health, ui_routes
 from ethen.admin.http import admin_routes, request_routes
 from ethen.admin.observe import observe_routes
 from ethen.admin.sessions import AdminAuth
-from ethen.gateway.accounts import Accounts
+from ethen.gateway.accounting.accounts import Accounts
 from ethen.gateway.state import Gateway
 
 __all__ = ["AdminSurface", "admin_surface"]

@@ -280,7 +280,7 @@ __all__ += [
 ]
 
 
-# --- accounts (projects, keys, budgets): raised by ethen.gateway.accounts on the request path ---------------
+# --- accounts (projects, keys, budgets): raised by ethen.gateway.accounting.accounts on the request path --
 
 
 class BudgetExceededError(GatewayError):

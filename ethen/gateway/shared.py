@@ -5,7 +5,8 @@ and one database. Budgets, keys and project policy stay exact through the databa
 (``ethen.store.admission``); Redis carries the *hot* state that would otherwise be per process:
 
 - **Telemetry** (:class:`TelemetryBus`): every attempt outcome a process records
-  (:meth:`~ethen.gateway.telemetry_store.TelemetryStore.record`: latency, TTFT, success, tokens, cost) and
+  (:meth:`~ethen.gateway.observation.telemetry_store.TelemetryStore.record`: latency, TTFT, success, tokens,
+  cost) and
   every "forget the outage's failures" of a circuit closing after a successful trial is appended to a
   Redis stream (``<key_prefix>:telemetry``, capped at ~20,000 entries), batched: the request path only
   appends to a list; a background task sends what gathered every 50 ms in one ``XADD``. Each instance reads
@@ -16,7 +17,8 @@ and one database. Budgets, keys and project policy stay exact through the databa
   anywhere lifts the gate everywhere), and canary acceptance (computed from the telemetry snapshot)
   counts every instance's samples. An instance that starts reads the last telemetry window (300 s) from
   the stream first, so a restarted instance does not route blind.
-- **Rate limits** (:mod:`ethen.gateway.ratelimit`): atomic Lua scripts over Redis keys, exact across
+- **Rate limits** (:mod:`ethen.gateway.accounting.ratelimit`): atomic Lua scripts over Redis keys, exact
+across
   instances.
 
 Redis unreachable (connection refused, timeout, any redis-py error): :class:`SharedState` maps the error to
@@ -44,11 +46,11 @@ from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 
+from ethen.gateway.accounting.ratelimit import RateLimits
 from ethen.gateway.config import GatewayConfig, shared_redis_url
 from ethen.gateway.errors import SharedStateUnavailableError
-from ethen.gateway.ratelimit import RateLimits
+from ethen.gateway.observation.telemetry_store import AttemptRecord, TelemetryStore
 from ethen.gateway.redis_state import SharedState
-from ethen.gateway.telemetry_store import AttemptRecord, TelemetryStore
 
 if TYPE_CHECKING:
     from ethen.gateway.state import Gateway

@@ -1,7 +1,7 @@
 """The runtime state of one gateway (:class:`Gateway`): pool, policy, keys, accounts, providers,
 telemetry, circuits, executor, metrics, request log and rate limits, built from its config.
 
-The HTTP app (:func:`ethen.gateway.app.gateway_app`) builds one and its endpoints read it; it lives here,
+The HTTP app (:func:`ethen.gateway.api.app.gateway_app`) builds one and its endpoints read it; it lives here,
 apart from the app, so the modules that read it (pipeline, shared state, the admin's pages) do not import
 the app.
 """
@@ -13,21 +13,21 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from ethen.gateway.accounts import Accounts
-from ethen.gateway.auth import KeyRing
+from ethen.gateway.accounting.accounts import Accounts
+from ethen.gateway.accounting.auth import KeyRing
+from ethen.gateway.accounting.ratelimit import RateLimits
+from ethen.gateway.api.execute import Executor
+from ethen.gateway.api.record import RouteTarget
+from ethen.gateway.api.sse import dumps
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.circuit import CircuitBoard
 from ethen.gateway.config import GatewayConfig, build_canaries, build_policy, build_pool
-from ethen.gateway.execute import Executor
-from ethen.gateway.metrics import GatewayMetrics
+from ethen.gateway.observation.metrics import GatewayMetrics
+from ethen.gateway.observation.requestlog import RequestLog
+from ethen.gateway.observation.telemetry_store import TelemetryStore
+from ethen.gateway.observation.tracing import tracing_for
 from ethen.gateway.providers.base import Provider
-from ethen.gateway.ratelimit import RateLimits
-from ethen.gateway.record import RouteTarget
-from ethen.gateway.requestlog import RequestLog
 from ethen.gateway.routing import ALIASES, RoutingContext
-from ethen.gateway.sse import dumps
-from ethen.gateway.telemetry_store import TelemetryStore
-from ethen.gateway.tracing import tracing_for
 
 __all__ = ["Gateway"]
 

@@ -21,7 +21,7 @@ class Project:
     budget_window: Window
     default_alias: str | None
     created_at: datetime
-    rpm: int | None = None  # requests per rate-limit window (ethen.gateway.ratelimit); None: no limit here
+    rpm: int | None = None  # requests per rate-limit window (gateway.accounting.ratelimit); None: no limit
     tpm: int | None = None  # tokens per rate-limit window
 
     def to_dict(self) -> dict[str, Any]:

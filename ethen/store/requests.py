@@ -1,6 +1,7 @@
 """The request log's table and queries (issue 14): one row per finished gateway request.
 
-Rows are written in batches by the gateway's log writer (:mod:`ethen.gateway.requestlog`), off the request
+Rows are written in batches by the gateway's log writer (:mod:`ethen.gateway.observation.requestlog`), off the
+request
 path; this module only knows the table. A row (:data:`COLUMNS`) holds the request's outcome: when it arrived,
 its request id, project, key id (never the key), endpoint, requested model, the selected and primary
 candidate, the attempts, whether a fallback served it, the canary hit, tokens, cost (nano-USD), TTFT, total
@@ -337,7 +338,8 @@ def _plain(row: Mapping[str, Any]) -> list[Any]:
 
 
 def encode_row(row: Mapping[str, Any]) -> EncodedRow:
-    """A row (as :func:`ethen.gateway.requestlog.to_row` builds it) encoded for :func:`insert_requests`:
+    """A row (as :func:`ethen.gateway.observation.requestlog.to_row` builds it) encoded for
+    :func:`insert_requests`:
     done once per row, in the writer (raises ``TypeError`` / ``ValueError`` for a value JSON cannot hold).
     Text a column cannot hold (:func:`storable`) is stored with U+FFFD in its place, and a plain column's text
     cut to the column's length, so one client's odd input (``"model": "m\\u0000"``) never fails the batch."""

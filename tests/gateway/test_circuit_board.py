@@ -15,7 +15,7 @@ from service_harness import config_dict
 from ethen.gateway.circuit import CircuitBoard, Prober
 from ethen.gateway.config import parse_config
 from ethen.gateway.errors import GatewayConfigError
-from ethen.gateway.telemetry_store import AttemptRecord, TelemetryStore
+from ethen.gateway.observation.telemetry_store import AttemptRecord, TelemetryStore
 
 WALL = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

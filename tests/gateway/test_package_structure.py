@@ -58,14 +58,28 @@ def test_one_exception_tree_per_package(package: str) -> None:
 
 
 def test_the_request_path_does_not_live_in_the_admin_package() -> None:
-    """``ethen.admin`` is the admin surfaces only (HTTP API, CLI); the request path's accounts are the
-    gateway's (``ethen.gateway.accounts``), and no request-path module imports the admin package."""
+    """``ethen.admin`` is the operator's surfaces (HTTP API, dashboard, sessions, CLI); the request path's
+    accounts are the gateway's (``ethen.gateway.accounting.accounts``), and no gateway module imports the
+    admin package (the composition module ``ethen.app`` mounts it; tests/test_import_graph.py checks every
+    import)."""
     admin = [m.__name__ for m in _modules("ethen.admin")]
     assert "ethen.admin.accounts" not in admin
-    request_path = ["accounts", "pipeline", "relay", "execute", "ratelimit", "embeddings", "responses_http"]
-    for name in request_path:
-        mod = importlib.import_module(f"ethen.gateway.{name}")
-        assert "ethen.admin" not in inspect.getsource(mod), f"ethen.gateway.{name} imports ethen.admin"
+    for mod in _modules("ethen.gateway"):
+        assert "from ethen.admin" not in inspect.getsource(mod), f"{mod.__name__} imports ethen.admin"
+
+
+def test_the_gateway_folder_shows_its_jobs() -> None:
+    """The gateway's modules sit in one sub-package per job (issue 25)."""
+    jobs = {
+        "api": ["app", "chat", "completions", "embeddings", "responses", "pipeline", "execute", "relay"],
+        "accounting": ["accounts", "hold", "ratelimit"],
+        "observation": ["requestlog", "metrics", "tracing", "telemetry_store"],
+    }
+    for job, names in jobs.items():
+        for name in names:
+            importlib.import_module(f"ethen.gateway.{job}.{name}")
+    importlib.import_module("ethen.gateway.routing.decide")
+    importlib.import_module("ethen.gateway.providers.base")
 
 
 def test_the_config_package_exports_every_section_model() -> None:

@@ -21,9 +21,9 @@ from budget_harness import admin, db_url, live_store
 from service_harness import CLIENT_KEY
 
 from ethen.gateway.config import LogConfig
-from ethen.gateway.metrics import GatewayMetrics
+from ethen.gateway.observation.metrics import GatewayMetrics
+from ethen.gateway.observation.requestlog import RequestLog, RequestRecord
 from ethen.gateway.providers.base import Usage
-from ethen.gateway.requestlog import RequestLog, RequestRecord
 from ethen.store import Store
 from ethen.store.groupcommit import GroupCommit
 from ethen.store.requests import RequestQuery, get_request, list_requests

@@ -15,8 +15,8 @@ from budget_harness import db_url  # noqa: F401 (fixture)
 from sqlalchemy import func, select
 
 from ethen.gateway.config import LogConfig
-from ethen.gateway.metrics import GatewayMetrics
-from ethen.gateway.requestlog import RequestLog, RequestRecord
+from ethen.gateway.observation.metrics import GatewayMetrics
+from ethen.gateway.observation.requestlog import RequestLog, RequestRecord
 from ethen.store import Store
 from ethen.store.groupcommit import GroupCommit
 from ethen.store.requests import RequestQuery, list_requests, request_attempts

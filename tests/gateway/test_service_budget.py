@@ -327,8 +327,8 @@ def test_bad_store_config_names_the_key(tmp_path: Path) -> None:
     assert on is not None and on.postgres_synchronous_commit == "on"
     default = parse_config({**base, "store": sq}).store  # off by default, like SQLite's NORMAL
     assert default is not None and default.postgres_synchronous_commit == "off"
-    from ethen.gateway.accounts import accounts_for
-    from ethen.gateway.auth import KeyRing
+    from ethen.gateway.accounting.accounts import accounts_for
+    from ethen.gateway.accounting.auth import KeyRing
 
     built = accounts_for(parse_config({**base, "store": {**sq, "postgres_synchronous_commit": "on"}}),
                          KeyRing([]), ENV)

@@ -17,7 +17,7 @@ from budget_harness import db_url, live_store, new_project_key, with_store
 from service_harness import CLIENT_KEY, ROUTES
 from upstream import Behavior
 
-from ethen.gateway.accounts import PROMPT_FACTOR, PROMPT_SLACK_TOKENS, credible_usage, max_cost_usd
+from ethen.gateway.accounting.accounts import PROMPT_FACTOR, PROMPT_SLACK_TOKENS, credible_usage, max_cost_usd
 from ethen.gateway.providers.base import Usage
 from ethen.gateway.routing import (
     Candidate,

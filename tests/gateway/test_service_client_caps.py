@@ -197,7 +197,7 @@ def test_past_the_pending_headers_cap_the_oldest_slow_socket_is_closed(tmp_path:
 
 
 def test_an_address_is_an_ipv4_address_or_an_ipv6_slash_64() -> None:
-    from ethen.gateway.serve import client_key
+    from ethen.gateway.api.serve import client_key
 
     assert client_key(("127.0.0.2", 5000)) == "127.0.0.2"
     assert client_key(("::ffff:10.1.2.3", 5000, 0, 0)) == "10.1.2.3"

@@ -16,7 +16,7 @@ from service_harness import CLIENT_KEY, ENV, PROVIDER_KEY, config_dict, live
 from test_service_cli import ethen_cmd, free_port, write_toml
 from upstream import Behavior, Script, ServerThread, make_upstream_app
 
-from ethen.gateway.logformat import TEXT_FORMAT, JsonFormatter
+from ethen.gateway.observation.logformat import TEXT_FORMAT, JsonFormatter
 
 USER = [{"role": "user", "content": "hello"}]
 WRONG_KEY = "ethen-wrong-0f9e8d7c6b5a4938271605f4e3d2c1b0"

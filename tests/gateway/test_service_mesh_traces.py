@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from service_harness import CLIENT_KEY, ROUTES, config_dict, live
 
-from ethen.gateway.tracing import Tracing
+from ethen.gateway.observation.tracing import Tracing
 
 LAYOUT = {"a": "0-9", "b": "10-19", "c": "20-29"}
 

@@ -13,9 +13,9 @@ from service_harness import CLIENT_KEY, live
 from upstream import Behavior, ServerThread
 
 from ethen.app import PREFIX, create_app
+from ethen.gateway.api.sse import dumps
 from ethen.gateway.config import parse_config
 from ethen.gateway.providers.base import Completion, Provider, ProviderStream, UpstreamCall, Usage
-from ethen.gateway.sse import dumps
 
 AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 ROUTE = {"mesh-stage": 0, "node": "w1", "layers": "0-29", "cost": 0.5}

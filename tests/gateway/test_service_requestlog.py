@@ -24,9 +24,9 @@ from service_harness import CLIENT_KEY, PROVIDER_KEY, Live, live
 from upstream import Behavior
 
 from ethen.gateway.config import LogConfig
-from ethen.gateway.metrics import GatewayMetrics
-from ethen.gateway.requestlog import RequestLog, RequestRecord
-from ethen.gateway.tracing import Tracing
+from ethen.gateway.observation.metrics import GatewayMetrics
+from ethen.gateway.observation.requestlog import RequestLog, RequestRecord
+from ethen.gateway.observation.tracing import Tracing
 from ethen.store import Store
 from ethen.store.requests import count_requests, insert_requests
 

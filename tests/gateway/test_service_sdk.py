@@ -9,7 +9,7 @@ import openai
 import pytest
 from service_harness import CLIENT_KEY, Live, live
 
-from ethen.gateway.app import PREFIX
+from ethen.gateway.api.app import PREFIX
 
 USER = [{"role": "user", "content": "Summarize this transcript"}]
 TOOLS = [
@@ -315,7 +315,7 @@ def test_healthz_metrics_and_unknown_paths(lv: Live) -> None:
 
 
 def test_oversized_body_is_413(lv: Live) -> None:
-    from ethen.gateway.app import MAX_BODY_BYTES
+    from ethen.gateway.api.app import MAX_BODY_BYTES
 
     head = b'{"model": "ethen/auto", "messages": [{"role": "user", "content": "'
     big = head + b"x" * MAX_BODY_BYTES + b'"}]}'

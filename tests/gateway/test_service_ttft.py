@@ -59,7 +59,7 @@ def test_a_tool_call_chunk_is_content() -> None:
 
 
 def test_has_content_on_chunk_bytes() -> None:
-    from ethen.gateway.execute import has_content
+    from ethen.gateway.api.execute import has_content
 
     def chunk(delta: str) -> bytes:
         return b'{"id":"c","choices":[{"index":0,"delta":' + delta.encode() + b',"finish_reason":null}]}'

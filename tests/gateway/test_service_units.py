@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 from service_harness import config_dict
 
-from ethen.gateway.auth import KeyRing, hash_key
+from ethen.gateway.accounting.auth import KeyRing, hash_key
+from ethen.gateway.api.execute import upstream_payload
+from ethen.gateway.api.sse import SSEEvent, iter_events
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.config import (
     ApiKeyConfig,
@@ -23,10 +25,8 @@ from ethen.gateway.config import (
     resolve_secret,
 )
 from ethen.gateway.errors import AuthenticationError, GatewayConfigError
-from ethen.gateway.execute import upstream_payload
+from ethen.gateway.observation.telemetry_store import AttemptRecord, TelemetryStore
 from ethen.gateway.providers.anthropic import from_anthropic, to_anthropic
-from ethen.gateway.sse import SSEEvent, iter_events
-from ethen.gateway.telemetry_store import AttemptRecord, TelemetryStore
 
 ROOT = Path(__file__).resolve().parents[2]
 

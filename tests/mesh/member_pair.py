@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ethen.gateway.auth import hash_key
+from ethen.gateway.accounting.auth import hash_key
 from ethen.mesh.worker.launch import WorkerProcess, spawn_worker
 from tests.mesh.test_mesh_membership import Gateway, _free_port, _until
 

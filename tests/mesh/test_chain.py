@@ -22,7 +22,7 @@ import grpc
 import numpy as np
 import pytest
 
-from ethen.gateway.auth import hash_key
+from ethen.gateway.accounting.auth import hash_key
 from ethen.gateway.config import parse_config
 from ethen.gateway.errors import GatewayConfigError
 from ethen.gateway.providers import build_providers

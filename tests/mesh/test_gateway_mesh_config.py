@@ -22,7 +22,7 @@ import pytest
 import tomli_w
 from openai import OpenAI
 
-from ethen.gateway.auth import hash_key
+from ethen.gateway.accounting.auth import hash_key
 from ethen.gateway.config import parse_config
 from ethen.gateway.errors import UpstreamConnectionError
 from ethen.gateway.providers import build_providers

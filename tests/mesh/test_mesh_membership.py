@@ -18,7 +18,7 @@ import httpx
 import pytest
 import tomli_w
 
-from ethen.gateway.auth import hash_key
+from ethen.gateway.accounting.auth import hash_key
 from ethen.mesh.auth import ClientCredentials, TokenAuth, read_tokens, server_credentials
 from ethen.mesh.certs import make_certs
 from ethen.mesh.orchestrator import Orchestrator

@@ -23,7 +23,7 @@ import httpx
 import pytest
 import tomli_w
 
-from ethen.gateway.auth import hash_key
+from ethen.gateway.accounting.auth import hash_key
 from ethen.gateway.config import parse_config
 from ethen.gateway.errors import GatewayConfigError
 from ethen.mesh.worker.launch import spawn_worker

@@ -29,7 +29,7 @@ import pytest
 import tomli_w
 from sqlalchemy.engine import make_url
 
-from ethen.gateway.auth import hash_key
+from ethen.gateway.accounting.auth import hash_key
 from ethen.mesh.orchestrator import Orchestrator
 from ethen.mesh.orchestrator.members import Membership
 from ethen.mesh.orchestrator.shared_members import Announcement, SharedMembersUnavailable

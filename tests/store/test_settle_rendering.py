@@ -1,4 +1,5 @@
-"""``Hold.settle_rendering`` (ethen.gateway.hold): the answer's body is rendered while its ledger entry
+"""``Hold.settle_rendering`` (ethen.gateway.accounting.hold): the answer's body is rendered while its ledger
+entry
 commits, and the answer waits for the commit. Real SQLite files (NORMAL and FULL) and real Postgres (with
 ETHEN_TEST_PG_URL)."""
 
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from ethen.gateway.accounts import Access
-from ethen.gateway.hold import Hold
+from ethen.gateway.accounting.accounts import Access
+from ethen.gateway.accounting.hold import Hold
 from ethen.gateway.providers.base import Usage
 from ethen.gateway.routing import Candidate, ModelInfo, Prices
 from ethen.store import Admission, Store

@@ -174,8 +174,8 @@ def test_a_settlement_is_queued_at_once_and_committed_when_awaited(tmp_path: Pat
 def test_the_gateway_config_sets_the_writer_connection_s_synchronous(
         tmp_path: Path, setting: str | None, pragma: int) -> None:
     """``[store] sqlite_synchronous`` reaches the writer connection (default NORMAL)."""
-    from ethen.gateway.accounts import accounts_for
-    from ethen.gateway.auth import KeyRing
+    from ethen.gateway.accounting.accounts import accounts_for
+    from ethen.gateway.accounting.auth import KeyRing
     from ethen.gateway.config import parse_config
 
     store: dict[str, str] = {"url": f"sqlite:///{tmp_path / 'g.db'}"}

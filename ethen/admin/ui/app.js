@@ -119,7 +119,7 @@ function drawSpend(target, rows, keyOf, what) {
 }
 
 async function loadCharts() {
-  // the newest 2000 rows' time, project, model and cost: one narrow query (ethen/gateway/observe.py)
+  // the newest 2000 rows' time, project, model and cost: one narrow query (ethen/admin/observe.py)
   const rows = (await api("/observe/spend?limit=2000")).data;
   for (const c of charts) c.destroy();
   charts = [];

@@ -3,7 +3,7 @@
 Layout (see ``examples/gateway.toml``)::
 
     [server]            host, port, header_timeout_s (10), body_timeout_s (60), max_connections (1000):
-                        slow-client limits (see ethen.gateway.serve)
+                        slow-client limits (see ethen.gateway.api.serve)
     [[providers]]       id, kind ("openai_compat" | "anthropic"), base_url, api_key_env, headers,
                         max_connections, [providers.timeouts] connect_s / first_byte_s / total_s
     [[providers]]       id, kind = "mesh", [providers.workers] node_id = "host:port" (at least one),
@@ -19,9 +19,10 @@ Layout (see ``examples/gateway.toml``)::
                         (catalog provider id, default: provider),
                         [routes.info] ModelInfo overrides, [routes.prices] Prices overrides (USD/Mtok),
                         endpoint ("chat" | "embeddings": served by POST /embeddings only, see
-                        ethen.gateway.embeddings)
+                        ethen.gateway.api.embeddings)
     [[api_keys]]        name, sha256 (hex SHA-256 of the full key; keys start with "ethen"), rpm, tpm
-                        (rate limits: requests / tokens per [rate_limits] window; ethen.gateway.ratelimit)
+                        (rate limits: requests / tokens per [rate_limits] window;
+                        ethen.gateway.accounting.ratelimit)
     [[canaries]]        alias, candidate ("provider/model"), percent, min_success_rate, min_samples
                         (the spec's camelCase minSuccessRate / minSamples are accepted too)
     [policy]            allowed_providers, allowed_models, remaining_budget_usd
@@ -32,10 +33,12 @@ Layout (see ``examples/gateway.toml``)::
     [shared]            redis_url or redis_url_env, key_prefix ("ethen"), timeout_s (0.5): state shared by
                         several gateway instances (telemetry, rate limits; see ethen.gateway.shared)
     [rate_limits]       window_s (60), [rate_limits.projects.NAME] / [rate_limits.keys.KEY_ID] rpm, tpm
-                        (store projects and keys; see ethen.gateway.ratelimit)
+                        (store projects and keys; see ethen.gateway.accounting.ratelimit)
     [log]               retention_days (30), max_rows (1,000,000), memory_rows (10,000), queue_size,
-                        prune_interval_s, admin_key_sha256: the request log (see ethen.gateway.requestlog)
-    [otel]              endpoint (OTLP/HTTP traces; unset: off), service_name (see ethen.gateway.tracing)
+                        prune_interval_s, admin_key_sha256: the request log (see
+                        ethen.gateway.observation.requestlog)
+    [otel]              endpoint (OTLP/HTTP traces; unset: off), service_name (see
+                        ethen.gateway.observation.tracing)
 
 Choices where the issue is silent:
 - TOML only (the issue allows YAML or TOML; TOML needs no extra dependency).

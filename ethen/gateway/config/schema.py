@@ -56,7 +56,8 @@ class _Strict(BaseModel):
 
 
 class ServerConfig(_Strict):
-    """Where to listen, and the limits on slow clients (:mod:`ethen.gateway.serve` applies them): a request's
+    """Where to listen, and the limits on slow clients (:mod:`ethen.gateway.api.serve` applies them): a
+    request's
     headers must arrive within ``header_timeout_s`` of its first byte (of the connection, for the first
     request), its body within ``body_timeout_s`` of the headers' end (else 408), and beyond
     ``max_connections`` open connections a request gets 503. Per client address (issue 23):
@@ -267,7 +268,7 @@ class RouteConfig(_Strict):
     upstream_model: str | None = None
     catalog_model: str | None = None
     catalog_provider: str | None = None
-    endpoint: Literal["chat", "embeddings"] = "chat"  # embeddings routes: ethen.gateway.embeddings only
+    endpoint: Literal["chat", "embeddings"] = "chat"  # embeddings routes: ethen.gateway.api.embeddings only
     info: InfoOverrides = Field(default_factory=lambda: InfoOverrides())
     prices: PricesOverrides = Field(default_factory=lambda: PricesOverrides())
 
@@ -283,7 +284,7 @@ class RouteConfig(_Strict):
 class ApiKeyConfig(_Strict):
     name: str = Field(min_length=1)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    rpm: int | None = Field(default=None, ge=1)  # requests per [rate_limits] window (ethen.gateway.ratelimit)
+    rpm: int | None = Field(default=None, ge=1)  # requests per [rate_limits] window (accounting.ratelimit)
     tpm: int | None = Field(default=None, ge=1)  # tokens per [rate_limits] window
 
 
@@ -409,7 +410,8 @@ class RateLimitsConfig(_Strict):
 
 
 class LogConfig(_Strict):
-    """The request log (``ethen.gateway.requestlog``): kept in the store (``retention_days``, ``max_rows``;
+    """The request log (``ethen.gateway.observation.requestlog``): kept in the store (``retention_days``,
+    ``max_rows``;
     pruned at start and every ``prune_interval_s``), else in a memory ring of the last ``memory_rows``.
     ``queue_size`` bounds the records waiting for the writer (past it a record is dropped and counted).
     ``admin_key_sha256`` opens ``/api/admin/v1/requests`` on a gateway without a ``[store]``."""
@@ -428,8 +430,8 @@ class LogConfig(_Strict):
 
 
 class OtelConfig(_Strict):
-    """OpenTelemetry traces (``ethen.gateway.tracing``), exported over OTLP/HTTP to ``endpoint`` (e.g.
-    ``http://localhost:4318/v1/traces``); unset: no tracing at all."""
+    """OpenTelemetry traces (``ethen.gateway.observation.tracing``), exported over OTLP/HTTP to ``endpoint``
+    (e.g. ``http://localhost:4318/v1/traces``); unset: no tracing at all."""
 
     endpoint: str | None = Field(default=None, pattern=r"^https?://\S+$")
     service_name: str = Field(default="ethen-gateway", min_length=1, max_length=200)

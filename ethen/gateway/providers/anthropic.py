@@ -36,6 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ethen.gateway.api.sse import dumps
 from ethen.gateway.errors import (
     UpstreamError,
     UpstreamInvalidResponseError,
@@ -51,7 +52,6 @@ from ethen.gateway.providers.http import (
     redact,
     upstream_message,
 )
-from ethen.gateway.sse import dumps
 
 __all__ = [
     "ANTHROPIC_VERSION",

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 
+from ethen.gateway.api.sse import SSEEvent, iter_events
 from ethen.gateway.errors import (
     UpstreamBadRequestError,
     UpstreamConnectionError,
@@ -43,7 +44,6 @@ from ethen.gateway.errors import (
     UpstreamTimeoutError,
 )
 from ethen.gateway.providers.base import Provider, ProviderStream, Timeouts
-from ethen.gateway.sse import SSEEvent, iter_events
 
 __all__ = [
     "HttpPool",

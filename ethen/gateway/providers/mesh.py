@@ -70,6 +70,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from ethen.gateway.api.sse import dumps
 from ethen.gateway.errors import (
     GatewayConfigError,
     UpstreamBadRequestError,
@@ -91,7 +92,6 @@ from ethen.gateway.providers.mesh_request import (
     sampling_params,
     served_model_id,
 )
-from ethen.gateway.sse import dumps
 from ethen.mesh.auth import ClientCredentials, CredentialsError, TokenAuth, read_tokens, server_credentials
 from ethen.mesh.orchestrator import MeshGeneration, Orchestrator
 from ethen.mesh.orchestrator.planning import plan_route

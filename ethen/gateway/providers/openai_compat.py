@@ -17,6 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ethen.gateway.api.sse import DONE_PAYLOAD, dumps
 from ethen.gateway.errors import UpstreamInvalidResponseError, UpstreamServerError
 from ethen.gateway.providers.base import Completion, Embeddings, ProviderStream, UpstreamCall, Usage
 from ethen.gateway.providers.http import (
@@ -27,7 +28,6 @@ from ethen.gateway.providers.http import (
     redact,
     upstream_message,
 )
-from ethen.gateway.sse import DONE_PAYLOAD, dumps
 
 __all__ = ["OpenAICompatProvider", "error_for_status", "redact", "upstream_message"]
 

@@ -110,7 +110,7 @@ class StageTiming:
     """What one stage (node, layers) of a session cost so far: its calls, the rows they carried, their wall
     time as the orchestrator saw it (wire + queue + compute) and the worker's own queue + compute time;
     ``start``/``end`` are wall-clock epoch seconds of its first call's start and last call's end (the
-    request's trace spans, :mod:`ethen.gateway.tracing`)."""
+    request's trace spans, :mod:`ethen.gateway.observation.tracing`)."""
 
     node: str
     first: int

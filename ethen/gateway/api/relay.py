@@ -2,20 +2,21 @@
 chunk, settle the spend, and record the metrics (time to first token among them).
 
 :class:`StreamRelay` is what ``POST /chat/completions`` with ``stream: true`` returns as its body once the
-executor has opened a stream (:class:`~ethen.gateway.execute.StreamRun`: the first chunk is read).
-Behaviour (documented in :mod:`ethen.gateway.app`): without ``stream_options.include_usage`` the upstream's
+executor has opened a stream (:class:`~ethen.gateway.api.execute.StreamRun`: the first chunk is read).
+Behaviour (documented in :mod:`ethen.gateway.api.app`): without ``stream_options.include_usage`` the
+upstream's
 last chunk with a ``finish_reason`` is held back until the upstream ends and carries the receipt; with it,
 the usage chunk does; a break after the first chunk ends with ``event: error``; a client gone before the end
 settles and counts ``client_closed``.
 
 Time to first token (``ethen_gateway_ttft_seconds``, and the ``ttft_ms`` telemetry the router scores) is the
 time to the first chunk that carries content: a non-empty ``delta.content`` or ``refusal``, or a
-``tool_calls`` entry (:func:`~ethen.gateway.execute.has_content`, a bytes regex). Providers open with a
+``tool_calls`` entry (:func:`~ethen.gateway.api.execute.has_content`, a bytes regex). Providers open with a
 role-only chunk (``{"role": "assistant", "content": ""}``) within milliseconds, long before the first token
 (~1 s on the mesh), so timing the first chunk measured the connection, not the model. Only chunks until the
 first content are scanned; a stream that never carries content records no TTFT.
 
-``on_end`` (the pipeline's :meth:`~ethen.gateway.pipeline.Pipeline.stream_end`) is called once when the
+``on_end`` (the pipeline's :meth:`~ethen.gateway.api.pipeline.Pipeline.stream_end`) is called once when the
 stream ends, whichever way (``ok``, ``stream_error``, ``client_closed``): the request log's hook.
 """
 
@@ -29,11 +30,11 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any
 
-from ethen.gateway.accounts import AccountsUnavailableError, Hold
+from ethen.gateway.accounting.accounts import AccountsUnavailableError, Hold
+from ethen.gateway.api.execute import Attempt, RouteTarget, StreamRun, chunk_meta, has_content
+from ethen.gateway.api.sse import DONE_FRAME, encode_data, encode_error, encode_json
 from ethen.gateway.errors import UpstreamError
-from ethen.gateway.execute import Attempt, RouteTarget, StreamRun, chunk_meta, has_content
-from ethen.gateway.metrics import GatewayMetrics
-from ethen.gateway.sse import DONE_FRAME, encode_data, encode_error, encode_json
+from ethen.gateway.observation.metrics import GatewayMetrics
 
 __all__ = ["Receipt", "StreamRelay"]
 

@@ -10,7 +10,8 @@
   event (done by the caller, ``app.py``, through :class:`StreamRun`).
 - When the chain is exhausted: a single attempt re-raises its own error; several raise
   :class:`~ethen.gateway.errors.FallbackExhaustedError` listing them.
-- Telemetry: each attempt is recorded in the :class:`~ethen.gateway.telemetry_store.TelemetryStore`
+- Telemetry: each attempt is recorded in the
+:class:`~ethen.gateway.observation.telemetry_store.TelemetryStore`
   (latency, TTFT, success, error class, tokens, cost from the candidate's prices, fallback, stream
   completion).
   A request-caused 4xx is *not* recorded as a provider failure: three bad client requests must not exclude a
@@ -23,7 +24,7 @@
   in flight (none left: 503 ``no_healthy_candidate``); the attempt's outcome ends the trial. With ``probe``
   on, a background task sends a 1-token probe (``Provider.probe``) through each half-open circuit, so a
   provider with healthy alternatives is routed to again too; probes are recorded like attempts.
-- Logs (WARNING, logger ``ethen.gateway.execute``, one line each, never a message body or credential: the
+- Logs (WARNING, logger ``ethen.gateway.api.execute``, one line each, never a message body or credential: the
   request id, the candidate, the error code/class/upstream status): every failed attempt (with what happens
   next: the fallback candidate, or none), a fallback that answered, a probe that failed.
 """
@@ -39,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ethen.gateway.api.record import Attempt, RouteTarget, cost_usd
 from ethen.gateway.circuit import CircuitBoard, Prober
 from ethen.gateway.errors import (
     FallbackExhaustedError,
@@ -47,11 +49,10 @@ from ethen.gateway.errors import (
     UpstreamError,
     UpstreamInvalidResponseError,
 )
-from ethen.gateway.metrics import GatewayMetrics
+from ethen.gateway.observation.metrics import GatewayMetrics
+from ethen.gateway.observation.telemetry_store import AttemptRecord, TelemetryStore
 from ethen.gateway.providers.base import ProviderStream, UpstreamCall, Usage
-from ethen.gateway.record import Attempt, RouteTarget, cost_usd
 from ethen.gateway.routing import Candidate, Decision, ScoredCandidate
-from ethen.gateway.telemetry_store import AttemptRecord, TelemetryStore
 
 __all__ = [
     "Attempt",

@@ -3,7 +3,8 @@
 Plain values the request path builds and the observation side (request log, metrics, tracing) reads, kept
 in this module so neither side imports the other: :class:`RouteTarget` (where a candidate runs),
 :class:`Attempt` (one try, as the receipt shows it), :func:`routing_receipt`, :func:`cost_usd` and
-:class:`RequestRecord` (one finished request, handed to :class:`~ethen.gateway.requestlog.RequestLog`).
+:class:`RequestRecord` (one finished request, handed to
+:class:`~ethen.gateway.observation.requestlog.RequestLog`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """The request log (issue 14): every finished request's outcome, written off the request path.
 
-The request path (:mod:`ethen.gateway.pipeline`, :mod:`ethen.gateway.relay`) builds one small frozen
+The request path (:mod:`ethen.gateway.api.pipeline`, :mod:`ethen.gateway.api.relay`) builds one small frozen
 :class:`RequestRecord` per finished request, holding references it already has (the decision, the attempts,
 the served candidate, the usage) and a few numbers, and hands it to :meth:`RequestLog.record`: an append to a
 bounded queue, nothing else. Everything else happens in the writer task, in batches: the ``ethen.routing``
 receipt is built (the same function the answer's receipt came from), the row serialized, the per-project and
-per-model metrics counted (:meth:`~ethen.gateway.metrics.GatewayMetrics.account`), the OpenTelemetry spans
-emitted (:mod:`ethen.gateway.tracing`, when configured), and the batch written in one transaction.
+per-model metrics counted (:meth:`~ethen.gateway.observation.metrics.GatewayMetrics.account`), the
+OpenTelemetry spans
+emitted (:mod:`ethen.gateway.observation.tracing`, when configured), and the batch written in one transaction.
 
 Choices where the issue is silent:
 - Batches: the writer handles queued records every 50 ms (rows built, metrics counted, spans emitted: the
@@ -51,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
-from ethen.gateway.record import Attempt, RequestRecord, cost_usd, routing_receipt
+from ethen.gateway.api.record import Attempt, RequestRecord, cost_usd, routing_receipt
 from ethen.gateway.routing import Candidate
 from ethen.store import Store, StoreError, StoreInvalidError
 from ethen.store.requests import (
@@ -69,8 +70,8 @@ from ethen.store.requests import (
 
 if TYPE_CHECKING:
     from ethen.gateway.config import LogConfig
-    from ethen.gateway.metrics import GatewayMetrics
-    from ethen.gateway.tracing import Tracing
+    from ethen.gateway.observation.metrics import GatewayMetrics
+    from ethen.gateway.observation.tracing import Tracing
 
 __all__ = ["RequestLog", "RequestRecord", "to_row"]
 
@@ -117,7 +118,7 @@ def _receipt(rec: RequestRecord, attempts: list[dict[str, Any]]) -> dict[str, An
 
 @dataclass(frozen=True, slots=True)
 class _Served:
-    """What :func:`~ethen.gateway.pipeline.routing_receipt` reads of a route target."""
+    """What :func:`~ethen.gateway.api.pipeline.routing_receipt` reads of a route target."""
 
     candidate: Candidate
 

@@ -1,7 +1,7 @@
 """The Responses event stream, translated from chat-completion chunks (pure: no I/O).
 
 :class:`ResponsesEvents` turns the chunks of a streamed chat completion (as the gateway relays them, see
-:mod:`ethen.gateway.relay`) into the Responses API's server-sent events, each with its ``sequence_number``
+:mod:`ethen.gateway.api.relay`) into the Responses API's server-sent events, each with its ``sequence_number``
 (from 0) and an ``event:`` line naming its type, as OpenAI sends them:
 
 ``response.created`` and ``response.in_progress`` first; then per output item ``response.output_item.added``,
@@ -24,8 +24,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ethen.gateway.responses import Echo, finish, new_id, obj, response_object, usage_object
-from ethen.gateway.sse import dumps
+from ethen.gateway.api.responses import Echo, finish, new_id, obj, response_object, usage_object
+from ethen.gateway.api.sse import dumps
 
 __all__ = ["ResponsesEvents"]
 

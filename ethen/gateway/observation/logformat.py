@@ -73,4 +73,4 @@ def configure_logging(level: str, fmt: str) -> None:
     from uvicorn.config import LOGGING_CONFIG  # the dict uvicorn.Config applies by default
 
     for name in ("default", "access"):
-        LOGGING_CONFIG["formatters"][name] = {"()": "ethen.gateway.logformat.JsonFormatter"}
+        LOGGING_CONFIG["formatters"][name] = {"()": "ethen.gateway.observation.logformat.JsonFormatter"}

@@ -55,7 +55,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ethen.gateway.accounts import Access, Hold
+from ethen.gateway.accounting.accounts import Access, Hold
 from ethen.gateway.config import GatewayConfig, RateLimitConfig
 from ethen.gateway.errors import (
     RateLimiterUnavailableError,
@@ -360,8 +360,8 @@ class RateLimits:
 
 
 class _CorrectingHold(Hold):
-    """A budget :class:`~ethen.gateway.accounts.Hold` that also corrects the rate limiter's token count (the
-    served usage, or 0 when released). Delegates every public method to the wrapped hold."""
+    """A budget :class:`~ethen.gateway.accounting.accounts.Hold` that also corrects the rate limiter's token
+    count (the served usage, or 0 when released). Delegates every public method to the wrapped hold."""
 
     def __init__(self, inner: Hold, limits: RateLimits, ticket: Ticket) -> None:
         self._inner = inner

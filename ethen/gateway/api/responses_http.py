@@ -1,10 +1,10 @@
-"""``POST /responses``: the Responses API handler (translation in :mod:`ethen.gateway.responses` and
-:mod:`ethen.gateway.responses_stream`, the request path in :mod:`ethen.gateway.pipeline`).
+"""``POST /responses``: the Responses API handler (translation in :mod:`ethen.gateway.api.responses` and
+:mod:`ethen.gateway.api.responses_stream`, the request path in :mod:`ethen.gateway.api.pipeline`).
 
 Buffered: the Response object, with the receipt at ``ethen.routing`` and the same ``x-request-id`` /
 ``x-ethen-overhead-ms`` headers as chat completions. Streamed: the chat stream is relayed by the very
-:class:`~ethen.gateway.relay.StreamRelay` chat completions use (with usage requested, so the terminal chunk
-carries it): it records the attempt, settles the spend and counts the metrics; each chunk it yields is
+:class:`~ethen.gateway.api.relay.StreamRelay` chat completions use (with usage requested, so the terminal
+chunk carries it): it records the attempt, settles the spend and counts the metrics; each chunk it yields is
 re-read here (one ``json.loads`` per chunk) and turned into Responses events. A refusal before the stream
 starts is the plain JSON error envelope with its HTTP status, as on chat.
 """
@@ -20,13 +20,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from ethen.gateway.api.execute import BufferedRun, StreamRun
+from ethen.gateway.api.pipeline import Call, Pipeline
+from ethen.gateway.api.relay import StreamRelay
+from ethen.gateway.api.responses import Echo, from_chat, new_id, to_chat
+from ethen.gateway.api.responses_stream import ResponsesEvents
+from ethen.gateway.api.sse import DONE_FRAME, dumps
 from ethen.gateway.errors import GatewayError
-from ethen.gateway.execute import BufferedRun, StreamRun
-from ethen.gateway.pipeline import Call, Pipeline
-from ethen.gateway.relay import StreamRelay
-from ethen.gateway.responses import Echo, from_chat, new_id, to_chat
-from ethen.gateway.responses_stream import ResponsesEvents
-from ethen.gateway.sse import DONE_FRAME, dumps
 
 __all__ = ["responses_endpoint"]
 

@@ -1,13 +1,14 @@
 """The gateway's HTTP service: a Starlette app factory around the pure routing core.
 
 Endpoints under ``/api/gateway/v1``, and the same under ``/v1`` (a client whose base URL ends in ``/v1``):
-``POST /chat/completions`` (buffered and SSE), ``POST /responses`` (:mod:`ethen.gateway.responses`),
-``POST /embeddings`` (:mod:`ethen.gateway.embeddings`), ``GET /models``, ``POST /routing/explain``,
+``POST /chat/completions`` (buffered and SSE), ``POST /responses`` (:mod:`ethen.gateway.api.responses`),
+``POST /embeddings`` (:mod:`ethen.gateway.api.embeddings`), ``GET /models``, ``POST /routing/explain``,
 ``GET /healthz``, ``GET /metrics``. Chat completions and responses share one request path
-(:mod:`ethen.gateway.pipeline`).
+(:mod:`ethen.gateway.api.pipeline`).
 
 Request path (kept lean: no pydantic models, one JSON parse, one serialization): auth (one SHA-256) -> parse
-body -> ``decide`` with a cached telemetry snapshot -> :class:`~ethen.gateway.execute.Executor` -> response
+body -> ``decide`` with a cached telemetry snapshot -> :class:`~ethen.gateway.api.execute.Executor` ->
+response
 with the receipt at ``ethen.routing`` and ``x-ethen-overhead-ms`` (total time in the gateway minus time spent
 in upstream calls).
 
@@ -60,28 +61,28 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ethen.gateway.accounts import accounts_for
-from ethen.gateway.body import MAX_BODY_BYTES, parse_body, read_body, stream_options
+from ethen.gateway.accounting.accounts import accounts_for
+from ethen.gateway.api.body import MAX_BODY_BYTES, parse_body, read_body, stream_options
+from ethen.gateway.api.chat import chat_endpoint
+from ethen.gateway.api.completions import completions_endpoint
+from ethen.gateway.api.embeddings import embedding_routes, embeddings_endpoint
+from ethen.gateway.api.pipeline import Pipeline
+from ethen.gateway.api.responses_http import responses_endpoint
+from ethen.gateway.api.sse import dumps
 from ethen.gateway.catalog import Catalog
-from ethen.gateway.chat import chat_endpoint
-from ethen.gateway.completions import completions_endpoint
 from ethen.gateway.config import (
     GatewayConfig,
 )
-from ethen.gateway.embeddings import embedding_routes, embeddings_endpoint
 from ethen.gateway.errors import (
     GatewayError,
     http_status,
 )
-from ethen.gateway.metrics import CONTENT_TYPE_LATEST
-from ethen.gateway.pipeline import Pipeline
+from ethen.gateway.observation.metrics import CONTENT_TYPE_LATEST
+from ethen.gateway.observation.telemetry_store import TelemetryStore
 from ethen.gateway.providers import build_providers
 from ethen.gateway.providers.base import Provider
-from ethen.gateway.responses_http import responses_endpoint
 from ethen.gateway.shared import SharedRuntime
-from ethen.gateway.sse import dumps
 from ethen.gateway.state import Gateway
-from ethen.gateway.telemetry_store import TelemetryStore
 
 __all__ = ["MAX_BODY_BYTES", "PREFIX", "Gateway", "Surface", "build_providers", "gateway_app"]
 
@@ -144,7 +145,7 @@ def gateway_app(
     async def read_json(request: Request) -> dict[str, Any]:
         return parse_body(await read_body(request))
 
-    # the shared request path of /chat/completions, /responses and /embeddings (ethen.gateway.pipeline)
+    # the shared request path of /chat/completions, /responses and /embeddings (ethen.gateway.api.pipeline)
     pipe = Pipeline(gw, acc, read_json, stream_options, _error_response, _request_id)
     embeddings = embedding_routes(cfg, gw.providers, catalog)  # refuses a provider without embeddings
 
@@ -227,9 +228,9 @@ def gateway_app(
             await gw.aclose()
 
     endpoints = [
-        ("/chat/completions", chat_endpoint(pipe), "POST"),  # ethen.gateway.chat
+        ("/chat/completions", chat_endpoint(pipe), "POST"),  # ethen.gateway.api.chat
         ("/responses", responses_endpoint(pipe), "POST"),
-        ("/completions", completions_endpoint(pipe), "POST"),  # legacy: ethen.gateway.completions
+        ("/completions", completions_endpoint(pipe), "POST"),  # legacy: ethen.gateway.api.completions
         ("/embeddings", embeddings_endpoint(pipe, embeddings), "POST"),
         ("/routing/explain", explain, "POST"),
         ("/models", models, "GET"),

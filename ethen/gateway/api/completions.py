@@ -1,7 +1,7 @@
 """``POST /completions``: OpenAI's legacy text completions over the chat path (issue 15).
 
 The body is translated into a chat-completions body (:func:`to_chat`) and runs through the very request path
-chat completions and ``/responses`` use (:mod:`ethen.gateway.pipeline`: auth, requirements, ``ethen/*``
+chat completions and ``/responses`` use (:mod:`ethen.gateway.api.pipeline`: auth, requirements, ``ethen/*``
 aliases, fallback chain, rate limits, budgets, telemetry, receipt); the answer is translated back into a
 ``text_completion`` object (:func:`from_chat`), or, streamed, each chat chunk into a ``text_completion``
 chunk (:func:`chunk_from_chat`). Also served under ``/v1/completions``.
@@ -42,11 +42,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from ethen.gateway.api.execute import BufferedRun, StreamRun
+from ethen.gateway.api.pipeline import Call, Pipeline
+from ethen.gateway.api.relay import StreamRelay
+from ethen.gateway.api.sse import DONE_FRAME, dumps, encode_json
 from ethen.gateway.errors import GatewayError, InvalidRequestError
-from ethen.gateway.execute import BufferedRun, StreamRun
-from ethen.gateway.pipeline import Call, Pipeline
-from ethen.gateway.relay import StreamRelay
-from ethen.gateway.sse import DONE_FRAME, dumps, encode_json
 
 __all__ = ["DEFAULT_MAX_TOKENS", "chunk_from_chat", "completions_endpoint", "from_chat", "to_chat"]
 

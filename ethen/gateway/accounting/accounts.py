@@ -21,7 +21,7 @@ Choices where the spec is silent:
   project may use was rejected *only* because of the remaining window budget (then the rejections are
   attached, as for ``no_smart_route_candidate``). Candidates outside the project's allow-list never decide it.
 - A store failure is a 503 ``store_unavailable``; the message names no key, URL or password.
-- Settling (credible usage, the actual cost, cancellation): :mod:`ethen.gateway.hold`.
+- Settling (credible usage, the actual cost, cancellation): :mod:`ethen.gateway.accounting.hold`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,16 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from ethen.gateway.access import Access
-from ethen.gateway.auth import KeyRing
+from ethen.gateway.accounting.access import Access
+from ethen.gateway.accounting.auth import KeyRing
+from ethen.gateway.accounting.hold import (
+    PROMPT_FACTOR,
+    PROMPT_SLACK_TOKENS,
+    Hold,
+    credible_usage,
+    max_completion_tokens,
+    max_cost_usd,
+)
 from ethen.gateway.config import GatewayConfig, store_url
 from ethen.gateway.errors import (
     AccountsUnavailableError,
@@ -42,14 +50,6 @@ from ethen.gateway.errors import (
     BudgetExceededError,
     GatewayConfigError,
     NoSmartRouteCandidateError,
-)
-from ethen.gateway.hold import (
-    PROMPT_FACTOR,
-    PROMPT_SLACK_TOKENS,
-    Hold,
-    credible_usage,
-    max_completion_tokens,
-    max_cost_usd,
 )
 from ethen.gateway.routing import (
     Candidate,

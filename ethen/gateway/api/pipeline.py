@@ -1,6 +1,6 @@
 """The request path every generation endpoint shares: auth -> parse -> decide -> admit -> executor -> settle.
 
-``POST /chat/completions`` and ``POST /responses`` (:mod:`ethen.gateway.responses`) both run through one
+``POST /chat/completions`` and ``POST /responses`` (:mod:`ethen.gateway.api.responses`) both run through one
 :class:`Pipeline`; only the body translation before it and the answer's shape after it differ, so the same
 requirements, fallback chain, budgets (reserve and settle), telemetry, metrics and receipt apply to both.
 
@@ -14,11 +14,12 @@ requirements, fallback chain, budgets (reserve and settle), telemetry, metrics a
 - :meth:`Pipeline.failed` turns a :class:`~ethen.gateway.errors.GatewayError` into the OpenAI error envelope
   and counts it.
 - Every finished request (:meth:`Pipeline.served`, :meth:`Pipeline.failed`, and a stream's end through
-  :meth:`Pipeline.stream_end`) hands one :class:`~ethen.gateway.requestlog.RequestRecord` to the request log
-  (an append to its queue; the writer task does the rest).
+  :meth:`Pipeline.stream_end`) hands one :class:`~ethen.gateway.observation.requestlog.RequestRecord` to the
+  request log (an append to its queue; the writer task does the rest).
 
 The app passes in its body reader, ``stream`` checker, error-response builder and request-id reader (they
-live in :mod:`ethen.gateway.app`), which keeps this module free of an import cycle with it; of the gateway's
+live in :mod:`ethen.gateway.api.app`), which keeps this module free of an import cycle with it; of the
+gateway's
 state the pipeline sees :class:`RequestPath` only (executor, rate limits, metrics, request log, routing
 context and model label).
 """
@@ -34,7 +35,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ethen.gateway.accounts import Access, Accounts, Hold
+from ethen.gateway.accounting.accounts import Access, Accounts, Hold
+from ethen.gateway.api.execute import Attempt, BufferedRun, Executor, RouteTarget, StreamRun, upstream_payload
+from ethen.gateway.api.record import RequestRecord, routing_receipt
 from ethen.gateway.errors import (
     FallbackExhaustedError,
     GatewayError,
@@ -42,16 +45,14 @@ from ethen.gateway.errors import (
     UpstreamError,
     http_status,
 )
-from ethen.gateway.execute import Attempt, BufferedRun, Executor, RouteTarget, StreamRun, upstream_payload
 from ethen.gateway.providers.base import Usage
-from ethen.gateway.record import RequestRecord, routing_receipt
 from ethen.gateway.routing import Candidate, Decision
 
 if TYPE_CHECKING:
-    from ethen.gateway.metrics import GatewayMetrics
-    from ethen.gateway.ratelimit import RateLimits
-    from ethen.gateway.relay import StreamRelay
-    from ethen.gateway.requestlog import RequestLog
+    from ethen.gateway.accounting.ratelimit import RateLimits
+    from ethen.gateway.api.relay import StreamRelay
+    from ethen.gateway.observation.metrics import GatewayMetrics
+    from ethen.gateway.observation.requestlog import RequestLog
     from ethen.gateway.routing import RoutingContext
 
 __all__ = ["Call", "Pipeline", "RequestPath", "routing_receipt"]
@@ -158,7 +159,7 @@ class Pipeline:
         call.decided_s = time.perf_counter() - call.t0
         call.label = gw.label(body)
         call.payload = upstream_payload(body)
-        ticket = await gw.limits.admit(access, call.decision.requirements)  # rpm/tpm: ethen.gateway.ratelimit
+        ticket = await gw.limits.admit(access, call.decision.requirements)  # rpm/tpm: accounting.ratelimit
         hold = await acc.admit(access, call.decision, call.rid)  # reserves the estimated cost
         call.hold = gw.limits.wrap(hold, ticket)
         call.admitted_s = time.perf_counter() - call.t0

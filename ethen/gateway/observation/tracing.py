@@ -1,7 +1,8 @@
 """OpenTelemetry traces of gateway requests, per the GenAI semantic conventions (issue 14).
 
 Off by default: without ``[otel] endpoint`` no tracer exists and nothing here runs. When configured, spans are
-built by the request log's writer task (:mod:`ethen.gateway.requestlog`) from each finished request's record,
+built by the request log's writer task (:mod:`ethen.gateway.observation.requestlog`) from each finished
+request's record,
 with the times the request path measured, and exported over OTLP/HTTP in batches; so even then the request
 path makes no tracer call.
 
@@ -41,8 +42,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_contex
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
+    from ethen.gateway.api.record import RequestRecord
     from ethen.gateway.config import OtelConfig
-    from ethen.gateway.record import RequestRecord
 
 __all__ = ["Tracing", "tracing_for"]
 

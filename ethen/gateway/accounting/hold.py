@@ -1,6 +1,7 @@
 """One admitted request's budget hold: settle it (served) or release it (not served), exactly once.
 
-:class:`Hold` is made by :meth:`ethen.gateway.accounts.Accounts.admit` with the request's reservation; the
+:class:`Hold` is made by :meth:`ethen.gateway.accounting.accounts.Accounts.admit` with the request's
+reservation; the
 pipeline settles it with the served candidate's usage (:meth:`Hold.settle_soon`: queued at once, awaited
 before the answer leaves) or releases it.
 
@@ -42,7 +43,7 @@ from ethen.gateway.routing import Candidate, Decision, Requirements
 from ethen.store import Admission, StoreError, Ticket
 
 if TYPE_CHECKING:
-    from ethen.gateway.access import Access
+    from ethen.gateway.accounting.access import Access
 
 __all__ = [
     "PROMPT_FACTOR",

@@ -38,8 +38,8 @@ from prometheus_client.registry import Collector
 from ethen.gateway.providers.base import Provider
 
 if TYPE_CHECKING:
+    from ethen.gateway.api.record import RequestRecord
     from ethen.gateway.circuit import CircuitBoard
-    from ethen.gateway.record import RequestRecord
 
 __all__ = ["CONTENT_TYPE_LATEST", "CircuitCollector", "GatewayMetrics", "NodeCollector"]
 

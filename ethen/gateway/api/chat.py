@@ -1,9 +1,10 @@
 """``POST /chat/completions``: the chat endpoint, buffered or SSE, over the shared request path
-(:mod:`ethen.gateway.pipeline`: auth -> parse -> decide -> rate limits -> budget hold -> executor -> settle).
+(:mod:`ethen.gateway.api.pipeline`: auth -> parse -> decide -> rate limits -> budget hold -> executor ->
+settle).
 
 The buffered answer is the upstream's with the receipt at ``ethen.routing``, sent once its spend is settled;
-a stream is relayed by :class:`~ethen.gateway.relay.StreamRelay` (the terminal chunk carries the receipt;
-the behaviour is documented in :mod:`ethen.gateway.app`).
+a stream is relayed by :class:`~ethen.gateway.api.relay.StreamRelay` (the terminal chunk carries the receipt;
+the behaviour is documented in :mod:`ethen.gateway.api.app`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from ethen.gateway.api.execute import BufferedRun, StreamRun
+from ethen.gateway.api.pipeline import Call, Pipeline
+from ethen.gateway.api.relay import StreamRelay
+from ethen.gateway.api.sse import dumps
 from ethen.gateway.errors import GatewayError
-from ethen.gateway.execute import BufferedRun, StreamRun
-from ethen.gateway.pipeline import Call, Pipeline
-from ethen.gateway.relay import StreamRelay
-from ethen.gateway.sse import dumps
 
 __all__ = ["chat_endpoint"]
 

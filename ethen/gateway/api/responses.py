@@ -1,9 +1,10 @@
 """The OpenAI Responses API over chat completions: request and buffered-answer translation.
 
-``POST /responses`` (:mod:`ethen.gateway.responses_http`) translates the Responses body into a
-chat-completions body (:func:`to_chat`), runs it through exactly the chat path (:mod:`ethen.gateway.pipeline`:
+``POST /responses`` (:mod:`ethen.gateway.api.responses_http`) translates the Responses body into a
+chat-completions body (:func:`to_chat`), runs it through exactly the chat path
+(:mod:`ethen.gateway.api.pipeline`:
 the same requirements, ``decide``, fallback chain, budgets, telemetry and receipt), and translates the answer
-back (:func:`from_chat` here, :mod:`ethen.gateway.responses_stream` for the event stream). No configured
+back (:func:`from_chat` here, :mod:`ethen.gateway.api.responses_stream` for the event stream). No configured
 provider speaks Responses natively today (the mesh, OpenAI-compatible servers and Anthropic are all reached
 through chat completions), so every provider is reached by translation.
 

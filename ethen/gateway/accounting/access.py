@@ -1,5 +1,6 @@
 """Who a request acts for (:class:`Access`): a config key, or a store key of one project. Read by the
-accounts (:mod:`ethen.gateway.accounts`), the budget hold (:mod:`ethen.gateway.hold`) and the rate limits."""
+accounts (:mod:`ethen.gateway.accounting.accounts`), the budget hold (:mod:`ethen.gateway.accounting.hold`)
+and the rate limits."""
 
 from __future__ import annotations
 

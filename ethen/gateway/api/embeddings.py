@@ -36,7 +36,9 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ethen.gateway.accounts import PROMPT_FACTOR, PROMPT_SLACK_TOKENS, Hold
+from ethen.gateway.accounting.accounts import PROMPT_FACTOR, PROMPT_SLACK_TOKENS, Hold
+from ethen.gateway.api.execute import Attempt
+from ethen.gateway.api.sse import dumps
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.config import GatewayConfig, build_candidate
 from ethen.gateway.errors import (
@@ -50,16 +52,14 @@ from ethen.gateway.errors import (
     NoSmartRouteCandidateError,
     UpstreamError,
 )
-from ethen.gateway.execute import Attempt
 from ethen.gateway.providers.base import Provider, UpstreamCall, Usage
 from ethen.gateway.routing import Candidate
 from ethen.gateway.routing.decide import ALIAS_PREFIX
 from ethen.gateway.routing.requirements import BYTES_PER_TOKEN
-from ethen.gateway.sse import dumps
 from ethen.store import StoreError
 
 if TYPE_CHECKING:
-    from ethen.gateway.pipeline import Pipeline
+    from ethen.gateway.api.pipeline import Pipeline
 
 __all__ = ["EmbeddingRoute", "embedding_routes", "embeddings_endpoint", "estimate_input_tokens"]
 
