@@ -12,10 +12,10 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-from service_harness import Live, live
-from upstream import Behavior
 
 from ethen.store import Store
+from tests.gateway.service_harness import Live, live
+from tests.gateway.upstream import Behavior
 from tests.pgdb import pg_or_skip
 
 T = TypeVar("T")

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import openai
-from upstream import Behavior, Script, ServerThread, make_upstream_app
 
 from ethen.app import PREFIX, create_app
 from ethen.gateway.config import GatewayConfig, parse_config
+from tests.gateway.upstream import Behavior, Script, ServerThread, make_upstream_app
 
 CLIENT_KEY = "ethen-test-4f1c2a9b7e6d5c3b2a1f0e9d8c7b6a5f"
 PROVIDER_KEY = "sk-upstream-SECRET-a1b2c3d4e5f6a7b8c9d0"

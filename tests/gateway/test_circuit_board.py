@@ -10,12 +10,12 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from service_harness import config_dict
 
 from ethen.gateway.circuit import CircuitBoard, Prober
 from ethen.gateway.config import parse_config
 from ethen.gateway.errors import GatewayConfigError
 from ethen.gateway.observation.telemetry_store import AttemptRecord, TelemetryStore
+from tests.gateway.service_harness import config_dict
 
 WALL = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

@@ -8,7 +8,7 @@ points at :class:`JsonFormatter` before the server is built.
 
 The choice is also put in ``$ETHEN_LOG_FORMAT``, so the processes ``ethen gateway --workers N`` starts log the
 same way. Nothing logged carries a secret: the gateway logs request ids, candidates and error codes, never a
-message body or a key (``tests/gateway/test_service_logformat.py`` scans every record for them).
+message body or a key (``tests/gateway/observation/test_service_logformat.py`` scans every record for them).
 """
 
 from __future__ import annotations
