@@ -62,15 +62,17 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from typing_extensions import Unpack
 
 from . import schema as s
-from ._common import budget_nano, epoch_ms, now_utc
+from ._common import budget_nano, epoch_ms
 from .engine import boundary
 from .errors import StoreError, StoreNotFoundError
 from .groupcommit import Entry, GroupCommit
 from .models import Principal, Project
+from .spending import LedgerEntry, ledger_row
 from .store import LAST_USED_GRANULARITY, Store
-from .values import from_nano, to_nano, window_start
+from .values import from_nano, window_start
 
 T = TypeVar("T")
 
@@ -465,40 +467,22 @@ class Admission:
             self._grant(ticket.project_id).reserved -= ticket.amount_nano
 
     # -- settlement (group commit) ---------------------------------------------------------------------
-    async def settle(self, project: Project, **kw: Any) -> None:
+    async def settle(self, project: Project, *, reservation_id: Ticket | None,
+                     **entry: Unpack[LedgerEntry]) -> None:
         """Append the actual cost to the ledger and move it out of the grant; returns once committed (the
         arguments of :meth:`settle_soon`)."""
-        await self.settle_soon(project, **kw)
+        await self.settle_soon(project, reservation_id=reservation_id, **entry)
 
     def settle_soon(
         self,
         project: Project,
         *,
         reservation_id: Ticket | None,
-        request_id: str,
-        key_id: str | None,
-        provider: str,
-        model: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-        cost_usd: float,
-        estimated: bool = False,
-        now: datetime | None = None,
+        **entry: Unpack[LedgerEntry],
     ) -> asyncio.Future[None]:
         """Queue the settlement now (the ledger row, and the cost moved out of the grant); the future is done
         once it is committed, so the caller can build its answer meanwhile and await it before sending."""
-        row = {
-            "request_id": request_id,
-            "project_id": project.id,
-            "key_id": key_id,
-            "provider": provider,
-            "model": model,
-            "prompt_tokens": max(0, int(prompt_tokens)),
-            "completion_tokens": max(0, int(completion_tokens)),
-            "cost_nano": to_nano(cost_usd),
-            "estimated": int(estimated),
-            "at": now_utc(now),
-        }
+        row = ledger_row(project, entry)
         ticket = reservation_id
         if ticket is None:
             return self._writer.enqueue(row, None, 0)

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from sqlalchemy import Connection, and_, delete, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
+from typing_extensions import Unpack
 
 from . import schema as s
 from ._common import EngineBase, budget_nano, epoch_ms, now_utc
@@ -18,7 +19,38 @@ from .errors import StoreNotFoundError
 from .models import Project, Spend, UsageRow
 from .values import aware, from_nano, to_nano, window_start
 
-__all__ = ["SpendLedger"]
+__all__ = ["LedgerEntry", "SpendLedger", "ledger_row"]
+
+
+class LedgerEntry(TypedDict):
+    """The fields of one settlement (the keyword arguments of :meth:`SpendLedger.settle` and
+    :meth:`~ethen.store.admission.Admission.settle_soon`)."""
+
+    request_id: str
+    key_id: str | None
+    provider: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    estimated: NotRequired[bool]
+    now: NotRequired[datetime | None]
+
+
+def ledger_row(project: Project, entry: LedgerEntry) -> dict[str, Any]:
+    """The ledger row of one settlement: token counts floored at 0, the cost in nano-dollars, the time UTC."""
+    return {
+        "request_id": entry["request_id"],
+        "project_id": project.id,
+        "key_id": entry["key_id"],
+        "provider": entry["provider"],
+        "model": entry["model"],
+        "prompt_tokens": max(0, int(entry["prompt_tokens"])),
+        "completion_tokens": max(0, int(entry["completion_tokens"])),
+        "cost_nano": to_nano(entry["cost_usd"]),
+        "estimated": int(entry.get("estimated", False)),
+        "at": now_utc(entry.get("now")),
+    }
 
 
 class SpendLedger(EngineBase):
@@ -137,19 +169,11 @@ class SpendLedger(EngineBase):
         project: Project,
         *,
         reservation_id: int | None,
-        request_id: str,
-        key_id: str | None,
-        provider: str,
-        model: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-        cost_usd: float,
-        estimated: bool = False,
-        now: datetime | None = None,
+        **entry: Unpack[LedgerEntry],
     ) -> None:
         """Append the actual cost to the ledger and release the reservation, in one transaction."""
-        cost = to_nano(cost_usd)
-        at = now_utc(now)
+        row = ledger_row(project, entry)
+        cost, at = row["cost_nano"], row["at"]
         with boundary("settle spend"):
             async with self.writer.begin() as conn:
                 ins = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
@@ -162,20 +186,7 @@ class SpendLedger(EngineBase):
                         set_={"settled_nano": s.daily_spend.c.settled_nano + cost},
                     )
                 )
-                await conn.execute(
-                    s.ledger.insert().values(
-                        request_id=request_id,
-                        project_id=project.id,
-                        key_id=key_id,
-                        provider=provider,
-                        model=model,
-                        prompt_tokens=max(0, int(prompt_tokens)),
-                        completion_tokens=max(0, int(completion_tokens)),
-                        cost_nano=cost,
-                        estimated=int(estimated),
-                        at=at,
-                    )
-                )
+                await conn.execute(s.ledger.insert().values(**row))
                 if reservation_id is not None:
                     await conn.execute(delete(s.reservations).where(s.reservations.c.id == reservation_id))
 
