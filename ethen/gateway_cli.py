@@ -13,6 +13,7 @@ to put in ``[[api_keys]] sha256`` (the key never appears on the command line or 
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 from pathlib import Path
 
@@ -69,8 +70,6 @@ def gateway(
         logging.getLogger("ethen.gateway.startup").setLevel(logging.INFO)
     sock = None
     if fd is not None:  # a --workers child: die with the parent, serve its socket
-        import socket
-
         from ethen.mesh.worker.launch import die_with_parent
 
         die_with_parent()

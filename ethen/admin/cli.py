@@ -30,9 +30,12 @@ from typing import Any, TypeVar
 
 import typer
 
+from ethen.admin.certify import certify, parse_duration
+from ethen.gateway.config import load_config, store_url
 from ethen.gateway.errors import GatewayError
 from ethen.paths import default_store_url, up_config_path
-from ethen.store import UNSET, Store, StoreConflictError, StoreError, StoreNotFoundError
+from ethen.store import UNSET, Store, StoreConflictError, StoreError, StoreNotFoundError, parse_key
+from ethen.store.requests import RequestQuery, list_requests, parse_status
 from ethen.store.store import MAX_RATE
 
 __all__ = ["certify_command", "keys_app", "logs_command", "projects_app", "usage_command"]
@@ -72,8 +75,6 @@ def _url(db: str | None, config: Path | None) -> str:
         return db
     if os.environ.get(DB_ENV):
         return os.environ[DB_ENV]
-    from ethen.gateway.config import load_config, store_url
-
     if config is not None:
         url = store_url(load_config(config))
         if url:
@@ -167,8 +168,6 @@ def keys_revoke(
 ) -> None:
     """Revoke a key by its id (or by the full key)."""
     if key_id.startswith("ethen_"):
-        from ethen.store import parse_key
-
         parsed = parse_key(key_id)
         if parsed is None:
             raise _fail("key: not a well-formed ethen_ key (pass the key id shown by 'ethen keys list')")
@@ -326,9 +325,6 @@ def certify_command(
     db: str | None = _DB,
 ) -> None:
     """Send a live probe through the configured provider and store a dated certification receipt."""
-    from ethen.admin.certify import certify, parse_duration
-    from ethen.gateway.config import load_config
-
     try:
         ttl = parse_duration(valid_for)
     except ValueError as exc:
@@ -368,8 +364,6 @@ def logs_command(
     config: Path | None = _CONFIG,
 ) -> None:
     """The gateway's request log: the latest requests, oldest first (each with its outcome, route, cost)."""
-    from ethen.store.requests import RequestQuery, list_requests, parse_status
-
     try:
         st_filter = parse_status(status) if status is not None else None
     except ValueError as exc:

@@ -93,6 +93,7 @@ from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ethen.gateway.config import ServerConfig
+from ethen.mesh.worker.launch import PARENT_DEATHSIG_ENV, PARENT_PID_ENV
 
 __all__ = ["ClientAddress", "GatewayServer", "SlowClientProtocol", "client_key", "serve", "serve_workers",
            "slow_client_protocol"]
@@ -381,8 +382,6 @@ def serve_workers(config: str, workers: int, *, host: str, port: int, log_level:
     """``ethen gateway --workers N``: bind ``host:port`` once, run N child gateways on it until SIGINT/SIGTERM
     (module docstring). ``on_started(port)`` runs once the socket listens. Returns ``False`` when the port
     cannot be bound (logged)."""
-    from ethen.mesh.worker.launch import PARENT_DEATHSIG_ENV, PARENT_PID_ENV
-
     try:
         sock = _listen(host, port)
     except OSError as exc:

@@ -19,6 +19,8 @@ import os
 from datetime import UTC, datetime
 from typing import Any
 
+from uvicorn.config import LOGGING_CONFIG  # the dict uvicorn.Config applies by default
+
 __all__ = ["FORMATS", "LOG_FORMAT_ENV", "JsonFormatter", "configure_logging"]
 
 FORMATS = ("text", "json")
@@ -70,7 +72,5 @@ def configure_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=level, handlers=[handler], force=True)
-    from uvicorn.config import LOGGING_CONFIG  # the dict uvicorn.Config applies by default
-
     for name in ("default", "access"):
         LOGGING_CONFIG["formatters"][name] = {"()": "ethen.gateway.observation.logformat.JsonFormatter"}

@@ -7,14 +7,13 @@ The mesh module (NumPy, gRPC) is imported only when a config declares a ``kind =
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from ethen.gateway.config import GatewayConfig, resolve_secret, shared_redis_url, store_url
 
 from .anthropic import AnthropicProvider
 from .base import Completion, Provider, ProviderStream, Timeouts, UpstreamCall, Usage
 from .openai_compat import OpenAICompatProvider
-
-if TYPE_CHECKING:
-    from ethen.gateway.config import GatewayConfig
 
 __all__ = [
     "PROVIDER_KINDS",
@@ -40,15 +39,11 @@ def _timeouts(p: Any) -> Timeouts:
 
 
 def _openai_compat(p: Any, env: Mapping[str, str] | None) -> Provider:
-    from ethen.gateway.config import resolve_secret
-
     return OpenAICompatProvider(p.id, p.base_url, resolve_secret(p, env), timeouts=_timeouts(p),
                                 max_connections=p.max_connections, headers=p.headers)
 
 
 def _anthropic(p: Any, env: Mapping[str, str] | None) -> Provider:
-    from ethen.gateway.config import resolve_secret
-
     return AnthropicProvider(p.id, p.base_url, resolve_secret(p, env), timeouts=_timeouts(p),
                              max_connections=p.max_connections, headers=p.headers)
 
@@ -59,11 +54,8 @@ def _mesh(p: Any, env: Mapping[str, str] | None, cfg: GatewayConfig | None = Non
     if cfg is None or p.join is None or (cfg.shared is None and cfg.store is None):
         return MeshProvider.from_config(p)
     if cfg.shared is None:  # no Redis: joined workers are shared through the gateway's [store]
-        from ethen.gateway.config import store_url
-
         return MeshProvider.from_config(p, store_url=store_url(cfg, env))
-    from ethen.gateway.config import shared_redis_url  # joined workers are shared through [shared] Redis
-
+    # joined workers are shared through [shared] Redis
     return MeshProvider.from_config(p, redis_url=shared_redis_url(cfg, env), key_prefix=cfg.shared.key_prefix,
                                     redis_timeout_s=cfg.shared.timeout_s)
 
