@@ -40,12 +40,12 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 from ethen.mesh.auth import ClientCredentials  # noqa: E402
+from ethen.mesh.errors import MeshError  # noqa: E402
 from ethen.mesh.orchestrator import Orchestrator, WorkerClient  # noqa: E402
 from ethen.mesh.orchestrator.members import Membership  # noqa: E402
 from ethen.mesh.orchestrator.registry import open_join_point  # noqa: E402
 from ethen.mesh.orchestrator.shared_members import MemberBackend, SharedMembers  # noqa: E402
 from ethen.mesh.orchestrator.store_members import StoreMembers  # noqa: E402
-from ethen.mesh.routing.errors import MeshRoutingError  # noqa: E402
 from ethen.mesh.worker.launch import spawn_worker  # noqa: E402
 from ethen.mesh.worker.membership import Announcer, JoinSpec  # noqa: E402
 from ethen.store import MemberTable, Store  # noqa: E402
@@ -54,7 +54,7 @@ from ethen.store import MemberTable, Store  # noqa: E402
 def _routes(orch: Orchestrator, node: str) -> bool:
     try:
         return node in orch.route_for(32).nodes
-    except MeshRoutingError:
+    except MeshError:
         return False
 
 

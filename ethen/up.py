@@ -77,6 +77,7 @@ from typing import Any
 
 import typer
 
+from ethen.mesh.errors import MeshError
 from ethen.paths import data_dir, default_store_url, up_config_path
 
 __all__ = [
@@ -203,7 +204,7 @@ def check_layout(workers: list[tuple[str, str, float]], n_layers: int, source: s
     of ``n_layers`` blocks: a fragment past its last layer, or (unless ``partial``: workers may join)
     fragments from which no chain of whole fragments covers layers 0..n-1."""
     from ethen.mesh.orchestrator.planning import plan_route
-    from ethen.mesh.routing import MeshRoutingError, NodeState, RouteWeights
+    from ethen.mesh.routing import NodeState, RouteWeights
     from ethen.mesh.worker.server import parse_fragments
 
     states = []
@@ -217,7 +218,7 @@ def check_layout(workers: list[tuple[str, str, float]], n_layers: int, source: s
         return
     try:
         plan_route(states, n_layers, 1, RouteWeights(), MODEL)
-    except MeshRoutingError as exc:
+    except MeshError as exc:
         raise typer.BadParameter(f"{source}: no chain of whole fragments of these workers covers layers "
                                  f"0-{n_layers - 1} (the model has {n_layers} layers): {exc}") from None
 

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from ethen.gateway.routing import CanaryTarget, TelemetrySnapshot
 from ethen.gateway.routing.canary import canary_acceptance
-from ethen.mesh.routing import MeshRoutingError, RoutingRequest, score_route
+from ethen.mesh.errors import MeshError
+from ethen.mesh.routing import RoutingRequest, score_route
 from ethen.store.requeststats import AttemptRow
 
 if TYPE_CHECKING:
@@ -247,7 +248,7 @@ def mesh_view(providers: Mapping[str, Provider], prompt_tokens: int = 1) -> list
             chosen = score_route(RoutingRequest((0, n_layers - 1), prompt_tokens), states, orch.weights,
                                  orch.model_name)
             route = chosen.to_dict()
-        except MeshRoutingError as exc:
+        except MeshError as exc:
             error = str(exc)
         in_route = set(route["nodes"]) if route is not None else set()
         nodes = []

@@ -4,6 +4,7 @@ This package namespace re-exports the pure routing core only and stays light (no
 worker and orchestrator modules under ``ethen.mesh`` are imported by their own paths.
 """
 
+from ethen.mesh.errors import MeshError
 from ethen.mesh.routing import (
     DEFAULT_MODEL,
     InvalidMeshInput,
@@ -25,6 +26,7 @@ from ethen.mesh.routing import (
 __all__ = [
     "DEFAULT_MODEL",
     "InvalidMeshInput",
+    "MeshError",
     "MeshRoutingError",
     "NoRouteAvailable",
     "NodeState",

@@ -36,7 +36,7 @@ from typing import Any
 
 import grpc
 
-from ethen.mesh.routing.errors import InvalidMeshInput
+from ethen.mesh.errors import MeshError
 
 __all__ = [
     "AUTH_HEADER",
@@ -55,7 +55,7 @@ AUTH_HEADER = "authorization"
 MIN_TOKEN_CHARS = 16
 
 
-class CredentialsError(InvalidMeshInput):
+class CredentialsError(MeshError, ValueError):
     """A credentials file or option is missing or malformed; the message names it."""
 
 

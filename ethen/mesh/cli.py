@@ -22,10 +22,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ethen.mesh.errors import MeshError
 from ethen.mesh.routing import (
     DEFAULT_MODEL,
-    InvalidMeshInput,
-    MeshRoutingError,
     Route,
     RouteWeights,
     RoutingRequest,
@@ -38,7 +37,7 @@ __all__ = ["app", "parse_layers", "parse_weights"]
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 
-class CliInputError(InvalidMeshInput):
+class CliInputError(MeshError, ValueError):
     """A command-line value is malformed (a ``ValueError`` in the mesh package's one exception tree)."""
 
 
@@ -139,7 +138,7 @@ def route_command(
             _parse_count("--prompt-tokens", prompt_tokens),
         )
         route = score_route(request, states, parse_weights(weight or []), model or DEFAULT_MODEL)
-    except MeshRoutingError as exc:  # CliInputError included
+    except MeshError as exc:  # CliInputError included
         _fail(str(exc))
     if as_json:
         typer.echo(json.dumps(route.to_dict(), indent=2))
@@ -169,7 +168,7 @@ def certs_command(
 
     try:
         paths = make_certs(out, parse_hosts(hosts))
-    except MeshRoutingError as exc:  # CredentialsError
+    except MeshError as exc:  # CredentialsError
         _fail(str(exc))
     except OSError as exc:
         _fail(f"--out {str(out)!r}: {exc.strerror}")

@@ -12,6 +12,7 @@ from types import ModuleType
 import pytest
 
 from ethen.gateway.errors import GatewayError
+from ethen.mesh.errors import MeshError
 from ethen.mesh.routing.errors import MeshRoutingError
 from ethen.store.errors import StoreError
 
@@ -20,8 +21,8 @@ ROOTS: dict[str, type[Exception]] = {
     "ethen.gateway": GatewayError,
     "ethen.admin": GatewayError,
     "ethen.store": StoreError,
+    "ethen.mesh": MeshError,
     "ethen.mesh.routing": MeshRoutingError,
-    "ethen.mesh.cli": MeshRoutingError,
 }
 
 
@@ -36,7 +37,9 @@ def _modules(package: str) -> list[ModuleType]:
 @pytest.mark.parametrize("package", sorted(ROOTS))
 def test_every_module_has_an_explicit_all(package: str) -> None:
     missing = [
-        m.__name__ for m in _modules(package) if not isinstance(getattr(m, "__all__", None), list | tuple)
+        m.__name__ for m in _modules(package)
+        if not isinstance(getattr(m, "__all__", None), list | tuple)
+        and not m.__name__.endswith(("_pb2", "_pb2_grpc"))  # protoc's generated modules
     ]
     assert not missing, f"modules without __all__: {missing}"
 
@@ -92,3 +95,17 @@ def test_the_config_package_exports_every_section_model() -> None:
             if (inspect.isclass(obj) or inspect.isfunction(obj)) and obj.__module__ == mod.__name__ \
                     and not name.startswith("_"):
                 assert name in config.__all__ and getattr(config, name) is obj, f"{mod.__name__}.{name}"
+
+
+def test_the_mesh_has_one_root_and_the_routing_core_a_branch_of_it() -> None:
+    """``MeshError`` is the mesh's root (issue 25): the worker's, orchestrator's, credentials' and CLI errors
+    derive from it, not from the routing core's ``MeshRoutingError``."""
+    from ethen.mesh.auth import CredentialsError
+    from ethen.mesh.cli import CliInputError
+    from ethen.mesh.orchestrator.errors import MeshRuntimeError
+    from ethen.mesh.worker.errors import WorkerError
+
+    assert issubclass(MeshRoutingError, MeshError)
+    for cls in (CredentialsError, CliInputError, MeshRuntimeError, WorkerError):
+        assert issubclass(cls, MeshError) and not issubclass(cls, MeshRoutingError), cls
+    assert issubclass(CredentialsError, ValueError) and issubclass(CliInputError, ValueError)

@@ -93,6 +93,7 @@ from ethen.gateway.providers.mesh_request import (
     served_model_id,
 )
 from ethen.mesh.auth import ClientCredentials, CredentialsError, TokenAuth, read_tokens, server_credentials
+from ethen.mesh.errors import MeshError
 from ethen.mesh.orchestrator import MeshGeneration, Orchestrator
 from ethen.mesh.orchestrator.planning import plan_route
 from ethen.mesh.orchestrator.registry import JoinPoint, open_join_point
@@ -101,7 +102,6 @@ from ethen.mesh.orchestrator.store_members import StoreMembers
 from ethen.mesh.orchestrator.telemetry import state_from_health
 from ethen.mesh.proto import mesh_pb2
 from ethen.mesh.routing import NodeState, RouteWeights
-from ethen.mesh.routing.errors import MeshRoutingError
 from ethen.model.errors import ModelError
 from ethen.model.generate import GenerationChunk
 from ethen.model.gguf_loader import open_weight_store
@@ -246,7 +246,7 @@ class MeshProvider(Provider):
         n_layers = orch.config.n_layers
         try:
             plan_route(states, n_layers, 1, orch.weights, orch.model_name)
-        except MeshRoutingError as exc:
+        except MeshError as exc:
             held = {layer for s in states if s.alive for a, b in s.served_layers for layer in range(a, b + 1)}
             missing = sorted(set(range(n_layers)) - held)
             down = ", ".join(s.node_id for s in states if not s.alive) or "none"
@@ -319,7 +319,7 @@ class MeshProvider(Provider):
         while True:
             try:
                 route = await asyncio.to_thread(orch.route_for, 32)
-            except MeshRoutingError as exc:
+            except MeshError as exc:
                 if time.monotonic() >= deadline:
                     startup_log.warning("mesh %r: no route over the workers yet (%s); mesh requests fail "
                                         "over to other providers until the workers answer", self.name, exc)
@@ -349,7 +349,7 @@ class MeshProvider(Provider):
             gen = await asyncio.to_thread(o.generate, prompt, params)
         except ModelError as exc:
             raise UpstreamBadRequestError(str(exc), self.name) from None
-        except MeshRoutingError as exc:
+        except MeshError as exc:
             raise UpstreamConnectionError(f"mesh: {exc}", self.name) from None
         return gen, prompt
 
@@ -368,7 +368,7 @@ class MeshProvider(Provider):
             result = await asyncio.to_thread(gen.result)
         except ModelError as exc:
             raise UpstreamBadRequestError(str(exc), self.name) from None
-        except MeshRoutingError as exc:
+        except MeshError as exc:
             raise UpstreamConnectionError(f"mesh: {exc}", self.name) from None
         finally:
             self._count_end(gen, nodes)
@@ -436,7 +436,7 @@ class _MeshStream(ProviderStream):
             except StopAsyncIteration:
                 self._ended()
                 raise UpstreamStreamError("mesh generation ended without a finish reason", "mesh") from None
-            except (MeshRoutingError, ModelError) as exc:
+            except (MeshError, ModelError) as exc:
                 self._ended()
                 raise UpstreamStreamError(f"mesh: {exc}", self._provider.name) from None
             if chunk.finish_reason is not None:

@@ -1,7 +1,7 @@
 """Errors of the mesh runtime (orchestrator side), and the one place gRPC errors become mesh errors.
 
 The whole of ``ethen.mesh`` shares one exception tree rooted at
-:class:`~ethen.mesh.routing.errors.MeshRoutingError`: the router's errors (``NoRouteAvailable``,
+:class:`~ethen.mesh.errors.MeshError`: the router's errors (``NoRouteAvailable``,
 ``RoutingFailure``, ``InvalidMeshInput``) and the runtime's errors below all derive from it, so a caller (the
 gateway's ``mesh`` provider) catches the mesh with one ``except``.
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from ethen.mesh.routing.errors import MeshRoutingError
+from ethen.mesh.errors import MeshError
 from ethen.mesh.routing.route import Route
 
 __all__ = [
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-class MeshRuntimeError(MeshRoutingError):
+class MeshRuntimeError(MeshError):
     """Base of the orchestrator's runtime errors."""
 
 

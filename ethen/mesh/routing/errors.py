@@ -7,11 +7,13 @@ package with one ``except``. Bad input is :class:`InvalidMeshInput`, which is al
 
 from __future__ import annotations
 
+from ethen.mesh.errors import MeshError
+
 __all__ = ["InvalidMeshInput", "MeshRoutingError", "NoRouteAvailable", "RoutingFailure"]
 
 
-class MeshRoutingError(Exception):
-    """Base of every error of :mod:`ethen.mesh.routing`."""
+class MeshRoutingError(MeshError):
+    """Base of every error of :mod:`ethen.mesh.routing` (under the mesh's root, :class:`MeshError`)."""
 
 
 class InvalidMeshInput(MeshRoutingError, ValueError):

@@ -1,12 +1,12 @@
 """Worker-side errors; :mod:`ethen.mesh.worker.server` maps each to one gRPC status code at its boundary.
 
 They sit in the one exception tree of ``ethen.mesh``
-(root :class:`~ethen.mesh.routing.errors.MeshRoutingError`).
+(root :class:`~ethen.mesh.errors.MeshError`).
 """
 
 from __future__ import annotations
 
-from ethen.mesh.routing.errors import MeshRoutingError
+from ethen.mesh.errors import MeshError
 
 __all__ = [
     "DeadlineExceededError",
@@ -19,7 +19,7 @@ __all__ = [
 ]
 
 
-class WorkerError(MeshRoutingError):
+class WorkerError(MeshError):
     """Base of the errors a worker reports to its caller."""
 
 
