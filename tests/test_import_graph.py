@@ -91,18 +91,9 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
 }
 
 # Violations that exist today and are being removed (the lists must end empty).
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({
-        "ethen.mesh.worker.chain",
-        "ethen.mesh.worker.server",
-    }),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
 KNOWN_UPWARD: set[tuple[str, str]] = set()
-KNOWN_LAZY: set[tuple[str, str]] = {
-    ("ethen.mesh.orchestrator.runtime", "ethen.mesh.model_id"),
-    ("ethen.mesh.orchestrator.runtime", "logging"),
-    ("ethen.mesh.worker.chain", "ethen.mesh.worker.server"),
-}
+KNOWN_LAZY: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ethen.mesh.auth import ClientCredentials
+from ethen.mesh.grpc_options import CHANNEL_OPTIONS
 from ethen.mesh.orchestrator.errors import NodeError, NodeUnavailable, from_grpc, from_status
 from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
 
@@ -27,13 +28,7 @@ __all__ = ["ForwardResult", "WorkerClient"]
 
 F32 = npt.NDArray[np.float32]
 
-_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.enable_retries", 0),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
+_OPTIONS = CHANNEL_OPTIONS  # ethen.mesh.grpc_options: one list for every mesh channel
 
 
 class ForwardResult:

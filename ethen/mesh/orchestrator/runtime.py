@@ -26,6 +26,7 @@ Choices where the spec is silent:
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -35,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ethen.mesh.auth import ClientCredentials, TokenAuth
+from ethen.mesh.model_id import model_fingerprint
 from ethen.mesh.orchestrator.backoff import Backoff
 from ethen.mesh.orchestrator.chain import ChainReceiver
 from ethen.mesh.orchestrator.client import WorkerClient
@@ -215,13 +217,9 @@ class Orchestrator:
                    **kwargs)
         path = s.meta.get("gguf_path")
         if path:  # issue 24: route only to workers that loaded this file (ethen.mesh.model_id)
-            from ethen.mesh.model_id import model_fingerprint
-
             try:
                 orch.monitor.expect_model(model_fingerprint(path), str(path))
             except (OSError, ValueError) as exc:  # the cache outlived its file: workers cannot be checked
-                import logging
-
                 logging.getLogger("ethen.mesh.orchestrator").warning(
                     "mesh: the workers' model files are not checked: %s", exc)
         return orch

@@ -31,32 +31,28 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
 
 from ethen.mesh.auth import ClientCredentials
+from ethen.mesh.grpc_options import CHANNEL_OPTIONS
 from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
-from ethen.mesh.worker.batching import Job
-from ethen.mesh.worker.errors import SessionNotFoundError, WorkerError, WorkerInputError
+from ethen.mesh.worker.batching import Job, StepBatcher
+from ethen.mesh.worker.errors import GRPC_STATUS, SessionNotFoundError, WorkerError, WorkerInputError
+from ethen.mesh.worker.health import HealthTracker
+from ethen.mesh.worker.sessions import SessionStore
 
-if TYPE_CHECKING:
-    from ethen.mesh.worker.server import WorkerService
-
-__all__ = ["CAPABILITY_BYTES", "Capabilities", "ChainSender", "bind_capability", "handle_chain"]
+__all__ = [
+    "CAPABILITY_BYTES", "Capabilities", "ChainSender", "ChainService", "bind_capability", "handle_chain",
+]
 
 log = logging.getLogger("ethen.mesh.worker")
 
 CAPABILITY_BYTES = 16  # at least: shorter capabilities are refused (guessable)
 
-_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.enable_retries", 0),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
+_OPTIONS = CHANNEL_OPTIONS  # ethen.mesh.grpc_options: one list for every mesh channel
 
 
 class Capabilities:
@@ -159,14 +155,40 @@ class ChainSender:
             channel.close()
 
 
-def bind_capability(service: WorkerService, capability: bytes, key: str) -> None:
+
+class _NodeConfig(Protocol):
+    @property
+    def node_id(self) -> str: ...
+
+
+class ChainService(Protocol):
+    """What a chain hop uses of the worker's service (:class:`~ethen.mesh.worker.server.WorkerService` is
+    one); a protocol, so this module does not import the server that imports it."""
+
+    _lock: threading.Lock
+    store: SessionStore[Any]
+    caps: Capabilities
+    chain: ChainSender
+    health: HealthTracker
+
+    @property
+    def config(self) -> _NodeConfig: ...
+    @property
+    def batcher(self) -> StepBatcher: ...
+
+    def _caller(self, context: Any) -> str: ...
+
+    def _job(self, request: mesh_pb2.ForwardRequest, context: Any = None) -> Job: ...
+
+
+def bind_capability(service: ChainService, capability: bytes, key: str) -> None:
     """After a successful ``Forward`` carrying ``capability``: bind it to the session ``key`` (if held)."""
     with service._lock:
         if key in service.store:
             service.caps.bind(capability, key, service.store)
 
 
-def handle_chain(service: WorkerService, request: mesh_pb2.ChainRequest, context: Any) -> mesh_pb2.ChainAck:
+def handle_chain(service: ChainService, request: mesh_pb2.ChainRequest, context: Any) -> mesh_pb2.ChainAck:
     """``MeshWorker.Chain``: compute this hop for every item still running, send the request on, ack."""
     hop = request.hop
     if not 0 <= hop < len(request.hops):
@@ -208,7 +230,7 @@ def handle_chain(service: WorkerService, request: mesh_pb2.ChainRequest, context
     return mesh_pb2.ChainAck()
 
 
-def _job(service: WorkerService, here: mesh_pb2.ChainHop, item: mesh_pb2.ChainItem, hop: int, hops: int,
+def _job(service: ChainService, here: mesh_pb2.ChainHop, item: mesh_pb2.ChainItem, hop: int, hops: int,
          deadline: float | None, context: Any) -> Job:
     if len(item.session_ids) != hops or len(item.capabilities) != hops:
         raise WorkerInputError(f"an item names {len(item.session_ids)} session ids and "
@@ -233,9 +255,7 @@ def _job(service: WorkerService, here: mesh_pb2.ChainHop, item: mesh_pb2.ChainIt
 
 
 def _mark(item: mesh_pb2.ChainItem, exc: BaseException, node_id: str) -> None:
-    from ethen.mesh.worker.server import _STATUS  # the one error -> status table (server imports this module)
-
-    code = _STATUS.get(type(exc), grpc.StatusCode.INTERNAL) if isinstance(exc, WorkerError) \
+    code = GRPC_STATUS.get(type(exc), grpc.StatusCode.INTERNAL) if isinstance(exc, WorkerError) \
         else grpc.StatusCode.INTERNAL
     item.code = code.value[0]
     item.message = f"{type(exc).__name__}: {exc}" if code == grpc.StatusCode.INTERNAL else str(exc)

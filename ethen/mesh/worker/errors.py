@@ -6,9 +6,12 @@ They sit in the one exception tree of ``ethen.mesh``
 
 from __future__ import annotations
 
+import grpc
+
 from ethen.mesh.errors import MeshError
 
 __all__ = [
+    "GRPC_STATUS",
     "DeadlineExceededError",
     "RequestCancelledError",
     "SessionCapacityError",
@@ -49,3 +52,14 @@ class RequestCancelledError(WorkerError):
 class WorkerDrainingError(WorkerError):
     """The worker is draining (SIGTERM): it finishes open sessions but opens no new one: ``UNAVAILABLE`` (the
     orchestrator routes elsewhere)."""
+
+
+#: The one error -> gRPC status table (the server's boundary and a chain hop's failed item use it).
+GRPC_STATUS: dict[type[WorkerError], grpc.StatusCode] = {
+    WorkerInputError: grpc.StatusCode.INVALID_ARGUMENT,
+    SessionNotFoundError: grpc.StatusCode.NOT_FOUND,
+    SessionCapacityError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
+    RequestCancelledError: grpc.StatusCode.CANCELLED,
+    WorkerDrainingError: grpc.StatusCode.UNAVAILABLE,
+}

@@ -77,9 +77,9 @@ from ethen.mesh.worker.backend import F32, FragmentBackend
 from ethen.mesh.worker.batching import MORE, Job, StepBatcher
 from ethen.mesh.worker.chain import CAPABILITY_BYTES, Capabilities, ChainSender, bind_capability, handle_chain
 from ethen.mesh.worker.errors import (
+    GRPC_STATUS,
     DeadlineExceededError,
     RequestCancelledError,
-    SessionCapacityError,
     SessionNotFoundError,
     WorkerDrainingError,
     WorkerError,
@@ -103,14 +103,7 @@ log = logging.getLogger("ethen.mesh.worker")
 
 _PENDING: F32 = np.empty((0, 0), np.float32)  # placeholder for a result not computed yet
 
-_STATUS: dict[type[WorkerError], grpc.StatusCode] = {
-    WorkerInputError: grpc.StatusCode.INVALID_ARGUMENT,
-    SessionNotFoundError: grpc.StatusCode.NOT_FOUND,
-    SessionCapacityError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
-    RequestCancelledError: grpc.StatusCode.CANCELLED,
-    WorkerDrainingError: grpc.StatusCode.UNAVAILABLE,
-}
+_STATUS = GRPC_STATUS  # ethen.mesh.worker.errors: the one error -> status table
 
 
 def caller_of(peer: str) -> str:
