@@ -251,3 +251,12 @@ def test_a_single_health_object_is_a_one_node_mesh():
         node_states_from_json({**GOOD, "latency_ms": -1})
     with pytest.raises(ValueError, match="must have a 'nodes' list"):
         node_states_from_json({"latency_ms": 1})
+
+
+def test_layer_spans_formats_runs_once_for_the_router_and_the_gateway() -> None:
+    """``layer_spans`` (failover's messages and the mesh provider's health reasons share it, issue 25)."""
+    from ethen.mesh.routing import layer_spans
+
+    assert layer_spans([5, 0, 1, 2, 2]) == "0-2, 5"
+    assert layer_spans(range(3, 7)) == "3-6"
+    assert layer_spans([]) == ""

@@ -67,7 +67,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from ethen.gateway.api.sse import dumps
@@ -101,7 +101,7 @@ from ethen.mesh.orchestrator.shared_members import MemberBackend, SharedMembers
 from ethen.mesh.orchestrator.store_members import StoreMembers
 from ethen.mesh.orchestrator.telemetry import state_from_health
 from ethen.mesh.proto import mesh_pb2
-from ethen.mesh.routing import NodeState, RouteWeights
+from ethen.mesh.routing import NodeState, RouteWeights, layer_spans
 from ethen.model.errors import ModelError
 from ethen.model.generate import GenerationChunk
 from ethen.model.gguf_loader import open_weight_store
@@ -122,18 +122,6 @@ startup_log = logging.getLogger("ethen.gateway.startup")
 
 #: a Health poll older than this does not count as an answer (the poll thread polls every <= 1 s)
 _STALE_S = 5.0
-def _ranges(layers: Iterable[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    out: list[str] = []
-    run: list[int] = []
-    for layer in sorted(layers):
-        if run and layer != run[-1] + 1:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-            run = []
-        run.append(layer)
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ", ".join(out)
 
 
 class MeshProvider(Provider):
@@ -250,7 +238,7 @@ class MeshProvider(Provider):
             held = {layer for s in states if s.alive for a, b in s.served_layers for layer in range(a, b + 1)}
             missing = sorted(set(range(n_layers)) - held)
             down = ", ".join(s.node_id for s in states if not s.alive) or "none"
-            why = (f"no live worker holds layers {_ranges(missing)}" if missing
+            why = (f"no live worker holds layers {layer_spans(missing)}" if missing
                    else f"no chain of whole fragments joins them ({exc})")
             return (f"mesh {self.name!r}: no live chain of workers covers layers 0-{n_layers - 1}: {why} "
                     f"(workers down: {down})",)

@@ -12,7 +12,7 @@ No I/O, no clock, no randomness: every decision is a deterministic function of i
 
 from ethen.mesh.routing.dp import DEFAULT_MODEL, score_route
 from ethen.mesh.routing.errors import InvalidMeshInput, MeshRoutingError, NoRouteAvailable, RoutingFailure
-from ethen.mesh.routing.failover import failover, redundancy_map_from_states
+from ethen.mesh.routing.failover import failover, layer_spans, redundancy_map_from_states
 from ethen.mesh.routing.route import Rejections, Route, Stage
 from ethen.mesh.routing.state import NodeState, RoutingRequest, node_states_from_json
 from ethen.mesh.routing.weights import RouteWeights
@@ -30,6 +30,7 @@ __all__ = [
     "RoutingRequest",
     "Stage",
     "failover",
+    "layer_spans",
     "node_states_from_json",
     "redundancy_map_from_states",
     "score_route",

@@ -48,7 +48,7 @@ from ethen.mesh.routing.route import Rejections, Route, Stage, price_stages
 from ethen.mesh.routing.state import NodeState
 from ethen.mesh.routing.weights import RouteWeights
 
-__all__ = ["failover", "redundancy_map_from_states"]
+__all__ = ["failover", "layer_spans", "redundancy_map_from_states"]
 
 _DEFAULT_WEIGHTS = RouteWeights()
 
@@ -64,8 +64,8 @@ def redundancy_map_from_states(states: Iterable[NodeState]) -> dict[int, tuple[s
     return {layer: tuple(sorted(ids)) for layer, ids in sorted(holders.items())}
 
 
-def _spans(layers: Iterable[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+def layer_spans(layers: Iterable[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"`` (duplicates ignored; no layers: ``""``)."""
     out: list[str] = []
     run: list[int] = []
     for layer in sorted(set(layers)):
@@ -75,7 +75,11 @@ def _spans(layers: Iterable[int]) -> str:
         run.append(layer)
     if run:
         out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ", ".join(out) or "none"
+    return ", ".join(out)
+
+
+def _spans(layers: Iterable[int]) -> str:
+    return layer_spans(layers) or "none"
 
 
 def _node_layers(node_id: str, value: object) -> list[tuple[int, int]]:
