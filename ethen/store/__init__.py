@@ -12,7 +12,7 @@ from .errors import (
     StoreUnavailableError,
 )
 from .keys import KEY_PREFIX, generate_key, parse_key
-from .members import MemberRow, MemberTable
+from .members import MemberRow, MemberTable, SyncMemberTable, open_member_table
 from .migrations import MIGRATIONS
 from .models import CertificationReceipt, KeyInfo, Principal, Project, Spend, UsageRow
 from .store import UNSET, Store
@@ -37,9 +37,11 @@ __all__ = [
     "StoreInvalidError",
     "StoreNotFoundError",
     "StoreUnavailableError",
+    "SyncMemberTable",
     "Ticket",
     "UsageRow",
     "generate_key",
+    "open_member_table",
     "parse_key",
     "window_start",
 ]

@@ -40,6 +40,7 @@ from sqlalchemy import (
     Table,
     and_,
     case,
+    event,
     literal_column,
     select,
 )
@@ -49,10 +50,12 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.base import Executable
 
-from .engine import WRITE_OPTION, boundary
+from .engine import WRITE_OPTION, boundary, make_engine, sqlite_thread_engine
 from .errors import StoreInvalidError
 
-__all__ = ["MemberRow", "MemberTable", "SyncMemberTable", "create_mesh_members", "mesh_members"]
+__all__ = [
+    "MemberRow", "MemberTable", "SyncMemberTable", "create_mesh_members", "mesh_members", "open_member_table",
+]
 
 _metadata = MetaData()
 
@@ -216,3 +219,26 @@ class SyncMemberTable:
     def sweep(self) -> int:
         with boundary("sweep mesh members"), self.writer.begin() as conn:
             return int(conn.execute(self._sql.sweep()).rowcount or 0)
+
+
+def _sqlite_engine(engine: AsyncEngine, timeout_s: float) -> Engine:
+    """A synchronous engine on ``engine``'s SQLite file with the store's settings, ``synchronous=NORMAL``
+    and a busy timeout of ``timeout_s``."""
+    sync = sqlite_thread_engine(engine)
+    busy_ms = max(1, int(timeout_s * 1000))
+
+    @event.listens_for(sync, "connect")
+    def _busy(dbapi_conn: Any, _record: Any) -> None:  # after the store's own hook: overrides its 10 s
+        dbapi_conn.execute(f"PRAGMA busy_timeout={busy_ms}")
+
+    return sync
+
+
+def open_member_table(url: str, provider_id: str, *, timeout_s: float) -> MemberTable | SyncMemberTable:
+    """The joined-members table of mesh provider ``provider_id`` in the store at ``url``: on SQLite a
+    :class:`SyncMemberTable` (its own connection, ``synchronous=NORMAL``, a busy timeout of ``timeout_s``),
+    else a :class:`MemberTable` on an async engine. Raises :class:`~ethen.store.errors.StoreError`."""
+    engine = make_engine(url, pool_size=1, sqlite_synchronous="NORMAL")
+    if engine.dialect.name == "sqlite":
+        return SyncMemberTable(_sqlite_engine(engine, timeout_s), provider_id)
+    return MemberTable(engine, provider_id)

@@ -28,30 +28,12 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, event
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from ethen.mesh.orchestrator.shared_members import Announcement, SharedMembersUnavailable
-from ethen.store.engine import make_engine, sqlite_thread_engine
-from ethen.store.errors import StoreError
-from ethen.store.members import MemberRow, MemberTable, SyncMemberTable
+from ethen.store import MemberRow, MemberTable, StoreError, SyncMemberTable, open_member_table
 
 __all__ = ["StoreMembers"]
 
 T = TypeVar("T")
-
-
-def _sqlite_engine(engine: AsyncEngine, timeout_s: float) -> Engine:
-    """A synchronous engine on ``engine``'s SQLite file with the store's settings, ``synchronous=NORMAL``
-    and a busy timeout of ``timeout_s``."""
-    sync = sqlite_thread_engine(engine)
-    busy_ms = max(1, int(timeout_s * 1000))
-
-    @event.listens_for(sync, "connect")
-    def _busy(dbapi_conn: Any, _record: Any) -> None:  # after the store's own hook: overrides its 10 s
-        dbapi_conn.execute(f"PRAGMA busy_timeout={busy_ms}")
-
-    return sync
 
 
 class StoreMembers:
@@ -71,11 +53,11 @@ class StoreMembers:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         try:
-            engine = make_engine(url, pool_size=1, sqlite_synchronous="NORMAL")
-            if engine.dialect.name == "sqlite":
-                self._sync = SyncMemberTable(_sqlite_engine(engine, timeout_s), provider_id)
+            table = open_member_table(url, provider_id, timeout_s=timeout_s)
+            if isinstance(table, SyncMemberTable):
+                self._sync = table
                 return
-            self._table = MemberTable(engine, provider_id)
+            self._table = table
         except StoreError as exc:
             raise SharedMembersUnavailable(f"store: {exc.message}") from None
         self._loop = asyncio.new_event_loop()
