@@ -94,17 +94,12 @@ from ethen.gateway.providers.mesh_request import (
 )
 from ethen.mesh.auth import ClientCredentials, CredentialsError, TokenAuth, read_tokens, server_credentials
 from ethen.mesh.errors import MeshError
-from ethen.mesh.orchestrator import MeshGeneration, Orchestrator
-from ethen.mesh.orchestrator.planning import plan_route
+from ethen.mesh.orchestrator import HealthReply, MeshGeneration, Orchestrator, plan_route
 from ethen.mesh.orchestrator.registry import JoinPoint, open_join_point
 from ethen.mesh.orchestrator.shared_members import MemberBackend, SharedMembers
 from ethen.mesh.orchestrator.store_members import StoreMembers
-from ethen.mesh.orchestrator.telemetry import state_from_health
-from ethen.mesh.proto import mesh_pb2
 from ethen.mesh.routing import NodeState, RouteWeights, layer_spans
-from ethen.model.errors import ModelError
-from ethen.model.generate import GenerationChunk
-from ethen.model.gguf_loader import open_weight_store
+from ethen.model import GenerationChunk, ModelError, open_weight_store
 
 if TYPE_CHECKING:
     from ethen.gateway.config import MeshProviderConfig
@@ -213,18 +208,9 @@ class MeshProvider(Provider):
 
     # ---- honesty: /healthz and /metrics read the orchestrator's last polls, never a worker ---------------
 
-    def _polled(self, orch: Orchestrator) -> list[tuple[NodeState, mesh_pb2.HealthResponse | None]]:
+    def _polled(self, orch: Orchestrator) -> list[tuple[NodeState, HealthReply | None]]:
         """Each worker's router state from its last Health poll, and that poll's reply if it is current."""
-        monitor = orch.monitor
-        now = monitor.clock()
-        last = monitor.snapshot()
-        out: list[tuple[NodeState, mesh_pb2.HealthResponse | None]] = []
-        for node_id in sorted(monitor.clients):  # the watched nodes (a worker that left is not listed)
-            h = last.get(node_id)
-            reply = h.reply if h is not None and now - h.at <= _STALE_S else None
-            alive = reply is not None and reply.alive and not monitor.backoff.blocked(node_id, now)
-            out.append((state_from_health(node_id, reply, alive), reply))
-        return out
+        return orch.monitor.polled(_STALE_S)  # the watched nodes (a worker that left is not listed)
 
     def health(self) -> tuple[str, ...]:
         orch = self._orchestrator

@@ -16,7 +16,7 @@ from ethen.mesh.orchestrator.errors import (
 from ethen.mesh.orchestrator.planning import mark_dead, plan_route, recompose, runs_whole_fragments
 from ethen.mesh.orchestrator.runtime import MODEL_NAME, MeshGeneration, Orchestrator
 from ethen.mesh.orchestrator.session import FailoverEvent, MeshSession
-from ethen.mesh.orchestrator.telemetry import HealthMonitor, NodeHealth, state_from_health
+from ethen.mesh.orchestrator.telemetry import HealthMonitor, HealthReply, NodeHealth, state_from_health
 
 __all__ = [
     "MODEL_NAME",
@@ -26,6 +26,7 @@ __all__ = [
     "DegradedRoute",
     "FailoverEvent",
     "HealthMonitor",
+    "HealthReply",
     "MeshGeneration",
     "MeshRuntimeError",
     "MeshSession",

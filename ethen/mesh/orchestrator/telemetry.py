@@ -55,7 +55,10 @@ from ethen.mesh.orchestrator.errors import NodeError
 from ethen.mesh.proto import mesh_pb2
 from ethen.mesh.routing import NodeState
 
-__all__ = ["HealthMonitor", "NodeHealth", "state_from_health"]
+__all__ = ["HealthMonitor", "HealthReply", "NodeHealth", "state_from_health"]
+
+#: A worker's ``Health`` reply, as the orchestrator's readers see it (``HealthMonitor.polled``).
+HealthReply = mesh_pb2.HealthResponse
 
 log = logging.getLogger("ethen.mesh.orchestrator")
 
@@ -270,3 +273,16 @@ class HealthMonitor:
     def snapshot(self) -> dict[str, NodeHealth]:
         with self._lock:
             return dict(self._last)
+
+    def polled(self, stale_s: float) -> list[tuple[NodeState, HealthReply | None]]:
+        """Each watched worker's router state from its last Health poll, and that poll's reply if it is at
+        most ``stale_s`` old (a worker that left is not listed); reads the polls, calls no worker."""
+        now = self.clock()
+        last = self.snapshot()
+        out: list[tuple[NodeState, HealthReply | None]] = []
+        for node_id in sorted(self.clients):
+            h = last.get(node_id)
+            reply = h.reply if h is not None and now - h.at <= stale_s else None
+            alive = reply is not None and reply.alive and not self.backoff.blocked(node_id, now)
+            out.append((state_from_health(node_id, reply, alive), reply))
+        return out
