@@ -53,7 +53,7 @@ from ethen.gateway.observation.telemetry_store import AttemptRecord, TelemetrySt
 from ethen.gateway.redis_state import SharedState
 
 if TYPE_CHECKING:
-    from ethen.gateway.state import Gateway
+    from ethen.gateway.circuit import CircuitBoard
 
 __all__ = ["SharedRuntime", "SharedState", "TelemetryBus"]
 
@@ -218,7 +218,11 @@ class SharedRuntime:
 
     @classmethod
     def for_gateway(
-        cls, gw: Gateway, cfg: GatewayConfig, env: Mapping[str, str] | None = None
+        cls,
+        circuits: CircuitBoard,
+        store: TelemetryStore,
+        cfg: GatewayConfig,
+        env: Mapping[str, str] | None = None,
     ) -> SharedRuntime:
         url = shared_redis_url(cfg, env)
         state = bus = None
@@ -227,11 +231,11 @@ class SharedRuntime:
             state = SharedState(url, key_prefix=cfg.shared.key_prefix, timeout_s=cfg.shared.timeout_s)
 
             def sync_circuits() -> None:  # remote outcomes may trip or lift a gate: open/close circuits now
-                gw.circuits.sync(gw.store.snapshot())
+                circuits.sync(store.snapshot())
 
-            bus = TelemetryBus(state, gw.store, sync_circuits)
-            gw.store.on_record = bus.publish
-            gw.store.on_forget = bus.publish_forget
+            bus = TelemetryBus(state, store, sync_circuits)
+            store.on_record = bus.publish
+            store.on_forget = bus.publish_forget
         return cls(state, bus, RateLimits(cfg, state))
 
     async def start(self) -> None:

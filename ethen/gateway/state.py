@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from ethen.gateway.accounting.accounts import Accounts
+from ethen.gateway.accounting.accounts import Accounts, accounts_for
 from ethen.gateway.accounting.auth import KeyRing
 from ethen.gateway.accounting.ratelimit import RateLimits
 from ethen.gateway.api.execute import Executor
@@ -28,6 +28,7 @@ from ethen.gateway.observation.telemetry_store import TelemetryStore
 from ethen.gateway.observation.tracing import tracing_for
 from ethen.gateway.providers.base import Provider
 from ethen.gateway.routing import ALIASES, RoutingContext
+from ethen.gateway.shared import SharedRuntime
 
 __all__ = ["Gateway"]
 
@@ -42,13 +43,13 @@ class Gateway:
         providers: Mapping[str, Provider],
         catalog: Catalog | None = None,
         store: TelemetryStore | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.cfg = cfg
         self.pool = build_pool(cfg, catalog)
         self.policy = build_policy(cfg)
         self.canaries = build_canaries(cfg)
         self.keyring = KeyRing(cfg.api_keys)
-        self.accounts = Accounts(self.keyring)  # gateway_app sets the store-backed one
         self.providers = dict(providers)
         self.store = store or TelemetryStore()
         self.metrics = GatewayMetrics(self.providers)  # + per-node families, read at scrape time
@@ -59,7 +60,6 @@ class Gateway:
         self.executor = Executor(targets, self.store, self.metrics, self.circuits, probe=cc.probe)
         self.metrics.watch_circuits(self.circuits)
         self.requestlog = RequestLog(cfg.log, self.metrics, tracing_for(cfg.otel))  # issue 14
-        self.limits = RateLimits(cfg)  # rpm/tpm in process memory; gateway_app sets the Redis-backed one
         self.known_models = frozenset({c.model for c in self.pool} | set(ALIASES))
         created = int(time.time())
         owners: dict[str, list[str]] = {}
@@ -70,6 +70,15 @@ class Gateway:
             for m, ps in sorted(owners.items())
         ] + [{"id": a, "object": "model", "created": created, "owned_by": "ethen"} for a in sorted(ALIASES)]
         self.models_body = dumps({"object": "list", "data": data})
+        # the accounts: config keys, plus the store's projects and keys with a [store] (secrets from env)
+        self.accounts: Accounts = accounts_for(cfg, self.keyring, env)
+        acc, m = self.accounts, self.metrics
+        self.requestlog.store = lambda: acc.store  # the request log goes to the store when there is one
+        self.requestlog.write = lambda: acc.admission.write if acc.admission is not None else None
+        acc.on_not_credible = lambda provider: m.usage_not_credible.labels(provider).inc()
+        # [shared] Redis: telemetry bus, exact rate limits (rpm/tpm in process memory without it)
+        self.shared = SharedRuntime.for_gateway(self.circuits, self.store, cfg, env)
+        self.limits: RateLimits = self.shared.limits  # the pipeline admits through gw.limits
 
     def context(self, request_id: str) -> RoutingContext:
         telemetry = self.store.snapshot()

@@ -61,7 +61,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ethen.gateway.accounting.accounts import accounts_for
 from ethen.gateway.api.body import MAX_BODY_BYTES, parse_body, read_body, stream_options
 from ethen.gateway.api.chat import chat_endpoint
 from ethen.gateway.api.completions import completions_endpoint
@@ -81,7 +80,6 @@ from ethen.gateway.observation.metrics import CONTENT_TYPE_LATEST
 from ethen.gateway.observation.telemetry_store import TelemetryStore
 from ethen.gateway.providers import build_providers
 from ethen.gateway.providers.base import Provider
-from ethen.gateway.shared import SharedRuntime
 from ethen.gateway.state import Gateway
 
 __all__ = ["MAX_BODY_BYTES", "PREFIX", "Gateway", "Surface", "build_providers", "gateway_app"]
@@ -133,14 +131,8 @@ def gateway_app(
     ``catalog`` (model intelligence + prices) defaults to none: routes then carry their own limits/prices.
     ``surface`` builds more routes from the built :class:`Gateway` (the composition module,
     :func:`ethen.app.create_app`, passes the admin's); without it the app serves the gateway API only."""
-    gw = Gateway(cfg, providers=providers or build_providers(cfg, env), catalog=catalog, store=store)
-    gw.accounts = acc = accounts_for(cfg, gw.keyring, env)
-    gw.requestlog.store = lambda: acc.store  # the request log goes to the store when there is one
-    gw.requestlog.write = lambda: acc.admission.write if acc.admission is not None else None
-    shared = SharedRuntime.for_gateway(gw, cfg, env)  # [shared] Redis: telemetry bus, exact rate limits
-    gw.limits = shared.limits  # the pipeline admits through gw.limits
-    m = gw.metrics
-    acc.on_not_credible = lambda provider: m.usage_not_credible.labels(provider).inc()
+    gw = Gateway(cfg, providers=providers or build_providers(cfg, env), catalog=catalog, store=store, env=env)
+    acc, shared, m = gw.accounts, gw.shared, gw.metrics
 
     async def read_json(request: Request) -> dict[str, Any]:
         return parse_body(await read_body(request))
