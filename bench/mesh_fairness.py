@@ -1,15 +1,17 @@
 """Mesh fairness benchmark (issue 23, item 5): another caller's decode-step latency, unloaded vs while one
 caller prefills 2,048 tokens, in the same run.
 
-    .venv/bin/python bench/mesh_fairness.py [--layers 0-9] [--steps 60] [--prefills 2]
+    .venv/bin/python bench/mesh_fairness.py [--layers 0-9] [--steps 200] [--prefills 2]
 
 One worker (``--layers``, default 0-9: a third of the model, like ``ethen up``'s workers) serves gRPC on
 127.0.0.1 in a child process with two mesh tokens, i.e. two callers. Caller B decodes one row per step
 (``Forward`` of layers ``--layers``): first ``--steps`` steps alone (the unloaded baseline), then for as long
-as caller A prefills 2,048 positions (``--prefills`` times, one after the other, each a new session). Prints
-the medians and p99 of B's step latency in both phases, their ratio (target: p99 <= 3x the unloaded p99)
-and A's prefill time alone vs under B's decoding. BLAS is single-threaded. The load average is printed: the
-VM has 2 vCPUs shared with other jobs, so compare figures of the same run only.
+as caller A prefills 2,048 positions (``--prefills`` times, one after the other, each a new session). B's
+steps run at positions 0-99 of its session in both phases (a new session every 100 steps), so the phases
+differ only by A's prefill, not by B's context. Prints the medians and p99 of B's step latency in both
+phases, their ratio (target: p99 <= 3x the unloaded p99) and A's prefill time alone (median of two) vs under
+B's decoding. BLAS is single-threaded. The load average (1 min) is printed at the start and the end: the VM
+has 2 vCPUs shared with other jobs, so compare figures of the same run only.
 """
 
 from __future__ import annotations
@@ -43,11 +45,12 @@ def _pct(xs: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", default="0-9")
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--prefills", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=576, help="the model's hidden size (SmolLM2-135M: 576)")
     args = ap.parse_args()
     first, last = (int(x) for x in args.layers.split("-"))
+    load_start = os.getloadavg()[0]
     tokens = [secrets.token_urlsafe(24), secrets.token_urlsafe(24)]
     with tempfile.TemporaryDirectory() as tmp:
         token_file = Path(tmp) / "tokens"
@@ -57,7 +60,7 @@ def main() -> None:
             run(worker.address, first, last, tokens, args.steps, args.prefills, args.hidden)
         finally:
             worker.stop()
-    print(f"load average {os.getloadavg()[0]:.2f}")
+    print(f"load average (1 min) {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
 
 
 def run(address: str, first: int, last: int, tokens: list[str], steps: int, prefills: int, d: int) -> None:
@@ -68,18 +71,26 @@ def run(address: str, first: int, last: int, tokens: list[str], steps: int, pref
     rng = np.random.default_rng(0)
     prompt = rng.standard_normal((2048, d)).astype(np.float32)
     row = rng.standard_normal((1, d)).astype(np.float32)
-    t0 = time.perf_counter()
-    a.forward("alone", first, last, prompt, 0)
-    alone_s = time.perf_counter() - t0
-    a.close_session("alone")
-    pos = 0
-    unloaded: list[float] = []
-    for _ in range(steps + 3):
+    alone: list[float] = []
+    for i in range(2):
         t0 = time.perf_counter()
-        b.forward("dec", first, last, row, pos)
-        unloaded.append(time.perf_counter() - t0)
-        pos += 1
-    unloaded = unloaded[3:]  # warm-up
+        a.forward(f"alone-{i}", first, last, prompt, 0)
+        alone.append(time.perf_counter() - t0)
+        a.close_session(f"alone-{i}")
+    n = 0  # B's steps so far: session n // 100, position n % 100
+
+    def decode() -> float:
+        nonlocal n
+        session, pos = f"dec-{n // 100}", n % 100
+        t0 = time.perf_counter()
+        b.forward(session, first, last, row, pos)
+        took = time.perf_counter() - t0
+        if pos == 99:
+            b.close_session(session)
+        n += 1
+        return took
+
+    unloaded = [decode() for _ in range(steps + 3)][3:]  # 3 warm-up steps
     loaded: list[float] = []
     loaded_prefill: list[float] = []
     for i in range(prefills):
@@ -94,10 +105,7 @@ def run(address: str, first: int, last: int, tokens: list[str], steps: int, pref
         thread = threading.Thread(target=prefill)
         thread.start()
         while not done.is_set():
-            t0 = time.perf_counter()
-            b.forward("dec", first, last, row, pos)
-            loaded.append(time.perf_counter() - t0)
-            pos += 1
+            loaded.append(decode())
         thread.join()
         a.close_session(f"long-{i}")
     a.close()
@@ -110,7 +118,7 @@ def run(address: str, first: int, last: int, tokens: list[str], steps: int, pref
     print(f"  while A prefills 2,048 tok   n={len(loaded):4d}  median {lm:8.1f}  p99 {lp:8.1f}  "
           f"max {max(loaded) * 1000:8.1f}")
     print(f"  ratio loaded / unloaded      median {lm / um:5.2f}x  p99 {lp / up:5.2f}x  (target p99 <= 3x)")
-    print(f"caller A's 2,048-token prefill: alone {alone_s:.2f} s, while B decodes "
+    print(f"caller A's 2,048-token prefill: alone {statistics.median(alone):.2f} s, while B decodes "
           f"{statistics.median(loaded_prefill):.2f} s (median of {len(loaded_prefill)})")
 
 
