@@ -43,11 +43,11 @@ Limits on one caller (see :mod:`ethen.mesh.worker.limits` for the defaults and w
 - A ``Forward`` carries at most ``max_prefill_tokens`` rows (``INVALID_ARGUMENT`` naming ``hidden.shape[0]``).
 - A caller (the gRPC peer's host) holds at most ``max_sessions_per_caller`` sessions (``RESOURCE_EXHAUSTED``).
 - The work stops when the caller stops waiting: a step whose deadline passed, or whose RPC was cancelled,
-  while it queued is never computed; a long step (more than ``PREFILL_CHUNK_TOKENS`` positions) is computed
-  chunk by chunk and fragment by fragment, checking between them, and abandoned with ``DEADLINE_EXCEEDED`` /
-  ``CANCELLED``. An abandoned (or failed) step leaves the session exactly as it was before it (its caches are
-  truncated back), and a session that step opened is dropped, so the next step of any session is served as
-  soon as the chunk in progress ends.
+  while it queued is never computed; a step of several rows is computed chunk by chunk and layer by layer,
+  checking between layers, and abandoned with ``DEADLINE_EXCEEDED`` / ``CANCELLED``. An abandoned (or
+  failed) step leaves the session exactly as it was before it (its caches are truncated back), and a session
+  that step opened is dropped, so the next step of any session is served as soon as the layer in progress
+  ends.
 - Fairness (issue 23, item 5): a step of more than one row is computed one *slice* per turn of the step
   batcher (:data:`~ethen.mesh.worker.batching.MORE`), a slice being layers of one chunk of rows run one layer
   at a time (:meth:`~ethen.mesh.worker.backend.FragmentBackend.forward_layer`): the slice ends at the next
