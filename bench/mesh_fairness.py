@@ -4,16 +4,17 @@ caller prefills 2,048 tokens, in the same run.
     .venv/bin/python bench/mesh_fairness.py [--layers 0-9] [--steps 210] [--rounds 3]
 
 One worker (``--layers``, default 0-9: a third of the model, like ``ethen up``'s workers) serves gRPC on
-127.0.0.1 in a child process with two mesh tokens, i.e. two callers, A and B. Each of ``--rounds`` rounds:
-A prefills 2,048 positions alone (a new session), B decodes ``--steps / --rounds`` steps of one row alone
-(the unloaded baseline), then B decodes for as long as A prefills 2,048 positions again (loaded); rounds
-interleave the phases so a load that drifts during the run weighs on both. B's steps run at positions 0-99
-of its session in both phases (a new session every 100 steps), so the phases differ only by A's prefill, not
-by B's context. Prints the medians and p99 of B's step latency in both phases, their ratio (target: p99 <=
-3x the unloaded p99), where B's step spends its time (the worker's queue and compute, as the worker reports
-them, and the rest: RPC, GIL, OS scheduling), and A's prefill time alone vs under B's decoding. BLAS is
-single-threaded. The load average (1 min) is printed at the start and the end: the VM has 2 vCPUs shared
-with other jobs, so compare figures of the same run only.
+127.0.0.1 in a child process with two mesh tokens, i.e. two callers, A and B. Each of ``--rounds`` rounds: A
+prefills 2,048 positions alone (a new session), B decodes ``--steps / --rounds`` steps of one row alone (the
+unloaded baseline), then B decodes for as long as A prefills 2,048 positions again (loaded); rounds interleave
+the phases so a load that drifts during the run weighs on both. B's steps run at positions 0-99 of its session
+in both phases (a new session every 100 steps), so the phases differ only by A's prefill, not by B's context.
+Prints the medians and p99 of B's step latency in both phases, their ratio (target: p99 <= 3x the unloaded
+p99), where B's step spends its time (the worker's queue and compute, as the worker reports them, and the
+rest: RPC, GIL, OS scheduling), and A's prefill time alone vs under B's decoding. BLAS is single-threaded.
+Last, what slicing costs a prefill's compute: a 2,048-token prefill in process, 128-row chunks through the
+fragment (the worker before slicing) vs the worker's layer slices. The load average (1 min) is printed at the
+start and the end: the VM has 2 vCPUs shared with other jobs, so compare figures of the same run only.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ import numpy as np
 
 from ethen.mesh.auth import ClientCredentials
 from ethen.mesh.orchestrator.client import WorkerClient
+from ethen.mesh.worker.backend import ModelBackend
 from ethen.mesh.worker.launch import spawn_worker
+from ethen.mesh.worker.limits import PREFILL_CHUNK_TOKENS, chunk_rows
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -62,6 +65,8 @@ def main() -> None:
             run(worker.address, first, last, tokens, args.steps, args.rounds, args.hidden)
         finally:
             worker.stop()
+    if args.rounds:
+        compute_cost(first, last, args.rounds)
     print(f"load average (1 min) {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
 
 
@@ -133,6 +138,41 @@ def run(address: str, first: int, last: int, tokens: list[str], steps: int, roun
             for label, c in zip(("worker queue", "compute", "rest (RPC, GIL, OS)"), cols, strict=True)))
     print(f"caller A's 2,048-token prefill: alone {statistics.median(alone):.2f} s, while B decodes "
           f"{statistics.median(shared):.2f} s (medians of {rounds})")
+
+
+def compute_cost(first: int, last: int, rounds: int) -> None:
+    """What slicing costs a prefill in compute: a 2,048-token prefill in process (no gRPC), as the worker
+    computed it before issue 23 item 5 (128-row chunks through the whole fragment) and as it does now (chunks
+    of ``chunk_rows`` rows, one layer at a time), interleaved, median of ``rounds``."""
+    backend = ModelBackend.load([(first, last)])
+    layers = last - first + 1
+    prompt = np.random.default_rng(1).standard_normal((2048, backend.hidden_size)).astype(np.float32)
+
+    def unsliced() -> None:
+        kv = backend.new_cache(first)
+        for a in range(0, 2048, PREFILL_CHUNK_TOKENS):
+            rows = np.arange(a, a + PREFILL_CHUNK_TOKENS)
+            backend.forward([first], prompt[a : a + PREFILL_CHUNK_TOKENS], rows, [kv])
+
+    def sliced() -> None:
+        kv = backend.new_cache(first)
+        row = 0
+        while row < 2048:
+            rows = min(2048 - row, chunk_rows(row))
+            x, pos = prompt[row : row + rows], np.arange(row, row + rows)
+            for layer in range(layers):
+                x = backend.forward_layer(first, layer, x, pos, kv)
+            row += rows
+
+    times: dict[str, list[float]] = {"unsliced": [], "sliced": []}
+    for _ in range(rounds):
+        for name, fn in (("unsliced", unsliced), ("sliced", sliced)):
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    u, s = statistics.median(times["unsliced"]), statistics.median(times["sliced"])
+    print(f"2,048-token prefill compute in process (median of {rounds}): 128-row chunks through the fragment "
+          f"{u:.2f} s, layer slices (chunk_rows) {s:.2f} s ({s / u:.2f}x)")
 
 
 if __name__ == "__main__":
