@@ -31,6 +31,7 @@ class RecordingBackend:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int, int, int]] = []
+        self.capacities: list[int] = []  # the cache's capacity at each forward_layer
         self.hook: Callable[[tuple[str, int, int, int]], None] = lambda call: None
 
     @property
@@ -65,6 +66,7 @@ class RecordingBackend:
         raise AssertionError("no batched step in these tests")
 
     def forward_layer(self, fragment: int, layer: int, hidden: F32, positions: I64, cache: KVCache) -> F32:
+        self.capacities.append(cache.capacity)
         x = self._layer(hidden, layer, positions)
         if layer == LAYERS - 1:
             cache.reserve(len(positions))
@@ -128,6 +130,8 @@ def test_a_decode_step_arriving_during_a_prefill_layer_runs_right_after_that_lay
     np.testing.assert_array_equal(result, a.hidden + LAYERS)  # every row through every layer once
     np.testing.assert_array_equal(out["b"], b.hidden + LAYERS)
     assert service.store.length("a", [0]) == 300 and service.store.length("b", [0]) == 1
+    # the cache had room for the whole step from its first slice on (no doubling copy inside a slice)
+    assert backend.capacities[0] >= 300 and len(set(backend.capacities)) == 1
 
 
 def test_two_callers_prefills_alternate_layer_by_layer() -> None:

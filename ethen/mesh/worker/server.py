@@ -393,6 +393,9 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             st = job.state = _Prefill(fragments, caches, [kv.length for kv in caches], new)
         t = len(job.positions)
         try:
+            if st.row == 0 and st.frag == 0 and st.layer == 0:
+                for kv in st.caches:  # the whole step's room now (admitted): no doubling copy inside a slice
+                    kv.reserve(t)
             while True:
                 _stop_if_abandoned(job)
                 if st.frag == 0 and st.layer == 0:  # a new chunk (rows by position only: limits.chunk_rows)
