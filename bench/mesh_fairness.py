@@ -1,7 +1,7 @@
 """Mesh fairness benchmark (issue 23, item 5): another caller's decode-step latency, unloaded vs while one
 caller prefills 2,048 tokens, in the same run.
 
-    .venv/bin/python bench/mesh_fairness.py [--layers 0-9] [--steps 210] [--rounds 3]
+    .venv/bin/python bench/mesh_fairness.py [--layers 0-9] [--steps 400] [--rounds 4]
 
 One worker (``--layers``, default 0-9: a third of the model, like ``ethen up``'s workers) serves gRPC on
 127.0.0.1 in a child process with two mesh tokens, i.e. two callers, A and B. Each of ``--rounds`` rounds: A
@@ -50,8 +50,8 @@ def _pct(xs: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", default="0-9")
-    ap.add_argument("--steps", type=int, default=210)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=576, help="the model's hidden size (SmolLM2-135M: 576)")
     args = ap.parse_args()
     first, last = (int(x) for x in args.layers.split("-"))
