@@ -184,3 +184,19 @@ def test_a_fragments_layers_one_by_one_give_the_fragments_bits() -> None:
         assert layered.length == whole.length == start + t
         np.testing.assert_array_equal(layered.k[:, :, : start + t], whole.k[:, :, : start + t])
         np.testing.assert_array_equal(layered.v[:, :, : start + t], whole.v[:, :, : start + t])
+
+
+def test_a_step_queued_by_the_prefilling_session_itself_does_not_cut_its_slices() -> None:
+    service, backend = _service()
+    turns: list[float] = []
+    service.batcher._on_step = lambda end, took: turns.append(took)
+    a = _job("a", 1, 300)
+    after = _job("a", 2, 1, start=300)  # the same session's next step: it can only run after A's prefill
+    out: dict[str, F32] = {}
+    thread = _arrive_during(service, backend, ("1", 1, 64, 0), after, out)
+    service.batcher.run(a)
+    thread.join(10)
+    tags = [tag for tag, _, _, _ in backend.calls]
+    assert tags == ["1"] * (5 * LAYERS) + ["2"] * LAYERS
+    assert len(turns) == 2  # A in one turn (nothing else could run), then its next step
+    np.testing.assert_array_equal(out["a"], after.hidden + LAYERS)
