@@ -14,13 +14,14 @@ sent a decode step recently (within ``active_horizon_s``), the leader waits up t
 1 ms) for the others to arrive. With a single active session it never waits.
 
 Fairness (issue 23, item 5): a long prefill must not hold the compute for seconds while other callers'
-decode steps queue. A runner may compute a prefill job one *slice* at a time (the worker: one 128-row chunk
-through one fragment, :data:`~ethen.mesh.worker.limits.PREFILL_CHUNK_TOKENS`) and answer :data:`MORE` for it:
-the job stays queued, its state in ``Job.state``. Between two slices the leader gives the queued decode steps
-a turn (one batched step of every queued decode step of a span), and the prefill slices themselves go round
-robin over callers (``Job.caller``: the token principal + peer host), then over a caller's sessions, so one
-caller's 2,048-token prefill delays another caller's decode step by at most one slice, and two prefilling
-callers alternate slice by slice.
+decode steps queue. A runner may compute a prefill job one *slice* at a time (the worker: some layers of one
+chunk of rows, see :mod:`ethen.mesh.worker.limits`) and answer :data:`MORE` for it: the job stays queued,
+its state in ``Job.state``. The runner asks :meth:`StepBatcher.contended` between two layers and ends the
+slice as soon as another session's job could run. Between two slices the leader gives the queued decode
+steps a turn (one batched step of every queued decode step of a span), and the prefill slices themselves go
+round robin over callers (``Job.caller``: the token principal + peer host), then over a caller's sessions,
+so one caller's 2,048-token prefill delays another caller's decode step by at most one layer of one chunk,
+and two prefilling callers alternate slice by slice.
 
 Only the leader computes, so compute is serialised: every access to the session store and the KV caches
 happens on one thread at a time.
@@ -116,6 +117,14 @@ class StepBatcher:
 
     def stop(self) -> None:
         """Nothing to stop (no thread of its own); kept so owners can shut down uniformly."""
+
+    def contended(self, job: Job) -> bool:
+        """Whether a job of another session is queued that could run now (a prefill, or a decode step whose
+        session has no prefill in progress): a runner computing ``job`` in slices then ends its slice."""
+        with self._cond:
+            busy = {j.session_id for j in self._queue if not j.is_decode}
+            return any(j.session_id != job.session_id and (not j.is_decode or j.session_id not in busy)
+                       for j in self._queue)
 
     def _expected(self, now: float) -> int:
         for sid in [s for s, t in self._recent.items() if now - t > self._horizon]:

@@ -13,28 +13,34 @@
   time, and the caller's deadline / cancellation is checked between chunks, so an abandoned prefill stops
   within one chunk's compute (a fraction of a second) instead of holding the compute thread to the end.
   Steps of at most this many tokens run in one call, bit for bit as before.
-- :data:`PREFILL_SLICE_COST` (issue 23, item 5): a longer step is computed one *slice* per turn of the
-  worker's step batcher, other callers' decode steps going in between (:mod:`ethen.mesh.worker.batching`).
-  A slice is bounded in compute terms, not in rows: rows x layers x (1 + context / ATTENTION_CONTEXT) stays
-  within this (:func:`slice_rows`): ~16 rows through 10 layers at the start of a prompt, ~9 at position
-  2,048 (attention over the cached positions then costs about as much as the weights), at least one row.
-  Such a slice costs about one decode step of the same layers (``bench/mesh_fairness.py``), so another
-  caller's decode step waits about one of its own compute times.
+- :func:`chunk_rows` (issue 23, item 5): every step of more than one row is computed one *slice* per turn
+  of the worker's step batcher (:mod:`ethen.mesh.worker.batching`), a slice being one or more layers of one
+  chunk of rows, and a slice ends at the next layer as soon as another caller's step is queued: another
+  caller's decode step waits for at most one layer of one chunk. A step of at most
+  :data:`PREFILL_CHUNK_TOKENS` rows is one chunk (its bits are those of one ``LayerStack.forward``); a
+  longer one goes in chunks of :func:`chunk_rows` rows, fewer as the context grows (attention over the
+  cached positions: 64 rows up to position 1,024, 32 up to 4,096, then 16), so one layer of a chunk costs
+  about one 10-layer decode step (~7 ms on a 2-vCPU VM, ``bench/mesh_fairness.py``). The rows depend only
+  on the chunk's first position, never on timing, so a replay of the same step gives the same bits.
 """
 
 from __future__ import annotations
 
-__all__ = ["ATTENTION_CONTEXT", "MAX_PREFILL_TOKENS", "MAX_SESSIONS_PER_CALLER", "PREFILL_CHUNK_TOKENS",
-           "PREFILL_SLICE_COST", "slice_rows"]
+__all__ = ["ATTENTION_CONTEXT", "CHUNK_ROW_BUDGET", "MAX_PREFILL_TOKENS", "MAX_SESSIONS_PER_CALLER",
+           "MIN_CHUNK_TOKENS", "PREFILL_CHUNK_TOKENS", "chunk_rows"]
 
 MAX_PREFILL_TOKENS = 2048
 MAX_SESSIONS_PER_CALLER = 64
 PREFILL_CHUNK_TOKENS = 128
-PREFILL_SLICE_COST = 160.0  # row-layers at context 0
-ATTENTION_CONTEXT = 3072  # cached positions whose attention costs as much as the layer's weights per row
+CHUNK_ROW_BUDGET = 96.0  # rows x (1 + first position / ATTENTION_CONTEXT) of one chunk of a long step
+ATTENTION_CONTEXT = 2048  # cached positions whose attention costs about as much as a layer's weights per row
+MIN_CHUNK_TOKENS = 16
 
 
-def slice_rows(layers: int, start: int) -> int:
-    """Rows of the next slice of a long step through ``layers`` layers (first row at ``start``)."""
-    cost_per_row = max(1, layers) * (1.0 + start / ATTENTION_CONTEXT)
-    return max(1, min(PREFILL_CHUNK_TOKENS, int(PREFILL_SLICE_COST / cost_per_row)))
+def chunk_rows(start: int) -> int:
+    """Rows of the next chunk of a step longer than :data:`PREFILL_CHUNK_TOKENS` whose first row is at
+    position ``start``: the largest of 64, 32, 16 within :data:`CHUNK_ROW_BUDGET`."""
+    rows = PREFILL_CHUNK_TOKENS // 2
+    while rows > MIN_CHUNK_TOKENS and rows * (1.0 + start / ATTENTION_CONTEXT) > CHUNK_ROW_BUDGET:
+        rows //= 2
+    return rows

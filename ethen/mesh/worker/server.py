@@ -43,18 +43,21 @@ Limits on one caller (see :mod:`ethen.mesh.worker.limits` for the defaults and w
 - A ``Forward`` carries at most ``max_prefill_tokens`` rows (``INVALID_ARGUMENT`` naming ``hidden.shape[0]``).
 - A caller (the gRPC peer's host) holds at most ``max_sessions_per_caller`` sessions (``RESOURCE_EXHAUSTED``).
 - The work stops when the caller stops waiting: a step whose deadline passed, or whose RPC was cancelled,
-  while it queued is never computed; a long step (more than ``PREFILL_CHUNK_TOKENS`` positions) is computed
-  chunk by chunk and fragment by fragment, checking between them, and abandoned with ``DEADLINE_EXCEEDED`` /
-  ``CANCELLED``. An abandoned (or failed) step leaves the session exactly as it was before it (its caches are
-  truncated back), and a session that step opened is dropped, so the next step of any session is served as
-  soon as the chunk in progress ends.
-- Fairness (issue 23, item 5): such a long step is computed one *slice* (one chunk through one fragment) per
-  turn of the step batcher (:data:`~ethen.mesh.worker.batching.MORE`): between two slices the queued decode
-  steps of every caller get a batched turn, and the slices of several long steps alternate round robin per
-  caller (then per session), so one caller's 2,048-token prefill delays another's decode step by at most one
-  slice instead of the whole prefill. A slice is bounded in compute (rows x layers x context:
-  :func:`~ethen.mesh.worker.limits.slice_rows`), and its rows depend only on the step (its positions and the
-  fragments), so a replay of the same step sizes gives the same bits.
+  while it queued is never computed; a step of several rows is computed chunk by chunk and layer by layer,
+  checking between layers, and abandoned with ``DEADLINE_EXCEEDED`` / ``CANCELLED``. An abandoned (or
+  failed) step leaves the session exactly as it was before it (its caches are truncated back), and a session
+  that step opened is dropped, so the next step of any session is served as soon as the layer in progress
+  ends.
+- Fairness (issue 23, item 5): a step of more than one row is computed one *slice* per turn of the step
+  batcher (:data:`~ethen.mesh.worker.batching.MORE`), a slice being layers of one chunk of rows run one layer
+  at a time (:meth:`~ethen.mesh.worker.backend.FragmentBackend.forward_layer`): the slice ends at the next
+  layer as soon as a job of another session could run (:meth:`StepBatcher.contended`). Between two slices
+  the queued decode steps of every caller get a batched turn, and the slices of several steps alternate
+  round robin per caller (then per session), so one caller's 2,048-token prefill delays another's decode
+  step by at most one layer of one chunk instead of the whole prefill. A step of at most
+  ``PREFILL_CHUNK_TOKENS`` rows is one chunk (the bits of one fragment forward); a longer one goes in chunks
+  of :func:`~ethen.mesh.worker.limits.chunk_rows` rows, which depend only on positions (never on timing),
+  so a replay of the same step sizes gives the same bits.
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ from ethen.mesh.worker.limits import (
     MAX_PREFILL_TOKENS,
     MAX_SESSIONS_PER_CALLER,
     PREFILL_CHUNK_TOKENS,
-    slice_rows,
+    chunk_rows,
 )
 from ethen.mesh.worker.sessions import SessionStore
 from ethen.model.errors import ModelInputError
@@ -138,6 +141,7 @@ class _Prefill:
     row: int = 0  # first row of the chunk in progress
     rows: int = 0  # rows of the chunk in progress
     frag: int = 0  # index in ``fragments`` of the chunk's next fragment
+    layer: int = 0  # the chunk's next layer in that fragment (0-based)
     x: F32 = field(default_factory=lambda: _PENDING)  # the chunk's hidden states so far
     outs: list[F32] = field(default_factory=list)  # finished chunks' outputs
 
@@ -311,7 +315,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         return self.store.admit(job.session_id, fragments, len(job.positions), now, job.caller)
 
     def _run(self, jobs: list[Job]) -> list[F32 | BaseException]:
-        if len(jobs) == 1 and len(jobs[0].positions) > PREFILL_CHUNK_TOKENS:
+        if len(jobs) == 1 and not jobs[0].is_decode:
             return [self._prefill_slice(jobs[0])]
         results: list[F32 | BaseException] = []
         admitted: list[tuple[int, list[KVCache]]] = []
@@ -363,8 +367,10 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         return results
 
     def _prefill_slice(self, job: Job) -> F32 | BaseException:
-        """One slice (one chunk through one fragment) of a long step; :data:`MORE` until its last slice,
-        then its output. A failure or an abandoned caller leaves the session as it was before the step."""
+        """One slice of a step of several rows: its next layers of its chunk in progress, one layer at a
+        time, until the step is done or another session's job is queued (:meth:`StepBatcher.contended`);
+        :data:`MORE` until its last slice, then its output. A failure or an abandoned caller leaves the
+        session as it was before the step."""
         st: _Prefill | None = job.state
         if st is None:
             fragments = self._fragments(job)
@@ -378,17 +384,30 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
                 except WorkerError as exc:
                     return exc
             st = job.state = _Prefill(fragments, caches, [kv.length for kv in caches], new)
+        t = len(job.positions)
         try:
-            _stop_if_abandoned(job)
-            if st.frag == 0:  # a new chunk: as many rows as one slice's compute allows (limits.slice_rows)
-                st.rows = slice_rows(max(self._layers[f] for f in st.fragments), job.positions[st.row])
-                st.x = job.hidden[st.row : st.row + st.rows]  # [C, d]
-            pos = np.asarray(job.positions[st.row : st.row + st.rows], np.int64)
-            st.x = self.backend.forward([st.fragments[st.frag]], st.x, pos, [st.caches[st.frag]])
-            st.frag += 1
-            if st.frag == len(st.fragments):
-                st.outs.append(st.x)
-                st.row, st.frag = st.row + st.rows, 0
+            if st.row == 0 and st.frag == 0 and st.layer == 0:
+                for kv in st.caches:  # the whole step's room now (admitted): no doubling copy inside a slice
+                    kv.reserve(t)
+            while True:
+                _stop_if_abandoned(job)
+                if st.frag == 0 and st.layer == 0:  # a new chunk (rows by position only: limits.chunk_rows)
+                    rows = t if t <= PREFILL_CHUNK_TOKENS else chunk_rows(job.positions[st.row])
+                    st.rows = min(rows, t - st.row)
+                    st.x = job.hidden[st.row : st.row + st.rows]  # [C, d]
+                pos = np.asarray(job.positions[st.row : st.row + st.rows], np.int64)
+                fragment = st.fragments[st.frag]
+                st.x = self.backend.forward_layer(fragment, st.layer, st.x, pos, st.caches[st.frag])
+                st.layer += 1
+                if st.layer == self._layers[fragment]:
+                    st.frag, st.layer = st.frag + 1, 0
+                    if st.frag == len(st.fragments):
+                        st.outs.append(st.x)
+                        st.row, st.frag = st.row + st.rows, 0
+                        if st.row == t:
+                            break
+                if self.batcher.contended(job):
+                    return MORE
         except Exception as exc:
             error: BaseException = exc
             if isinstance(exc, ModelInputError):
@@ -404,28 +423,14 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
                     self.store.refresh(job.session_id)
             job.state = None
             return error
-        if st.row < len(job.positions):
-            return MORE
         with self._lock:
             self.store.refresh(job.session_id)
         job.state = None
         return np.concatenate(st.outs, axis=0)
 
     def _forward_one(self, job: Job, fragments: list[int], caches: list[KVCache]) -> F32:
-        """One session's step; a long one chunk by chunk, fragment by fragment, stopping when its caller
-        no longer waits (the caches then hold partial positions: the caller of this truncates them)."""
-        pos = np.asarray(job.positions, np.int64)
-        t, chunk = len(job.positions), PREFILL_CHUNK_TOKENS
-        if t <= chunk:
-            return self.backend.forward(fragments, job.hidden, pos, caches)
-        outs: list[F32] = []
-        for a in range(0, t, chunk):
-            x = job.hidden[a : a + chunk]  # [C, d]
-            for f, kv in zip(fragments, caches, strict=True):
-                _stop_if_abandoned(job)
-                x = self.backend.forward([f], x, pos[a : a + chunk], [kv])
-            outs.append(x)
-        return np.concatenate(outs, axis=0)
+        """One session's decode step (steps of several rows go by :meth:`_prefill_slice`)."""
+        return self.backend.forward(fragments, job.hidden, np.asarray(job.positions, np.int64), caches)
 
     # ---- RPCs ---------------------------------------------------------------------------------------------
 
