@@ -34,7 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ethen.model.errors import ModelError
-from ethen.model.quant import Dense, Packed
+from ethen.model.quant import Dense, Packed, nibble_halves
 
 __all__ = ["ACCURACY_EXACT", "ACCURACY_FAST", "DEVICES", "Engine", "EngineError", "GraphBuilder",
            "default_threads"]
@@ -135,11 +135,15 @@ class GraphBuilder:
             src = self.bf16_const(w.data_t.view(np.uint16)) if w.kind == "BF16" else self.const(w.data_t)
             return self.op("MatMul", [x, self.op("Cast", [src], to=1)])  # [K, R] float32 per call
         nb = w.cols // w.block
-        ins = [x, self.const(w.data), self.const(w.scales)]
-        if w.zero_points is not None:
-            ins.append(self.const(w.zero_points))
-        y = self.op("MatMulNBits", ins, domain="com.microsoft", K=w.cols, N=w.rows, bits=w.bits,
-                    block_size=w.block, accuracy_level=accuracy)  # [N, R]
+        # float32 compute over 8 bits: as two 4-bit halves over [x, x] (onnxruntime's 8-bit CPU kernel
+        # at accuracy 0 dequantizes the whole matrix per call, 10-20x slower; see quant.nibble_halves)
+        mat = nibble_halves(w) if w.bits == 8 and accuracy == ACCURACY_EXACT else w
+        xin = x if mat is w else self.op("Concat", [x, x], axis=1)  # [N, K] or [N, 2K]
+        ins = [xin, self.const(mat.data), self.const(mat.scales)]
+        if mat.zero_points is not None:
+            ins.append(self.const(mat.zero_points))
+        y = self.op("MatMulNBits", ins, domain="com.microsoft", K=mat.cols, N=mat.rows, bits=mat.bits,
+                    block_size=mat.block, accuracy_level=accuracy)  # [N, R]
         if w.mins_f16 is None and w.mins_m is None:
             return y
         blocks = self.op("Reshape", [x, self.const(np.array([-1, nb, w.block], np.int64), "shape", False)])

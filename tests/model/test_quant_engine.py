@@ -88,3 +88,34 @@ def test_cuda_gives_the_cpu_outputs() -> None:
     g.output("y", R)
     got = Engine("cuda", 1, ACCURACY_EXACT).session(g).run(["y"], {"x": x})[0]
     np.testing.assert_allclose(got, _run("Q4_0", raw, x, ACCURACY_EXACT), rtol=0, atol=1e-3)
+
+
+def _unpack4(data: np.ndarray) -> np.ndarray:
+    return np.stack([data & 15, data >> 4], axis=-1).reshape(*data.shape[:-1], -1)  # [..., 2n]
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q5_K", "Q6_K"])
+def test_exact_8bit_blocks_run_as_two_4bit_halves_of_the_same_weights(kind: str) -> None:
+    """At ``ACCURACY_EXACT`` an 8-bit matrix is one 4-bit ``MatMulNBits`` over ``[x, x]`` (onnxruntime's
+    8-bit CPU kernel has no float32-compute path: it dequantized the whole matrix per call, 20x slower);
+    the halves hold the 8-bit weights exactly; the fast path keeps 8 bits."""
+    from ethen.model.quant import NBits, nibble_halves
+
+    rng = np.random.default_rng(7)
+    w = pack(kind, _raw(kind, rng), R, K)
+    assert isinstance(w, NBits) and w.bits == 8
+    bits = {}
+    for acc in (ACCURACY_EXACT, ACCURACY_FAST):
+        g = GraphBuilder("bits")
+        g.linear(g.input("x", K), w, acc)
+        bits[acc] = [a.i for n in g.nodes if n.op_type == "MatMulNBits"
+                     for a in n.attribute if a.name == "bits"]
+    assert bits == {ACCURACY_EXACT: [4], ACCURACY_FAST: [8]}
+    h = nibble_halves(w)
+    nb = K // w.block
+    z = (np.full((R, nb), 128) if w.zero_points is None else w.zero_points.reshape(R, nb)).astype(np.float64)
+    w8 = w.scales.reshape(R, nb, 1).astype(np.float64) * (w.data.reshape(R, nb, w.block) - z[..., None])
+    zh = _unpack4(h.zero_points.reshape(R, -1))[:, :2 * nb].astype(np.float64)  # type: ignore[union-attr]
+    q = _unpack4(h.data).astype(np.float64)  # [R, 2 nb, block]
+    w4 = h.scales.reshape(R, 2 * nb, 1).astype(np.float64) * (q - zh[..., None])
+    np.testing.assert_array_equal(w4[:, :nb] + w4[:, nb:], w8)  # bit for bit
