@@ -21,7 +21,7 @@ def rss():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
 
-store = open_weight_store()
+store = open_weight_store(weights="float32")  # this test is about the float32 cache
 before = rss()
 lo, hi = int(sys.argv[1]), int(sys.argv[2])
 stack = load_layer_stack(lo, hi, store)
