@@ -34,6 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ethen.model.errors import ModelError
+from ethen.model.onnx_wire import BFLOAT16, Node, Tensor, model_bytes
 from ethen.model.quant import Dense, Packed, nibble_halves
 
 __all__ = ["ACCURACY_EXACT", "ACCURACY_FAST", "DEVICES", "Engine", "EngineError", "GraphBuilder",
@@ -63,17 +64,15 @@ def default_threads() -> int:
 
 
 class GraphBuilder:
-    """A small ONNX graph: float32 inputs, nodes, initializers (weights), float32 outputs."""
+    """A small ONNX graph: float32 inputs, nodes, initializers (weights), float32 outputs (written by
+    :mod:`ethen.model.onnx_wire`, without importing the ``onnx`` package)."""
 
     def __init__(self, name: str) -> None:
-        from onnx import helper
-
-        self._helper = helper
         self.name = name
-        self.nodes: list[Any] = []
-        self.inits: list[Any] = []
-        self.inputs: list[Any] = []
-        self.outputs: list[Any] = []
+        self.nodes: list[Node] = []
+        self.inits: list[Tensor] = []
+        self.inputs: list[tuple[str, list[int | str]]] = []
+        self.outputs: list[tuple[str, list[int | str]]] = []
         self._n = 0
         self.weight_bytes = 0  # bytes of the weights as this graph holds them
 
@@ -82,40 +81,35 @@ class GraphBuilder:
         return f"{stem}_{self._n}"
 
     def input(self, name: str, cols: int) -> str:
-        from onnx import TensorProto
-
-        self.inputs.append(self._helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", cols]))
+        self.inputs.append((name, ["N", cols]))
         return name
 
     def output(self, name: str, cols: int) -> None:
-        from onnx import TensorProto
-
-        self.outputs.append(self._helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", cols]))
+        self.outputs.append((name, ["N", cols]))
 
     def const(self, arr: NDArray[Any], stem: str = "w", weight: bool = True) -> str:
-        from onnx import numpy_helper
-
         name = self.fresh(stem)
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        self.inits.append(Tensor.of(name, arr))
         if weight:
             self.weight_bytes += int(arr.nbytes)
         return name
 
     def bf16_const(self, bits: NDArray[np.uint16]) -> str:
-        from onnx import TensorProto
-
         name = self.fresh("w_bf16")
-        t = self._helper.make_tensor(name, TensorProto.BFLOAT16, list(bits.shape),
-                                     np.ascontiguousarray(bits).tobytes(), raw=True)
-        self.inits.append(t)
+        self.inits.append(Tensor.of(name, bits, BFLOAT16))
         self.weight_bytes += int(bits.nbytes)
         return name
 
-    def op(self, op_type: str, inputs: Sequence[str], domain: str = "", **attrs: Any) -> str:
+    def op(self, op_type: str, inputs: Sequence[str], domain: str = "",
+           **attrs: int | float | list[int]) -> str:
         out = self.fresh(op_type.lower())
-        node = self._helper.make_node(op_type, list(inputs), [out], domain=domain or None, **attrs)
-        self.nodes.append(node)
+        self.node(op_type, inputs, [out], domain, **attrs)
         return out
+
+    def node(self, op_type: str, inputs: Sequence[str], outputs: Sequence[str], domain: str = "",
+             **attrs: int | float | list[int]) -> None:
+        """A node with the output names given (e.g. a graph output's)."""
+        self.nodes.append(Node(op_type, list(inputs), list(outputs), domain, dict(attrs)))
 
     def rms_norm(self, x: str, weight: F32, eps: float) -> str:
         """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis."""
@@ -160,13 +154,8 @@ class GraphBuilder:
         return self.op("Add", [y, self.op("MatMul", [xsum, mins])])  # [N, R]
 
     def model_bytes(self) -> bytes:
-        h = self._helper
-        graph = h.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.inits)
-        opsets = [h.make_opsetid("", _OPSET), h.make_opsetid("com.microsoft", 1)]
-        model = h.make_model(graph, opset_imports=opsets)
-        model.ir_version = 10
-        data: bytes = model.SerializeToString()
-        return data
+        return model_bytes(self.name, self.nodes, self.inits, self.inputs, self.outputs,
+                           [("", _OPSET), ("com.microsoft", 1)], ir_version=10)
 
 
 class Engine:

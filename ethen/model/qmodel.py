@@ -133,7 +133,7 @@ def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) 
         if permuted:
             bq, bk = unpermute_qk(bq, cfg.n_heads), unpermute_qk(bk, cfg.n_kv_heads)
         qkv = a.op("Add", [qkv, a.const(np.concatenate([bq, bk, tensors.f32(p + "attn_v.bias")]), "b")])
-    a.nodes.append(a._helper.make_node("Identity", [qkv], ["qkv"]))
+    a.node("Identity", [qkv], ["qkv"])
     a.output("qkv", qd + 2 * kvd)
     b = GraphBuilder(f"layer{i}-attn-out-ffn")
     xb, att = b.input("x", d), b.input("att", qd)
@@ -149,7 +149,7 @@ def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) 
     gate, up = cols(0, f), cols(f, 2 * f)  # [N, F] x2
     hdn = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate])]), up])  # [N, F] SiLU(gate) * up
     down = _concat(b, hdn, _packed_rows(tensors, [p + "ffn_down.weight"], [None]), engine.accuracy)
-    b.nodes.append(b._helper.make_node("Add", [x2, down], ["out"]))
+    b.node("Add", [x2, down], ["out"])
     b.output("out", d)
     return QuantLayer(i, engine.session(a), engine.session(b), a.weight_bytes + b.weight_bytes,
                       tensors.nbytes(p))
@@ -201,7 +201,7 @@ class QuantEmbedAndHead:
         h = g.rms_norm(x, tensors.f32("output_norm.weight"), config.rms_eps)  # [N, d]
         hk, hraw, hrows, hcols = tensors.get(head)
         y = g.linear(h, pack(hk, hraw, hrows, hcols), eng.accuracy)  # [N, V]
-        g.nodes.append(g._helper.make_node("Identity", [y], ["logits"]))
+        g.node("Identity", [y], ["logits"])
         g.output("logits", hrows)
         self.nbytes = g.weight_bytes
         self._session = eng.session(g)
