@@ -8,9 +8,11 @@
 * **Load**: ``ethen up --port 0`` in a data directory kept per mode (so the store and the caches exist: a
   second start, the page cache warm after one unmeasured run per mode); runs interleaved mode by mode; the
   figure is the banner's "ready in N s" with ``ETHEN_UP_T0`` set at the spawn (three workers started one
-  after the other, the gateway, the orchestrator's head and first route). Each worker's ``VmRSS`` /
-  ``RssAnon`` / ``RssFile`` is read from ``/proc`` at that moment too (the whole process: Python, gRPC,
-  onnxruntime and the weights).
+  after the other, the gateway, the orchestrator's head and first route), and the CPU seconds ``ethen up``
+  and its workers used until then (``/proc/<pid>/stat``): the workers start one after the other, so on an
+  idle machine the wall time is close to it; on a shared one the wall time is mostly waiting for a core.
+  Each worker's ``VmRSS`` / ``RssAnon`` / ``RssFile`` is read from ``/proc`` at that moment too (the whole
+  process: Python, gRPC, onnxruntime and the weights).
 * ``--ref REV``: the same ``ethen up`` runs of commit ``REV`` too (``git archive`` into a temporary directory,
   run with ``PYTHONPATH`` on it), interleaved with this tree's: a same-run baseline for a load-time change.
 * **Weights' resident memory** (the probe of ``tests/model/test_memory.py``): a fresh process loads one
@@ -67,6 +69,12 @@ print(json.dumps({k: after[k] - before[k] for k in after}))
 """
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _status(pid: int) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -94,9 +102,9 @@ ROOT = Path(__file__).resolve().parents[1]
 Workers = list[tuple[str, int, int, dict[str, int]]]
 
 
-def run_up(mode: str, data: Path, root: Path = ROOT) -> tuple[float, Workers]:
-    """One ``ethen up`` of the tree at ``root``: seconds to ready and each worker's (node, first, last,
-    /proc status)."""
+def run_up(mode: str, data: Path, root: Path = ROOT) -> tuple[float, float, Workers]:
+    """One ``ethen up`` of the tree at ``root``: seconds to ready, CPU seconds its processes (``ethen up``
+    and its workers) used until then, and each worker's (node, first, last, /proc status)."""
     env = {**os.environ, "ETHEN_DATA_DIR": str(data), "ETHEN_WEIGHTS": mode, "PYTHONPATH": str(root),
            "ETHEN_UP_T0": str(time.time())}
     for var in ("ETHEN_API_KEY", "ETHEN_ADMIN_KEY", "ETHEN_DATABASE_URL"):
@@ -117,7 +125,9 @@ def run_up(mode: str, data: Path, root: Path = ROOT) -> tuple[float, Workers]:
             raise RuntimeError(f"ethen up ({mode}) did not come up:\n{text}")
         workers = [(w.group(1), *_span(w.group(2))) for w in WORKER.finditer(text)]
         pids = [int(p) for p in PID.findall(text)]
-        return float(m.group(1)), [(n, a, b, _status(p)) for (n, a, b), p in zip(workers, pids, strict=True)]
+        cpu = _cpu_s(proc.pid) + sum(_cpu_s(p) for p in pids)
+        procs = [(n, a, b, _status(p)) for (n, a, b), p in zip(workers, pids, strict=True)]
+        return float(m.group(1)), cpu, procs
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -165,6 +175,7 @@ def _bench_up(modes: list[str], repeats: int, rev: str | None, ref_root: Path) -
         roots[f"@{rev}"] = ref_root
     labels = [(m + tag, m, root) for m in modes for tag, root in roots.items()]
     ready: dict[str, list[float]] = {label: [] for label, _, _ in labels}
+    cpu: dict[str, list[float]] = {label: [] for label, _, _ in labels}
     rss: dict[tuple[str, str], list[dict[str, int]]] = {}
     layouts: dict[str, tuple[int, int]] = {}
     with tempfile.TemporaryDirectory(prefix="ethen-up-bench-") as tmp:
@@ -172,14 +183,17 @@ def _bench_up(modes: list[str], repeats: int, rev: str | None, ref_root: Path) -
             run_up(mode, Path(tmp) / label, root)
         for _ in range(repeats):
             for label, mode, root in labels:
-                took, workers = run_up(mode, Path(tmp) / label, root)
+                took, used, workers = run_up(mode, Path(tmp) / label, root)
                 ready[label].append(took)
+                cpu[label].append(used)
                 for node, lo, hi, st in workers:
                     layouts[node] = (lo, hi)
                     rss.setdefault((label, node), []).append(st)
     print(f"ethen up, ready in (s), median of {repeats} (warm page cache, second start), interleaved:")
     for label, _, _ in labels:
-        print(f"  {label:22s} {statistics.median(ready[label]):6.2f}   runs {ready[label]}")
+        runs = [round(c, 2) for c in cpu[label]]
+        print(f"  {label:22s} {statistics.median(ready[label]):6.2f}  runs {ready[label]}; CPU s of ethen up "
+              f"+ workers until ready {statistics.median(cpu[label]):.2f} (runs {runs})")
     base = labels[0][0]
     for label, _, _ in labels[1:]:
         print(f"  {base} / {label}: {statistics.median(ready[base]) / statistics.median(ready[label]):.2f}x")
