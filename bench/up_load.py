@@ -58,7 +58,7 @@ def status():
     return out
 
 store = open_weight_store()
-store.config  # metadata read
+import onnxruntime  # the engine's library (~23 MiB of RssFile) is not the weights'
 before = status()
 lo, hi = int(sys.argv[1]), int(sys.argv[2])
 (stack,) = load_layer_stacks([(lo, hi)], store)
@@ -136,10 +136,10 @@ def run_up(mode: str, data: Path, root: Path = ROOT) -> tuple[float, float, Work
             proc.kill()
 
 
-def probe(mode: str, lo: int, hi: int) -> dict[str, int]:
-    env = {**os.environ, "ETHEN_WEIGHTS": mode}
+def probe(mode: str, lo: int, hi: int, root: Path = ROOT) -> dict[str, int]:
+    env = {**os.environ, "ETHEN_WEIGHTS": mode, "PYTHONPATH": str(root)}
     out = subprocess.run([sys.executable, "-c", PROBE, str(lo), str(hi)], capture_output=True, text=True,
-                         timeout=600, check=True, env=env)
+                         timeout=600, check=True, env=env, cwd=root)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -157,23 +157,27 @@ def main() -> None:
     args = ap.parse_args()
     modes = args.modes.split(",")
     load_before = os.getloadavg()
-    if not args.skip_up:
-        with tempfile.TemporaryDirectory(prefix="ethen-up-ref-") as ref:
-            _bench_up(modes, args.repeats, args.ref, Path(ref))
-    if not args.skip_probe:
-        _bench_probe(modes, args.repeats)
+    with tempfile.TemporaryDirectory(prefix="ethen-up-ref-") as ref:
+        roots = {"": ROOT}
+        if args.ref is not None:
+            archive = subprocess.run(["git", "archive", args.ref], cwd=ROOT, capture_output=True,
+                                     check=True).stdout
+            subprocess.run(["tar", "-x", "-C", ref], input=archive, check=True)
+            roots[f"@{args.ref}"] = Path(ref)
+        labels = [(m + tag, m, root) for m in modes for tag, root in roots.items()]
+        if not args.skip_up:
+            _bench_up(labels, args.repeats)
+        if not args.skip_probe:
+            _bench_probe(labels, args.repeats)
     load_after = os.getloadavg()
     print(f"load average (1/5/15 min) before {' '.join(f'{x:.2f}' for x in load_before)}, "
           f"after {' '.join(f'{x:.2f}' for x in load_after)}")
 
 
-def _bench_up(modes: list[str], repeats: int, rev: str | None, ref_root: Path) -> None:
-    roots = {"": ROOT}
-    if rev is not None:
-        archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(ref_root)], input=archive, check=True)
-        roots[f"@{rev}"] = ref_root
-    labels = [(m + tag, m, root) for m in modes for tag, root in roots.items()]
+Labels = list[tuple[str, str, Path]]  # (label, ETHEN_WEIGHTS, source tree)
+
+
+def _bench_up(labels: Labels, repeats: int) -> None:
     ready: dict[str, list[float]] = {label: [] for label, _, _ in labels}
     cpu: dict[str, list[float]] = {label: [] for label, _, _ in labels}
     rss: dict[tuple[str, str], list[dict[str, int]]] = {}
@@ -207,21 +211,20 @@ def _bench_up(modes: list[str], repeats: int, rev: str | None, ref_root: Path) -
                   f"{_mib(med['VmRSS'])} / {_mib(med['RssAnon'])} / {_mib(med['RssFile'])}")
 
 
-def _bench_probe(modes: list[str], repeats: int) -> None:
-    ranges = [(0, 9), (0, 19), (10, 29)]  # the default layout's workers
-    print(f"weights' resident growth on load + one step (fresh process, median of {repeats}):")
+def _bench_probe(labels: Labels, repeats: int) -> None:
+    ranges = [(0, 9), (0, 19)]  # the default layout's workers' sizes
+    print(f"weights' resident growth on load + one step (fresh process, median of {repeats}, interleaved):")
     for lo, hi in ranges:
         fb = _layer_bytes(lo, hi)
-        meds: dict[str, float] = {}
-        for mode in modes:
-            runs = [probe(mode, lo, hi) for _ in range(repeats)]
-            anon = statistics.median(r["RssAnon"] for r in runs)
-            file_ = statistics.median(r["RssFile"] for r in runs)
-            meds[mode] = anon + file_
-            print(f"  layers {lo}-{hi} ({_mib(fb)} in file) {mode:9s} anon {_mib(anon)} + file "
-                  f"{_mib(file_)} = {(anon + file_) / fb:.2f}x the file's bytes")
-        if len(modes) == 2:
-            print(f"    {modes[0]} / {modes[1]}: {meds[modes[0]] / meds[modes[1]]:.2f}x")
+        runs: dict[str, list[dict[str, int]]] = {label: [] for label, _, _ in labels}
+        for _ in range(repeats):
+            for label, mode, root in labels:
+                runs[label].append(probe(mode, lo, hi, root))
+        for label, _, _ in labels:
+            anon = statistics.median(r["RssAnon"] for r in runs[label])
+            file_ = statistics.median(r["RssFile"] for r in runs[label])
+            print(f"  layers {lo}-{hi} ({_mib(fb)} in file) {label:22s} anon {_mib(anon)} ({anon / fb:.2f}x) "
+                  f"+ file {_mib(file_)} = {(anon + file_) / fb:.2f}x the file's bytes")
 
 
 if __name__ == "__main__":

@@ -26,15 +26,18 @@ Choices where the issue is silent:
 
 from __future__ import annotations
 
+import mmap
 import os
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ethen.model.errors import ModelError
-from ethen.model.onnx_wire import BFLOAT16, Node, Tensor, model_bytes
+from ethen.model.onnx_wire import BFLOAT16, DTYPES, Node, Tensor, model_bytes
 from ethen.model.quant import Dense, Packed, nibble_halves
 
 __all__ = ["ACCURACY_EXACT", "ACCURACY_FAST", "DEVICES", "Engine", "EngineError", "GraphBuilder",
@@ -185,7 +188,13 @@ class Engine:
     def __repr__(self) -> str:
         return f"Engine(device={self.device!r}, threads={self.threads}, accuracy={self.accuracy})"
 
-    def session(self, graph: GraphBuilder) -> Any:
+    def session(self, graph: GraphBuilder, backing: Path | None = None) -> Any:
+        """The graph's session. With ``backing`` (a file path), the graph's large initializers are written
+        there once (the engine layout, about the GGUF's size), memory-mapped and given to onnxruntime as
+        external initializers, and their pages are dropped (``MADV_DONTNEED``) once the session is built:
+        onnxruntime keeps its prepacked copy, and the file-backed pages come back from the file if read
+        again. Measured, 20 SmolLM2 layers: RssAnon +75 MiB against +126 MiB with the weights in the model
+        bytes, outputs bit for bit the same. Without a writable ``backing``: the weights go in the model."""
         ort = self._ort
         so = ort.SessionOptions()
         so.intra_op_num_threads = self.threads
@@ -193,5 +202,53 @@ class Engine:
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.log_severity_level = 3
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return ort.InferenceSession(graph.model_bytes(), so, providers=self.providers,
+        mapped = None
+        if backing is not None:
+            try:
+                mapped = _map_initializers(graph, backing)
+            except OSError:
+                mapped = None  # e.g. a read-only cache: the weights stay in the model bytes
+        if mapped is not None:
+            so.add_external_initializers(list(mapped[1]), [ort.OrtValue.ortvalue_from_numpy(a)
+                                                           for a in mapped[1].values()])
+        sess = ort.InferenceSession(graph.model_bytes(), so, providers=self.providers,
                                     disabled_optimizers=["ConstantFolding"])
+        if mapped is not None:
+            mm, arrays = mapped
+            if hasattr(mmap, "MADV_DONTNEED"):
+                mm._mmap.madvise(mmap.MADV_DONTNEED)  # file-backed: safe to drop, re-read on access
+            sess.ethen_backing = (mm, arrays)  # alive as long as the session
+        return sess
+
+
+_NP_TYPES = {v: k for k, v in DTYPES.items()}  # (bfloat16, which numpy lacks, stays in the model bytes)
+_ALIGN = 64
+_MIN_BYTES = 4096  # smaller initializers (norm weights, shapes) stay in the model
+
+
+def _map_initializers(graph: GraphBuilder, path: Path) -> tuple[Any, dict[str, NDArray[Any]]] | None:
+    """Write ``graph``'s large initializers to ``path`` (rewritten on every load, never trusted from an
+    earlier run: a new file replaces it atomically, and a session still mapping the old one keeps it), map
+    it read-only, mark them external; ``(memmap, name -> array view)``, None when none is large."""
+    big = [t for t in graph.inits if len(t.raw) >= _MIN_BYTES and t.data_type in _NP_TYPES]
+    if not big:  # e.g. a bfloat16 layer: nothing to map
+        return None
+    offsets, size = [], 0
+    for t in big:
+        offsets.append(size)
+        size += -(-len(t.raw) // _ALIGN) * _ALIGN
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    with open(tmp, "wb") as f:
+        for t, off in zip(big, offsets, strict=True):
+            f.seek(off)
+            f.write(t.raw)
+        f.truncate(size)
+    os.replace(tmp, path)  # atomic: workers sharing layers may write the same file at once
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    arrays: dict[str, NDArray[Any]] = {}
+    for t, off in zip(big, offsets, strict=True):
+        arrays[t.name] = np.ndarray(t.dims, dtype=np.dtype(_NP_TYPES[t.data_type]).newbyteorder("<"),
+                                    buffer=mm, offset=off)
+        t.raw, t.external = b"", True
+    return mm, arrays

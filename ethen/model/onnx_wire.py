@@ -43,6 +43,7 @@ class Tensor:
     dims: tuple[int, ...]
     data_type: int
     raw: bytes
+    external: bool = False  # the data comes with the session (``add_external_initializers``), not here
 
     @classmethod
     def of(cls, name: str, arr: NDArray[np.generic], data_type: int | None = None) -> Tensor:
@@ -93,7 +94,10 @@ def _node(n: Node) -> bytes:
 
 
 def _tensor(t: Tensor) -> bytes:
-    return b"".join(_int(1, d) for d in t.dims) + _int(2, t.data_type) + _str(8, t.name) + _bytes(9, t.raw)
+    head = b"".join(_int(1, d) for d in t.dims) + _int(2, t.data_type) + _str(8, t.name)
+    if t.external:  # external_data {location} + data_location EXTERNAL: the session supplies the values
+        return head + _bytes(13, _str(1, "location") + _str(2, "ethen-engine-layout")) + _int(14, 1)
+    return head + _bytes(9, t.raw)
 
 
 def _value_info(name: str, dims: Sequence[int | str]) -> bytes:

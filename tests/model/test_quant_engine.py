@@ -5,6 +5,8 @@ dequantization: float32-exact at ``ACCURACY_EXACT``, within 2% of the output sca
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
@@ -157,3 +159,30 @@ def test_the_graph_bytes_are_the_model_onnx_helper_builds() -> None:
     assert got == want
     code = "import sys, ethen.model.qmodel, ethen.model.engine; sys.exit('onnx' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0  # onnx not imported
+
+
+
+def test_a_file_backed_session_gives_the_same_outputs(tmp_path: Path) -> None:
+    """``Engine.session(graph, backing)``: the large initializers go to the file (mapped, given as external
+    initializers), the small ones stay in the model; outputs are bit for bit those of the in-model graph."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    norm = rng.standard_normal(K).astype(np.float32)
+    mats = {kind: pack(kind, _raw(kind, rng), R, K) for kind in ("Q4_1", "Q8_0", "Q4_K", "BF16")}
+    path = tmp_path / "engine" / "g.bin"
+    outs = []
+    for backing in (None, path):
+        g = GraphBuilder("backed")
+        h = g.rms_norm(g.input("x", K), norm, 1e-5)
+        g.node("Concat", [g.linear(h, m, ACCURACY_EXACT) for m in mats.values()], ["y"], axis=1)
+        g.output("y", 4 * R)
+        in_model = sum(len(t.raw) for t in g.inits)
+        sess = Engine("cpu", 1, ACCURACY_EXACT).session(g, backing)
+        outs.append(sess.run(["y"], {"x": x})[0])
+        if backing is not None:
+            external = [t for t in g.inits if t.external]
+            assert external and all(t.raw == b"" for t in external)  # the bytes are in the file only
+            assert not any(t.data_type == 16 for t in external)  # bfloat16 stays in the model
+            assert path.stat().st_size >= in_model - sum(len(t.raw) for t in g.inits) > 0
+            assert not list(path.parent.glob("*.tmp"))
+    np.testing.assert_array_equal(outs[0], outs[1])
