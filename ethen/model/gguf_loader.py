@@ -29,9 +29,10 @@ Choices (the issue leaves them open):
 * **Two kinds of cache** (:func:`weights_mode`, ``$ETHEN_WEIGHTS``). ``quantized`` (the default) writes
   only ``meta.json`` (config, chat template, tokenizer settings and the tensor table: each tensor's type,
   shape and byte offset in the GGUF, so the quantized loader memory-maps the file without parsing it
-  again) and ``tokenizer.json``: a few MB, no float32 weights on disk. ``float32`` also
-  writes the ``.npy`` files below. A metadata-only store asked for a float32 tensor (``load_layer_stack``, the
-  float32 reference the tests compare with) builds the float32 cache then, once.
+  again) and ``tokenizer.json``: a few MB, no float32 weights on disk (loading layers then adds
+  ``engine/*.bin``, the engine's file-backed layout: :meth:`ethen.model.engine.Engine.session`).
+  ``float32`` also writes the ``.npy`` files below. A metadata-only store asked for a float32 tensor
+  (``load_layer_stack``, the float32 reference the tests compare with) builds the float32 cache then, once.
 * **Layer subsets.** Weights are opened with ``np.load(mmap_mode="r")``: a worker that serves layers 10-19
   maps only those ten layers' files, and the OS shares the pages between processes that map the same layer.
 * **Layout.** Each block matrix is stored twice, C-contiguous: ``[d_in, d_out]`` (``wqkv``, ...) and
