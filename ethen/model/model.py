@@ -277,7 +277,7 @@ def load_layer_stacks(ranges: str | Sequence[tuple[int, int]], store: WeightStor
 
     ``$ETHEN_WEIGHTS`` (:func:`~ethen.model.gguf_loader.weights_mode`): ``quantized`` keeps the weights
     in the GGUF's blocks (:mod:`ethen.model.qmodel`, on ``engine``, default from ``$ETHEN_DEVICE`` /
-    ``$ETHEN_ACCURACY``); ``float32`` (the default) maps the float32 cache."""
+    ``$ETHEN_ACCURACY``; the default); ``float32`` maps the float32 cache."""
     s = _store(store)
     pairs = parse_layer_ranges(ranges) if isinstance(ranges, str) else list(ranges)
     if weights_mode() == "quantized":
@@ -287,7 +287,7 @@ def load_layer_stacks(ranges: str | Sequence[tuple[int, int]], store: WeightStor
 
 def load_embed_and_head(store: WeightStore | None = None, engine: Engine | None = None) -> Ends:
     """The orchestrator's ends: over the GGUF's blocks (``$ETHEN_WEIGHTS=quantized``: the tied head is not
-    copied) or the float32 cache (``float32``, the default)."""
+    copied; the default) or the float32 cache (``float32``)."""
     s = _store(store)
     if weights_mode() == "quantized":
         return QuantEmbedAndHead(s, engine)

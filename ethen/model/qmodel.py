@@ -2,8 +2,9 @@
 
 :func:`load_quant_layer_stack` reads the matrices of layers ``start..end`` straight from the GGUF (no
 float32 cache), packs them (:func:`ethen.model.quant.pack`, Q/K rows un-permuted like the float32 loader:
-a row permutation never crosses a quantization block) and compiles two graphs per layer. The result is a
-:class:`~ethen.model.model.LayerStack` (same ``forward`` / ``forward_batch``, same KV cache); its
+a row permutation never crosses a quantization block) and compiles two graphs per layer, their weights
+file-backed (``<cache dir>/engine/*.bin``, rewritten on each load, see :meth:`Engine.session`). The result
+is a :class:`~ethen.model.model.LayerStack` (same ``forward`` / ``forward_batch``, same KV cache); its
 :func:`quant_block` is :func:`ethen.model.layers.block` with the matmuls and norms moved into the graphs.
 """
 
@@ -69,6 +70,7 @@ class _Tensors:
             raise GGUFFormatError(f"weight cache {store.directory} lacks a tensor table (delete it)")
         self.table = store.tensors
         self.path = store.gguf_path
+        self.backing_dir = store.directory / "engine"  # the engine-layout files (Engine.session's backing)
         try:
             self.file = np.memmap(self.path, dtype=np.uint8, mode="r")  # [file bytes]
         except OSError as exc:
@@ -133,7 +135,7 @@ def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) 
         if permuted:
             bq, bk = unpermute_qk(bq, cfg.n_heads), unpermute_qk(bk, cfg.n_kv_heads)
         qkv = a.op("Add", [qkv, a.const(np.concatenate([bq, bk, tensors.f32(p + "attn_v.bias")]), "b")])
-    a.nodes.append(a._helper.make_node("Identity", [qkv], ["qkv"]))
+    a.node("Identity", [qkv], ["qkv"])
     a.output("qkv", qd + 2 * kvd)
     b = GraphBuilder(f"layer{i}-attn-out-ffn")
     xb, att = b.input("x", d), b.input("att", qd)
@@ -149,9 +151,12 @@ def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) 
     gate, up = cols(0, f), cols(f, 2 * f)  # [N, F] x2
     hdn = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate])]), up])  # [N, F] SiLU(gate) * up
     down = _concat(b, hdn, _packed_rows(tensors, [p + "ffn_down.weight"], [None]), engine.accuracy)
-    b.nodes.append(b._helper.make_node("Add", [x2, down], ["out"]))
+    b.node("Add", [x2, down], ["out"])
     b.output("out", d)
-    return QuantLayer(i, engine.session(a), engine.session(b), a.weight_bytes + b.weight_bytes,
+    nbytes = a.weight_bytes + b.weight_bytes  # (before the sessions take the initializers' bytes)
+    back = tensors.backing_dir
+    return QuantLayer(i, engine.session(a, back / f"{a.name}-acc{engine.accuracy}.bin"),
+                      engine.session(b, back / f"{b.name}-acc{engine.accuracy}.bin"), nbytes,
                       tensors.nbytes(p))
 
 
@@ -201,10 +206,10 @@ class QuantEmbedAndHead:
         h = g.rms_norm(x, tensors.f32("output_norm.weight"), config.rms_eps)  # [N, d]
         hk, hraw, hrows, hcols = tensors.get(head)
         y = g.linear(h, pack(hk, hraw, hrows, hcols), eng.accuracy)  # [N, V]
-        g.nodes.append(g._helper.make_node("Identity", [y], ["logits"]))
+        g.node("Identity", [y], ["logits"])
         g.output("logits", hrows)
         self.nbytes = g.weight_bytes
-        self._session = eng.session(g)
+        self._session = eng.session(g, tensors.backing_dir / f"head-acc{eng.accuracy}.bin")
 
     def embed(self, token_ids: Sequence[int] | NDArray[np.integer]) -> F32:
         """``token_ids[T]`` -> ``hidden[T, d]`` float32."""

@@ -24,7 +24,9 @@ F32    128                                          128                      yes
 So Q4_0, Q4_1 and Q8_0 stay within 1.125x of the file; Q4_K takes 1.21x (its 6-bit sub-block scales
 become float32: ``MatMulNBits`` wants one float scale per block), and Q5_K / Q6_K, which ``MatMulNBits``
 cannot hold in 5 or 6 bits, take 1.5-1.7x as 8-bit blocks (nothing is requantized: every weight is the
-file's value, bit for bit, once scaled).
+file's value, bit for bit, once scaled). At float32 compute (``ACCURACY_EXACT``) the engine runs an
+8-bit matrix as two 4-bit halves (:func:`nibble_halves`: 41 bytes / 32 for Q8_0), onnxruntime's only fast
+float32 path.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["BYTES_PER_BLOCK", "DENSE_TYPES", "QUANT_TYPES", "Dense", "NBits", "Packed", "pack", "row_bytes"]
+__all__ = ["BYTES_PER_BLOCK", "DENSE_TYPES", "QUANT_TYPES", "Dense", "NBits", "Packed", "nibble_halves",
+           "pack", "row_bytes"]
 
 U8 = NDArray[np.uint8]
 F32 = NDArray[np.float32]
@@ -186,3 +189,25 @@ def pack(kind: str, raw: U8, rows: int, cols: int) -> Packed:
         scales = (_f16(blk[:, 208:210])[:, None] * sc).reshape(-1)  # [R * K / 16]
         return NBits(r, cols, 8, 16, vals.reshape(r, -1, 16), scales, None)
     raise ValueError(f"tensor type {kind} has no engine layout (supported: {QUANT_TYPES + DENSE_TYPES})")
+
+
+def nibble_halves(w: NBits) -> NBits:
+    """An 8-bit ``W [R, K]`` as one 4-bit matrix ``[W_hi | W_lo]`` of ``[R, 2K]`` (to multiply ``[x, x]``),
+    exact: with ``u = 16 h + l`` and zero point ``z`` (a multiple of 16), ``s (u - z) = 16 s (h - z / 16) +
+    s l``. Why: onnxruntime's CPU ``MatMulNBits`` has no float32-compute kernel for 8 bits (at accuracy 0
+    it dequantizes the whole matrix on every call: SmolLM2's Q8_0 head took 134-208 ms per token against
+    10 ms as halves), while 4 bits has one. Costs 8 more bytes of scales per block (Q8_0: 41 bytes per 32
+    weights against the file's 34). The per-block minimum term is not carried (the caller keeps ``w``'s)."""
+    if w.bits != 8:
+        raise ValueError(f"nibble_halves splits 8-bit blocks, got {w.bits}-bit")
+    r, nb = w.rows, w.cols // w.block
+    u = w.data.reshape(r, nb, w.block)  # [R, nb, block]
+    z = (np.full((r, nb), 128, np.uint8) if w.zero_points is None
+         else np.asarray(w.zero_points, np.uint8).reshape(r, nb))  # [R, nb]
+    if (z % 16).any():
+        raise ValueError("nibble_halves needs zero points that are multiples of 16")
+    data = np.concatenate([_nibbles(u >> 4), _nibbles(u & 15)], axis=1)  # [R, 2 nb, block / 2]
+    s = w.scales.reshape(r, nb)
+    scales = np.concatenate([16 * s, s], axis=1).reshape(-1).astype(np.float32)  # [R * 2 nb] (16 s exact)
+    zp = _nibbles(np.concatenate([z >> 4, np.zeros_like(z)], axis=1)).reshape(-1)  # [R * nb]: 2 per byte
+    return NBits(r, 2 * w.cols, 4, w.block, np.ascontiguousarray(data), scales, zp)

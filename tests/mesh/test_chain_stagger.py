@@ -15,7 +15,9 @@ import pytest
 from ethen.mesh.orchestrator import Orchestrator
 from ethen.mesh.worker import ModelBackend, WorkerConfig, WorkerService, parse_fragments, serve
 from ethen.model import Model, load_model
-from tests.mesh.test_rounds_stagger import LAYOUT, _run_together  # the star's test: same workers, same check
+
+# the star's test: same workers, same check
+from tests.mesh.test_rounds_stagger import LAYOUT, _measure_stages, _run_together
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +50,7 @@ def _merged(orch: Orchestrator) -> tuple[int, int]:
 def test_staggered_chain_lanes_are_not_merged_on_the_workers(model: Model, addresses: dict[str, str]) -> None:
     with Orchestrator.load(addresses, data_plane="chain", round_lanes=2) as orch:
         assert orch.chain is not None and orch.rounds.stagger
+        _measure_stages(model, orch)
         _run_together(model, orch, 4)
         calls, merged = _merged(orch)
         assert calls >= 2 * 3 * 10, orch.rounds.worker_batches  # every hop of every chained step counted

@@ -13,7 +13,12 @@ from ethen.model.model import EmbedAndHead
 
 @pytest.fixture(scope="module")
 def ends() -> EmbedAndHead:
-    return load_model().ends
+    """The float32 head (what ``SplitHead`` splits; a quantized head is one engine graph, called as is)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ETHEN_WEIGHTS", "float32")
+        head = load_model().ends
+    assert isinstance(head, EmbedAndHead)
+    return head
 
 
 def test_split_head_gives_the_unsplit_logits(ends: EmbedAndHead) -> None:

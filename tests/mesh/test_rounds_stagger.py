@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from ethen.mesh.orchestrator import Orchestrator
+from ethen.mesh.orchestrator.rounds import F32, RoundSession
 from ethen.mesh.worker import ModelBackend, WorkerConfig, WorkerService, parse_fragments, serve
 from ethen.model import Model, SamplingParams, generate, load_model, model_step
 
@@ -47,12 +48,43 @@ def addresses() -> Iterator[dict[str, str]]:
         service.stop()
 
 
+def _decode_in_phase(orch: Orchestrator, sessions: int) -> None:
+    """Hold each session's first decode round step until all ``sessions`` have one, so their lanes start in
+    phase. Otherwise they are not: a worker computes prefills one at a time, so the sessions' first decode
+    steps leave a prefill apart (~190 ms here), more than a stage's compute time (8-20 ms)."""
+    rounds = orch.rounds
+    gate = threading.Barrier(sessions)
+    seen: set[str] = set()
+    step = rounds.step
+
+    def held(session: RoundSession, hidden: F32) -> F32:
+        if session.id not in seen:
+            seen.add(session.id)
+            gate.wait(timeout=120)
+        return step(session, hidden)
+
+    rounds.step = held  # type: ignore[method-assign]
+
+
+def _measure_stages(model: Model, orch: Orchestrator) -> None:
+    """One short generation, so every worker's compute time is known before lanes meet: a lane's call to a
+    worker not measured yet leaves at once (nothing to stagger by). Without it the staggering was exercised
+    only by chance: the float32 workers' cold first step (their weights' pages faulted in, ~660 ms) made
+    the next lane wait; quantized workers have no cold step, and lanes in phase at their unmeasured first
+    call were split by the worker (computed one after the other) and then met again only by chance."""
+    ids = model.tokenizer.encode(model.chat_template.render(PROMPTS[0], add_generation_prompt=True))
+    orch.generate(ids, SamplingParams(temperature=0.0, max_tokens=3)).result()
+    assert set(orch.rounds._compute_ms) == set(LAYOUT)
+
+
 def _run_together(model: Model, orch: Orchestrator, sessions: int) -> list[tuple[int, ...]]:
-    """``sessions`` greedy generations started at once; their token ids (checked against the reference)."""
+    """``sessions`` greedy generations started at once, their first decode steps in phase; their token
+    ids (checked against the reference)."""
     prompts = [model.tokenizer.encode(model.chat_template.render(PROMPTS[i % 2], add_generation_prompt=True))
                for i in range(sessions)]
     results: dict[int, tuple[int, ...]] = {}
     barrier = threading.Barrier(sessions)
+    _decode_in_phase(orch, sessions)
 
     def run(i: int) -> None:
         gen = orch.generate(prompts[i], GREEDY)
@@ -73,6 +105,7 @@ def _run_together(model: Model, orch: Orchestrator, sessions: int) -> list[tuple
 def test_staggered_lanes_are_not_merged_on_the_workers(model: Model, addresses: dict[str, str]) -> None:
     with Orchestrator.load(addresses, round_lanes=2) as orch:
         assert orch.rounds.stagger
+        _measure_stages(model, orch)
         _run_together(model, orch, 4)
         batches = orch.rounds.worker_batches
         calls = sum(batches.values())

@@ -14,7 +14,7 @@ import pytest
 from ethen.mesh.proto import mesh_pb2, mesh_pb2_grpc
 from ethen.mesh.worker import ModelBackend, WorkerConfig, WorkerService, parse_fragments, serve
 from ethen.mesh.worker.server import caller_of
-from ethen.model import load_layer_stack
+from ethen.model import load_layer_stacks
 
 D = 576
 RNG = np.random.default_rng(0)
@@ -64,7 +64,7 @@ def _code(excinfo: pytest.ExceptionInfo[grpc.RpcError]) -> grpc.StatusCode:
 
 
 def test_forward_matches_the_layer_stacks_and_continues_a_session(worker: Worker) -> None:
-    a, b = load_layer_stack(0, 9), load_layer_stack(10, 19)
+    a, b = load_layer_stacks([(0, 9), (10, 19)])  # the workers' weights ($ETHEN_WEIGHTS)
     ka, kb = a.new_kv_cache(), b.new_kv_cache()
     x = _hidden(6)
     expected = b.forward(a.forward(x, np.arange(6), ka), np.arange(6), kb)
@@ -202,7 +202,7 @@ def test_concurrent_decode_steps_are_batched_and_match_unbatched(worker: Worker)
     steps = [_hidden(1) for _ in range(n)]
     for i in range(n):
         worker.forward(f"batch-{i}", 0, 19, prompts[i])
-    a, b = load_layer_stack(0, 9), load_layer_stack(10, 19)
+    a, b = load_layer_stacks([(0, 9), (10, 19)])  # the workers' weights ($ETHEN_WEIGHTS)
     expected = []
     for i in range(n):
         ka, kb = a.new_kv_cache(), b.new_kv_cache()
@@ -227,8 +227,13 @@ def test_concurrent_decode_steps_are_batched_and_match_unbatched(worker: Worker)
     for t in threads:
         t.join()
     assert max(batch_sizes) > 1, batch_sizes
+    # a batched step and a one-row step are different kernels summing in different orders (BLAS gemm vs
+    # gemv; the engine's many-row vs one-row MatMulNBits), and a matmul's rounding scales with its input
+    # row's norm, which SmolLM2's outlier dimensions (~1e4 in the residual) set, not with each element:
+    # so the tolerance is relative to the row's largest value; measured 20 layers, 8 rows: 6.9e-6 of it
+    # (float32), 1.9e-5 (quantized, exact)
     for i in range(n):
-        np.testing.assert_allclose(outs[i], expected[i], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(outs[i], expected[i], rtol=0, atol=5e-5 * float(np.abs(expected[i]).max()))
 
 
 def test_forward_batch_answers_each_item_on_its_own(worker: Worker) -> None:
@@ -272,7 +277,7 @@ NEXT_FORWARD_BOUND_S = 3.0
 
 
 def test_a_prefill_past_its_deadline_stops_and_the_session_is_left_as_it_was(worker: Worker) -> None:
-    a, b = load_layer_stack(0, 9), load_layer_stack(10, 19)
+    a, b = load_layer_stacks([(0, 9), (10, 19)])  # the workers' weights ($ETHEN_WEIGHTS)
     ka, kb = a.new_kv_cache(), b.new_kv_cache()
     x = _hidden(3)
     b.forward(a.forward(x, np.arange(3), ka), np.arange(3), kb)
@@ -314,7 +319,7 @@ def test_a_cancelled_prefill_stops(worker: Worker) -> None:
 
 
 def test_a_long_step_is_computed_in_chunks_with_the_same_result(worker: Worker) -> None:
-    a, b = load_layer_stack(0, 9), load_layer_stack(10, 19)
+    a, b = load_layer_stacks([(0, 9), (10, 19)])  # the workers' weights ($ETHEN_WEIGHTS)
     x = _hidden(300)  # > PREFILL_CHUNK_TOKENS: three chunks
     got = worker.forward("long-ok", 0, 19, x)
     expected = b.forward(a.forward(x, np.arange(300), a.new_kv_cache()), np.arange(300), b.new_kv_cache())

@@ -20,7 +20,7 @@ from ethen.model import (
     gguf_loader,
     open_weight_store,
 )
-from ethen.model.gguf_loader import CACHE_FORMAT
+from ethen.model.gguf_loader import CACHE_FORMAT, weights_mode
 from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
 
 
@@ -155,11 +155,13 @@ def test_a_new_build_prunes_older_caches_of_the_same_gguf(tmp_path: Path) -> Non
 
 def test_the_default_cache_holds_metadata_and_no_float32_weights(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 24: ``ETHEN_WEIGHTS=quantized`` writes meta.json + tokenizer.json only, with the tensor
-    table the quantized loader maps the GGUF by; asking it for a float32 tensor builds the float32 cache."""
+    """Issue 24: with ``ETHEN_WEIGHTS`` unset (``quantized``) the cache is meta.json + tokenizer.json only,
+    with the tensor table the quantized loader maps the GGUF by; asking it for a float32 tensor builds the
+    float32 cache."""
     from gguf import GGUFReader
 
-    monkeypatch.setenv("ETHEN_WEIGHTS", "quantized")
+    monkeypatch.delenv("ETHEN_WEIGHTS", raising=False)
+    assert weights_mode() == "quantized"
     gguf = write_tiny_gguf(tmp_path / "m.gguf", TinySpec(n_layers=2))
     store = open_weight_store(gguf, cache_root=tmp_path / "cache")
     assert store.weights == "quantized" and store.directory.name.endswith(f"-m{CACHE_FORMAT}")

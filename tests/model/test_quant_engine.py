@@ -5,6 +5,8 @@ dequantization: float32-exact at ``ACCURACY_EXACT``, within 2% of the output sca
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
@@ -40,7 +42,7 @@ def _raw(kind: str, rng: np.random.Generator) -> np.ndarray:
 def _run(kind: str, raw: np.ndarray, x: np.ndarray, accuracy: int) -> np.ndarray:
     g = GraphBuilder("one-matmul")
     y = g.linear(g.input("x", K), pack(kind, raw, R, K), accuracy)
-    g.nodes.append(g._helper.make_node("Identity", [y], ["y"]))
+    g.node("Identity", [y], ["y"])
     g.output("y", R)
     out: np.ndarray = Engine("cpu", 1, accuracy).session(g).run(["y"], {"x": x})[0]
     return out
@@ -84,7 +86,103 @@ def test_cuda_gives_the_cpu_outputs() -> None:
     x = rng.standard_normal((3, K)).astype(np.float32)
     g = GraphBuilder("cuda")
     y = g.linear(g.input("x", K), pack("Q4_0", raw, R, K), ACCURACY_EXACT)
-    g.nodes.append(g._helper.make_node("Identity", [y], ["y"]))
+    g.node("Identity", [y], ["y"])
     g.output("y", R)
     got = Engine("cuda", 1, ACCURACY_EXACT).session(g).run(["y"], {"x": x})[0]
     np.testing.assert_allclose(got, _run("Q4_0", raw, x, ACCURACY_EXACT), rtol=0, atol=1e-3)
+
+
+def _unpack4(data: np.ndarray) -> np.ndarray:
+    return np.stack([data & 15, data >> 4], axis=-1).reshape(*data.shape[:-1], -1)  # [..., 2n]
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q5_K", "Q6_K"])
+def test_exact_8bit_blocks_run_as_two_4bit_halves_of_the_same_weights(kind: str) -> None:
+    """At ``ACCURACY_EXACT`` an 8-bit matrix is one 4-bit ``MatMulNBits`` over ``[x, x]`` (onnxruntime's
+    8-bit CPU kernel has no float32-compute path: it dequantized the whole matrix per call, 20x slower);
+    the halves hold the 8-bit weights exactly; the fast path keeps 8 bits."""
+    from ethen.model.quant import NBits, nibble_halves
+
+    rng = np.random.default_rng(7)
+    w = pack(kind, _raw(kind, rng), R, K)
+    assert isinstance(w, NBits) and w.bits == 8
+    bits = {}
+    for acc in (ACCURACY_EXACT, ACCURACY_FAST):
+        g = GraphBuilder("bits")
+        g.linear(g.input("x", K), w, acc)
+        bits[acc] = [n.attrs["bits"] for n in g.nodes if n.op_type == "MatMulNBits"]
+    assert bits == {ACCURACY_EXACT: [4], ACCURACY_FAST: [8]}
+    h = nibble_halves(w)
+    nb = K // w.block
+    z = (np.full((R, nb), 128) if w.zero_points is None else w.zero_points.reshape(R, nb)).astype(np.float64)
+    w8 = w.scales.reshape(R, nb, 1).astype(np.float64) * (w.data.reshape(R, nb, w.block) - z[..., None])
+    zh = _unpack4(h.zero_points.reshape(R, -1))[:, :2 * nb].astype(np.float64)  # type: ignore[union-attr]
+    q = _unpack4(h.data).astype(np.float64)  # [R, 2 nb, block]
+    w4 = h.scales.reshape(R, 2 * nb, 1).astype(np.float64) * (q - zh[..., None])
+    np.testing.assert_array_equal(w4[:, :nb] + w4[:, nb:], w8)  # bit for bit
+
+
+def test_the_graph_bytes_are_the_model_onnx_helper_builds() -> None:
+    """:mod:`ethen.model.onnx_wire` writes the protobuf without the ``onnx`` package (its import costs
+    ~1 s per process); ``onnx`` parses the bytes into the model its own helpers build from the same parts."""
+    import subprocess
+    import sys
+
+    from onnx import ModelProto, TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(11)
+    g = GraphBuilder("check")
+    x = g.input("x", K)
+    h = g.rms_norm(x, rng.standard_normal(K).astype(np.float32), 1e-5)
+    y = g.linear(h, pack("Q4_1", _raw("Q4_1", rng), R, K), ACCURACY_EXACT)  # int attrs, uint8/f16 tensors
+    y = g.op("Concat", [y, g.linear(h, pack("BF16", _raw("F16", rng), R, K), ACCURACY_EXACT)], axis=-1)
+    g.node("Identity", [g.op("LeakyRelu", [y], alpha=0.25)], ["y"])  # a float attribute
+    g.output("y", 2 * R)
+    got = ModelProto()
+    got.ParseFromString(g.model_bytes())
+
+    def tensor(t: object) -> object:
+        assert hasattr(t, "raw")
+        if t.data_type == 16:  # type: ignore[attr-defined]
+            return helper.make_tensor(t.name, 16, list(t.dims), t.raw, raw=True)  # type: ignore[attr-defined]
+        arr = np.frombuffer(t.raw, dtype=helper.tensor_dtype_to_np_dtype(t.data_type))  # type: ignore[attr-defined]
+        return numpy_helper.from_array(arr.reshape(t.dims), t.name)  # type: ignore[attr-defined]
+
+    want = helper.make_model(helper.make_graph(
+        [helper.make_node(n.op_type, n.inputs, n.outputs, domain=n.domain or None, **n.attrs)
+         for n in g.nodes],
+        "check", [helper.make_tensor_value_info(n, TensorProto.FLOAT, d) for n, d in g.inputs],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, d) for n, d in g.outputs],
+        [tensor(t) for t in g.inits]),  # type: ignore[misc]
+        opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    want.ir_version = 10
+    assert got == want
+    code = "import sys, ethen.model.qmodel, ethen.model.engine; sys.exit('onnx' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0  # onnx not imported
+
+
+
+def test_a_file_backed_session_gives_the_same_outputs(tmp_path: Path) -> None:
+    """``Engine.session(graph, backing)``: the large initializers go to the file (mapped, given as external
+    initializers), the small ones stay in the model; outputs are bit for bit those of the in-model graph."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    norm = rng.standard_normal(K).astype(np.float32)
+    mats = {kind: pack(kind, _raw(kind, rng), R, K) for kind in ("Q4_1", "Q8_0", "Q4_K", "BF16")}
+    path = tmp_path / "engine" / "g.bin"
+    outs = []
+    for backing in (None, path):
+        g = GraphBuilder("backed")
+        h = g.rms_norm(g.input("x", K), norm, 1e-5)
+        g.node("Concat", [g.linear(h, m, ACCURACY_EXACT) for m in mats.values()], ["y"], axis=1)
+        g.output("y", 4 * R)
+        in_model = sum(len(t.raw) for t in g.inits)
+        sess = Engine("cpu", 1, ACCURACY_EXACT).session(g, backing)
+        outs.append(sess.run(["y"], {"x": x})[0])
+        if backing is not None:
+            external = [t for t in g.inits if t.external]
+            assert external and all(t.raw == b"" for t in external)  # the bytes are in the file only
+            assert not any(t.data_type == 16 for t in external)  # bfloat16 stays in the model
+            assert path.stat().st_size >= in_model - sum(len(t.raw) for t in g.inits) > 0
+            assert not list(path.parent.glob("*.tmp"))
+    np.testing.assert_array_equal(outs[0], outs[1])
