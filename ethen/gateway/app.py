@@ -2,7 +2,8 @@
 
 Endpoints under ``/api/gateway/v1``, and the same under ``/v1`` (a client whose base URL ends in ``/v1``):
 ``POST /chat/completions`` (buffered and SSE), ``POST /responses`` (:mod:`ethen.gateway.responses`),
-``POST /embeddings`` (:mod:`ethen.gateway.embeddings`), ``GET /models``, ``POST /routing/explain``,
+``POST /embeddings`` (:mod:`ethen.gateway.embeddings`), ``POST /messages`` and ``/messages/count_tokens``
+(Anthropic's Messages API: :mod:`ethen.gateway.messages_http`), ``GET /models``, ``POST /routing/explain``,
 ``GET /healthz``, ``GET /metrics``. Chat completions and responses share one request path
 (:mod:`ethen.gateway.pipeline`).
 
@@ -83,6 +84,7 @@ from ethen.gateway.errors import (
     http_status,
 )
 from ethen.gateway.execute import Attempt, BufferedRun, Executor, RouteTarget, StreamRun
+from ethen.gateway.messages_http import messages_endpoints
 from ethen.gateway.metrics import CONTENT_TYPE_LATEST, GatewayMetrics
 from ethen.gateway.observe import observe_routes
 from ethen.gateway.pipeline import Pipeline, routing_receipt
@@ -328,6 +330,7 @@ def create_app(
         ("/responses", responses_endpoint(pipe), "POST"),
         ("/completions", completions_endpoint(pipe), "POST"),  # legacy: ethen.gateway.completions
         ("/embeddings", embeddings_endpoint(pipe, embeddings), "POST"),
+        *((path, fn, "POST") for path, fn in messages_endpoints(pipe, cfg.model_map).items()),  # Anthropic
         ("/routing/explain", explain, "POST"),
         ("/models", models, "GET"),
         ("/healthz", healthz, "GET"),

@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ethen.gateway.accounts import Access, Accounts, Hold
+from ethen.gateway.auth import authorization
 from ethen.gateway.errors import (
     FallbackExhaustedError,
     GatewayError,
@@ -141,7 +142,7 @@ class Pipeline:
     async def admit(self, call: Call, request: Request, translate: Translate | None = None) -> Call:
         """Auth, parse (+ ``translate``), stream options, decide, reserve. Raises ``GatewayError``."""
         acc, gw = self.acc, self.gw
-        access = call.access = await acc.authenticate(request.headers.get("authorization"))
+        access = call.access = await acc.authenticate(authorization(request.headers))
         body = await self.read_body(request)
         if translate is not None:
             call.body = body  # labels a refused Responses body by its model too

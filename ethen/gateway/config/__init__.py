@@ -36,6 +36,8 @@ Layout (see ``examples/gateway.toml``)::
     [log]               retention_days (30), max_rows (1,000,000), memory_rows (10,000), queue_size,
                         prune_interval_s, admin_key_sha256: the request log (see ethen.gateway.requestlog)
     [otel]              endpoint (OTLP/HTTP traces; unset: off), service_name (see ethen.gateway.tracing)
+    [model_map]         "glob" = "alias or route": model names of the Messages API (Claude Code's), first
+                        match in file order (see ethen.gateway.messages)
 
 Choices where the issue is silent:
 - TOML only (the issue allows YAML or TOML; TOML needs no extra dependency).

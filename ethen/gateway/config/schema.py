@@ -435,6 +435,9 @@ class OtelConfig(_Strict):
     service_name: str = Field(default="ethen-gateway", min_length=1, max_length=200)
 
 
+_NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+
+
 class GatewayConfig(_Strict):
     server: ServerConfig = Field(default_factory=lambda: ServerConfig())
     providers: list[AnyProviderConfig] = Field(min_length=1)
@@ -448,6 +451,8 @@ class GatewayConfig(_Strict):
     rate_limits: RateLimitsConfig = Field(default_factory=lambda: RateLimitsConfig())
     log: LogConfig = Field(default_factory=lambda: LogConfig())
     otel: OtelConfig = Field(default_factory=lambda: OtelConfig())
+    #: model name glob (fnmatch) -> alias or route, first match in file order (ethen.gateway.messages)
+    model_map: dict[_NonEmpty, _NonEmpty] = Field(default_factory=dict)
 
     def provider(self, provider_id: str) -> ProviderConfig | MeshProviderConfig:
         for p in self.providers:

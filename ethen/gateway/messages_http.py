@@ -1,0 +1,219 @@
+"""``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: the Anthropic Messages API inbound (issue
+26), so the ``anthropic`` SDKs and Claude Code work through the gateway unchanged.
+
+The body is translated into a chat-completions body (:mod:`ethen.gateway.messages`) and runs through the very
+request path chat completions use (:mod:`ethen.gateway.pipeline`: auth, ``ethen/*`` aliases, hard gates,
+fallback chain, rate limits, budgets, request log, receipt); the answer is translated back
+(:mod:`ethen.gateway.messages_stream`). Both endpoints are also served under ``/api/gateway/v1``; a query
+string (Claude Code's ``?beta=true``) is ignored.
+
+- Auth: ``x-api-key: <key>`` or ``Authorization: Bearer <key>``, the same keys as chat
+  (:func:`ethen.gateway.auth.authorization`). ``anthropic-version`` and ``anthropic-beta`` are accepted and
+  not checked: an unknown beta does not fail the request (nothing a beta enables is sent to chat upstreams).
+- Model names: :func:`ethen.gateway.messages.resolve_model` (an alias, a route, or the ``[model_map]``
+  config table); when a name was mapped, the receipt carries ``model_map: {"requested", "routed_as"}`` and
+  the request log the routed name.
+- Buffered: the Message object with the routing receipt at a top-level ``ethen.routing``. Streamed: the
+  events of :class:`~ethen.gateway.messages_stream.MessageEvents`; ``message_start``'s message carries the
+  receipt as it stands when the stream opens, ``message_delta`` the final one (with ``overhead_ms``).
+- Errors: Anthropic's envelope and statuses (:func:`error_status_and_type`, the one mapping from the
+  gateway's error table), with ``x-request-id`` / ``request-id`` headers and ``retry-after`` when the error
+  has one. A refusal before the stream starts is such a JSON response, as on chat.
+- ``count_tokens``: ``{"input_tokens": N}`` where N is the gateway's own conservative estimate (the one its
+  budgets and context gate use: :func:`ethen.gateway.routing.parse_requirements`, UTF-8 bytes / 3 plus
+  per-message and per-image allowances), not a provider tokenizer's count; it never calls an upstream and is
+  not written to the request log. It needs a key and a known (or mapped) model like ``/messages``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from ethen.gateway.auth import authorization
+from ethen.gateway.errors import HTTP_STATUS, GatewayError, http_status
+from ethen.gateway.execute import Attempt, BufferedRun, RouteTarget, StreamRun
+from ethen.gateway.messages import resolve_model, to_chat
+from ethen.gateway.messages_stream import MessageEvents, from_chat
+from ethen.gateway.pipeline import Call, Pipeline
+from ethen.gateway.relay import StreamRelay
+from ethen.gateway.routing import parse_requirements
+from ethen.gateway.sse import DONE_FRAME, dumps
+
+__all__ = ["ANTHROPIC_ERRORS", "error_body", "error_status_and_type", "messages_endpoints", "status_of_code"]
+
+Handler = Callable[[Request], Awaitable[Response]]
+#: Anthropic's status -> error type (the statuses its API answers with)
+ANTHROPIC_ERRORS: Mapping[int, str] = {
+    400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+    403: "permission_error", 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+    500: "api_error", 504: "timeout_error", 529: "overloaded_error",
+}  # fmt: skip
+_JSON = "application/json"
+_ERROR_FRAME = b"event: error\n"
+
+
+# --- errors: the one mapping ------------------------------------------------------------------------------
+
+
+def error_status_and_type(status: int) -> tuple[int, str]:
+    """The gateway's HTTP status (from its one error table) as Anthropic's ``(status, error type)``: 400, 401,
+    402, 403, 404, 413, 429, 500, 504 as they are; 503 -> 529 ``overloaded_error``; any other 4xx (422: no
+    candidate can serve the request) -> 400 ``invalid_request_error``; any other 5xx -> 500 ``api_error``."""
+    if status == 503:
+        return 529, "overloaded_error"
+    if status in ANTHROPIC_ERRORS:
+        return status, ANTHROPIC_ERRORS[status]
+    if 400 <= status < 500:
+        return 400, "invalid_request_error"
+    return 500, "api_error"
+
+
+def _subclasses(cls: type[GatewayError]) -> list[type[GatewayError]]:
+    out: list[type[GatewayError]] = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out
+
+
+def status_of_code(code: object) -> int:
+    """The HTTP status of the gateway error class whose default code is ``code`` (500 when none is): how a
+    stream's error envelope, which carries a code and no status, finds its Anthropic type."""
+    for cls in _subclasses(GatewayError):
+        if cls.default_code == code:
+            return next((HTTP_STATUS[c] for c in cls.__mro__ if c in HTTP_STATUS), 500)
+    return 500
+
+
+def _type_of_code(code: object) -> str:
+    return error_status_and_type(status_of_code(code))[1]
+
+
+def error_body(err: GatewayError, request_id: str | None) -> tuple[int, dict[str, Any]]:
+    """``(Anthropic status, Anthropic error envelope)`` for a gateway error; ``code`` and ``param`` carry the
+    gateway's specific code and the offending field."""
+    status, kind = error_status_and_type(http_status(err))
+    error: dict[str, Any] = {"type": kind, "message": err.message, "code": err.code}
+    if err.param is not None:
+        error["param"] = err.param
+    return status, {"type": "error", "error": error, "request_id": request_id}
+
+
+def _error_response(err: GatewayError, request_id: str) -> Response:
+    status, body = error_body(err, request_id)
+    headers = {"x-request-id": request_id, "request-id": request_id}
+    retry_after = getattr(err, "retry_after_s", None)
+    if isinstance(retry_after, int):
+        headers["retry-after"] = str(retry_after)
+    return Response(dumps(body), status, headers, media_type=_JSON)
+
+
+# --- the endpoints ----------------------------------------------------------------------------------------
+
+
+class _Asked:
+    """What the client asked for: its model name, the routed one, its stop sequences."""
+
+    def __init__(self) -> None:
+        self.model = ""
+        self.routed = ""
+        self.stops: tuple[str, ...] = ()
+
+    def receipt(self, call: Call) -> Callable[[list[Attempt], RouteTarget, Mapping[str, Any] | None],
+                                              dict[str, Any]]:
+        def build(attempts: list[Attempt], target: RouteTarget, extra: Mapping[str, Any] | None
+                  ) -> dict[str, Any]:
+            routing = call.receipt(attempts, target, extra)
+            if self.routed != self.model:
+                routing.setdefault("model_map", {"requested": self.model, "routed_as": self.routed})
+            return routing
+
+        return build
+
+
+def _stream(pipe: Pipeline, call: Call, run: StreamRun, asked: _Asked) -> Response:
+    assert call.hold is not None and call.decision is not None
+    receipt = asked.receipt(call)
+    relay = StreamRelay(run, receipt, True, call.rid, call.t0, call.label, call.hold, pipe.gw.metrics,
+                        pipe.stream_end(call))
+    events = MessageEvents(asked.model, asked.stops, call.decision.requirements.input_tokens)
+
+    async def frames() -> AsyncIterator[bytes]:
+        inner: AsyncGenerator[bytes, None] = relay.frames()  # type: ignore[assignment]
+        try:
+            for frame in events.start(receipt(run.attempts, run.target, run.stream.receipt_extra)):
+                yield frame
+            async for chunk in inner:
+                if chunk == DONE_FRAME:
+                    continue
+                is_error = chunk.startswith(_ERROR_FRAME)
+                try:
+                    obj = json.loads(chunk.split(b"data: ", 1)[1])
+                except (ValueError, IndexError):
+                    continue  # an upstream chunk that is no JSON: nothing to translate
+                if not isinstance(obj, dict):
+                    continue
+                if is_error:
+                    yield events.error(obj, _type_of_code)
+                    return
+                for frame in events.complete(obj) if "ethen" in obj else events.chunk(obj):
+                    yield frame
+        finally:
+            with contextlib.suppress(Exception):
+                await inner.aclose()  # a client gone: the relay settles and records the attempt
+
+    headers = {**relay.headers(), "request-id": call.rid}
+    return StreamingResponse(frames(), 200, headers, media_type="text/event-stream")
+
+
+def messages_endpoints(pipe: Pipeline, model_map: Mapping[str, str]) -> dict[str, Handler]:
+    """The handlers of one gateway: ``{"/messages": ..., "/messages/count_tokens": ...}``; they run on a
+    pipeline like ``pipe`` that answers errors in Anthropic's envelope."""
+    mpipe = Pipeline(pipe.gw, pipe.acc, pipe.read_body, pipe.stream_check, _error_response, pipe.request_id)
+    known = frozenset(pipe.gw.known_models | {c.id for c in pipe.gw.pool})
+
+    async def messages(request: Request) -> Response:
+        call = mpipe.start(request)
+        asked = _Asked()
+
+        def translate(body: dict[str, Any]) -> dict[str, Any]:
+            chat = to_chat(body)
+            asked.model = chat["model"]
+            asked.routed = chat["model"] = resolve_model(chat["model"], known, model_map)
+            asked.stops = tuple(chat.get("stop", ()))
+            return chat
+
+        try:
+            await mpipe.admit(call, request, translate)
+            if call.stream:
+                return _stream(mpipe, call, await mpipe.open_stream(call), asked)
+
+            def render(res: BufferedRun) -> bytes:
+                out = from_chat(res.body, asked.model, asked.stops)
+                out["ethen"] = {"routing": asked.receipt(call)(res.attempts, res.target, res.receipt_extra)}
+                return dumps(out)
+
+            res, content = await mpipe.run_buffered(call, render)
+            headers = {**mpipe.served(call, res.upstream_s), "request-id": call.rid}
+            return Response(content, 200, headers, media_type=_JSON)
+        except GatewayError as err:
+            return mpipe.failed(call, err)
+
+    async def count_tokens(request: Request) -> Response:
+        rid = mpipe.request_id(request)
+        try:
+            await mpipe.acc.authenticate(authorization(request.headers))
+            chat = to_chat(await mpipe.read_body(request), count_only=True)
+            chat["model"] = resolve_model(chat["model"], known, model_map)
+            tokens = parse_requirements(chat).input_tokens
+        except GatewayError as err:
+            return _error_response(err, rid)
+        return Response(dumps({"input_tokens": tokens}), 200, {"x-request-id": rid, "request-id": rid},
+                        media_type=_JSON)
+
+    return {"/messages": messages, "/messages/count_tokens": count_tokens}
