@@ -1,9 +1,10 @@
-"""The Anthropic Messages API over chat completions: request translation, the buffered answer, model names
-and the error envelope (pure: no I/O). The stream is :mod:`ethen.gateway.messages_stream`, the endpoints
-(``POST /v1/messages``, ``POST /v1/messages/count_tokens``) :mod:`ethen.gateway.messages_http`.
+"""The Anthropic Messages API over chat completions: request translation and model names (pure: no I/O).
+The answer (buffered and streamed) is :mod:`ethen.gateway.messages_stream`; the endpoints (``POST
+/v1/messages``, ``POST /v1/messages/count_tokens``) and the error envelope :mod:`ethen.gateway.messages_http`.
 
-Request mapping (Messages -> chat completions), for chat upstreams (OpenAI-compatible servers, the mesh, and
-the Anthropic provider, which translates chat back to Messages):
+Request mapping (Messages -> chat completions). Every request is routed by this translation (hard gates,
+aliases, budgets); it is what chat upstreams (OpenAI-compatible servers, the mesh) receive. A ``kind =
+"anthropic"`` provider receives the client's body itself (:mod:`ethen.gateway.providers.anthropic_native`).
 - ``system`` (a string, or an array of ``text`` blocks joined with a blank line) -> a leading ``system``
   message.
 - ``messages`` (roles ``user`` / ``assistant``; content a string or an array of blocks):

@@ -19,6 +19,11 @@ string (Claude Code's ``?beta=true``) is ignored.
 - Errors: Anthropic's envelope and statuses (:func:`error_status_and_type`, the one mapping from the
   gateway's error table), with ``x-request-id`` / ``request-id`` headers and ``retry-after`` when the error
   has one. A refusal before the stream starts is such a JSON response, as on chat.
+- Native pass-through: the executor gets a :class:`~ethen.gateway.providers.anthropic_native.NativeBody`
+  (the chat body plus the client's Messages body and ``anthropic-beta``); when the candidate that serves is a
+  ``kind = "anthropic"`` provider, it sends the client's body as it is and the answer (the Message, or the
+  upstream's events) goes back as it came, plus the receipt (``ethen`` on the Message, in ``message_start``'s
+  message and on ``message_delta``). Which way a stream went is read from its first chunk.
 - ``count_tokens``: ``{"input_tokens": N}`` where N is the gateway's own conservative estimate (the one its
   budgets and context gate use: :func:`ethen.gateway.routing.parse_requirements`, UTF-8 bytes / 3 plus
   per-message and per-image allowances), not a provider tokenizer's count; it never calls an upstream and is
@@ -39,8 +44,9 @@ from ethen.gateway.auth import authorization
 from ethen.gateway.errors import HTTP_STATUS, GatewayError, http_status
 from ethen.gateway.execute import Attempt, BufferedRun, RouteTarget, StreamRun
 from ethen.gateway.messages import resolve_model, to_chat
-from ethen.gateway.messages_stream import MessageEvents, from_chat
+from ethen.gateway.messages_stream import MessageEvents, NativeEvents, from_chat
 from ethen.gateway.pipeline import Call, Pipeline
+from ethen.gateway.providers.anthropic_native import NATIVE_KEY, NativeAnswer, NativeBody
 from ethen.gateway.relay import StreamRelay
 from ethen.gateway.routing import parse_requirements
 from ethen.gateway.sse import DONE_FRAME, dumps
@@ -136,17 +142,29 @@ class _Asked:
         return build
 
 
+def _native(first: bytes) -> bool:
+    """Whether a stream's first chunk is a native Anthropic provider's (it carries the upstream's event)."""
+    try:
+        obj = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and NATIVE_KEY in obj
+
+
 def _stream(pipe: Pipeline, call: Call, run: StreamRun, asked: _Asked) -> Response:
     assert call.hold is not None and call.decision is not None
     receipt = asked.receipt(call)
     relay = StreamRelay(run, receipt, True, call.rid, call.t0, call.label, call.hold, pipe.gw.metrics,
                         pipe.stream_end(call))
-    events = MessageEvents(asked.model, asked.stops, call.decision.requirements.input_tokens)
+    opening = receipt(run.attempts, run.target, run.stream.receipt_extra)
+    events: MessageEvents | NativeEvents = (
+        NativeEvents(NATIVE_KEY, opening) if _native(run.first)
+        else MessageEvents(asked.model, asked.stops, call.decision.requirements.input_tokens))
 
     async def frames() -> AsyncIterator[bytes]:
         inner: AsyncGenerator[bytes, None] = relay.frames()  # type: ignore[assignment]
         try:
-            for frame in events.start(receipt(run.attempts, run.target, run.stream.receipt_extra)):
+            for frame in events.start(opening):
                 yield frame
             async for chunk in inner:
                 if chunk == DONE_FRAME:
@@ -180,8 +198,10 @@ def messages_endpoints(pipe: Pipeline, model_map: Mapping[str, str]) -> dict[str
     async def messages(request: Request) -> Response:
         call = mpipe.start(request)
         asked = _Asked()
+        raw: list[dict[str, Any]] = []
 
         def translate(body: dict[str, Any]) -> dict[str, Any]:
+            raw.append(body)
             chat = to_chat(body)
             asked.model = chat["model"]
             asked.routed = chat["model"] = resolve_model(chat["model"], known, model_map)
@@ -190,11 +210,15 @@ def messages_endpoints(pipe: Pipeline, model_map: Mapping[str, str]) -> dict[str
 
         try:
             await mpipe.admit(call, request, translate)
+            assert call.payload is not None
+            call.payload = NativeBody(call.payload, raw[0], request.headers.get("anthropic-beta"))
             if call.stream:
                 return _stream(mpipe, call, await mpipe.open_stream(call), asked)
 
             def render(res: BufferedRun) -> bytes:
-                out = from_chat(res.body, asked.model, asked.stops)
+                body = res.body
+                out = dict(body.message) if isinstance(body, NativeAnswer) else from_chat(body, asked.model,
+                                                                                          asked.stops)
                 out["ethen"] = {"routing": asked.receipt(call)(res.attempts, res.target, res.receipt_extra)}
                 return dumps(out)
 

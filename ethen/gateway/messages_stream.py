@@ -27,7 +27,8 @@ from typing import Any
 from ethen.gateway.messages import new_message_id
 from ethen.gateway.sse import dumps
 
-__all__ = ["MessageEvents", "from_chat", "stop_reason", "tool_input", "usage_from_chat"]
+__all__ = ["MessageEvents", "NativeEvents", "error_event", "from_chat", "stop_reason", "tool_input",
+           "usage_from_chat"]
 
 _STOP = {"length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use",
          "content_filter": "refusal"}
@@ -222,12 +223,56 @@ class MessageEvents:
     def error(self, envelope: Mapping[str, Any], to_type: Callable[[object], str]) -> bytes:
         """The ``error`` event for the relay's error envelope (``{"error": {...}, "ethen": {...}}``);
         ``to_type`` maps the gateway's error code to Anthropic's error type."""
-        err = _get(envelope, "error")
-        code = err.get("code")
-        body: dict[str, Any] = {"type": to_type(code),
-                                "message": str(err.get("message") or "The stream failed."),
-                                "code": code if isinstance(code, str) else "stream_error"}
-        fields: dict[str, Any] = {"error": body}
-        if isinstance(envelope.get("ethen"), Mapping):
-            fields["ethen"] = envelope["ethen"]
-        return event("error", **fields)
+        return error_event(envelope, to_type)
+
+
+def error_event(envelope: Mapping[str, Any], to_type: Callable[[object], str]) -> bytes:
+    """The ``error`` event for the relay's error envelope (see :meth:`MessageEvents.error`)."""
+    err = _get(envelope, "error")
+    code = err.get("code")
+    body: dict[str, Any] = {"type": to_type(code), "message": str(err.get("message") or "The stream failed."),
+                            "code": code if isinstance(code, str) else "stream_error"}
+    fields: dict[str, Any] = {"error": body}
+    if isinstance(envelope.get("ethen"), Mapping):
+        fields["ethen"] = envelope["ethen"]
+    return event("error", **fields)
+
+
+class NativeEvents:
+    """A native Anthropic stream (:mod:`ethen.gateway.providers.anthropic_native`) sent on as it came: each
+    relayed chunk carries the upstream's event at ``native_key``. ``message_start``'s message gains the
+    receipt so far; ``message_delta`` is held to the end to carry the final receipt; ``message_stop`` (which
+    ends the provider's stream) is sent after it."""
+
+    def __init__(self, native_key: str, receipt: Mapping[str, Any] | None) -> None:
+        self.key = native_key
+        self.receipt = receipt
+        self.held: dict[str, Any] | None = None
+
+    def start(self, receipt: Mapping[str, Any] | None) -> list[bytes]:
+        """Nothing: the upstream's own ``message_start`` is the first chunk."""
+        return []
+
+    def chunk(self, obj: Mapping[str, Any]) -> list[bytes]:
+        ev = obj.get(self.key)
+        if not isinstance(ev, Mapping) or not isinstance(ev.get("type"), str):
+            return []
+        fields = {k: v for k, v in ev.items() if k != "type"}
+        message = ev.get("message")
+        if ev["type"] == "message_start" and self.receipt is not None and isinstance(message, Mapping):
+            fields["message"] = {**message, "ethen": {"routing": self.receipt}}
+        if ev["type"] == "message_delta":
+            self.held = fields
+            return []
+        return [event(ev["type"], **fields)]
+
+    def complete(self, terminal: Mapping[str, Any]) -> list[bytes]:
+        out = self.chunk(terminal)
+        fields = self.held or {"delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                               "usage": {"output_tokens": 0}}
+        if isinstance(terminal.get("ethen"), Mapping):
+            fields = {**fields, "ethen": terminal["ethen"]}
+        return [*out, event("message_delta", **fields), event("message_stop")]
+
+    def error(self, envelope: Mapping[str, Any], to_type: Callable[[object], str]) -> bytes:
+        return error_event(envelope, to_type)

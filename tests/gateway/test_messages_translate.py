@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from ethen.gateway.errors import InvalidRequestError, ModelNotFoundError
 from ethen.gateway.messages import resolve_model, to_chat
 from ethen.gateway.messages_stream import MessageEvents, from_chat, stop_reason, usage_from_chat
+from ethen.gateway.providers.anthropic_native import NativeBody, native_request
 
 PNG = "iVBORw0KGgo="
 CC = {"cache_control": {"type": "ephemeral"}}
@@ -429,3 +430,15 @@ def test_model_map_examples() -> None:
     assert resolve_model("claude-haiku", {"claude-haiku"}, table) == "claude-haiku"
     with pytest.raises(ModelNotFoundError):
         resolve_model("gpt-4o", set(), table)
+
+
+def test_the_native_body_is_the_clients_with_the_route_model_and_no_routing_hints() -> None:
+    client = {"model": "claude-x", "max_tokens": 5, "stream": True, "top_k": 3,
+              "metadata": {"user_id": "u", "routing": {"latency_target": "fast"}}, "messages": []}
+    body = NativeBody({"model": "ethen/auto"}, client, None)
+    assert dict(body) == {"model": "ethen/auto"}  # what every other provider reads
+    assert native_request(body, "up-1", stream=False) == {"model": "up-1", "max_tokens": 5, "top_k": 3,
+                                                          "metadata": {"user_id": "u"}, "messages": []}
+    only_routing = NativeBody({}, {**client, "metadata": {"routing": {}}}, None)
+    assert "metadata" not in native_request(only_routing, "up-1", stream=True)
+    assert native_request(only_routing, "up-1", stream=True)["stream"] is True

@@ -323,8 +323,10 @@ def test_model_map_routes_claude_names_first_match_in_order(lv: Live) -> None:
     seen = client.messages.create(model="claude-opus-4", max_tokens=5, messages=image)  # hard gate: vision
     routing = seen.model_extra["ethen"]["routing"]
     assert "vision" in routing["hard_requirements"] and "beta/beta-small" not in routing["chain"]
-    sent = lv.script.calls[-1]["body"]["messages"][0]["content"][1]
-    assert sent == {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    call = lv.script.calls[-1]
+    sent = call["body"]["messages"][-1]["content"][1]  # a chat upstream's image part, or the block as it came
+    assert sent == ({"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+                    if call["path"] == "chat" else image[0]["content"][1])
 
 
 def test_a_mid_stream_failure_is_an_error_event(lv: Live) -> None:
@@ -380,3 +382,73 @@ def test_a_bad_model_map_names_key_and_value(table: dict[str, Any], needle: str)
     with pytest.raises(GatewayConfigError) as info:
         parse_config(config_dict("http://127.0.0.1:9", model_map=table))
     assert needle in info.value.message
+
+
+# --- native pass-through to a kind = "anthropic" provider -------------------------------------------
+
+NATIVE_BODY: dict[str, Any] = {
+    "model": "claude-sonnet-4-5", "max_tokens": 64, "top_k": 7, "metadata": {"user_id": "u-1"},
+    "thinking": {"type": "enabled", "budget_tokens": 1024},
+    "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+    "messages": [
+        {"role": "user",
+         "content": [{"type": "text", "text": "Paris?", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "SIG=="},
+                                          {"type": "text", "text": "Let me see."}]},
+        {"role": "user", "content": "go on"},
+    ],
+}  # fmt: skip
+BETA = "interleaved-thinking-2025-05-14,made-up-beta-2099-01-01"
+
+
+@pytest.fixture(scope="module")
+def native() -> Live:
+    with live(model_map={"claude-*": "gamma-claude"}) as running:
+        yield running  # type: ignore[misc]
+
+
+def test_native_pass_through_keeps_the_body_and_betas_and_returns_the_message_as_is(native: Live) -> None:
+    headers = {"x-api-key": CLIENT_KEY, "anthropic-version": "2023-06-01", "anthropic-beta": BETA}
+    url = f"{native.gateway.url}/v1/messages?beta=true"
+    r = httpx.post(url, json=NATIVE_BODY, timeout=15, headers=headers)
+    assert r.status_code == 200, r.text
+    call = native.script.calls[-1]
+    assert call["path"] == "messages" and call["headers"]["anthropic-beta"] == BETA
+    assert call["body"] == {**NATIVE_BODY, "model": "up-gamma-claude"}  # signatures, cache_control, top_k
+    msg = r.json()
+    assert msg["id"] == "msg_1" and msg["model"] == "up-gamma-claude"  # the upstream's Message as it came
+    assert msg["content"] == [{"type": "text", "text": "Hello from upstream"}]
+    routing = msg["ethen"]["routing"]
+    assert routing["served_provider"] == "gamma" and routing["model_map"]["requested"] == "claude-sonnet-4-5"
+    m = _client(native).messages.create(model="claude-sonnet-4-5", max_tokens=5, messages=HI)
+    assert m.id == "msg_1" and m.usage.input_tokens == 11
+
+
+def test_native_stream_is_the_upstreams_events_with_the_receipt(native: Live) -> None:
+    events = _events(native, {**NATIVE_BODY, "stream": False})
+    assert native.script.calls[-1]["body"] == {**NATIVE_BODY, "model": "up-gamma-claude", "stream": True}
+    assert [n for n, _ in events] == [
+        "message_start", "content_block_start", "ping", *["content_block_delta"] * 3, "content_block_stop",
+        "message_delta", "message_stop",
+    ]  # fmt: skip
+    assert events[0][1]["message"]["id"] == "msg_1"
+    assert events[0][1]["message"]["ethen"]["routing"]["served_provider"] == "gamma"
+    assert events[-2][1]["delta"] == {"stop_reason": "end_turn"}
+    assert events[-2][1]["usage"] == {"output_tokens": 3}
+    assert "overhead_ms" in events[-2][1]["ethen"]["routing"]
+    with _client(native).messages.stream(model="claude-x", max_tokens=20, tools=TOOLS, messages=HI) as stream:
+        final = stream.get_final_message()
+    assert final.id == "msg_1" and final.stop_reason == "tool_use"
+    assert final.content[0].type == "tool_use" and final.content[0].input == {"x": 1}
+    row = _logged(native, _events_rid(native))
+    assert row["endpoint"] == "messages" and row["completion_tokens"] == 3 and row["outcome"] == "ok"
+
+
+def _events_rid(lv: Live) -> str:
+    """A streamed native request's id (sent with its own x-request-id), once its stream has ended."""
+    body = {**NATIVE_BODY, "stream": True}
+    with httpx.stream("POST", f"{lv.gateway.url}/v1/messages", json=body, timeout=15,
+                      headers={"x-api-key": CLIENT_KEY, "x-request-id": "native-stream-1"}) as r:
+        assert r.status_code == 200
+        r.read()
+    return "native-stream-1"

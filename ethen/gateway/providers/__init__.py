@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .anthropic import AnthropicProvider
+from .anthropic_native import NativeAnthropicProvider
 from .base import Completion, Provider, ProviderStream, Timeouts, UpstreamCall, Usage
 from .openai_compat import OpenAICompatProvider
 
@@ -49,8 +50,8 @@ def _openai_compat(p: Any, env: Mapping[str, str] | None) -> Provider:
 def _anthropic(p: Any, env: Mapping[str, str] | None) -> Provider:
     from ethen.gateway.config import resolve_secret
 
-    return AnthropicProvider(p.id, p.base_url, resolve_secret(p, env), timeouts=_timeouts(p),
-                             max_connections=p.max_connections, headers=p.headers)
+    return NativeAnthropicProvider(p.id, p.base_url, resolve_secret(p, env), timeouts=_timeouts(p),
+                                   max_connections=p.max_connections, headers=p.headers)  # + Messages native
 
 
 def _mesh(p: Any, env: Mapping[str, str] | None, cfg: GatewayConfig | None = None) -> Provider:
