@@ -78,8 +78,9 @@ def _type_name(value: object) -> str:
 def _expect(value: object, kind: type | tuple[type, ...], param: str, what: str) -> None:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if not isinstance(value, kind) or (isinstance(value, bool) and bool not in kinds):
-        code = "missing_required_parameter" if value is None else "invalid_type"
-        raise _bad(param, f"{param}: must be {what}, got {_type_name(value)}.", code)
+        if value is None:
+            raise _bad(param, f"{param}: Field required ({what}).", "missing_required_parameter")
+        raise _bad(param, f"{param}: must be {what}, got {_type_name(value)}.", "invalid_type")
 
 
 def _blocks(content: object, where: str) -> list[Mapping[str, Any]]:
