@@ -102,12 +102,13 @@ def _type_of_code(code: object) -> str:
 
 def error_body(err: GatewayError, request_id: str | None) -> tuple[int, dict[str, Any]]:
     """``(Anthropic status, Anthropic error envelope)`` for a gateway error; ``code`` and ``param`` carry the
-    gateway's specific code and the offending field."""
+    gateway's specific code and the offending field, and the error's other details (``rejections``,
+    ``attempts``, ``retry_after_s``) come along as on chat."""
     status, kind = error_status_and_type(http_status(err))
-    error: dict[str, Any] = {"type": kind, "message": err.message, "code": err.code}
-    if err.param is not None:
-        error["param"] = err.param
-    return status, {"type": "error", "error": error, "request_id": request_id}
+    details = {k: v for k, v in err.to_dict()["error"].items()
+               if k not in ("type", "message") and v is not None}
+    return status, {"type": "error", "error": {"type": kind, "message": err.message, **details},
+                    "request_id": request_id}
 
 
 def _error_response(err: GatewayError, request_id: str) -> Response:

@@ -290,6 +290,14 @@ def test_a_bad_body_is_400_invalid_request_error(lv: Live) -> None:
     assert info.value.response.json()["error"]["param"] == "tools[0].type"
 
 
+def test_no_candidate_is_400_with_the_rejections(lv: Live) -> None:
+    with pytest.raises(anthropic.BadRequestError) as info:  # beta-small has no tools (a hard gate)
+        _client(lv).messages.create(model="beta-small", max_tokens=5, messages=HI, tools=TOOLS)
+    err = info.value.response.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["code"] == "no_smart_route_candidate"
+    assert err["rejections"][0]["candidate"] == "beta/beta-small"
+
+
 def test_unknown_model_is_404_not_found_error(lv: Live) -> None:
     with pytest.raises(anthropic.NotFoundError) as info:
         _client(lv).messages.create(model="gpt-4o", max_tokens=5, messages=HI)

@@ -45,6 +45,8 @@ class Behavior:
     prompt_tokens: int = 11
     echo_credentials: bool = False  # a leaky upstream: its error message echoes the credential it received
     answer_tool_results: bool = False  # a request whose last message is a tool result gets text, not a call
+    tool_name: str | None = None  # call this tool (when the request lists it; else answer text) ...
+    tool_args: str = '{"x": 1}'  # ... with these arguments (default: the first tool, {"x": 1})
     calls: int = 0
 
 
@@ -77,12 +79,15 @@ def _failure(b: Behavior) -> int | None:
     return None
 
 
-def _tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
+def _tool_call(body: dict[str, Any], b: Behavior) -> dict[str, Any] | None:
     tools = body.get("tools")
     if not tools:
         return None
-    name = tools[0].get("function", {}).get("name", "tool") if isinstance(tools[0], dict) else "tool"
-    return {"id": "call_1", "type": "function", "function": {"name": name, "arguments": '{"x": 1}'}}
+    names = [t.get("function", {}).get("name", "tool") if isinstance(t, dict) else "tool" for t in tools]
+    if b.tool_name is not None and b.tool_name not in names:
+        return None
+    name = names[0] if b.tool_name is None else b.tool_name
+    return {"id": "call_1", "type": "function", "function": {"name": name, "arguments": b.tool_args}}
 
 
 def make_upstream_app(script: Script) -> Starlette:
@@ -105,7 +110,7 @@ def make_upstream_app(script: Script) -> Starlette:
                 status_code=status,
             )
         created = int(time.time())
-        tool = _tool_call(body) if b.tool_call else None
+        tool = _tool_call(body, b) if b.tool_call else None
         if b.answer_tool_results and (body.get("messages") or [{}])[-1].get("role") == "tool":
             tool = None
         usage = {
