@@ -25,9 +25,11 @@ aliases, budgets); it is what chat upstreams (OpenAI-compatible servers, the mes
 - Accepted and not sent to chat upstreams: ``top_k`` (validated: OpenAI's API refuses it), ``thinking``
   (the reasoning budget), ``cache_control`` on any block, tool or system block (chat upstreams cache on their
   own), ``service_tier``, ``container``, ``context_management`` and any other unknown key.
-- Refused with 400 ``unsupported_value`` naming the field (no chat equivalent): server / Anthropic-defined
-  tools (``web_search_*``, ``bash_*``, ``text_editor_*``, ``computer_*``...), ``document``,
-  ``search_result`` and ``server_tool_use`` blocks, and any other block type.
+- No chat equivalent: server / Anthropic-defined tools (``web_search_*``, ``bash_*``, ``text_editor_*``,
+  ``computer_*``...), ``document``, ``search_result`` and ``server_tool_use`` blocks, any other block type,
+  and images by ``file`` source. When a ``kind = "anthropic"`` provider is configured, such a request is left
+  out of the translation and routed to those providers only (their native pass-through carries it; the
+  receipt lists the fields at ``native_only``); otherwise it is 400 ``unsupported_value`` naming the field.
 
 Answer mapping (chat completion -> Message, :mod:`ethen.gateway.messages_stream`): ``id`` ``msg_<hex>``;
 ``content`` a ``thinking`` block for an upstream's ``reasoning_content`` (no signature), a ``text`` block
@@ -102,7 +104,14 @@ def _text(block: Mapping[str, Any], where: str) -> str:
     return text
 
 
-def _image(block: Mapping[str, Any], where: str) -> dict[str, Any]:
+def _skip(err: InvalidRequestError, drop: list[str] | None) -> None:
+    """Raise ``err`` (a field chat cannot carry), or note its field in ``drop`` (a lenient translation)."""
+    if drop is None:
+        raise err
+    drop.append(err.param or "")
+
+
+def _image(block: Mapping[str, Any], where: str, drop: list[str] | None = None) -> dict[str, Any] | None:
     source = block.get("source")
     _expect(source, dict, f"{where}.source", "an object")
     assert isinstance(source, dict)
@@ -118,8 +127,9 @@ def _image(block: Mapping[str, Any], where: str) -> dict[str, Any]:
         if not url:
             raise _bad(f"{where}.source.url", f"{where}.source.url: must not be empty.")
         return {"type": "image_url", "image_url": {"url": url}}
-    raise _bad(f"{where}.source.type", f"{where}.source.type: {kind!r} is not supported here (base64 or url; "
-               "the gateway has no file store).", "unsupported_value")
+    _skip(_bad(f"{where}.source.type", f"{where}.source.type: {kind!r} is not supported for chat upstreams "
+               "(base64 or url).", "unsupported_value"), drop)
+    return None
 
 
 def _unsupported_block(kind: str, where: str) -> InvalidRequestError:
@@ -127,7 +137,8 @@ def _unsupported_block(kind: str, where: str) -> InvalidRequestError:
                 "upstreams.", "unsupported_value")
 
 
-def _tool_result(block: Mapping[str, Any], where: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _tool_result(block: Mapping[str, Any], where: str, drop: list[str] | None
+                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A ``tool_result`` block as a ``tool`` message, and the images it carried."""
     tool_use_id = block.get("tool_use_id")
     _expect(tool_use_id, str, f"{where}.tool_use_id", "a string")
@@ -140,9 +151,9 @@ def _tool_result(block: Mapping[str, Any], where: str) -> tuple[dict[str, Any], 
             if part["type"] == "text":
                 texts.append(_text(part, pwhere))
             elif part["type"] == "image":
-                images.append(_image(part, pwhere))
+                images += filter(None, [_image(part, pwhere, drop)])
             else:
-                raise _unsupported_block(str(part["type"]), pwhere)
+                _skip(_unsupported_block(str(part["type"]), pwhere), drop)
     is_error = block.get("is_error")
     if is_error is not None:
         _expect(is_error, bool, f"{where}.is_error", "a boolean")
@@ -161,7 +172,7 @@ def _tool_call(block: Mapping[str, Any], where: str) -> dict[str, Any]:
             "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
 
 
-def _user_turn(blocks: list[Mapping[str, Any]], where: str) -> list[dict[str, Any]]:
+def _user_turn(blocks: list[Mapping[str, Any]], where: str, drop: list[str] | None) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     for j, block in enumerate(blocks):
@@ -169,13 +180,13 @@ def _user_turn(blocks: list[Mapping[str, Any]], where: str) -> list[dict[str, An
         if kind == "text":
             parts.append({"type": "text", "text": _text(block, bwhere)})
         elif kind == "image":
-            parts.append(_image(block, bwhere))
+            parts += filter(None, [_image(block, bwhere, drop)])
         elif kind == "tool_result":
-            message, images = _tool_result(block, bwhere)
+            message, images = _tool_result(block, bwhere, drop)
             results.append(message)
             parts.extend(images)
         else:
-            raise _unsupported_block(kind, bwhere)
+            _skip(_unsupported_block(kind, bwhere), drop)
     out = results
     if parts:
         simple = all(p["type"] == "text" for p in parts)
@@ -184,7 +195,7 @@ def _user_turn(blocks: list[Mapping[str, Any]], where: str) -> list[dict[str, An
     return out
 
 
-def _assistant_turn(blocks: list[Mapping[str, Any]], where: str) -> dict[str, Any]:
+def _assistant_turn(blocks: list[Mapping[str, Any]], where: str, drop: list[str] | None) -> dict[str, Any]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(blocks):
@@ -196,7 +207,7 @@ def _assistant_turn(blocks: list[Mapping[str, Any]], where: str) -> dict[str, An
         elif kind in ("thinking", "redacted_thinking"):
             continue  # dropped for chat upstreams (module docstring)
         else:
-            raise _unsupported_block(kind, bwhere)
+            _skip(_unsupported_block(kind, bwhere), drop)
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
     if calls:
         message["tool_calls"] = calls
@@ -209,7 +220,7 @@ def _system(system: object) -> str:
     return "\n\n".join(_text(b, f"system[{i}]") for i, b in enumerate(_blocks(system, "system")))
 
 
-def _tools(tools: object) -> list[dict[str, Any]]:
+def _tools(tools: object, drop: list[str] | None) -> list[dict[str, Any]]:
     _expect(tools, list, "tools", "an array of tools")
     assert isinstance(tools, list)
     out: list[dict[str, Any]] = []
@@ -218,9 +229,10 @@ def _tools(tools: object) -> list[dict[str, Any]]:
         _expect(tool, dict, where, "an object")
         kind = tool.get("type")
         if kind not in (None, "custom"):
-            raise _bad(f"{where}.type", f"{where}.type: {kind!r}: server and Anthropic-defined tools are not "
-                       "supported by this gateway for chat upstreams (send custom tools with an "
-                       "input_schema).", "unsupported_value")
+            _skip(_bad(f"{where}.type", f"{where}.type: {kind!r}: server and Anthropic-defined tools are not "
+                       "supported for chat upstreams (send custom tools with an input_schema).",
+                       "unsupported_value"), drop)
+            continue
         name, schema = tool.get("name"), tool.get("input_schema")
         _expect(name, str, f"{where}.name", "a string")
         _expect(schema, dict, f"{where}.input_schema", "a JSON schema object")
@@ -260,9 +272,11 @@ def _number(body: Mapping[str, Any], key: str, lo: float, hi: float | None) -> N
                    else f"{key}: must be >= {lo}, got {value!r}.")
 
 
-def to_chat(body: Mapping[str, Any], *, count_only: bool = False) -> dict[str, Any]:
+def to_chat(body: Mapping[str, Any], *, count_only: bool = False, drop: list[str] | None = None
+            ) -> dict[str, Any]:
     """A Messages body as a chat-completions body (``count_only``: a ``count_tokens`` body, which has no
-    ``max_tokens``). Raises ``InvalidRequestError`` naming the field."""
+    ``max_tokens``). Raises ``InvalidRequestError`` naming the field. With a ``drop`` list, what chat cannot
+    carry (400 ``unsupported_value`` otherwise) is left out and its field noted there instead."""
     model = body.get("model")
     _expect(model, str, "model", "a string")
     chat: dict[str, Any] = {"model": model}
@@ -282,15 +296,15 @@ def to_chat(body: Mapping[str, Any], *, count_only: bool = False) -> dict[str, A
         role = turn.get("role")
         blocks = _blocks(turn.get("content"), f"{where}.content")
         if role == "user":
-            messages.extend(_user_turn(blocks, f"{where}.content"))
+            messages.extend(_user_turn(blocks, f"{where}.content", drop))
         elif role == "assistant":
-            messages.append(_assistant_turn(blocks, f"{where}.content"))
+            messages.append(_assistant_turn(blocks, f"{where}.content", drop))
         else:
             raise _bad(f"{where}.role", f"{where}.role: must be 'user' or 'assistant', got {role!r}.",
                        "invalid_value" if isinstance(role, str) else "invalid_type")
     chat["messages"] = messages
     if body.get("tools") is not None:
-        tools = _tools(body["tools"])
+        tools = _tools(body["tools"], drop)
         if tools:
             chat["tools"] = tools
     if body.get("tool_choice") is not None:

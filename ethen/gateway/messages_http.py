@@ -41,12 +41,17 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ethen.gateway.auth import authorization
-from ethen.gateway.errors import HTTP_STATUS, GatewayError, http_status
+from ethen.gateway.errors import HTTP_STATUS, GatewayError, InvalidRequestError, http_status
 from ethen.gateway.execute import Attempt, BufferedRun, RouteTarget, StreamRun
 from ethen.gateway.messages import resolve_model, to_chat
 from ethen.gateway.messages_stream import MessageEvents, NativeEvents, from_chat
 from ethen.gateway.pipeline import Call, Pipeline
-from ethen.gateway.providers.anthropic_native import NATIVE_KEY, NativeAnswer, NativeBody
+from ethen.gateway.providers.anthropic_native import (
+    NATIVE_KEY,
+    NativeAnswer,
+    NativeAnthropicProvider,
+    NativeBody,
+)
 from ethen.gateway.relay import StreamRelay
 from ethen.gateway.routing import parse_requirements
 from ethen.gateway.sse import DONE_FRAME, dumps
@@ -130,6 +135,7 @@ class _Asked:
         self.model = ""
         self.routed = ""
         self.stops: tuple[str, ...] = ()
+        self.native_only: list[str] = []  # fields only a native provider can carry (routed to those only)
 
     def receipt(self, call: Call) -> Callable[[list[Attempt], RouteTarget, Mapping[str, Any] | None],
                                               dict[str, Any]]:
@@ -138,6 +144,8 @@ class _Asked:
             routing = call.receipt(attempts, target, extra)
             if self.routed != self.model:
                 routing.setdefault("model_map", {"requested": self.model, "routed_as": self.routed})
+            if self.native_only:
+                routing.setdefault("native_only", self.native_only)
             return routing
 
         return build
@@ -195,6 +203,21 @@ def messages_endpoints(pipe: Pipeline, model_map: Mapping[str, str]) -> dict[str
     pipeline like ``pipe`` that answers errors in Anthropic's envelope."""
     mpipe = Pipeline(pipe.gw, pipe.acc, pipe.read_body, pipe.stream_check, _error_response, pipe.request_id)
     known = frozenset(pipe.gw.known_models | {c.id for c in pipe.gw.pool})
+    native = sorted(name for name, p in pipe.gw.providers.items() if isinstance(p, NativeAnthropicProvider))
+
+    def chat_of(body: Mapping[str, Any], asked: _Asked, count_only: bool = False) -> dict[str, Any]:
+        """The chat translation; a body only a native provider can carry is routed to those only."""
+        try:
+            chat = to_chat(body, count_only=count_only)
+        except InvalidRequestError as err:
+            if err.code != "unsupported_value" or not native:
+                raise
+            chat = to_chat(body, count_only=count_only, drop=asked.native_only)
+            chat["providerOptions"] = {"gateway": {"only": native}}
+        asked.model = chat["model"]
+        asked.routed = chat["model"] = resolve_model(chat["model"], known, model_map)
+        asked.stops = tuple(chat.get("stop", ()))
+        return chat
 
     async def messages(request: Request) -> Response:
         call = mpipe.start(request)
@@ -203,11 +226,7 @@ def messages_endpoints(pipe: Pipeline, model_map: Mapping[str, str]) -> dict[str
 
         def translate(body: dict[str, Any]) -> dict[str, Any]:
             raw.append(body)
-            chat = to_chat(body)
-            asked.model = chat["model"]
-            asked.routed = chat["model"] = resolve_model(chat["model"], known, model_map)
-            asked.stops = tuple(chat.get("stop", ()))
-            return chat
+            return chat_of(body, asked)
 
         try:
             await mpipe.admit(call, request, translate)
@@ -233,8 +252,7 @@ def messages_endpoints(pipe: Pipeline, model_map: Mapping[str, str]) -> dict[str
         rid = mpipe.request_id(request)
         try:
             await mpipe.acc.authenticate(authorization(request.headers))
-            chat = to_chat(await mpipe.read_body(request), count_only=True)
-            chat["model"] = resolve_model(chat["model"], known, model_map)
+            chat = chat_of(await mpipe.read_body(request), _Asked(), count_only=True)
             tokens = parse_requirements(chat).input_tokens
         except GatewayError as err:
             return _error_response(err, rid)

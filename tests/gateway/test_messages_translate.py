@@ -442,3 +442,22 @@ def test_the_native_body_is_the_clients_with_the_route_model_and_no_routing_hint
     only_routing = NativeBody({}, {**client, "metadata": {"routing": {}}}, None)
     assert "metadata" not in native_request(only_routing, "up-1", stream=True)
     assert native_request(only_routing, "up-1", stream=True)["stream"] is True
+
+
+def test_a_lenient_translation_leaves_out_what_chat_cannot_carry_and_names_it() -> None:
+    body = {"model": "m", "max_tokens": 5, "tools": [{"type": "bash_20250124", "name": "bash"}, TOOL],
+            "messages": [{"role": "user", "content": [
+                {"type": "document", "source": {"type": "text", "data": "d"}},
+                {"type": "image", "source": {"type": "file", "file_id": "f"}},
+                {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "search_result"}]},
+                {"type": "text", "text": "hi"}]},
+                {"role": "assistant",
+                 "content": [{"type": "server_tool_use", "id": "s", "name": "web_search"}]}]}  # fmt: skip
+    drop: list[str] = []
+    chat = to_chat(body, drop=drop)
+    assert drop == ["messages[0].content[0].type", "messages[0].content[1].source.type",
+                    "messages[0].content[2].content[0].type", "messages[1].content[0].type", "tools[0].type"]
+    assert [t["function"]["name"] for t in chat["tools"]] == ["get_weather"]
+    assert chat["messages"] == [{"role": "tool", "tool_call_id": "t", "content": ""},
+                                {"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]
+    assert _err(body).param == "messages[0].content[0].type"  # strict: the first one is refused

@@ -13,9 +13,10 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
-from service_harness import CLIENT_KEY, Live, config_dict, live
-from upstream import Behavior
+from service_harness import CLIENT_KEY, ENV, Live, config_dict, live
+from upstream import Behavior, Script, ServerThread, make_upstream_app
 
+from ethen.gateway.app import create_app
 from ethen.gateway.config import parse_config
 from ethen.gateway.errors import GatewayConfigError, GatewayError
 from ethen.gateway.messages_http import error_status_and_type, status_of_code
@@ -280,14 +281,6 @@ def test_a_bad_body_is_400_invalid_request_error(lv: Live) -> None:
         headers={"x-api-key": CLIENT_KEY, "content-type": "application/json"},
     )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
-    with pytest.raises(anthropic.BadRequestError) as info:
-        _client(lv).messages.create(
-            model="ethen/auto",
-            max_tokens=5,
-            messages=HI,
-            tools=[{"type": "web_search_20250305", "name": "web_search"}],
-        )
-    assert info.value.response.json()["error"]["param"] == "tools[0].type"
 
 
 def test_no_candidate_is_400_with_the_rejections(lv: Live) -> None:
@@ -460,3 +453,36 @@ def _events_rid(lv: Live) -> str:
         assert r.status_code == 200
         r.read()
     return "native-stream-1"
+
+
+WEB_SEARCH: list[Any] = [{"type": "web_search_20250305", "name": "web_search", "max_uses": 2}, *TOOLS]
+DOCUMENT: list[Any] = [{"role": "user", "content": [
+    {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "Paris is warm."}},
+    {"type": "text", "text": "Summarize."}]}]  # fmt: skip
+
+
+def test_what_only_anthropic_carries_is_routed_to_anthropic_providers_only(native: Live) -> None:
+    client = _client(native)
+    m = client.messages.create(model="ethen/auto", max_tokens=50, tools=WEB_SEARCH, messages=DOCUMENT)
+    routing = m.model_extra["ethen"]["routing"]
+    assert routing["native_only"] == ["messages[0].content[0].type", "tools[0].type"]
+    assert routing["chain"] == ["gamma/gamma-claude"] and routing["served_provider"] == "gamma"
+    call = native.script.calls[-1]
+    assert call["path"] == "messages" and call["body"]["tools"] == WEB_SEARCH
+    assert call["body"]["messages"] == DOCUMENT
+    counted = client.messages.count_tokens(model="ethen/auto", tools=WEB_SEARCH, messages=DOCUMENT)
+    assert counted.input_tokens > 0
+
+
+def test_without_an_anthropic_provider_it_is_400_unsupported_value() -> None:
+    with ServerThread(make_upstream_app(Script())) as up:
+        data = config_dict(up.url)
+        data["providers"] = [p for p in data["providers"] if p["kind"] != "anthropic"]
+        data["routes"] = [r for r in data["routes"] if r["provider"] != "gamma"]
+        with ServerThread(create_app(parse_config(data), env=ENV)) as gw:
+            client = anthropic.Anthropic(base_url=gw.url, api_key=CLIENT_KEY, max_retries=0, timeout=15)
+            with pytest.raises(anthropic.BadRequestError) as info:
+                client.messages.create(model="ethen/auto", max_tokens=5, messages=HI, tools=WEB_SEARCH)
+    err = info.value.response.json()["error"]
+    assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "unsupported_value",
+                                                        "tools[0].type")
