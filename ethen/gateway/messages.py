@@ -21,10 +21,12 @@ aliases, budgets); it is what chat upstreams (OpenAI-compatible servers, the mes
 - ``max_tokens`` (required: a positive integer) -> ``max_tokens``; ``temperature``, ``top_p`` as they are;
   ``stop_sequences`` -> ``stop``; ``stream`` (with ``stream_options.include_usage``, so the stream's
   ``message_delta`` carries real usage); ``metadata.user_id`` -> ``user``; ``metadata.routing`` (the
-  gateway's routing hints, as on chat) -> ``metadata.routing``.
+  gateway's routing hints, as on chat) -> ``metadata.routing``; ``output_config.format`` (``json_schema``:
+  structured outputs) -> ``response_format`` ``json_schema`` named ``output`` (the structured-output gate).
 - Accepted and not sent to chat upstreams: ``top_k`` (validated: OpenAI's API refuses it), ``thinking``
-  (the reasoning budget), ``cache_control`` on any block, tool or system block (chat upstreams cache on their
-  own), ``service_tier``, ``container``, ``context_management`` and any other unknown key.
+  (the reasoning budget), ``output_config.effort``, ``cache_control`` on any block, tool or system block
+  (chat upstreams cache on their own), ``service_tier``, ``container``, ``context_management`` and any
+  other unknown key.
 - No chat equivalent: server / Anthropic-defined tools (``web_search_*``, ``bash_*``, ``text_editor_*``,
   ``computer_*``...), ``document``, ``search_result`` and ``server_tool_use`` blocks, any other block type,
   and images by ``file`` source. When a ``kind = "anthropic"`` provider is configured, such a request is left
@@ -346,6 +348,20 @@ def _request_fields(body: Mapping[str, Any], chat: dict[str, Any]) -> None:
         if stream:
             chat["stream"] = True
             chat["stream_options"] = {"include_usage": True}
+    output = body.get("output_config")
+    if output is not None:
+        _expect(output, dict, "output_config", "an object")
+        assert isinstance(output, dict)
+        fmt = output.get("format")
+        if fmt is not None:
+            _expect(fmt, dict, "output_config.format", "an object")
+            assert isinstance(fmt, dict)
+            if fmt.get("type") != "json_schema":
+                raise _bad("output_config.format.type",
+                           f"output_config.format.type: must be 'json_schema', got {fmt.get('type')!r}.")
+            _expect(fmt.get("schema"), dict, "output_config.format.schema", "a JSON schema object")
+            chat["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "output", "schema": fmt["schema"]}}
     metadata = body.get("metadata")
     if metadata is not None:
         _expect(metadata, dict, "metadata", "an object")

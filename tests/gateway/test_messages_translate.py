@@ -461,3 +461,13 @@ def test_a_lenient_translation_leaves_out_what_chat_cannot_carry_and_names_it() 
     assert chat["messages"] == [{"role": "tool", "tool_call_id": "t", "content": ""},
                                 {"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]
     assert _err(body).param == "messages[0].content[0].type"  # strict: the first one is refused
+
+
+def test_structured_output_becomes_a_json_schema_response_format() -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
+            "output_config": {"format": {"type": "json_schema", "schema": schema}, "effort": "low"}}
+    assert to_chat(body)["response_format"] == {"type": "json_schema",
+                                                "json_schema": {"name": "output", "schema": schema}}
+    bad = {**body, "output_config": {"format": {"type": "xml"}}}
+    assert _err(bad).param == "output_config.format.type"

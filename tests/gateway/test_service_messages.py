@@ -283,6 +283,17 @@ def test_a_bad_body_is_400_invalid_request_error(lv: Live) -> None:
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_structured_output_is_a_hard_gate_and_reaches_the_upstream(lv: Live) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    m = _client(lv).messages.create(model="ethen/auto", max_tokens=20, messages=HI,
+                                    output_config={"format": {"type": "json_schema", "schema": schema}})
+    routing = m.model_extra["ethen"]["routing"]
+    assert "structured_output" in routing["hard_requirements"]
+    assert "gamma/gamma-claude" not in routing["chain"] and "beta/beta-small" not in routing["chain"]
+    sent = lv.script.calls[-1]["body"]
+    assert sent["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+
+
 def test_no_candidate_is_400_with_the_rejections(lv: Live) -> None:
     with pytest.raises(anthropic.BadRequestError) as info:  # beta-small has no tools (a hard gate)
         _client(lv).messages.create(model="beta-small", max_tokens=5, messages=HI, tools=TOOLS)
