@@ -291,7 +291,8 @@ def test_structured_output_is_a_hard_gate_and_reaches_the_upstream(lv: Live) -> 
     assert "structured_output" in routing["hard_requirements"]
     assert "gamma/gamma-claude" not in routing["chain"] and "beta/beta-small" not in routing["chain"]
     sent = lv.script.calls[-1]["body"]
-    assert sent["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    expected = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    assert sent["response_format"] == expected
 
 
 def test_no_candidate_is_400_with_the_rejections(lv: Live) -> None:
