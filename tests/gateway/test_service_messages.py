@@ -8,11 +8,13 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
+from budget_harness import ADMIN_KEY, live_store, new_project_key
 from service_harness import CLIENT_KEY, ENV, Live, config_dict, live
 from upstream import Behavior, Script, ServerThread, make_upstream_app
 
@@ -365,6 +367,32 @@ def test_rate_limits_apply_and_answer_429_rate_limit_error() -> None:
             client.messages.create(model="ethen/auto", max_tokens=5, messages=HI)
     assert info.value.response.json()["error"]["type"] == "rate_limit_error"
     assert int(info.value.response.headers["retry-after"]) >= 1
+
+
+def test_project_keys_and_budgets_apply(tmp_path: Path) -> None:
+    with live_store(f"sqlite:///{tmp_path / 'gw.db'}") as lv:
+        rich = new_project_key(lv, "rich", budget_usd=1.0, budget_window="day")
+        broke = new_project_key(lv, "broke", budget_usd=0.0, budget_window="day")
+        m = _client(lv, api_key=rich).messages.create(model="ethen/auto", max_tokens=5, messages=HI,
+                                                      extra_headers={"x-request-id": "msg-project-1"})
+        assert m.type == "message" and _logged_store(lv, "msg-project-1")["project"] == "rich"
+        with pytest.raises(anthropic.APIStatusError) as info:
+            _client(lv, api_key=broke).messages.create(model="ethen/auto", max_tokens=5, messages=HI)
+    assert info.value.status_code == 402
+    err = info.value.response.json()["error"]
+    assert err["type"] == "billing_error" and err["code"] == "budget_exceeded"
+
+
+def _logged_store(lv: Live, rid: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{lv.gateway.url}/api/admin/v1/requests/{rid}", timeout=5,
+                      headers={"authorization": f"Bearer {ADMIN_KEY}"})
+        if r.status_code == 200:
+            row: dict[str, Any] = r.json()
+            return row
+        time.sleep(0.05)
+    raise AssertionError(f"{rid} not in the request log")
 
 
 @pytest.mark.parametrize(("status", "out"), [
