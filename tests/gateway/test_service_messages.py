@@ -15,7 +15,7 @@ import anthropic
 import httpx
 import pytest
 from budget_harness import ADMIN_KEY, live_store, new_project_key
-from service_harness import CLIENT_KEY, ENV, Live, config_dict, live
+from service_harness import CLIENT_KEY, ENV, ROUTES, Live, config_dict, live
 from upstream import Behavior, Script, ServerThread, make_upstream_app
 
 from ethen.gateway.app import create_app
@@ -526,3 +526,22 @@ def test_without_an_anthropic_provider_it_is_400_unsupported_value() -> None:
     err = info.value.response.json()["error"]
     assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "unsupported_value",
                                                         "tools[0].type")
+
+
+def test_a_native_request_falls_back_to_a_chat_provider_by_translation() -> None:
+    backup = {**next(r for r in ROUTES if r["model"] == "gamma-claude"), "provider": "beta",
+              "upstream_model": "up-beta-fallback",
+              "prices": {"input_per_mtok": 50.0, "output_per_mtok": 90.0}}  # ranked after gamma
+    backup["info"] = {**backup["info"], "quality": 0.1, "latency_ms": 5000.0}
+    failing = {"up-gamma-claude": Behavior(fail_status=500)}
+    with live(failing, routes=[*ROUTES, backup], model_map={"claude-*": "gamma-claude"}) as lv:
+        m = _client(lv).messages.create(**{k: v for k, v in NATIVE_BODY.items() if k != "top_k"})
+        routing = m.model_extra["ethen"]["routing"]
+        assert [a["candidate"] for a in routing["attempts"]] == ["gamma/gamma-claude", "beta/gamma-claude"]
+        assert routing["served_provider"] == "beta" and m.content[0].text == "Hello from upstream"
+        paths = [(c["path"], c["body"]["model"]) for c in lv.script.calls]
+        assert paths == [("messages", "up-gamma-claude"), ("chat", "up-beta-fallback")]
+        assert lv.script.calls[-1]["body"]["messages"][0] == {"role": "system", "content": "Be brief."}
+        events = _events(lv, NATIVE_BODY)
+    assert [n for n, _ in events][:3] == ["message_start", "content_block_start", "ping"]
+    assert events[-2][1]["ethen"]["routing"]["served_provider"] == "beta"
