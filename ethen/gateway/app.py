@@ -66,7 +66,7 @@ from starlette.routing import Route
 from ethen.admin.http import admin_routes, request_routes
 from ethen.admin.sessions import AdminAuth
 from ethen.gateway.accounts import Accounts, Hold, accounts_for
-from ethen.gateway.auth import KeyRing
+from ethen.gateway.auth import KeyRing, authorization
 from ethen.gateway.body import MAX_BODY_BYTES, parse_body, read_body, stream_options
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.circuit import CircuitBoard
@@ -250,7 +250,7 @@ def create_app(
     async def explain(request: Request) -> Response:
         rid = _request_id(request)
         try:
-            access = await acc.authenticate(request.headers.get("authorization"))
+            access = await acc.authenticate(authorization(request.headers))
             body = parse_body(await read_body(request))
             stream_options(body)  # a body chat would refuse is refused here too
             decision = acc.decide(body, await acc.prepare(access, body, gw.context(rid)), access)
@@ -261,7 +261,7 @@ def create_app(
     async def models(request: Request) -> Response:
         rid = _request_id(request)
         try:
-            access = await acc.authenticate(request.headers.get("authorization"))
+            access = await acc.authenticate(authorization(request.headers))
         except GatewayError as err:
             return _error_response(err, rid)
         return Response(acc.models_for(access, gw.models_body, gw.pool), 200, media_type=_JSON)

@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ethen.gateway.accounts import PROMPT_FACTOR, PROMPT_SLACK_TOKENS, Hold
+from ethen.gateway.auth import authorization
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.config import GatewayConfig, build_candidate
 from ethen.gateway.errors import (
@@ -138,7 +139,7 @@ def embeddings_endpoint(
     async def embeddings(request: Request) -> Response:
         call = pipe.start(request)
         try:
-            access = call.access = await acc.authenticate(request.headers.get("authorization"))
+            access = call.access = await acc.authenticate(authorization(request.headers))
             body = call.body = await pipe.read_body(request)
             model = body.get("model")
             if not isinstance(model, str) or not model:

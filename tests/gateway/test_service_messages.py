@@ -263,6 +263,18 @@ def test_auth_by_x_api_key_or_bearer_and_refusals(lv: Live) -> None:
     assert CLIENT_KEY not in info.value.response.text
 
 
+def test_x_api_key_works_on_every_gateway_endpoint(lv: Live) -> None:
+    headers = {"x-api-key": CLIENT_KEY}
+    assert httpx.get(f"{lv.gateway.url}/v1/models", headers=headers, timeout=15).status_code == 200
+    r = httpx.post(f"{lv.gateway.url}/v1/chat/completions", headers=headers, timeout=15,
+                   json={"model": "ethen/auto", "messages": HI})
+    assert r.status_code == 200 and r.json()["object"] == "chat.completion"
+    r = httpx.post(f"{lv.gateway.url}/v1/routing/explain", headers=headers, timeout=15,
+                   json={"model": "ethen/auto", "messages": HI})
+    assert r.status_code == 200
+    assert httpx.get(f"{lv.gateway.url}/v1/models", timeout=15).status_code == 401
+
+
 def test_a_bad_body_is_400_invalid_request_error(lv: Live) -> None:
     with pytest.raises(anthropic.BadRequestError) as info:
         _client(lv).messages.create(model="ethen/auto", max_tokens=0, messages=HI)
