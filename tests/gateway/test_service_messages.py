@@ -14,7 +14,9 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from anthropic.types import Message, RawMessageStreamEvent
 from budget_harness import ADMIN_KEY, live_store, new_project_key
+from pydantic import TypeAdapter
 from service_harness import CLIENT_KEY, ENV, ROUTES, Live, config_dict, live
 from upstream import Behavior, Script, ServerThread, make_upstream_app
 
@@ -29,6 +31,7 @@ TOOLS: list[Any] = [{"name": "get_weather", "description": "Weather for a city",
                      "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
                      "cache_control": {"type": "ephemeral"}}]  # fmt: skip
 HI: list[Any] = [{"role": "user", "content": "hi"}]
+STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +66,8 @@ def _events(lv: Live, body: dict[str, Any], path: str = "/v1/messages") -> list[
             elif line.startswith("data: "):
                 data = json.loads(line[6:])
                 assert data["type"] == name
+                if name not in ("error", "ping"):  # each event validates against the SDK's pydantic types
+                    STREAM_EVENT.validate_python(data)
                 out.append((name, data))
     return out
 
@@ -80,6 +85,7 @@ def test_create_answers_a_message_with_usage_and_the_receipt(lv: Live) -> None:
         extra_headers={"anthropic-beta": "made-up-beta-2099-01-01,prompt-caching-2024-07-31"},
     )
     m = raw.parse()
+    Message.model_validate(raw.http_response.json())  # strict, unlike the SDK's own parsing
     assert m.id.startswith("msg_") and m.type == "message" and m.role == "assistant"
     assert [(b.type, b.text) for b in m.content if b.type == "text"] == [("text", "Hello from upstream")]
     assert m.stop_reason == "end_turn" and m.stop_sequence is None and m.model == "ethen/auto"
