@@ -46,6 +46,7 @@ def test_claude_code_completes_a_tool_task_through_the_gateway(tmp_path: Path) -
     assert result["is_error"] is False and result["result"] == "Wrote it."
     assert target.read_text() == "hello from ethen\n"  # Claude Code ran the tool the upstream asked for
     assert any(t["function"]["name"] == "Write" for t in calls[0]["body"]["tools"])
+    assert all(c["body"]["stream"] is True for c in calls)  # Claude Code reads the translated event stream
     last = calls[-1]["body"]["messages"]
     assert last[-1]["role"] == "tool" and last[-1]["tool_call_id"] == "call_1"
     assert last[-2]["tool_calls"][0]["function"]["name"] == "Write"
