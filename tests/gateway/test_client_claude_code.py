@@ -22,12 +22,14 @@ CLAUDE = os.environ.get("ETHEN_TEST_CLAUDE") or shutil.which("claude")
 pytestmark = pytest.mark.skipif(not CLAUDE, reason="Claude Code is not installed (see .ci/run)")
 
 
-def test_claude_code_completes_a_tool_task_through_the_gateway(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("route", "path"), [("beta-tools", "chat"), ("gamma-claude", "messages")])
+def test_claude_code_completes_a_tool_task_through_the_gateway(tmp_path: Path, route: str, path: str) -> None:
+    """Through a chat upstream (translated both ways) and a ``kind = "anthropic"`` one (passed through)."""
     assert CLAUDE is not None
     target = tmp_path / "hello.txt"
     args = json.dumps({"file_path": str(target), "content": "hello from ethen\n"})
     upstream = Behavior(tool_name="Write", tool_args=args, answer_tool_results=True, pieces=("Wrote", " it."))
-    with live({"up-beta-tools": upstream}, model_map={"claude-*": "beta-tools"}) as lv:
+    with live({f"up-{route}": upstream}, model_map={"claude-*": route}) as lv:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
             "ANTHROPIC_BASE_URL": lv.gateway.url, "ANTHROPIC_AUTH_TOKEN": CLIENT_KEY,
@@ -40,13 +42,20 @@ def test_claude_code_completes_a_tool_task_through_the_gateway(tmp_path: Path) -
                 "--output-format", "json"]
         done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
                               stdin=subprocess.DEVNULL)
-        calls = [c for c in lv.script.calls if c["body"].get("model") == "up-beta-tools"]
+        calls = [c for c in lv.script.calls if c["body"].get("model") == f"up-{route}"]
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert result["is_error"] is False and result["result"] == "Wrote it."
     assert target.read_text() == "hello from ethen\n"  # Claude Code ran the tool the upstream asked for
-    assert any(t["function"]["name"] == "Write" for t in calls[0]["body"]["tools"])
-    assert all(c["body"]["stream"] is True for c in calls)  # Claude Code reads the translated event stream
+    assert {c["path"] for c in calls} == {path}
+    assert all(c["body"]["stream"] is True for c in calls)  # Claude Code reads the event stream
     last = calls[-1]["body"]["messages"]
-    assert last[-1]["role"] == "tool" and last[-1]["tool_call_id"] == "call_1"
-    assert last[-2]["tool_calls"][0]["function"]["name"] == "Write"
+    if path == "chat":
+        assert any(t["function"]["name"] == "Write" for t in calls[0]["body"]["tools"])
+        assert last[-1]["role"] == "tool" and last[-1]["tool_call_id"] == "call_1"
+        assert last[-2]["tool_calls"][0]["function"]["name"] == "Write"
+    else:  # Claude Code's own body: its tools, cache_control and the tool_use / tool_result blocks as sent
+        assert any(t["name"] == "Write" for t in calls[0]["body"]["tools"])
+        assert last[-2]["content"][-1]["type"] == "tool_use" and last[-2]["content"][-1]["name"] == "Write"
+        assert last[-1]["content"][0]["type"] == "tool_result"
+        assert last[-1]["content"][0]["tool_use_id"] == "toolu_1"

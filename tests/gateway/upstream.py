@@ -201,11 +201,20 @@ def make_upstream_app(script: Script) -> Starlette:
                 status_code=status,
             )
         tools = body.get("tools") or []
+        names = [t.get("name") for t in tools]
         tool = (
-            {"type": "tool_use", "id": "toolu_1", "name": tools[0]["name"], "input": {"x": 1}}
-            if (tools and b.tool_call)
+            {"type": "tool_use", "id": "toolu_1", "name": b.tool_name or names[0],
+             "input": json.loads(b.tool_args)}
+            if (tools and b.tool_call and (b.tool_name is None or b.tool_name in names))
             else None
         )
+        last = (body.get("messages") or [{}])[-1]
+        content = last.get("content")
+        if b.answer_tool_results and isinstance(content, list) and any(
+            isinstance(p, dict) and p.get("type") == "tool_result" for p in content
+        ):
+            tool = None
+        args = json.dumps(tool["input"]) if tool else ""
         text = "".join(b.pieces)
         usage = {"input_tokens": b.prompt_tokens, "output_tokens": len(b.pieces)}
         if not body.get("stream"):
@@ -253,7 +262,7 @@ def make_upstream_app(script: Script) -> Starlette:
                     {
                         "type": "content_block_delta",
                         "index": 0,
-                        "delta": {"type": "input_json_delta", "partial_json": '{"x": '},
+                        "delta": {"type": "input_json_delta", "partial_json": args[: len(args) // 2]},
                     },
                 )
                 yield ev(
@@ -261,7 +270,7 @@ def make_upstream_app(script: Script) -> Starlette:
                     {
                         "type": "content_block_delta",
                         "index": 0,
-                        "delta": {"type": "input_json_delta", "partial_json": "1}"},
+                        "delta": {"type": "input_json_delta", "partial_json": args[len(args) // 2 :]},
                     },
                 )
             else:
