@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ethen.gateway.errors import InvalidRequestError, ModelNotFoundError
@@ -471,3 +471,40 @@ def test_structured_output_becomes_a_json_schema_response_format() -> None:
                                                 "json_schema": {"name": "output", "schema": schema}}
     bad = {**body, "output_config": {"format": {"type": "xml"}}}
     assert _err(bad).param == "output_config.format.type"
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+_KINDS = st.sampled_from(["text", "image", "tool_use", "tool_result", "thinking", "document", "x", 3])
+_SOURCE = st.fixed_dictionaries({"type": st.sampled_from(["base64", "url", "file"])},
+                                optional={"url": _JSON, "data": _JSON, "media_type": _JSON})
+_BLOCK = st.fixed_dictionaries({"type": _KINDS}, optional={
+    "text": _JSON, "source": _JSON | _SOURCE, "id": _JSON, "name": _JSON, "input": _JSON,
+    "tool_use_id": _JSON, "content": _JSON, "is_error": _JSON})  # fmt: skip
+_CONTENT = st.text(max_size=5) | st.lists(_BLOCK, max_size=3) | _JSON
+_MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", 1])},
+                                 optional={"content": _CONTENT})
+_BODY = st.fixed_dictionaries({}, optional={
+    "model": st.text(max_size=5) | _JSON, "max_tokens": st.integers(-1, 5) | _JSON,
+    "messages": st.lists(_MESSAGE, max_size=3) | _JSON, "system": _JSON, "tools": _JSON, "tool_choice": _JSON,
+    "temperature": _JSON, "top_p": _JSON, "top_k": _JSON, "stop_sequences": _JSON, "stream": _JSON,
+    "metadata": _JSON, "output_config": _JSON})  # fmt: skip
+
+
+@settings(max_examples=300)
+@given(_BODY, st.booleans(), st.booleans())
+def test_any_body_translates_or_is_refused_naming_a_field(body: dict[str, Any], count_only: bool,
+                                                          lenient: bool) -> None:
+    """Never an exception other than ``InvalidRequestError`` (a 500 for a client's mistake)."""
+    drop: list[str] | None = [] if lenient else None
+    try:
+        chat = to_chat(body, count_only=count_only, drop=drop)
+    except InvalidRequestError as err:
+        assert err.param is not None and err.code in (
+            "invalid_type", "invalid_value", "missing_required_parameter", "unsupported_value")
+        return
+    assert isinstance(chat["model"], str) and isinstance(chat["messages"], list)
+    json.dumps(chat)
