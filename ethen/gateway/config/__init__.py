@@ -38,6 +38,8 @@ Layout (see ``examples/gateway.toml``)::
     [otel]              endpoint (OTLP/HTTP traces; unset: off), service_name (see ethen.gateway.tracing)
     [model_map]         "glob" = "alias or route": model names of the Messages API (Claude Code's), first
                         match in file order (see ethen.gateway.messages)
+    [compat]            drop_unsupported_tools (true): hosted Responses tools no candidate can run are
+                        dropped and named in the answer; false: 400 (see ethen.gateway.responses_tools)
 
 Choices where the issue is silent:
 - TOML only (the issue allows YAML or TOML; TOML needs no extra dependency).

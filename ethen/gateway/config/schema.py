@@ -27,6 +27,7 @@ __all__ = [
     "ApiKeyConfig",
     "CanaryConfig",
     "CircuitConfig",
+    "CompatConfig",
     "GatewayConfig",
     "InfoOverrides",
     "LogConfig",
@@ -438,6 +439,15 @@ class OtelConfig(_Strict):
 _NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 
 
+class CompatConfig(_Strict):
+    """What the gateway does with client requests it can only serve in part. ``drop_unsupported_tools``
+    (true): a Responses request's hosted tools no candidate can run (``web_search``, ``file_search``...) are
+    left out and named in the answer (``x-ethen-dropped-tools``, ``ethen.routing.dropped_tools``); false: such
+    a request is a 400 ``unsupported_value`` naming the tool (``ethen.gateway.responses_tools``)."""
+
+    drop_unsupported_tools: bool = True
+
+
 class GatewayConfig(_Strict):
     server: ServerConfig = Field(default_factory=lambda: ServerConfig())
     providers: list[AnyProviderConfig] = Field(min_length=1)
@@ -453,6 +463,7 @@ class GatewayConfig(_Strict):
     otel: OtelConfig = Field(default_factory=lambda: OtelConfig())
     #: model name glob (fnmatch) -> alias or route, first match in file order (ethen.gateway.messages)
     model_map: dict[_NonEmpty, _NonEmpty] = Field(default_factory=dict)
+    compat: CompatConfig = Field(default_factory=lambda: CompatConfig())
 
     def provider(self, provider_id: str) -> ProviderConfig | MeshProviderConfig:
         for p in self.providers:
