@@ -99,6 +99,7 @@ from ethen.gateway.shared import SharedRuntime
 from ethen.gateway.sse import dumps
 from ethen.gateway.telemetry_store import TelemetryStore
 from ethen.gateway.tracing import tracing_for
+from ethen.gateway.unknown_paths import UnknownPaths
 
 __all__ = ["MAX_BODY_BYTES", "PREFIX", "Gateway", "build_providers", "create_app"]
 
@@ -282,8 +283,13 @@ def create_app(
     async def metrics(request: Request) -> Response:
         return Response(m.render(), 200, media_type=CONTENT_TYPE_LATEST)
 
+    unknown = UnknownPaths(m.registry)  # unknown paths: a throttled WARNING and a counter (issue 26)
+
     async def http_error(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
+        if status == 404 and "endpoint" not in request.scope:  # no route matched
+            client = request.client.host if request.client is not None else "-"
+            unknown.seen(request.method, request.url.path, client, request.headers.get("user-agent"))
         code = {404: "not_found", 405: "method_not_allowed"}.get(status, "invalid_request_error")
         err = GatewayError(
             f"{request.method} {request.url.path}: {'not found' if status == 404 else 'method not allowed'}"
