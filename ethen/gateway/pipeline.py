@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -101,12 +101,17 @@ class Call:
     remaining_usd: float | None = None  # the project's remaining budget as admission saw it
     res: BufferedRun | None = None
     trace_headers: tuple[str, str | None] | None = None  # (traceparent, tracestate) when traces are on
+    notes: dict[str, Any] = field(default_factory=dict)  # the endpoint's receipt notices (dropped_tools)
+
+    def with_notes(self, extra: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        """A provider's receipt extras plus this call's notices (on the answer and in the request log)."""
+        return {**(extra or {}), **self.notes} if self.notes else extra
 
     def receipt(
         self, attempts: list[Attempt], served: RouteTarget | None, extra: Mapping[str, Any] | None = None
     ) -> dict[str, Any]:
         assert self.decision is not None
-        return routing_receipt(self.decision, attempts, served, extra)
+        return routing_receipt(self.decision, attempts, served, self.with_notes(extra))
 
 
 class Pipeline:
@@ -203,6 +208,8 @@ class Pipeline:
         return {"x-request-id": call.rid, "x-ethen-overhead-ms": f"{overhead * 1000:.3f}"}
 
     def _log(self, call: Call, status: int, outcome: str, elapsed: float, **kw: Any) -> None:
+        if call.notes:
+            kw["extra"] = call.with_notes(kw.get("extra"))
         access = call.access
         body = call.body
         principal = access.principal if access is not None else None

@@ -34,18 +34,6 @@ __all__ = ["responses_endpoint"]
 _ERROR_FRAME = b"event: error\n"
 
 
-def _receipt(call: Call, echo: Echo) -> Callable[..., dict[str, Any]]:
-    """The call's receipt builder, naming the hosted tools left out (``dropped_tools``)."""
-
-    def build(*args: Any) -> dict[str, Any]:
-        routing = call.receipt(*args)
-        if echo.dropped:
-            routing.setdefault("dropped_tools", echo.dropped)
-        return routing
-
-    return build
-
-
 def _headers(headers: dict[str, str], echo: Echo) -> dict[str, str]:
     if echo.dropped:
         headers[DROPPED_HEADER] = ",".join(dict.fromkeys(d["type"] for d in echo.dropped))
@@ -54,7 +42,7 @@ def _headers(headers: dict[str, str], echo: Echo) -> dict[str, str]:
 
 def _stream(pipe: Pipeline, call: Call, run: StreamRun, events: ResponsesEvents, echo: Echo) -> Response:
     assert call.hold is not None
-    relay = StreamRelay(run, _receipt(call, echo), True, call.rid, call.t0, call.label, call.hold,
+    relay = StreamRelay(run, call.receipt, True, call.rid, call.t0, call.label, call.hold,
                         pipe.gw.metrics, pipe.stream_end(call))
 
     async def frames() -> AsyncIterator[bytes]:
@@ -96,6 +84,8 @@ def responses_endpoint(pipe: Pipeline) -> Callable[[Request], Awaitable[Response
         def translate(body: dict[str, Any]) -> dict[str, Any]:
             chat, echo = to_chat(body, drop_hosted)
             echoes.append(echo)
+            if echo.dropped:  # on the receipt and in the request log
+                call.notes["dropped_tools"] = echo.dropped
             return chat
 
         try:
@@ -107,8 +97,7 @@ def responses_endpoint(pipe: Pipeline) -> Callable[[Request], Awaitable[Response
 
             def render(res: BufferedRun) -> bytes:
                 out = from_chat(res.body, echoes[0], resp_id, created)
-                receipt = _receipt(call, echoes[0])
-                out["ethen"] = {"routing": receipt(res.attempts, res.target, res.receipt_extra)}
+                out["ethen"] = {"routing": call.receipt(res.attempts, res.target, res.receipt_extra)}
                 return dumps(out)
 
             res, content = await pipe.run_buffered(call, render)

@@ -7,6 +7,7 @@ refused with ``[compat] drop_unsupported_tools = false``; every streamed ``respo
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
@@ -105,6 +106,27 @@ def test_a_namespaced_call_in_the_history_goes_upstream_qualified(lv: Live) -> N
     assert sent["messages"][1]["tool_calls"][0]["function"]["name"] == QUALIFIED
     assert sent["tool_choice"] == {"type": "function", "function": {"name": QUALIFIED}}
     assert r.json()["output"][0]["type"] == "message"  # the upstream answered the tool result
+
+
+def _logged(lv: Live, rid: str) -> dict[str, Any]:
+    ring = lv.gateway.server.config.app.state.gateway.requestlog.ring  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        rows = [r for r in list(ring) if r["request_id"] == rid]
+        if rows:
+            return rows[0]
+        time.sleep(0.02)
+    raise AssertionError(f"{rid} not in the request log")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_request_log_receipt_names_the_dropped_tools(lv: Live, stream: bool) -> None:
+    rid = f"dropped-{stream}"
+    r = httpx.post(f"{lv.base_url}/responses", headers={**HEADERS, "x-request-id": rid}, timeout=15,
+                   json={"model": "beta-tools", "input": "spawn one", "tools": CODEX_TOOLS, "stream": stream})
+    assert r.status_code == 200
+    row = _logged(lv, rid)
+    assert row["receipt"]["dropped_tools"] == [{"param": "tools[2]", "type": "web_search"}]
 
 
 def test_a_request_without_hosted_tools_has_no_dropped_notice(lv: Live) -> None:
