@@ -15,7 +15,9 @@ import os
 import secrets
 import shutil
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from service_harness import CLIENT_KEY, live
@@ -57,6 +59,12 @@ def test_codex_exec_completes_a_tool_task_through_the_gateway(tmp_path: Path) ->
         done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=200,
                               stdin=subprocess.DEVNULL)
         calls = [c for c in lv.script.calls if c["body"].get("model") == "up-beta-tools"]
+        ring = lv.gateway.server.config.app.state.gateway.requestlog.ring  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 5
+        logged: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and len(logged) < len(calls):  # the log's writer lags a little
+            time.sleep(0.05)
+            logged = [r for r in list(ring) if r["endpoint"] == "responses"]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     messages = [e["item"]["text"] for e in events
@@ -68,3 +76,5 @@ def test_codex_exec_completes_a_tool_task_through_the_gateway(tmp_path: Path) ->
     assert "exec_command" in names and any("__" in n for n in names)  # its namespace group, qualified
     last = calls[-1]["body"]["messages"]
     assert last[-1]["role"] == "tool" and token in last[-1]["content"]  # Codex ran the command
+    assert len(logged) == len(calls) and all(r["status"] == 200 for r in logged)
+    assert all(r["receipt"]["dropped_tools"][0]["type"] == "web_search" for r in logged)  # its hosted tool
