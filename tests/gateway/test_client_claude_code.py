@@ -9,11 +9,13 @@ skips without one."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 from service_harness import CLIENT_KEY, live
 from upstream import Behavior
@@ -23,9 +25,12 @@ pytestmark = pytest.mark.skipif(not CLAUDE, reason="Claude Code is not installed
 
 
 @pytest.mark.parametrize(("route", "path"), [("beta-tools", "chat"), ("gamma-claude", "messages")])
-def test_claude_code_completes_a_tool_task_through_the_gateway(tmp_path: Path, route: str, path: str) -> None:
+def test_claude_code_completes_a_tool_task_through_the_gateway(
+    tmp_path: Path, route: str, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """Through a chat upstream (translated both ways) and a ``kind = "anthropic"`` one (passed through)."""
     assert CLAUDE is not None
+    caplog.set_level(logging.WARNING, logger="ethen.gateway")
     target = tmp_path / "hello.txt"
     args = json.dumps({"file_path": str(target), "content": "hello from ethen\n"})
     upstream = Behavior(tool_name="Write", tool_args=args, answer_tool_results=True, pieces=("Wrote", " it."))
@@ -43,12 +48,17 @@ def test_claude_code_completes_a_tool_task_through_the_gateway(tmp_path: Path, r
         done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
                               stdin=subprocess.DEVNULL)
         calls = [c for c in lv.script.calls if c["body"].get("model") == f"up-{route}"]
+        metrics = httpx.get(f"{lv.base_url}/metrics", timeout=5).text
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert result["is_error"] is False and result["result"] == "Wrote it."
     assert target.read_text() == "hello from ethen\n"  # Claude Code ran the tool the upstream asked for
     assert {c["path"] for c in calls} == {path}
     assert all(c["body"]["stream"] is True for c in calls)  # Claude Code reads the event stream
+    # its first call, HEAD / (a path the gateway does not serve): counted and logged with its user agent
+    assert 'ethen_gateway_unknown_path_requests_total{method="HEAD"} 1.0' in metrics
+    assert any(r.getMessage().startswith("unknown path: HEAD '/' from 127.0.0.1 (user agent '")
+               for r in caplog.records)
     last = calls[-1]["body"]["messages"]
     if path == "chat":
         assert any(t["function"]["name"] == "Write" for t in calls[0]["body"]["tools"])
