@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ethen.gateway.errors import InvalidRequestError
-from ethen.gateway.responses_tools import ToolNames, flatten, qualify
+from ethen.gateway.responses_tools import ToolNames, chat_tools, qualify
 
 __all__ = ["Echo", "finish", "from_chat", "new_id", "obj", "response_object", "to_chat", "usage_object"]
 
@@ -204,44 +204,6 @@ def _items(items: list[Any], where: str, messages: list[dict[str, Any]]) -> None
             raise _bad(f"{iw}.type", f"'{iw}.type' must be a string, got {_type_name(kind)}.", "invalid_type")
 
 
-def _tools(tools: object, drop_hosted: bool) -> tuple[list[dict[str, Any]], list[Any], ToolNames,
-                                                   list[dict[str, str]]]:
-    """(chat tools, echoed Responses tools, namespaced names, dropped hosted tools)."""
-    _expect(tools, list, "tools", "an array")
-    assert isinstance(tools, list)
-    flat = flatten(tools, drop_hosted)
-    chat: list[dict[str, Any]] = []
-    echo: list[Any] = []
-    seen: dict[str, str] = {}
-    for tw, tool, namespace, ns_desc in flat.functions:
-        name, desc, params, strict = (tool.get(k) for k in ("name", "description", "parameters", "strict"))
-        _expect(name, str, f"{tw}.name", "a string")
-        if desc is not None:
-            _expect(desc, str, f"{tw}.description", "a string")
-        if params is not None:
-            _expect(params, Mapping, f"{tw}.parameters", "an object (a JSON schema)")
-        if strict is not None:
-            _expect(strict, bool, f"{tw}.strict", "a boolean")
-        assert isinstance(name, str)
-        chat_name = qualify(namespace, name) if namespace is not None else name
-        if chat_name in seen:
-            raise _bad(f"{tw}.name", f"'{tw}.name' = {name!r:.64}: its chat name {chat_name!r} is also "
-                       f"{seen[chat_name]}'s.", "invalid_value")
-        seen[chat_name] = tw
-        fn: dict[str, Any] = {"name": chat_name}
-        if ns_desc is not None or desc is not None:
-            fn["description"] = "\n\n".join(d for d in (ns_desc, desc) if d)
-        fn["parameters"] = params if params is not None else {"type": "object", "properties": {}}
-        if strict is not None:
-            fn["strict"] = strict
-        chat.append({"type": "function", "function": fn})
-        if namespace is None:
-            echo.append({"type": "function", "name": name, "description": desc, "parameters": params,
-                         "strict": strict})
-    echo += flat.echo  # namespace groups as sent
-    return chat, echo, flat.names, flat.dropped
-
-
 def _tool_choice(choice: object) -> Any:
     if isinstance(choice, str):
         if choice not in _TOOL_CHOICES:
@@ -338,9 +300,10 @@ def to_chat(body: Mapping[str, Any], drop_hosted: bool = True) -> tuple[dict[str
     tools_echo: list[Any] = []
     names, dropped = ToolNames(), list[dict[str, str]]()
     if body.get("tools") is not None:
-        chat_tools, tools_echo, names, dropped = _tools(body["tools"], drop_hosted)
-        if chat_tools:
-            chat["tools"] = chat_tools
+        _expect(body["tools"], list, "tools", "an array")
+        listed, tools_echo, names, dropped = chat_tools(body["tools"], drop_hosted)
+        if listed:
+            chat["tools"] = listed
     choice = body.get("tool_choice")
     if choice is not None:
         chat_choice = _tool_choice(choice)

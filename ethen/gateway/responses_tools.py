@@ -28,7 +28,7 @@ from typing import Any
 
 from ethen.gateway.errors import InvalidRequestError
 
-__all__ = ["DROPPED_HEADER", "HOSTED", "Flat", "ToolNames", "flatten", "qualify"]
+__all__ = ["DROPPED_HEADER", "HOSTED", "Flat", "ToolNames", "chat_tools", "flatten", "qualify"]
 
 #: tool types that run on OpenAI's side (or answer with Responses-only items): no chat upstream can run them
 HOSTED = frozenset({
@@ -82,6 +82,12 @@ def _bad(param: str, message: str, code: str) -> InvalidRequestError:
     return InvalidRequestError(message, code=code, param=param)
 
 
+def _expect(value: object, kind: type, param: str, what: str) -> None:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        got = "null" if value is None else type(value).__name__
+        raise _bad(param, f"'{param}' must be {what}, got {got}.", "invalid_type")
+
+
 def _unsupported(kind: object, param: str) -> InvalidRequestError:
     return _bad(f"{param}.type", f"Tool type {kind!r:.40} is not supported by this gateway (function and "
                 "namespace tools; hosted tools are dropped unless [compat] drop_unsupported_tools = false).",
@@ -132,3 +138,41 @@ def flatten(tools: list[Any], drop_hosted: bool) -> Flat:
         else:
             raise _unsupported(kind, tw)
     return flat
+
+
+def chat_tools(tools: list[Any], drop_hosted: bool) -> tuple[list[dict[str, Any]], list[Any], ToolNames,
+                                                            list[dict[str, str]]]:
+    """The chat tools of a Responses ``tools`` array: (chat tools, echoed Responses tools, namespaced
+    names, dropped hosted tools). Raises ``InvalidRequestError`` naming the field."""
+    flat = flatten(tools, drop_hosted)
+    chat: list[dict[str, Any]] = []
+    echo: list[Any] = []
+    seen: dict[str, tuple[str, bool]] = {}  # chat name -> (param, namespaced)
+    for tw, tool, namespace, ns_desc in flat.functions:
+        name, desc, params, strict = (tool.get(k) for k in ("name", "description", "parameters", "strict"))
+        _expect(name, str, f"{tw}.name", "a string")
+        if desc is not None:
+            _expect(desc, str, f"{tw}.description", "a string")
+        if params is not None:
+            _expect(params, Mapping, f"{tw}.parameters", "an object (a JSON schema)")
+        if strict is not None:
+            _expect(strict, bool, f"{tw}.strict", "a boolean")
+        assert isinstance(name, str)
+        chat_name = qualify(namespace, name) if namespace is not None else name
+        other = seen.get(chat_name)
+        if other is not None and (namespace is not None or other[1]):  # a call could not be mapped back
+            raise _bad(f"{tw}.name", f"'{tw}.name' = {name!r:.64}: its chat name {chat_name!r} is also "
+                       f"{other[0]}'s.", "invalid_value")
+        seen[chat_name] = (tw, namespace is not None)
+        fn: dict[str, Any] = {"name": chat_name}
+        if ns_desc is not None or desc is not None:
+            fn["description"] = "\n\n".join(d for d in (ns_desc, desc) if d)
+        fn["parameters"] = params if params is not None else {"type": "object", "properties": {}}
+        if strict is not None:
+            fn["strict"] = strict
+        chat.append({"type": "function", "function": fn})
+        if namespace is None:
+            echo.append({"type": "function", "name": name, "description": desc, "parameters": params,
+                         "strict": strict})
+    echo += flat.echo  # namespace groups as sent
+    return chat, echo, flat.names, flat.dropped

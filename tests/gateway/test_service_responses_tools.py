@@ -183,3 +183,11 @@ def test_qualified_names_are_chat_names_and_distinct(ns1: str, n1: str, ns2: str
     assert qualify(ns1, n1) == q1  # deterministic: the history's calls qualify the same way
     if (ns1, n1) != (ns2, n2) and f"{ns1}__{n1}" != f"{ns2}__{n2}":
         assert q1 != q2
+
+
+def test_plain_functions_keep_their_names_as_before(lv: Live) -> None:
+    """Only a namespaced name is checked for clashes (two plain functions of one name go upstream as sent)."""
+    plain = {"type": "function", "name": "f__g", "parameters": PARAMS}
+    r = _post(lv, {"model": "beta-tools", "input": "hi", "tools": [plain, plain]})
+    assert r.status_code == 200, r.text
+    assert [t["function"]["name"] for t in lv.script.calls[-1]["body"]["tools"]] == ["f__g", "f__g"]
