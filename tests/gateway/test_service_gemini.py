@@ -34,6 +34,7 @@ TOOLS: list[Any] = [
 ]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
           "additionalProperties": False}  # fmt: skip
+SIG = "Cp8+Ab/x9Q=="  # a thoughtSignature (standard base64: "+", "/" and padding)
 IMAGE: list[Any] = [
     {"role": "system", "content": "You describe images."},
     {"role": "user", "content": [
@@ -44,7 +45,11 @@ IMAGE: list[Any] = [
 
 @pytest.fixture(scope="module")
 def lv() -> Live:
-    behaviors = {"up-gem-flash": CloudBehavior(cached_tokens=4, thoughts_tokens=5, answer_tool_results=True)}
+    behaviors = {
+        "up-gem-flash": CloudBehavior(
+            cached_tokens=4, thoughts_tokens=5, answer_tool_results=True, signature=SIG
+        )
+    }
     with live_cloud(behaviors) as running:
         yield running  # type: ignore[misc]
 
@@ -123,7 +128,10 @@ def test_tool_call_and_tool_result_round_trip(lv: Live) -> None:
     assert r2.choices[0].message.content == "Hello from upstream"
     contents = _sent(lv)["body"]["contents"]
     assert [c["role"] for c in contents] == ["user", "model", "user"]
-    assert contents[1]["parts"] == [{"functionCall": {"name": "lookup", "args": {"x": 1}}}]
+    assert call.id == "call_0__thought__Cp8-Ab_x9Q"  # the signature rides in the id (URL-safe) ...
+    assert contents[1]["parts"] == [
+        {"functionCall": {"name": "lookup", "args": {"x": 1}}, "thoughtSignature": SIG}
+    ]
     assert contents[2]["parts"] == [{"functionResponse": {"name": "lookup", "response": {"answer": 42}}}]
 
 

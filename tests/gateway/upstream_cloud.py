@@ -43,6 +43,7 @@ class CloudBehavior(Behavior):
     thoughts_tokens: int = 0  # Gemini thoughtsTokenCount
     block_reason: str | None = None  # Gemini: the prompt is blocked (promptFeedback.blockReason)
     finish: str = "STOP"  # Gemini finishReason of a text answer
+    signature: str | None = None  # Gemini: the thoughtSignature on a functionCall part
     content_filter: bool = False  # Azure: the prompt is refused by the content filter (400)
     filter_completion: bool = False  # Azure: the completion is cut by the filter (finish_reason)
 
@@ -57,7 +58,12 @@ def _gemini_call(body: dict[str, Any], b: Behavior) -> dict[str, Any] | None:
     last = (body.get("contents") or [{}])[-1]
     if b.answer_tool_results and any("functionResponse" in p for p in last.get("parts") or ()):
         return None
-    return {"functionCall": {"name": b.tool_name or names[0], "args": json.loads(b.tool_args)}}
+    part: dict[str, Any] = {
+        "functionCall": {"name": b.tool_name or names[0], "args": json.loads(b.tool_args)}
+    }
+    if isinstance(b, CloudBehavior) and b.signature:
+        part["thoughtSignature"] = b.signature
+    return part
 
 
 def _usage(b: Behavior) -> dict[str, Any]:
@@ -168,6 +174,12 @@ def _gemini_routes(script: Script) -> list[Route]:
     return [Route("/v1beta/models/{rest:path}", gemini, methods=["POST"])]
 
 
+async def _prefixed(first: bytes, resp: StreamingResponse) -> AsyncIterator[bytes]:
+    yield first
+    async for part in resp.body_iterator:
+        yield part if isinstance(part, bytes) else str(part).encode()
+
+
 def _azure_routes(script: Script, chat: Any) -> list[Route]:
     async def azure(request: Request) -> Response:
         deployment = request.path_params["deployment"]
@@ -231,6 +243,14 @@ def _azure_routes(script: Script, chat: Any) -> list[Route]:
             obj["choices"][0]["finish_reason"] = "content_filter"
             obj["choices"][0]["message"]["content"] = "Hello"
             return JSONResponse(obj)
+        if isinstance(resp, StreamingResponse):  # Azure opens a stream with the prompt's filter results
+            first = {"id": "", "object": "", "created": 0, "model": "", "choices": [],
+                     "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": {
+                         "hate": {"filtered": False, "severity": "safe"}}}]}  # fmt: skip
+            return StreamingResponse(
+                _prefixed(b"data: " + json.dumps(first).encode() + b"\n\n", resp),
+                media_type="text/event-stream",
+            )
         return resp
 
     return [Route("/openai/deployments/{deployment}/chat/completions", azure, methods=["POST"])]

@@ -20,7 +20,9 @@ Request (OpenAI -> Gemini ``GenerateContentRequest``):
   ``additionalProperties`` / ``$schema`` / ``strict`` dropped).
 
 Response: the first candidate's ``text`` parts -> ``message.content`` (``thought`` parts are left out),
-``functionCall`` parts -> ``tool_calls`` (id from the part when Gemini sends one, else ``call_<n>``);
+``functionCall`` parts -> ``tool_calls`` (id from the part when Gemini sends one, else ``call_<n>``; a
+part's ``thoughtSignature`` rides in the id after ``__thought__`` and goes back on the ``functionCall`` part
+when the client replays the call, as thinking models require);
 ``finishReason`` -> ``finish_reason`` (:data:`FINISH`; a function call with STOP -> ``tool_calls``);
 ``usageMetadata`` -> usage (:func:`usage_of`). A prompt blocked by safety (``promptFeedback.blockReason``,
 no candidate) is :class:`~ethen.gateway.errors.UpstreamContentFilterError`.
@@ -38,7 +40,9 @@ from ethen.gateway.providers.base import Usage
 
 __all__ = [
     "FINISH",
+    "SIG_SEP",
     "blocked_error",
+    "call_of",
     "finish_reason",
     "from_gemini",
     "gemini_schema",
@@ -47,6 +51,8 @@ __all__ = [
     "usage_of",
 ]
 
+#: joins a tool call id and the ``thoughtSignature`` of its ``functionCall`` part
+SIG_SEP = "__thought__"
 #: Gemini ``finishReason`` -> OpenAI ``finish_reason`` (anything else: ``stop``)
 FINISH: Mapping[str, str] = {
     "STOP": "stop",
@@ -222,9 +228,14 @@ def to_gemini(body: Mapping[str, Any]) -> dict[str, Any]:
             for call in msg.get("tool_calls") or ():
                 fn = call.get("function") if isinstance(call, Mapping) else None
                 if isinstance(fn, Mapping):
-                    name = str(fn.get("name", ""))
-                    names[str(call.get("id", ""))] = name
-                    parts.append({"functionCall": {"name": name, "args": _args(fn.get("arguments"))}})
+                    name, call_id = str(fn.get("name", "")), str(call.get("id", ""))
+                    names[call_id] = name
+                    fc = {"name": name, "args": _args(fn.get("arguments"))}
+                    fc_part: dict[str, Any] = {"functionCall": fc}
+                    sig = _signature(call_id)
+                    if sig is not None:
+                        fc_part["thoughtSignature"] = sig
+                    parts.append(fc_part)
             add("model", parts)
         elif role == "tool":
             call_id = str(msg.get("tool_call_id", ""))
@@ -293,13 +304,28 @@ def finish_reason(reason: Any, has_calls: bool) -> str:
     return "tool_calls" if has_calls and out == "stop" else out
 
 
+def _signed_id(call_id: str, signature: Any) -> str:
+    """A tool call id carrying Gemini's ``thoughtSignature`` (URL-safe base64, no padding), so the client
+    echoes it back with the call and :func:`to_gemini` can return it (thinking models require it)."""
+    if not isinstance(signature, str) or not signature:
+        return call_id
+    return call_id + SIG_SEP + signature.replace("+", "-").replace("/", "_").rstrip("=")
+
+
+def _signature(call_id: str) -> str | None:
+    if SIG_SEP not in call_id:
+        return None
+    sig = call_id.split(SIG_SEP, 1)[1].replace("-", "+").replace("_", "/")
+    return sig + "=" * (-len(sig) % 4)
+
+
 def call_of(part: Mapping[str, Any], index: int) -> dict[str, Any] | None:
     """A ``functionCall`` part as an OpenAI tool call (``None`` for any other part)."""
     fc = part.get("functionCall")
     if not isinstance(fc, Mapping):
         return None
     return {
-        "id": str(fc.get("id") or f"call_{index}"),
+        "id": _signed_id(str(fc.get("id") or f"call_{index}"), part.get("thoughtSignature")),
         "type": "function",
         "function": {"name": str(fc.get("name", "")), "arguments": json.dumps(fc.get("args") or {})},
     }
