@@ -10,8 +10,8 @@ from typing import Any
 import anthropic
 import openai
 import pytest
-from service_harness import CLIENT_KEY, PROVIDER_KEY, Live
-from upstream_cloud import AZURE_VERSION, CloudBehavior, cloud_config, live_cloud
+from service_harness import CLIENT_KEY, PROVIDER_KEY, ROUTES, Live
+from upstream_cloud import AZURE_VERSION, CLOUD_ROUTES, CloudBehavior, cloud_config, live_cloud
 
 from ethen.gateway.config import parse_config
 from ethen.gateway.errors import GatewayConfigError
@@ -115,3 +115,14 @@ def test_config_keys_and_errors() -> None:
     data["providers"][-1] = {"id": "az", "kind": "gemini", "base_url": url, "api_version": AZURE_VERSION}
     with pytest.raises(GatewayConfigError, match="api_version is for kind = 'azure_openai' only"):
         parse_config(data)
+
+
+def test_embeddings_reach_the_deployment() -> None:
+    route = {"model": "az-embed", "provider": "az", "upstream_model": "up-az-embed", "endpoint": "embeddings",
+             "info": {"context_window": 8192}, "prices": {"input_per_mtok": 0.02}}  # fmt: skip
+    with live_cloud(routes=[*ROUTES, *CLOUD_ROUTES, route]) as lv:
+        r = lv.client().embeddings.create(model="az-embed", input=["abc", "hello"], encoding_format="float")
+        assert [len(d.embedding) for d in r.data] == [3, 3]
+        call = lv.script.calls[-1]
+        assert call["path"] == "azure-embeddings" and call["query"] == {"api-version": AZURE_VERSION}
+        assert call["body"]["model"] == "up-az-embed" and call["headers"]["api-key"] == PROVIDER_KEY

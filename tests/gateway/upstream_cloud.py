@@ -180,7 +180,7 @@ async def _prefixed(first: bytes, resp: StreamingResponse) -> AsyncIterator[byte
         yield part if isinstance(part, bytes) else str(part).encode()
 
 
-def _azure_routes(script: Script, chat: Any) -> list[Route]:
+def _azure_routes(script: Script, chat: Any, embeddings: Any) -> list[Route]:
     async def azure(request: Request) -> Response:
         deployment = request.path_params["deployment"]
         if request.headers.get("api-key") != PROVIDER_KEY:
@@ -253,14 +253,32 @@ def _azure_routes(script: Script, chat: Any) -> list[Route]:
             )
         return resp
 
-    return [Route("/openai/deployments/{deployment}/chat/completions", azure, methods=["POST"])]
+    async def azure_embeddings(request: Request) -> Response:
+        if request.headers.get("api-key") != PROVIDER_KEY or not request.query_params.get("api-version"):
+            return JSONResponse({"error": {"code": "404", "message": "Resource not found"}}, status_code=404)
+        body = {**json.loads(await request.body()), "model": request.path_params["deployment"]}
+        raw = json.dumps(body).encode()
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        resp: Response = await embeddings(Request(request.scope, receive))
+        if script.record:
+            script.calls[-1].update(path="azure-embeddings", query=dict(request.query_params))
+        return resp
+
+    return [
+        Route("/openai/deployments/{deployment}/chat/completions", azure, methods=["POST"]),
+        Route("/openai/deployments/{deployment}/embeddings", azure_embeddings, methods=["POST"]),
+    ]
 
 
 def cloud_app(script: Script) -> Starlette:
     """The scripted OpenAI / Anthropic upstream plus Gemini and Azure OpenAI."""
     base = make_upstream_app(script)
-    chat = next(r.endpoint for r in base.routes if isinstance(r, Route) and r.path == "/v1/chat/completions")
-    return Starlette(routes=[*base.routes, *_gemini_routes(script), *_azure_routes(script, chat)])
+    ends = {r.path: r.endpoint for r in base.routes if isinstance(r, Route)}
+    azure = _azure_routes(script, ends["/v1/chat/completions"], ends["/v1/embeddings"])
+    return Starlette(routes=[*base.routes, *_gemini_routes(script), *azure])
 
 
 _INFO = {"context_window": 1_000_000, "max_output_tokens": 8_000, "supports_tools": True,

@@ -7,7 +7,8 @@ Azure's content filter: a prompt it refuses is a 400 whose ``error.code`` is ``c
 ``innererror.content_filter_result`` names the categories); it becomes
 :class:`~ethen.gateway.errors.UpstreamContentFilterError` (400, code ``content_filter``, not retried on
 another candidate), naming the filtered categories. A completion the filter cut keeps OpenAI's
-``finish_reason: "content_filter"``. Everything else is the OpenAI-compatible provider's.
+``finish_reason: "content_filter"``. Embeddings: ``{endpoint}/openai/deployments/{deployment}/embeddings``.
+Everything else is the OpenAI-compatible provider's.
 """
 
 from __future__ import annotations
@@ -62,12 +63,16 @@ class AzureOpenAIProvider(OpenAICompatProvider):
     def credential_headers(self, api_key: str) -> dict[str, str]:
         return {"api-key": api_key}
 
-    def chat_path(self, upstream_model: str) -> str:
-        return (f"openai/deployments/{quote(upstream_model, safe='-._~')}/chat/completions"
+    def _deployment(self, upstream_model: str, op: str) -> str:
+        return (f"openai/deployments/{quote(upstream_model, safe='-._~')}/{op}"
                 f"?api-version={quote(self.api_version, safe='-._~')}")
+
+    def chat_path(self, upstream_model: str) -> str:
+        return self._deployment(upstream_model, "chat/completions")
+
+    def embeddings_path(self, upstream_model: str) -> str:
+        return self._deployment(upstream_model, "embeddings")
 
     def error(self, status: int, content: bytes) -> UpstreamError:
         filtered = content_filter_error(self.name, status, content, self._secret)
         return filtered if filtered is not None else super().error(status, content)
-
-    supports_embeddings = False

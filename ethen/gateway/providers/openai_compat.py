@@ -85,11 +85,16 @@ class _OpenAIStream(SSEStream):
 
 class OpenAICompatProvider(HttpProvider):
     """Calls ``{base_url}/chat/completions`` with ``Authorization: Bearer <api_key>`` when a key is set.
-    Subclasses with another URL scheme or error dialect (Azure) override :meth:`chat_path` / :meth:`error`."""
+    Subclasses with another URL scheme or error dialect (Azure) override :meth:`chat_path`,
+    :meth:`embeddings_path` / :meth:`error`."""
 
     def chat_path(self, upstream_model: str) -> str:
         """The chat-completions path under ``base_url`` for that model."""
         return "chat/completions"
+
+    def embeddings_path(self, upstream_model: str) -> str:
+        """The embeddings path under ``base_url`` for that model."""
+        return "embeddings"
 
     def error(self, status: int, content: bytes) -> UpstreamError:
         """The gateway error for an upstream error answer."""
@@ -112,9 +117,9 @@ class OpenAICompatProvider(HttpProvider):
     async def embed(self, call: UpstreamCall) -> Embeddings:
         """``POST {base_url}/embeddings`` with the body as the client sent it (model replaced)."""
         body = {**call.body, "model": call.upstream_model}
-        status, content = await self._pool.post("embeddings", dumps(body))
+        status, content = await self._pool.post(self.embeddings_path(call.upstream_model), dumps(body))
         if status >= 400:
-            raise error_for_status(self.name, status, content, self._secret)
+            raise self.error(status, content)
         obj = _loads(content)
         if obj is None or not isinstance(obj.get("data"), list):
             raise UpstreamInvalidResponseError(
