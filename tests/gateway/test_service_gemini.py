@@ -276,3 +276,19 @@ def test_wire_translation_edges() -> None:
         "anyOf": [{"type": "string"}],
         "items": {"type": "null"},
     }
+
+
+def test_reasoning_effort_becomes_thinking_config() -> None:
+    def cfg(effort: str, model: str) -> Any:
+        return to_gemini({"messages": [], "reasoning_effort": effort}, model)["generationConfig"][
+            "thinkingConfig"
+        ]
+
+    assert cfg("low", "gemini-2.5-flash") == {"thinkingBudget": 1024}
+    assert cfg("high", "gemini-2.5-pro") == {"thinkingBudget": 24576}
+    assert cfg("none", "gemini-2.5-flash") == {"thinkingBudget": 0}
+    assert cfg("medium", "models/gemini-3-pro-preview") == {"thinkingLevel": "high"}
+    assert cfg("low", "gemini-3-flash") == {"thinkingLevel": "low"}
+    assert "generationConfig" not in to_gemini(
+        {"messages": [], "reasoning_effort": "bogus"}, "gemini-2.5-pro"
+    )

@@ -151,8 +151,8 @@ class GeminiProvider(HttpProvider):
         return f"{self._version}models/{quote(model.removeprefix('models/'), safe='-._~')}:{method}"
 
     async def complete(self, call: UpstreamCall) -> Completion:
-        status, content = await self._pool.post(
-            self._path(call.upstream_model, "generateContent"), dumps(to_gemini(call.body)))
+        body = dumps(to_gemini(call.body, call.upstream_model))
+        status, content = await self._pool.post(self._path(call.upstream_model, "generateContent"), body)
         if status >= 400:
             raise error_for_status(self.name, status, content, self._secret)
         try:
@@ -173,5 +173,6 @@ class GeminiProvider(HttpProvider):
     async def stream(self, call: UpstreamCall) -> ProviderStream:
         deadline = self.deadline()
         path = self._path(call.upstream_model, "streamGenerateContent") + "?alt=sse"
-        resp = await open_stream(self._pool, path, dumps(to_gemini(call.body)), self._secret)
+        body = dumps(to_gemini(call.body, call.upstream_model))
+        resp = await open_stream(self._pool, path, body, self._secret)
         return _GeminiStream(self.name, resp, deadline, call.upstream_model, self._secret)

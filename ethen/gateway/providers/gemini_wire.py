@@ -14,7 +14,8 @@ Request (OpenAI -> Gemini ``GenerateContentRequest``):
 - ``generationConfig``: ``temperature``, ``top_p`` -> ``topP``, ``max_completion_tokens`` / ``max_tokens`` ->
   ``maxOutputTokens``, ``stop`` -> ``stopSequences``, ``n`` -> ``candidateCount``, ``seed``,
   ``presence_penalty`` / ``frequency_penalty``; ``response_format`` ``json_object`` -> ``responseMimeType:
-  application/json``, ``json_schema`` -> that plus ``responseSchema``;
+  application/json``, ``json_schema`` -> that plus ``responseSchema``; ``reasoning_effort`` ->
+  ``thinkingConfig`` (``thinkingBudget`` 0 / 1K / 8K / 24K, or ``thinkingLevel`` for ``gemini-3*`` models);
 - schemas (tool parameters, ``responseSchema``) are reduced to the OpenAPI subset Gemini's ``Schema``
   accepts (:func:`gemini_schema`: ``type: [x, "null"]`` -> ``nullable``, unknown keywords such as
   ``additionalProperties`` / ``$schema`` / ``strict`` dropped).
@@ -41,6 +42,8 @@ from ethen.gateway.providers.base import Usage
 __all__ = [
     "FINISH",
     "SIG_SEP",
+    "THINKING_BUDGET",
+    "THINKING_LEVEL",
     "blocked_error",
     "call_of",
     "finish_reason",
@@ -171,8 +174,27 @@ def _tool_config(choice: Any) -> dict[str, Any] | None:
     return None
 
 
-def _generation_config(body: Mapping[str, Any]) -> dict[str, Any]:
+#: OpenAI ``reasoning_effort`` -> Gemini 2.5 ``thinkingBudget`` (Google's own OpenAI-compatible mapping:
+#: low / medium / high = 1K / 8K / 24K tokens, none = off) ...
+THINKING_BUDGET: Mapping[str, int] = {"none": 0, "minimal": 1024, "low": 1024, "medium": 8192, "high": 24576}
+#: ... and -> Gemini 3 ``thinkingLevel`` (Pro knows only low and high)
+THINKING_LEVEL: Mapping[str, str] = {"none": "low", "minimal": "low", "low": "low", "medium": "high",
+                                     "high": "high"}  # fmt: skip
+
+
+def _thinking(effort: Any, model: str) -> dict[str, Any] | None:
+    if not isinstance(effort, str) or effort not in THINKING_BUDGET:
+        return None
+    if model.removeprefix("models/").startswith("gemini-3"):
+        return {"thinkingLevel": THINKING_LEVEL[effort]}
+    return {"thinkingBudget": THINKING_BUDGET[effort]}
+
+
+def _generation_config(body: Mapping[str, Any], model: str) -> dict[str, Any]:
     cfg: dict[str, Any] = {}
+    thinking = _thinking(body.get("reasoning_effort"), model)
+    if thinking is not None:
+        cfg["thinkingConfig"] = thinking
     for ours, theirs in (("temperature", "temperature"), ("top_p", "topP"), ("seed", "seed"),
                          ("presence_penalty", "presencePenalty"), ("frequency_penalty", "frequencyPenalty")):
         value = body.get(ours)
@@ -199,8 +221,9 @@ def _generation_config(body: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def to_gemini(body: Mapping[str, Any]) -> dict[str, Any]:
-    """An OpenAI chat-completions body as a Gemini ``GenerateContentRequest`` (the model is in the URL)."""
+def to_gemini(body: Mapping[str, Any], model: str = "") -> dict[str, Any]:
+    """An OpenAI chat-completions body as a Gemini ``GenerateContentRequest`` (the model is in the URL; its
+    name picks how ``reasoning_effort`` is sent)."""
     system: list[str] = []
     turns: list[dict[str, Any]] = []
     names: dict[str, str] = {}  # tool_call_id -> function name
@@ -262,7 +285,7 @@ def to_gemini(body: Mapping[str, Any]) -> dict[str, Any]:
             tc = _tool_config(body.get("tool_choice"))
             if tc is not None:
                 out["toolConfig"] = tc
-    cfg = _generation_config(body)
+    cfg = _generation_config(body, model)
     if cfg:
         out["generationConfig"] = cfg
     return out
