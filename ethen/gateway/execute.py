@@ -48,6 +48,7 @@ from ethen.gateway.errors import (
     UpstreamInvalidResponseError,
 )
 from ethen.gateway.metrics import GatewayMetrics
+from ethen.gateway.pricing import cost_of
 from ethen.gateway.providers.base import Provider, ProviderStream, UpstreamCall, Usage
 from ethen.gateway.routing import Candidate, Decision, ScoredCandidate
 from ethen.gateway.telemetry_store import AttemptRecord, TelemetryStore
@@ -116,10 +117,8 @@ def upstream_payload(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def cost_usd(candidate: Candidate, usage: Usage | None) -> float | None:
-    if usage is None:
-        return None
-    p = candidate.prices
-    return (usage.prompt_tokens * p.input_per_mtok + usage.completion_tokens * p.output_per_mtok) / 1e6
+    """The answer's price (:func:`ethen.gateway.pricing.cost_of`), ``None`` without a usage report."""
+    return cost_of(candidate, usage).total_usd if usage is not None else None
 
 
 @dataclass(slots=True)
@@ -364,8 +363,11 @@ class Executor:
                 target, dt, True, None, comp.usage, i > 0, stream=False, trial=trial, request_id=request_id
             )
             self._served(run, target, request_id)
+            extra = comp.receipt_extra
+            if comp.usage is not None:  # the price breakdown rides on the receipt
+                extra = {**extra, "cost": cost_of(target.candidate, comp.usage).to_dict()}
             return BufferedRun(
-                comp.body, target, run.attempts, run.upstream_s, comp.receipt_extra, comp.usage
+                comp.body, target, run.attempts, run.upstream_s, extra, comp.usage
             )
         raise self._exhausted(run, last, decision)
 

@@ -47,6 +47,8 @@ class Behavior:
     answer_tool_results: bool = False  # a request whose last message is a tool result gets text, not a call
     tool_name: str | None = None  # call this tool (when the request lists it; else answer text) ...
     tool_args: str = '{"x": 1}'  # ... with these arguments (default: the first tool, {"x": 1})
+    cache_read_tokens: int = 0  # Anthropic: of prompt_tokens, read from the prompt cache ...
+    cache_write_tokens: int = 0  # ... and written to it (usage's cache_*_input_tokens)
     calls: int = 0
 
 
@@ -216,7 +218,11 @@ def make_upstream_app(script: Script) -> Starlette:
             tool = None
         args = json.dumps(tool["input"]) if tool else ""
         text = "".join(b.pieces)
-        usage = {"input_tokens": b.prompt_tokens, "output_tokens": len(b.pieces)}
+        usage: dict[str, Any] = {"input_tokens": b.prompt_tokens - b.cache_read_tokens - b.cache_write_tokens,
+                                 "output_tokens": len(b.pieces)}
+        if b.cache_read_tokens or b.cache_write_tokens:
+            usage |= {"cache_read_input_tokens": b.cache_read_tokens,
+                      "cache_creation_input_tokens": b.cache_write_tokens}
         if not body.get("stream"):
             return JSONResponse(
                 {
@@ -248,7 +254,7 @@ def make_upstream_app(script: Script) -> Starlette:
                         "model": model,
                         "content": [],
                         "stop_reason": None,
-                        "usage": {"input_tokens": b.prompt_tokens, "output_tokens": 1},
+                        "usage": {**usage, "output_tokens": 1},
                     },
                 },
             )

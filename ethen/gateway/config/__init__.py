@@ -4,7 +4,8 @@ Layout (see ``examples/gateway.toml``)::
 
     [server]            host, port, header_timeout_s (10), body_timeout_s (60), max_connections (1000):
                         slow-client limits (see ethen.gateway.serve)
-    [[providers]]       id, kind ("openai_compat" | "anthropic"), base_url, api_key_env, headers,
+    [[providers]]       id, kind ("openai_compat" | "anthropic" | "gemini" | "azure_openai"), base_url
+                        (or api_base / endpoint), api_key_env, api_version (azure_openai), headers,
                         max_connections, [providers.timeouts] connect_s / first_byte_s / total_s
     [[providers]]       id, kind = "mesh", [providers.workers] node_id = "host:port" (at least one),
                         [providers.weights] latency / load / capacity / hop / prompt (route cost weights,

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from .anthropic import AnthropicProvider
 from .anthropic_native import NativeAnthropicProvider
+from .azure import AzureOpenAIProvider
 from .base import Completion, Provider, ProviderStream, Timeouts, UpstreamCall, Usage
+from .gemini import GeminiProvider
 from .openai_compat import OpenAICompatProvider
 
 if TYPE_CHECKING:
@@ -20,7 +22,9 @@ if TYPE_CHECKING:
 __all__ = [
     "PROVIDER_KINDS",
     "AnthropicProvider",
+    "AzureOpenAIProvider",
     "Completion",
+    "GeminiProvider",
     "OpenAICompatProvider",
     "Provider",
     "ProviderStream",
@@ -54,6 +58,20 @@ def _anthropic(p: Any, env: Mapping[str, str] | None) -> Provider:
                                    max_connections=p.max_connections, headers=p.headers)  # + Messages native
 
 
+def _gemini(p: Any, env: Mapping[str, str] | None) -> Provider:
+    from ethen.gateway.config import resolve_secret
+
+    return GeminiProvider(p.id, p.base_url, resolve_secret(p, env), timeouts=_timeouts(p),
+                          max_connections=p.max_connections, headers=p.headers)
+
+
+def _azure_openai(p: Any, env: Mapping[str, str] | None) -> Provider:
+    from ethen.gateway.config import resolve_secret
+
+    return AzureOpenAIProvider(p.id, p.base_url, resolve_secret(p, env), api_version=p.api_version,
+                               timeouts=_timeouts(p), max_connections=p.max_connections, headers=p.headers)
+
+
 def _mesh(p: Any, env: Mapping[str, str] | None, cfg: GatewayConfig | None = None) -> Provider:
     from .mesh import MeshProvider
 
@@ -72,6 +90,8 @@ def _mesh(p: Any, env: Mapping[str, str] | None, cfg: GatewayConfig | None = Non
 PROVIDER_KINDS: Mapping[str, ProviderFactory] = {
     "openai_compat": _openai_compat,
     "anthropic": _anthropic,
+    "gemini": _gemini,
+    "azure_openai": _azure_openai,
     "mesh": _mesh,
 }
 
