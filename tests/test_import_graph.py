@@ -41,6 +41,7 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
     ("ethen.cli", "ethen.mesh.worker.cli"): _CLI,
     ("ethen.cli", "ethen.up"): _CLI,
     ("ethen.gateway.catalog.loader", "genai_prices"): "start-up: price snapshot parsed on a fallback only",
+    ("ethen.gateway.accounting.pricing", "genai_prices"): "start-up: its price snapshot loads on the first priced answer",
     ("ethen.gateway.observation.tracing", "opentelemetry"): "optional: the OTLP exporter, [otel] only",
     ("ethen.model.engine", "onnx"): _WEIGHTS,
     ("ethen.model.engine", "onnxruntime"): _WEIGHTS,

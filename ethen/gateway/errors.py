@@ -237,6 +237,14 @@ class UpstreamBadRequestError(UpstreamError):
     error_class = "bad_request"
 
 
+class UpstreamContentFilterError(UpstreamBadRequestError):
+    """The upstream's safety system refused the prompt (Azure's ``content_filter`` 400, Gemini's
+    ``promptFeedback.blockReason``): request-caused, not retried; the upstream's reason is passed on."""
+
+    default_code = "content_filter"
+    error_class = "content_filter"
+
+
 class FallbackExhaustedError(GatewayError):
     """Every candidate of the fallback chain failed. ``attempts`` lists them (candidate, error class)."""
 
@@ -270,6 +278,7 @@ __all__ += [
     "RequestTooLargeError",
     "UpstreamBadRequestError",
     "UpstreamConnectionError",
+    "UpstreamContentFilterError",
     "UpstreamError",
     "UpstreamInvalidResponseError",
     "UpstreamRateLimitError",

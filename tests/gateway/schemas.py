@@ -43,9 +43,20 @@ def _denull(node: Any) -> Any:
     return node
 
 
+def _response_usage_nullable(spec: dict[str, Any]) -> None:
+    """``Response.usage`` may be null: OpenAI's own streams send ``"usage": null`` until it is known, and the
+    Open Responses schema (llm-comply's) requires the key with a null value there; the description only
+    marks it optional."""
+    for part in spec["components"]["schemas"]["Response"]["allOf"]:
+        props = part.get("properties", {})
+        if "usage" in props:
+            props["usage"] = {"anyOf": [props["usage"], {"type": "null"}]}
+
+
 @functools.cache
 def _registry() -> Registry:
     spec = _denull(json.loads(SPEC_PATH.read_text()))
+    _response_usage_nullable(spec)
     return Registry().with_resource(_URN, Resource.from_contents(spec, default_specification=DRAFT202012))
 
 

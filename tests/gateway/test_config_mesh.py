@@ -57,7 +57,7 @@ def test_a_mesh_provider_parses_with_defaults() -> None:
         ({"health_interval_s": 0}, "providers[0].health_interval_s = 0.0: Input should be greater than 0"),
         ({"fallback_model": ""}, "providers[0].fallback_model = ''"),
         ({"kind": "meshy"}, "providers[0].kind = 'meshy': unknown provider kind (known: 'openai_compat', "
-                            "'anthropic', 'mesh')"),
+                            "'anthropic', 'gemini', 'azure_openai', 'mesh')"),
     ],
 )
 def test_mesh_errors_name_the_key_and_the_value(provider: dict[str, Any], message: str) -> None:
@@ -98,7 +98,7 @@ def test_mesh_routes_use_the_catalogs_mesh_entry_whatever_the_provider_id() -> N
 def test_the_factory_builds_one_provider_per_kind_without_loading_the_mesh() -> None:
     from ethen.gateway.providers.mesh import MeshProvider
 
-    assert set(PROVIDER_KINDS) == {"openai_compat", "anthropic", "mesh"}
+    assert set(PROVIDER_KINDS) == {"openai_compat", "anthropic", "gemini", "azure_openai", "mesh"}
     data = mesh_config()
     data["providers"].append({"id": "cloud", "kind": "openai_compat", "base_url": "http://127.0.0.1:9/v1"})
     providers = build_providers(parse_config(data), {})

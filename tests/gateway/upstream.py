@@ -45,6 +45,10 @@ class Behavior:
     prompt_tokens: int = 11
     echo_credentials: bool = False  # a leaky upstream: its error message echoes the credential it received
     answer_tool_results: bool = False  # a request whose last message is a tool result gets text, not a call
+    tool_name: str | None = None  # call this tool (when the request lists it; else answer text) ...
+    tool_args: str = '{"x": 1}'  # ... with these arguments (default: the first tool, {"x": 1})
+    cache_read_tokens: int = 0  # Anthropic: of prompt_tokens, read from the prompt cache ...
+    cache_write_tokens: int = 0  # ... and written to it (usage's cache_*_input_tokens)
     calls: int = 0
 
 
@@ -77,12 +81,15 @@ def _failure(b: Behavior) -> int | None:
     return None
 
 
-def _tool_call(body: dict[str, Any]) -> dict[str, Any] | None:
+def _tool_call(body: dict[str, Any], b: Behavior) -> dict[str, Any] | None:
     tools = body.get("tools")
     if not tools:
         return None
-    name = tools[0].get("function", {}).get("name", "tool") if isinstance(tools[0], dict) else "tool"
-    return {"id": "call_1", "type": "function", "function": {"name": name, "arguments": '{"x": 1}'}}
+    names = [t.get("function", {}).get("name", "tool") if isinstance(t, dict) else "tool" for t in tools]
+    if b.tool_name is not None and b.tool_name not in names:
+        return None
+    name = names[0] if b.tool_name is None else b.tool_name
+    return {"id": "call_1", "type": "function", "function": {"name": name, "arguments": b.tool_args}}
 
 
 def make_upstream_app(script: Script) -> Starlette:
@@ -105,7 +112,7 @@ def make_upstream_app(script: Script) -> Starlette:
                 status_code=status,
             )
         created = int(time.time())
-        tool = _tool_call(body) if b.tool_call else None
+        tool = _tool_call(body, b) if b.tool_call else None
         if b.answer_tool_results and (body.get("messages") or [{}])[-1].get("role") == "tool":
             tool = None
         usage = {
@@ -196,13 +203,26 @@ def make_upstream_app(script: Script) -> Starlette:
                 status_code=status,
             )
         tools = body.get("tools") or []
+        names = [t.get("name") for t in tools]
         tool = (
-            {"type": "tool_use", "id": "toolu_1", "name": tools[0]["name"], "input": {"x": 1}}
-            if (tools and b.tool_call)
+            {"type": "tool_use", "id": "toolu_1", "name": b.tool_name or names[0],
+             "input": json.loads(b.tool_args)}
+            if (tools and b.tool_call and (b.tool_name is None or b.tool_name in names))
             else None
         )
+        last = (body.get("messages") or [{}])[-1]
+        content = last.get("content")
+        if b.answer_tool_results and isinstance(content, list) and any(
+            isinstance(p, dict) and p.get("type") == "tool_result" for p in content
+        ):
+            tool = None
+        args = json.dumps(tool["input"]) if tool else ""
         text = "".join(b.pieces)
-        usage = {"input_tokens": b.prompt_tokens, "output_tokens": len(b.pieces)}
+        usage: dict[str, Any] = {"input_tokens": b.prompt_tokens - b.cache_read_tokens - b.cache_write_tokens,
+                                 "output_tokens": len(b.pieces)}
+        if b.cache_read_tokens or b.cache_write_tokens:
+            usage |= {"cache_read_input_tokens": b.cache_read_tokens,
+                      "cache_creation_input_tokens": b.cache_write_tokens}
         if not body.get("stream"):
             return JSONResponse(
                 {
@@ -234,7 +254,7 @@ def make_upstream_app(script: Script) -> Starlette:
                         "model": model,
                         "content": [],
                         "stop_reason": None,
-                        "usage": {"input_tokens": b.prompt_tokens, "output_tokens": 1},
+                        "usage": {**usage, "output_tokens": 1},
                     },
                 },
             )
@@ -248,7 +268,7 @@ def make_upstream_app(script: Script) -> Starlette:
                     {
                         "type": "content_block_delta",
                         "index": 0,
-                        "delta": {"type": "input_json_delta", "partial_json": '{"x": '},
+                        "delta": {"type": "input_json_delta", "partial_json": args[: len(args) // 2]},
                     },
                 )
                 yield ev(
@@ -256,7 +276,7 @@ def make_upstream_app(script: Script) -> Starlette:
                     {
                         "type": "content_block_delta",
                         "index": 0,
-                        "delta": {"type": "input_json_delta", "partial_json": "1}"},
+                        "delta": {"type": "input_json_delta", "partial_json": args[len(args) // 2 :]},
                     },
                 )
             else:

@@ -3,21 +3,31 @@
 Keys come from config as SHA-256 hex digests (``[[api_keys]] sha256 = ...``); the presented key is hashed and
 looked up, so the process never holds a client key in clear beyond the request that carries it. A key must
 start with ``ethen`` (the issue's prefix); anything else, a missing header, or a scheme other than ``Bearer``
-is a 401 ``invalid_api_key``. Error messages never echo the presented key.
+is a 401 ``invalid_api_key``. Error messages never echo the presented key. The key may also come in an
+``x-api-key`` header (Anthropic's clients): :func:`authorization` reads it as a bearer key when there is no
+``Authorization`` header.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from ethen.gateway.config import ApiKeyConfig
 from ethen.gateway.errors import AuthenticationError
 
-__all__ = ["KEY_PREFIX", "KeyRing", "hash_key"]
+__all__ = ["KEY_PREFIX", "KeyRing", "authorization", "hash_key"]
 
 KEY_PREFIX = "ethen"
 _MAX_KEY_LEN = 512
+
+
+def authorization(headers: Mapping[str, str]) -> str | None:
+    """The ``Authorization`` header, or ``Bearer <x-api-key>`` when only ``x-api-key`` is sent."""
+    value = headers.get("authorization")
+    if value is None and (key := headers.get("x-api-key")):
+        return f"Bearer {key}"
+    return value
 
 
 def hash_key(key: str) -> str:

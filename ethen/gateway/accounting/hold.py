@@ -16,7 +16,10 @@ Choices where the spec is silent:
   request's settled cost never exceeds its reservation (a credible report priced above it, from a prompt
   tokenized above the estimate, settles the reservation), so a project's settled spend never exceeds its
   budget.
-- **Actual cost** = upstream usage x the served candidate's prices. When the upstream reports no usage (e.g.
+- **Actual cost** = the upstream usage priced by :func:`ethen.gateway.accounting.pricing.cost_of`
+(genai-prices' own
+  calculation with cache reads/writes and tiers; the route's prices for a model genai-prices does not
+  know). When the upstream reports no usage (e.g.
   a stream cut before its usage chunk), the served candidate's *estimated* cost is settled and the ledger row
   is flagged ``estimated``.
 - A settlement is queued to the ledger writer synchronously (no await before it is queued) and releasing is
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 
+from ethen.gateway.accounting.pricing import cost_of
 from ethen.gateway.errors import AccountsUnavailableError
 from ethen.gateway.providers.base import Usage
 from ethen.gateway.routing import Candidate, Decision, Requirements
@@ -201,11 +205,8 @@ class Hold:
                 self._on_not_credible(candidate.provider)
             cost = max_cost_usd(candidate, req) if req is not None else 0.0
             usage = None
-        elif usage is not None:
-            p = candidate.prices
-            cost = (
-                usage.prompt_tokens * p.input_per_mtok + usage.completion_tokens * p.output_per_mtok
-            ) / 1e6
+        elif usage is not None:  # genai-prices' calculation (cache reads/writes, tiers), else route prices
+            cost = cost_of(candidate, usage).total_usd
         else:
             chain = self._decision.chain if self._decision is not None else ()
             cost = next((sc.estimated_cost_usd for sc in chain if sc.candidate.id == candidate.id), 0.0)

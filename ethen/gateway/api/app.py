@@ -2,7 +2,9 @@
 
 Endpoints under ``/api/gateway/v1``, and the same under ``/v1`` (a client whose base URL ends in ``/v1``):
 ``POST /chat/completions`` (buffered and SSE), ``POST /responses`` (:mod:`ethen.gateway.api.responses`),
-``POST /embeddings`` (:mod:`ethen.gateway.api.embeddings`), ``GET /models``, ``POST /routing/explain``,
+``POST /embeddings`` (:mod:`ethen.gateway.api.embeddings`), ``POST /messages`` and ``/messages/count_tokens``
+(Anthropic's Messages API: :mod:`ethen.gateway.api.messages_http`), ``GET /models``, ``POST
+/routing/explain``,
 ``GET /healthz``, ``GET /metrics``. Chat completions and responses share one request path
 (:mod:`ethen.gateway.api.pipeline`).
 
@@ -61,13 +63,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from ethen.gateway.accounting.auth import authorization
 from ethen.gateway.api.body import MAX_BODY_BYTES, parse_body, read_body, stream_options
 from ethen.gateway.api.chat import chat_endpoint
 from ethen.gateway.api.completions import completions_endpoint
 from ethen.gateway.api.embeddings import embedding_routes, embeddings_endpoint
+from ethen.gateway.api.messages_http import messages_endpoints
 from ethen.gateway.api.pipeline import Pipeline
 from ethen.gateway.api.responses_http import responses_endpoint
 from ethen.gateway.api.sse import dumps
+from ethen.gateway.api.unknown_paths import UnknownPaths
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.config import (
     GatewayConfig,
@@ -79,6 +84,7 @@ from ethen.gateway.errors import (
 from ethen.gateway.observation.metrics import CONTENT_TYPE_LATEST
 from ethen.gateway.observation.telemetry_store import TelemetryStore
 from ethen.gateway.providers import build_providers
+from ethen.gateway.providers.anthropic_native import NativeAnthropicProvider
 from ethen.gateway.providers.base import Provider
 from ethen.gateway.state import Gateway
 
@@ -144,7 +150,7 @@ def gateway_app(
     async def explain(request: Request) -> Response:
         rid = _request_id(request)
         try:
-            access = await acc.authenticate(request.headers.get("authorization"))
+            access = await acc.authenticate(authorization(request.headers))
             body = parse_body(await read_body(request))
             stream_options(body)  # a body chat would refuse is refused here too
             decision = acc.decide(body, await acc.prepare(access, body, gw.context(rid)), access)
@@ -155,7 +161,7 @@ def gateway_app(
     async def models(request: Request) -> Response:
         rid = _request_id(request)
         try:
-            access = await acc.authenticate(request.headers.get("authorization"))
+            access = await acc.authenticate(authorization(request.headers))
         except GatewayError as err:
             return _error_response(err, rid)
         return Response(acc.models_for(access, gw.models_body, gw.pool), 200, media_type=_JSON)
@@ -176,8 +182,13 @@ def gateway_app(
     async def metrics(request: Request) -> Response:
         return Response(m.render(), 200, media_type=CONTENT_TYPE_LATEST)
 
+    unknown = UnknownPaths(m.registry)  # unknown paths: a throttled WARNING and a counter (issue 26)
+
     async def http_error(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
+        if status == 404 and "endpoint" not in request.scope:  # no route matched
+            client = request.client.host if request.client is not None else "-"
+            unknown.seen(request.method, request.url.path, client, request.headers.get("user-agent"))
         code = {404: "not_found", 405: "method_not_allowed"}.get(status, "invalid_request_error")
         err = GatewayError(
             f"{request.method} {request.url.path}: {'not found' if status == 404 else 'method not allowed'}"
@@ -219,11 +230,14 @@ def gateway_app(
             await acc.aclose()
             await gw.aclose()
 
+    known = frozenset(gw.known_models | {c.id for c in gw.pool})  # names /messages serves (and routes)
+    native = [name for name, p in gw.providers.items() if isinstance(p, NativeAnthropicProvider)]
     endpoints = [
         ("/chat/completions", chat_endpoint(pipe), "POST"),  # ethen.gateway.api.chat
-        ("/responses", responses_endpoint(pipe), "POST"),
+        ("/responses", responses_endpoint(pipe, cfg.compat.drop_unsupported_tools), "POST"),
         ("/completions", completions_endpoint(pipe), "POST"),  # legacy: ethen.gateway.api.completions
         ("/embeddings", embeddings_endpoint(pipe, embeddings), "POST"),
+        *((path, fn, "POST") for path, fn in messages_endpoints(pipe, cfg.model_map, known, native).items()),
         ("/routing/explain", explain, "POST"),
         ("/models", models, "GET"),
         ("/healthz", healthz, "GET"),

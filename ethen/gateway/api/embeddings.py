@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ethen.gateway.accounting.accounts import PROMPT_FACTOR, PROMPT_SLACK_TOKENS, Hold
+from ethen.gateway.accounting.auth import authorization
 from ethen.gateway.api.execute import Attempt
 from ethen.gateway.api.sse import dumps
 from ethen.gateway.catalog import Catalog
@@ -138,7 +139,7 @@ def embeddings_endpoint(
     async def embeddings(request: Request) -> Response:
         call = pipe.start(request)
         try:
-            access = call.access = await acc.authenticate(request.headers.get("authorization"))
+            access = call.access = await acc.authenticate(authorization(request.headers))
             body = call.body = await pipe.read_body(request)
             model = body.get("model")
             if not isinstance(model, str) or not model:

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ethen.gateway.accounting.pricing import cost_of
 from ethen.gateway.api.record import Attempt, RouteTarget, cost_usd
 from ethen.gateway.circuit import CircuitBoard, Prober
 from ethen.gateway.errors import (
@@ -66,7 +67,7 @@ __all__ = [
     "upstream_payload",
 ]
 
-log = logging.getLogger("ethen.gateway.execute")
+log = logging.getLogger("ethen.gateway.api.execute")
 
 
 def upstream_payload(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -325,8 +326,11 @@ class Executor:
                 target, dt, True, None, comp.usage, i > 0, stream=False, trial=trial, request_id=request_id
             )
             self._served(run, target, request_id)
+            extra = comp.receipt_extra
+            if comp.usage is not None:  # the price breakdown rides on the receipt
+                extra = {**extra, "cost": cost_of(target.candidate, comp.usage).to_dict()}
             return BufferedRun(
-                comp.body, target, run.attempts, run.upstream_s, comp.receipt_extra, comp.usage
+                comp.body, target, run.attempts, run.upstream_s, extra, comp.usage
             )
         raise self._exhausted(run, last, decision)
 

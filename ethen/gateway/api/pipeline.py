@@ -29,13 +29,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ethen.gateway.accounting.accounts import Access, Accounts, Hold
+from ethen.gateway.accounting.auth import authorization
 from ethen.gateway.api.execute import Attempt, BufferedRun, Executor, RouteTarget, StreamRun, upstream_payload
 from ethen.gateway.api.record import RequestRecord, routing_receipt
 from ethen.gateway.errors import (
@@ -87,12 +88,17 @@ class Call:
     remaining_usd: float | None = None  # the project's remaining budget as admission saw it
     res: BufferedRun | None = None
     trace_headers: tuple[str, str | None] | None = None  # (traceparent, tracestate) when traces are on
+    notes: dict[str, Any] = field(default_factory=dict)  # the endpoint's receipt notices (dropped_tools)
+
+    def with_notes(self, extra: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        """A provider's receipt extras plus this call's notices (on the answer and in the request log)."""
+        return {**(extra or {}), **self.notes} if self.notes else extra
 
     def receipt(
         self, attempts: list[Attempt], served: RouteTarget | None, extra: Mapping[str, Any] | None = None
     ) -> dict[str, Any]:
         assert self.decision is not None
-        return routing_receipt(self.decision, attempts, served, extra)
+        return routing_receipt(self.decision, attempts, served, self.with_notes(extra))
 
 
 class RequestPath(Protocol):
@@ -146,7 +152,7 @@ class Pipeline:
     async def admit(self, call: Call, request: Request, translate: Translate | None = None) -> Call:
         """Auth, parse (+ ``translate``), stream options, decide, reserve. Raises ``GatewayError``."""
         acc, gw = self.acc, self.gw
-        access = call.access = await acc.authenticate(request.headers.get("authorization"))
+        access = call.access = await acc.authenticate(authorization(request.headers))
         body = await self.read_body(request)
         if translate is not None:
             call.body = body  # labels a refused Responses body by its model too
@@ -207,6 +213,8 @@ class Pipeline:
         return {"x-request-id": call.rid, "x-ethen-overhead-ms": f"{overhead * 1000:.3f}"}
 
     def _log(self, call: Call, status: int, outcome: str, elapsed: float, **kw: Any) -> None:
+        if call.notes:
+            kw["extra"] = call.with_notes(kw.get("extra"))
         access = call.access
         body = call.body
         principal = access.principal if access is not None else None

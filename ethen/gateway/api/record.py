@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ethen.gateway.accounting.pricing import cost_of
 from ethen.gateway.providers.base import Provider, Usage
 from ethen.gateway.routing import Candidate, Decision
 
@@ -54,10 +55,9 @@ class Attempt:
 
 
 def cost_usd(candidate: Candidate, usage: Usage | None) -> float | None:
-    if usage is None:
-        return None
-    p = candidate.prices
-    return (usage.prompt_tokens * p.input_per_mtok + usage.completion_tokens * p.output_per_mtok) / 1e6
+    """The answer's price (:func:`ethen.gateway.accounting.pricing.cost_of`), ``None`` without a usage
+    report."""
+    return cost_of(candidate, usage).total_usd if usage is not None else None
 
 
 def routing_receipt(

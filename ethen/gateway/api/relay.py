@@ -31,6 +31,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any
 
 from ethen.gateway.accounting.accounts import AccountsUnavailableError, Hold
+from ethen.gateway.accounting.pricing import cost_of
 from ethen.gateway.api.execute import Attempt, RouteTarget, StreamRun, chunk_meta, has_content
 from ethen.gateway.api.sse import DONE_FRAME, encode_data, encode_error, encode_json
 from ethen.gateway.errors import UpstreamError
@@ -181,6 +182,8 @@ class StreamRelay:
         run = self.run
         routing = self.receipt(run.attempts, run.target, run.stream.receipt_extra)
         routing["overhead_ms"] = round(max(0.0, end - self.t0 - upstream) * 1000, 3)
+        if run.stream.usage is not None:
+            routing["cost"] = cost_of(run.target.candidate, run.stream.usage).to_dict()
         held = self.held
         terminal = _finish_chunk(held) if held is not None else None
         before = None

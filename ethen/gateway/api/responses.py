@@ -15,7 +15,10 @@ Request mapping (Responses -> chat completions):
   an ``image_url`` part with its ``detail``), ``function_call`` items -> an assistant message's
   ``tool_calls`` (consecutive calls are merged into one assistant turn), ``function_call_output`` -> a
   ``tool`` message; ``reasoning`` items are dropped (no chat equivalent).
-- ``tools`` (function tools only) -> chat ``tools``; ``tool_choice`` ``auto``/``none``/``required``/
+- ``tools``: function tools -> chat ``tools``; ``namespace`` groups -> one chat function per member, named
+  ``namespace__name`` (calls answer with ``name`` and ``namespace`` again); hosted tools (``web_search``,
+  ``file_search``, ``mcp``...) dropped, or refused with ``[compat] drop_unsupported_tools = false`` (see
+  :mod:`ethen.gateway.api.responses_tools`); ``tool_choice`` ``auto``/``none``/``required``/
   ``{"type":"function","name"}``; ``parallel_tool_calls``; ``text.format`` ``json_schema`` / ``json_object``
   -> ``response_format`` (structured-output requirement for routing); ``max_output_tokens`` ->
   ``max_completion_tokens``; ``temperature``, ``top_p``, ``user``, ``stream``; ``metadata`` as is (its
@@ -26,7 +29,7 @@ Request mapping (Responses -> chat completions):
   ``safety_identifier``, ``stream_options``, ``top_logprobs``, and any unknown key.
 - Refused with 400 ``unsupported_parameter`` naming the field (the gateway keeps no response store):
   ``previous_response_id``, ``conversation``, ``store: true``, ``background: true``, ``prompt`` (stored
-  prompt templates). Refused with 400 ``unsupported_value``: non-function tools (``web_search``, ``mcp``...),
+  prompt templates). Refused with 400 ``unsupported_value``: ``custom`` and unknown tool types,
   ``input_image`` by ``file_id``, ``input_file`` parts, ``item_reference`` and other item types.
 
 Answer mapping: ``message.content`` -> a ``message`` output item (``output_text``; a ``refusal`` becomes a
@@ -44,9 +47,10 @@ import json
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from ethen.gateway.api.responses_tools import ToolNames, chat_tools, qualify
 from ethen.gateway.errors import InvalidRequestError
 
 __all__ = ["Echo", "finish", "from_chat", "new_id", "obj", "response_object", "to_chat", "usage_object"]
@@ -86,7 +90,7 @@ class Echo:
     """The request fields a Response object echoes back."""
 
     instructions: str | None
-    tools: list[dict[str, Any]]
+    tools: list[Any]
     tool_choice: Any
     parallel_tool_calls: bool
     text_format: dict[str, Any]
@@ -95,6 +99,8 @@ class Echo:
     max_output_tokens: int | None
     metadata: dict[str, str]
     user: str | None
+    names: ToolNames = field(default_factory=ToolNames)  # namespaced tools' chat names (responses_tools)
+    dropped: list[dict[str, str]] = field(default_factory=list)  # hosted tools left out
 
 
 def _text_part(part: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -171,6 +177,9 @@ def _items(items: list[Any], where: str, messages: list[dict[str, Any]]) -> None
             call_id, name, args = item.get("call_id"), item.get("name"), item.get("arguments")
             for key, value in (("call_id", call_id), ("name", name), ("arguments", args)):
                 _expect(value, str, f"{iw}.{key}", "a string")
+            if item.get("namespace") is not None:  # a call of a namespace group's tool (responses_tools)
+                _expect(item["namespace"], str, f"{iw}.namespace", "a string")
+                name = qualify(item["namespace"], str(name))
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":  # text then calls: one assistant turn
@@ -196,41 +205,6 @@ def _items(items: list[Any], where: str, messages: list[dict[str, Any]]) -> None
             raise _bad(f"{iw}.type", f"'{iw}.type' must be a string, got {_type_name(kind)}.", "invalid_type")
 
 
-def _tools(tools: object) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(chat tools, echoed Responses tools)."""
-    _expect(tools, list, "tools", "an array")
-    assert isinstance(tools, list)
-    chat: list[dict[str, Any]] = []
-    echo: list[dict[str, Any]] = []
-    for i, tool in enumerate(tools):
-        tw = f"tools[{i}]"
-        if not isinstance(tool, Mapping):
-            raise _bad(tw, f"'{tw}' must be an object, got {_type_name(tool)}.", "invalid_type")
-        kind = tool.get("type")
-        if kind != "function":
-            raise _bad(f"{tw}.type", f"Tool type {kind!r:.40} is not supported by this gateway (only "
-                       "'function' tools: built-in tools run on OpenAI's side).",
-                       "unsupported_value" if isinstance(kind, str) else "invalid_type")
-        name, desc, params, strict = (tool.get(k) for k in ("name", "description", "parameters", "strict"))
-        _expect(name, str, f"{tw}.name", "a string")
-        if desc is not None:
-            _expect(desc, str, f"{tw}.description", "a string")
-        if params is not None:
-            _expect(params, Mapping, f"{tw}.parameters", "an object (a JSON schema)")
-        if strict is not None:
-            _expect(strict, bool, f"{tw}.strict", "a boolean")
-        fn: dict[str, Any] = {"name": name}
-        if desc is not None:
-            fn["description"] = desc
-        fn["parameters"] = params if params is not None else {"type": "object", "properties": {}}
-        if strict is not None:
-            fn["strict"] = strict
-        chat.append({"type": "function", "function": fn})
-        echo.append({"type": "function", "name": name, "description": desc, "parameters": params,
-                     "strict": strict})
-    return chat, echo
-
-
 def _tool_choice(choice: object) -> Any:
     if isinstance(choice, str):
         if choice not in _TOOL_CHOICES:
@@ -239,7 +213,10 @@ def _tool_choice(choice: object) -> Any:
         return choice
     if isinstance(choice, Mapping) and choice.get("type") == "function":
         _expect(choice.get("name"), str, "tool_choice.name", "a string")
-        return {"type": "function", "function": {"name": choice["name"]}}
+        name = choice["name"]
+        if isinstance(choice.get("namespace"), str):
+            name = qualify(choice["namespace"], name)
+        return {"type": "function", "function": {"name": name}}
     if isinstance(choice, Mapping):
         raise _bad("tool_choice.type", f"tool_choice type {choice.get('type')!r:.40} is not supported "
                    "(only function tools).", "unsupported_value")
@@ -284,9 +261,10 @@ def _number(body: Mapping[str, Any], key: str) -> float | None:
     return float(value)
 
 
-def to_chat(body: Mapping[str, Any]) -> tuple[dict[str, Any], Echo]:
+def to_chat(body: Mapping[str, Any], drop_hosted: bool = True) -> tuple[dict[str, Any], Echo]:
     """A Responses request body as a chat-completions body (and what the answer echoes). Raises
-    ``InvalidRequestError`` naming the offending Responses field."""
+    ``InvalidRequestError`` naming the offending Responses field. ``drop_hosted``: leave hosted tools out
+    (else refuse them; see :mod:`ethen.gateway.api.responses_tools`)."""
     for key in _STATEFUL:
         if body.get(key) is not None:
             raise _bad(key, f"'{key}' is not supported: this gateway keeps no response store; send the whole "
@@ -320,11 +298,13 @@ def to_chat(body: Mapping[str, Any]) -> tuple[dict[str, Any], Echo]:
     chat: dict[str, Any] = {"messages": messages}
     if "model" in body:
         chat["model"] = body["model"]
-    tools_echo: list[dict[str, Any]] = []
+    tools_echo: list[Any] = []
+    names, dropped = ToolNames(), list[dict[str, str]]()
     if body.get("tools") is not None:
-        chat_tools, tools_echo = _tools(body["tools"])
-        if chat_tools:
-            chat["tools"] = chat_tools
+        _expect(body["tools"], list, "tools", "an array")
+        listed, tools_echo, names, dropped = chat_tools(body["tools"], drop_hosted)
+        if listed:
+            chat["tools"] = listed
     choice = body.get("tool_choice")
     if choice is not None:
         chat_choice = _tool_choice(choice)
@@ -374,6 +354,8 @@ def to_chat(body: Mapping[str, Any]) -> tuple[dict[str, Any], Echo]:
         mot,
         echo_meta,
         user if isinstance(user, str) else None,
+        names,
+        dropped,
     )
 
 
@@ -421,6 +403,7 @@ def response_object(rid: str, created: int, model: str, echo: Echo, status: str)
         "service_tier": "default",
         "safety_identifier": None,
         "prompt_cache_key": None,
+        "usage": None,  # until known (the last stream event / a buffered answer fills it)
     }
     if echo.user is not None:  # the schema's user is a string, not nullable
         resp["user"] = echo.user
@@ -472,7 +455,7 @@ def from_chat(completion: Mapping[str, Any], echo: Echo, resp_id: str, created: 
             "type": "function_call",
             "status": "completed",
             "call_id": str(call.get("id") or new_id("call")),
-            "name": str(fn.get("name", "")),
+            **echo.names.call_fields(str(fn.get("name", ""))),
             "arguments": args if isinstance(args, str) else json.dumps(args),
         })
     resp["output"] = output

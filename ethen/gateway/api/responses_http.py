@@ -25,6 +25,7 @@ from ethen.gateway.api.pipeline import Call, Pipeline
 from ethen.gateway.api.relay import StreamRelay
 from ethen.gateway.api.responses import Echo, from_chat, new_id, to_chat
 from ethen.gateway.api.responses_stream import ResponsesEvents
+from ethen.gateway.api.responses_tools import DROPPED_HEADER
 from ethen.gateway.api.sse import DONE_FRAME, dumps
 from ethen.gateway.errors import GatewayError
 
@@ -33,10 +34,16 @@ __all__ = ["responses_endpoint"]
 _ERROR_FRAME = b"event: error\n"
 
 
-def _stream(pipe: Pipeline, call: Call, run: StreamRun, events: ResponsesEvents) -> Response:
+def _headers(headers: dict[str, str], echo: Echo) -> dict[str, str]:
+    if echo.dropped:
+        headers[DROPPED_HEADER] = ",".join(dict.fromkeys(d["type"] for d in echo.dropped))
+    return headers
+
+
+def _stream(pipe: Pipeline, call: Call, run: StreamRun, events: ResponsesEvents, echo: Echo) -> Response:
     assert call.hold is not None
-    relay = StreamRelay(run, call.receipt, True, call.rid, call.t0, call.label, call.hold, pipe.gw.metrics,
-                        pipe.stream_end(call))
+    relay = StreamRelay(run, call.receipt, True, call.rid, call.t0, call.label, call.hold,
+                        pipe.gw.metrics, pipe.stream_end(call))
 
     async def frames() -> AsyncIterator[bytes]:
         inner: AsyncGenerator[bytes, None] = relay.frames()  # type: ignore[assignment]
@@ -63,19 +70,23 @@ def _stream(pipe: Pipeline, call: Call, run: StreamRun, events: ResponsesEvents)
             with contextlib.suppress(Exception):
                 await inner.aclose()  # a client gone: the relay settles and records the attempt
 
-    return StreamingResponse(frames(), 200, relay.headers(), media_type="text/event-stream")
+    return StreamingResponse(frames(), 200, _headers(relay.headers(), echo), media_type="text/event-stream")
 
 
-def responses_endpoint(pipe: Pipeline) -> Callable[[Request], Awaitable[Response]]:
-    """The ``POST /responses`` handler of one gateway."""
+def responses_endpoint(pipe: Pipeline, drop_hosted: bool = True) -> Callable[[Request], Awaitable[Response]]:
+    """The ``POST /responses`` handler of one gateway.
+
+    ``drop_hosted``: ``[compat] drop_unsupported_tools``."""
 
     async def responses(request: Request) -> Response:
         call = pipe.start(request)
         echoes: list[Echo] = []
 
         def translate(body: dict[str, Any]) -> dict[str, Any]:
-            chat, echo = to_chat(body)
+            chat, echo = to_chat(body, drop_hosted)
             echoes.append(echo)
+            if echo.dropped:  # on the receipt and in the request log
+                call.notes["dropped_tools"] = echo.dropped
             return chat
 
         try:
@@ -83,7 +94,7 @@ def responses_endpoint(pipe: Pipeline) -> Callable[[Request], Awaitable[Response
             resp_id, created = new_id("resp"), int(time.time())
             if call.stream:
                 run = await pipe.open_stream(call)
-                return _stream(pipe, call, run, ResponsesEvents(resp_id, created, echoes[0]))
+                return _stream(pipe, call, run, ResponsesEvents(resp_id, created, echoes[0]), echoes[0])
 
             def render(res: BufferedRun) -> bytes:
                 out = from_chat(res.body, echoes[0], resp_id, created)
@@ -91,7 +102,8 @@ def responses_endpoint(pipe: Pipeline) -> Callable[[Request], Awaitable[Response
                 return dumps(out)
 
             res, content = await pipe.run_buffered(call, render)
-            return Response(content, 200, pipe.served(call, res.upstream_s), media_type="application/json")
+            headers = _headers(pipe.served(call, res.upstream_s), echoes[0])
+            return Response(content, 200, headers, media_type="application/json")
         except GatewayError as err:
             return pipe.failed(call, err)
 

@@ -47,6 +47,7 @@ class ResponsesEvents:
         self.part: str | None = None  # the open content part of it: "text" | "refusal"
         self.calls: dict[int, dict[str, Any]] = {}  # chat tool_calls index -> open function_call item
         self.finish_reason: object = None
+        self.names = echo.names  # namespaced tools: the chat name back to (namespace, name)
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = dumps({"type": kind, **fields, "sequence_number": self.seq})
@@ -148,7 +149,7 @@ class ResponsesEvents:
             call_id = tc.get("id")
             item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress",
                     "call_id": call_id if isinstance(call_id, str) and call_id else new_id("call"),
-                    "name": name if isinstance(name, str) else "", "arguments": ""}
+                    **self.names.call_fields(name if isinstance(name, str) else ""), "arguments": ""}
             self.calls[index] = item
             self.output.append(item)
             out.append(self._event("response.output_item.added", output_index=len(self.output) - 1,

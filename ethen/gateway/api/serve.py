@@ -98,7 +98,7 @@ from ethen.mesh.worker.launch import PARENT_DEATHSIG_ENV, PARENT_PID_ENV
 __all__ = ["ClientAddress", "GatewayServer", "SlowClientProtocol", "client_key", "serve", "serve_workers",
            "slow_client_protocol"]
 
-log = logging.getLogger("ethen.gateway.serve")
+log = logging.getLogger("ethen.gateway.api.serve")
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

@@ -4,7 +4,8 @@ Layout (see ``examples/gateway.toml``)::
 
     [server]            host, port, header_timeout_s (10), body_timeout_s (60), max_connections (1000):
                         slow-client limits (see ethen.gateway.api.serve)
-    [[providers]]       id, kind ("openai_compat" | "anthropic"), base_url, api_key_env, headers,
+    [[providers]]       id, kind ("openai_compat" | "anthropic" | "gemini" | "azure_openai"), base_url
+                        (or api_base / endpoint), api_key_env, api_version (azure_openai), headers,
                         max_connections, [providers.timeouts] connect_s / first_byte_s / total_s
     [[providers]]       id, kind = "mesh", [providers.workers] node_id = "host:port" (at least one),
                         [providers.weights] latency / load / capacity / hop / prompt (route cost weights,
@@ -39,6 +40,10 @@ Layout (see ``examples/gateway.toml``)::
                         ethen.gateway.observation.requestlog)
     [otel]              endpoint (OTLP/HTTP traces; unset: off), service_name (see
                         ethen.gateway.observation.tracing)
+    [model_map]         "glob" = "alias or route": model names of the Messages API (Claude Code's), first
+                        match in file order (see ethen.gateway.api.messages)
+    [compat]            drop_unsupported_tools (true): hosted Responses tools no candidate can run are
+                        dropped and named in the answer; false: 400 (see ethen.gateway.api.responses_tools)
 
 Choices where the issue is silent:
 - TOML only (the issue allows YAML or TOML; TOML needs no extra dependency).

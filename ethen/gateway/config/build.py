@@ -18,8 +18,13 @@ __all__ = [
 ]
 
 
+#: a provider kind -> its genai-prices provider id (the exact price of an answer:
+# ``ethen.gateway.accounting.pricing``)
+PRICE_PROVIDER = {"anthropic": "anthropic", "gemini": "google", "azure_openai": "azure"}
+
+
 def build_candidate(
-    i: int, route: RouteConfig, catalog: Catalog, catalog_provider: str | None = None
+    i: int, route: RouteConfig, catalog: Catalog, catalog_provider: str | None = None, kind: str | None = None
 ) -> Candidate:
     """Join one route profile with the catalog's model intelligence and prices; config overrides win.
     The catalog provider is the route's ``catalog_provider``, else ``catalog_provider``, else its provider."""
@@ -32,7 +37,9 @@ def build_candidate(
             lookup_model=route.catalog_id,
             overrides=overrides,
         )
-        return Candidate(route.provider, route.model, entry.info, entry.prices)
+        tried = [p for p in (route.catalog_provider, route.provider, PRICE_PROVIDER.get(kind or "")) if p]
+        price_ref = None if kind == "mesh" else (tuple(dict.fromkeys(tried)), route.catalog_id)
+        return Candidate(route.provider, route.model, entry.info, entry.prices, price_ref=price_ref)
     except (GatewayConfigError, ValueError) as exc:
         msg = exc.message if isinstance(exc, GatewayConfigError) else str(exc)
         raise GatewayConfigError(f"routes[{i}] ({route.provider}/{route.model}): {msg}") from None
@@ -44,7 +51,7 @@ def build_pool(cfg: GatewayConfig, catalog: Catalog | None = None) -> tuple[Cand
     cat = catalog if catalog is not None else Catalog({}, use_genai_prices=False)
     kinds = {p.id: p.kind for p in cfg.providers}
     return tuple(
-        build_candidate(i, r, cat, "mesh" if kinds.get(r.provider) == "mesh" else None)
+        build_candidate(i, r, cat, "mesh" if kinds.get(r.provider) == "mesh" else None, kinds.get(r.provider))
         for i, r in enumerate(cfg.routes)
         if r.endpoint == "chat"  # an embeddings route never serves a chat request
     )

@@ -100,6 +100,12 @@ def _cross_check(cfg: GatewayConfig) -> None:
             raise GatewayConfigError(
                 f"canaries[{i}].candidate = {c.candidate!r}: no such provider/model in [[routes]]"
             )
+    chat_routes = [r for r in cfg.routes if r.endpoint == "chat"]
+    chat = {r.model for r in chat_routes} | {f"{r.provider}/{r.model}" for r in chat_routes}
+    for pattern, target in cfg.model_map.items():  # [model_map]: Messages API model names (issue 26)
+        if target not in ALIASES and target not in chat:
+            raise GatewayConfigError(f"model_map.{pattern!r} = {target!r}: not an ethen/* alias nor a chat "
+                                     "route's model or provider/model")
     for key in ("allowed_providers",):
         for j, v in enumerate(cfg.policy.allowed_providers or ()):
             if v not in seen:

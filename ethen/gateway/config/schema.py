@@ -27,6 +27,7 @@ __all__ = [
     "ApiKeyConfig",
     "CanaryConfig",
     "CircuitConfig",
+    "CompatConfig",
     "GatewayConfig",
     "InfoOverrides",
     "LogConfig",
@@ -107,12 +108,26 @@ class TimeoutsConfig(_Strict):
 
 class ProviderConfig(_Strict):
     id: str = Field(pattern=_ID)
-    kind: Literal["openai_compat", "anthropic"]
-    base_url: str = Field(pattern=r"^https?://[^\s]+$")
+    kind: Literal["openai_compat", "anthropic", "gemini", "azure_openai"]
+    #: the API root; LiteLLM's ``api_base`` (and Azure's ``endpoint``) are accepted for it
+    base_url: str = Field(pattern=r"^https?://[^\s]+$",
+                          validation_alias=AliasChoices("base_url", "api_base", "endpoint"))
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    #: ``kind = "azure_openai"`` only (required there): the ``api-version`` query parameter
+    api_version: str | None = Field(
+        default=None, pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}(-preview)?$|^v1$|^latest$|^preview$")
     headers: dict[str, str] = Field(default_factory=dict)
     max_connections: int = Field(default=100, ge=1, le=10_000)
     timeouts: TimeoutsConfig = Field(default_factory=lambda: TimeoutsConfig())
+
+    @model_validator(mode="after")
+    def _api_version(self) -> ProviderConfig:
+        if self.kind == "azure_openai" and self.api_version is None:
+            raise ValueError("api_version is required for kind = 'azure_openai' (e.g. api_version = "
+                             "'2024-10-21')")
+        if self.kind != "azure_openai" and self.api_version is not None:
+            raise ValueError(f"api_version is for kind = 'azure_openai' only (kind = {self.kind!r})")
+        return self
 
 
 def _address(v: str) -> str:
@@ -230,7 +245,7 @@ class MeshProviderConfig(_Strict):
 
 
 AnyProviderConfig = Annotated[ProviderConfig | MeshProviderConfig, Field(discriminator="kind")]
-_KINDS = ("openai_compat", "anthropic", "mesh")
+_KINDS = ("openai_compat", "anthropic", "gemini", "azure_openai", "mesh")
 
 
 class InfoOverrides(_Strict):
@@ -437,6 +452,18 @@ class OtelConfig(_Strict):
     service_name: str = Field(default="ethen-gateway", min_length=1, max_length=200)
 
 
+_NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+
+
+class CompatConfig(_Strict):
+    """What the gateway does with client requests it can only serve in part. ``drop_unsupported_tools``
+    (true): a Responses request's hosted tools no candidate can run (``web_search``, ``file_search``...) are
+    left out and named in the answer (``x-ethen-dropped-tools``, ``ethen.routing.dropped_tools``); false: such
+    a request is a 400 ``unsupported_value`` naming the tool (``ethen.gateway.api.responses_tools``)."""
+
+    drop_unsupported_tools: bool = True
+
+
 class GatewayConfig(_Strict):
     server: ServerConfig = Field(default_factory=lambda: ServerConfig())
     providers: list[AnyProviderConfig] = Field(min_length=1)
@@ -450,6 +477,9 @@ class GatewayConfig(_Strict):
     rate_limits: RateLimitsConfig = Field(default_factory=lambda: RateLimitsConfig())
     log: LogConfig = Field(default_factory=lambda: LogConfig())
     otel: OtelConfig = Field(default_factory=lambda: OtelConfig())
+    #: model name glob (fnmatch) -> alias or route, first match in file order (ethen.gateway.api.messages)
+    model_map: dict[_NonEmpty, _NonEmpty] = Field(default_factory=dict)
+    compat: CompatConfig = Field(default_factory=lambda: CompatConfig())
 
     def provider(self, provider_id: str) -> ProviderConfig | MeshProviderConfig:
         for p in self.providers:

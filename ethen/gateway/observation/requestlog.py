@@ -31,7 +31,9 @@ Choices where the issue is silent:
   without one, a memory ring of the last ``memory_rows`` (lost at restart).
 - Key: the store key's id, or ``config:<name>`` for a ``[[api_keys]]`` key; never the key. No message body
   is logged (the requested model and the receipt only).
-- Cost: the served candidate's usage x its prices (``cost_usd`` as telemetry prices it); the ledger's settled
+- Cost: the served candidate's usage priced by :func:`ethen.gateway.accounting.pricing.cost_of`
+(genai-prices with cache
+  reads/writes, else the route's prices); the breakdown is the receipt's ``cost``. The ledger's settled
   amount may differ when the usage was not credible (then it settles the reservation).
 - A request that failed on its only attempt records that attempt from its error (provider and code; the
   model is the chain's first candidate of that provider); a failed fallback chain records every attempt.
@@ -52,7 +54,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
-from ethen.gateway.api.record import Attempt, RequestRecord, cost_usd, routing_receipt
+from ethen.gateway.accounting.pricing import cost_of
+from ethen.gateway.api.record import Attempt, RequestRecord, routing_receipt
 from ethen.gateway.routing import Candidate
 from ethen.store import Store, StoreError, StoreInvalidError
 from ethen.store.requests import (
@@ -75,7 +78,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RequestLog", "RequestRecord", "to_row"]
 
-log = logging.getLogger("ethen.gateway.requestlog")
+log = logging.getLogger("ethen.gateway.observation.requestlog")
 _BATCH = 500  # rows per transaction at most
 _LINGER_S = 0.05  # after handling a batch, let the next one gather this long
 _WRITE_EVERY_S = 0.25  # pending rows are inserted once the oldest waited this long (or a batch is full)
@@ -134,7 +137,10 @@ def to_row(rec: RequestRecord) -> dict[str, Any]:
     else:
         sp, sm = (served.provider, served.model) if served is not None else (None, None)
     usage = rec.usage
-    cost = cost_usd(served, usage) if served is not None else None
+    priced = cost_of(served, usage) if served is not None and usage is not None else None
+    cost = priced.total_usd if priced is not None else None
+    if priced is not None and receipt is not None:  # the breakdown: cache read/write tokens, cost parts
+        receipt["cost"] = priced.to_dict()
     canary = rec.decision.canary if rec.decision is not None else None
     model = rec.requested_model if isinstance(rec.requested_model, str) else None
     return {

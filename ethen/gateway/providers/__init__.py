@@ -12,13 +12,18 @@ from typing import Any
 from ethen.gateway.config import GatewayConfig, resolve_secret, shared_redis_url, store_url
 
 from .anthropic import AnthropicProvider
+from .anthropic_native import NativeAnthropicProvider
+from .azure import AzureOpenAIProvider
 from .base import Completion, Provider, ProviderStream, Timeouts, UpstreamCall, Usage
+from .gemini import GeminiProvider
 from .openai_compat import OpenAICompatProvider
 
 __all__ = [
     "PROVIDER_KINDS",
     "AnthropicProvider",
+    "AzureOpenAIProvider",
     "Completion",
+    "GeminiProvider",
     "OpenAICompatProvider",
     "Provider",
     "ProviderStream",
@@ -44,8 +49,18 @@ def _openai_compat(p: Any, env: Mapping[str, str] | None) -> Provider:
 
 
 def _anthropic(p: Any, env: Mapping[str, str] | None) -> Provider:
-    return AnthropicProvider(p.id, p.base_url, resolve_secret(p, env), timeouts=_timeouts(p),
-                             max_connections=p.max_connections, headers=p.headers)
+    return NativeAnthropicProvider(p.id, p.base_url, resolve_secret(p, env), timeouts=_timeouts(p),
+                                   max_connections=p.max_connections, headers=p.headers)  # + Messages native
+
+
+def _gemini(p: Any, env: Mapping[str, str] | None) -> Provider:
+    return GeminiProvider(p.id, p.base_url, resolve_secret(p, env), timeouts=_timeouts(p),
+                          max_connections=p.max_connections, headers=p.headers)
+
+
+def _azure_openai(p: Any, env: Mapping[str, str] | None) -> Provider:
+    return AzureOpenAIProvider(p.id, p.base_url, resolve_secret(p, env), api_version=p.api_version,
+                               timeouts=_timeouts(p), max_connections=p.max_connections, headers=p.headers)
 
 
 def _mesh(p: Any, env: Mapping[str, str] | None, cfg: GatewayConfig | None = None) -> Provider:
@@ -63,6 +78,8 @@ def _mesh(p: Any, env: Mapping[str, str] | None, cfg: GatewayConfig | None = Non
 PROVIDER_KINDS: Mapping[str, ProviderFactory] = {
     "openai_compat": _openai_compat,
     "anthropic": _anthropic,
+    "gemini": _gemini,
+    "azure_openai": _azure_openai,
     "mesh": _mesh,
 }
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ethen.gateway.api.sse import dumps
@@ -224,10 +225,13 @@ def _usage(obj: Any) -> Usage | None:
     out = obj.get("output_tokens")
     if not isinstance(inp, int) or not isinstance(out, int):
         return None
-    for extra in ("cache_creation_input_tokens", "cache_read_input_tokens"):
-        if isinstance(obj.get(extra), int):
-            inp += obj[extra]
-    return Usage.of(inp, out)
+    cached = {k: obj[k] if isinstance(obj.get(k), int) and obj[k] > 0 else 0
+              for k in ("cache_creation_input_tokens", "cache_read_input_tokens")}
+    base = Usage.of(inp + sum(cached.values()), out)
+    if base is None or not any(cached.values()):
+        return base
+    return Usage(base.prompt_tokens, out, cache_read_tokens=cached["cache_read_input_tokens"],
+                 cache_write_tokens=cached["cache_creation_input_tokens"])
 
 
 def from_anthropic(msg: Mapping[str, Any], model: str) -> dict[str, Any]:
@@ -292,7 +296,7 @@ class _AnthropicStream(SSEStream):
         self._id = "chatcmpl-anthropic"
         self._model = model
         self._created = int(time.time())
-        self._input_tokens = 0
+        self._input = Usage(0, 0)
         self._tool_index: dict[int, int] = {}  # Anthropic block index -> OpenAI tool_calls index
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
@@ -313,7 +317,7 @@ class _AnthropicStream(SSEStream):
             self._id = str(msg.get("id", self._id))
             self._model = str(msg.get("model", self._model))
             u = _obj(msg, "usage")
-            self._input_tokens = (_usage({**u, "output_tokens": 0}) or Usage(0, 0)).prompt_tokens
+            self._input = _usage({**u, "output_tokens": 0}) or Usage(0, 0)
             return self._chunk({"role": "assistant", "content": ""})
         if kind == "content_block_start":
             block = _obj(ev, "content_block")
@@ -340,7 +344,7 @@ class _AnthropicStream(SSEStream):
             delta = _obj(ev, "delta")
             out_tokens = _obj(ev, "usage").get("output_tokens")
             if isinstance(out_tokens, int):
-                self.usage = Usage(self._input_tokens, out_tokens)
+                self.usage = replace(self._input, completion_tokens=out_tokens)
             stop = delta.get("stop_reason")
             if stop is not None:
                 return self._chunk({}, _STOP.get(str(stop), "stop"))

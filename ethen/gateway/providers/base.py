@@ -42,17 +42,27 @@ class Usage:
 
     prompt_tokens: int
     completion_tokens: int
+    #: of ``prompt_tokens``: read from the provider's prompt cache / written to it (priced apart: see
+    #: :mod:`ethen.gateway.accounting.pricing`); of ``completion_tokens``: reasoning (thinking) tokens
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
-    def to_openai(self) -> dict[str, int]:
-        return {
+    def to_openai(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
         }
+        if self.cache_read_tokens:
+            out["prompt_tokens_details"] = {"cached_tokens": self.cache_read_tokens}
+        if self.reasoning_tokens:
+            out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return out
 
     @staticmethod
     def of(prompt_tokens: object, completion_tokens: object) -> Usage | None:
@@ -69,7 +79,15 @@ class Usage:
         """Read an OpenAI ``usage`` object; ``None`` for anything that is not one."""
         if not isinstance(obj, Mapping):
             return None
-        return Usage.of(obj.get("prompt_tokens"), obj.get("completion_tokens"))
+        base = Usage.of(obj.get("prompt_tokens"), obj.get("completion_tokens"))
+        pd, cd = obj.get("prompt_tokens_details"), obj.get("completion_tokens_details")
+        cached = pd.get("cached_tokens") if isinstance(pd, Mapping) else None
+        reasoning = cd.get("reasoning_tokens") if isinstance(cd, Mapping) else None
+        if base is None or not (_count(cached) or _count(reasoning)):
+            return base
+        return Usage(base.prompt_tokens, base.completion_tokens,
+                     cache_read_tokens=min(cached, base.prompt_tokens) if _count(cached) else 0,
+                     reasoning_tokens=min(reasoning, base.completion_tokens) if _count(reasoning) else 0)
 
 
 def _count(value: object) -> TypeGuard[int]:

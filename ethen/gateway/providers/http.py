@@ -143,21 +143,23 @@ class HttpPool:
             )
         return self._session
 
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        """A buffered POST: (status, body). Bounded by the total timeout."""
+    async def post(self, path: str, body: bytes, headers: Mapping[str, str] | None = None
+                   ) -> tuple[int, bytes]:
+        """A buffered POST: (status, body). Bounded by the total timeout. ``headers``: the call's own."""
         try:
             async with (
                 asyncio.timeout(self.timeouts.total),
-                self._client().post(self.base_url + path, data=body) as resp,
+                self._client().post(self.base_url + path, data=body, headers=headers) as resp,
             ):
                 return resp.status, await resp.read()
         except TRANSPORT_ERRORS as exc:
             raise map_transport_error(self.provider, exc) from None
 
-    async def stream(self, path: str, body: bytes) -> StreamingResponse:
+    async def stream(self, path: str, body: bytes, headers: Mapping[str, str] | None = None
+                     ) -> StreamingResponse:
         """A POST whose body is read incrementally; returns once the response head arrived."""
         try:
-            resp = await self._client().post(self.base_url + path, data=body)
+            resp = await self._client().post(self.base_url + path, data=body, headers=headers)
         except TRANSPORT_ERRORS as exc:
             raise map_transport_error(self.provider, exc) from None
         return StreamingResponse(self.provider, resp)
@@ -204,9 +206,10 @@ def error_for_status(provider: str, status: int, content: bytes, secret: str | N
     return UpstreamInvalidResponseError(msg, provider, status)
 
 
-async def open_stream(pool: HttpPool, path: str, body: bytes, secret: str | None) -> StreamingResponse:
+async def open_stream(pool: HttpPool, path: str, body: bytes, secret: str | None,
+                      headers: Mapping[str, str] | None = None) -> StreamingResponse:
     """POST and wait for the head; an error status is read and raised as ``UpstreamError``."""
-    resp = await pool.stream(path, body)
+    resp = await pool.stream(path, body, headers)
     if resp.status >= 400:
         try:
             content = await resp.read()

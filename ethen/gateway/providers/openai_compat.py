@@ -18,13 +18,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ethen.gateway.api.sse import DONE_PAYLOAD, dumps
-from ethen.gateway.errors import UpstreamInvalidResponseError, UpstreamServerError
+from ethen.gateway.errors import UpstreamError, UpstreamInvalidResponseError, UpstreamServerError
 from ethen.gateway.providers.base import Completion, Embeddings, ProviderStream, UpstreamCall, Usage
 from ethen.gateway.providers.http import (
     HttpProvider,
     SSEStream,
     error_for_status,
-    open_stream,
     redact,
     upstream_message,
 )
@@ -85,12 +84,27 @@ class _OpenAIStream(SSEStream):
 
 
 class OpenAICompatProvider(HttpProvider):
-    """Calls ``{base_url}/chat/completions`` with ``Authorization: Bearer <api_key>`` when a key is set."""
+    """Calls ``{base_url}/chat/completions`` with ``Authorization: Bearer <api_key>`` when a key is set.
+    Subclasses with another URL scheme or error dialect (Azure) override :meth:`chat_path`,
+    :meth:`embeddings_path` / :meth:`error`."""
+
+    def chat_path(self, upstream_model: str) -> str:
+        """The chat-completions path under ``base_url`` for that model."""
+        return "chat/completions"
+
+    def embeddings_path(self, upstream_model: str) -> str:
+        """The embeddings path under ``base_url`` for that model."""
+        return "embeddings"
+
+    def error(self, status: int, content: bytes) -> UpstreamError:
+        """The gateway error for an upstream error answer."""
+        return error_for_status(self.name, status, content, self._secret)
 
     async def complete(self, call: UpstreamCall) -> Completion:
-        status, content = await self._pool.post("chat/completions", dumps(upstream_body(call, stream=False)))
+        status, content = await self._pool.post(self.chat_path(call.upstream_model),
+                                                dumps(upstream_body(call, stream=False)))
         if status >= 400:
-            raise error_for_status(self.name, status, content, self._secret)
+            raise self.error(status, content)
         obj = _loads(content)
         if obj is None or not isinstance(obj.get("choices"), list):
             raise UpstreamInvalidResponseError(
@@ -103,9 +117,9 @@ class OpenAICompatProvider(HttpProvider):
     async def embed(self, call: UpstreamCall) -> Embeddings:
         """``POST {base_url}/embeddings`` with the body as the client sent it (model replaced)."""
         body = {**call.body, "model": call.upstream_model}
-        status, content = await self._pool.post("embeddings", dumps(body))
+        status, content = await self._pool.post(self.embeddings_path(call.upstream_model), dumps(body))
         if status >= 400:
-            raise error_for_status(self.name, status, content, self._secret)
+            raise self.error(status, content)
         obj = _loads(content)
         if obj is None or not isinstance(obj.get("data"), list):
             raise UpstreamInvalidResponseError(
@@ -118,5 +132,11 @@ class OpenAICompatProvider(HttpProvider):
     async def stream(self, call: UpstreamCall) -> ProviderStream:
         deadline = self.deadline()
         body = dumps(upstream_body(call, stream=True))
-        resp = await open_stream(self._pool, "chat/completions", body, self._secret)
+        resp = await self._pool.stream(self.chat_path(call.upstream_model), body)
+        if resp.status >= 400:
+            try:
+                content = await resp.read()
+            except UpstreamError:
+                content = b""
+            raise self.error(resp.status, content)
         return _OpenAIStream(self.name, resp, deadline, self._secret)

@@ -121,6 +121,10 @@ class Candidate:
     info: ModelInfo
     prices: Prices
     certification: LiveCertification | None = None
+    #: how an answer is priced (``ethen.gateway.accounting.pricing``): the genai-prices provider ids to try
+    # and the model
+    #: reference; ``None``: by ``prices`` only. Data only: routing never reads it.
+    price_ref: tuple[tuple[str, ...], str] | None = field(default=None, compare=False, repr=False)
     id: str = field(init=False, compare=False, repr=False)
     default_output_tokens: int = field(init=False, compare=False, repr=False)
     context_score: float = field(init=False, compare=False, repr=False)

@@ -176,7 +176,7 @@ def test_failed_attempts_are_logged_once_each_with_what_happened_next(
             list(c.chat.completions.create(
                 model="beta-small", messages=USER, stream=True, extra_headers=rid("rid-3")
             ))  # fmt: skip
-    execute = [r for r in caplog.records if r.name == "ethen.gateway.execute"]
+    execute = [r for r in caplog.records if r.name == "ethen.gateway.api.execute"]
     assert all(r.levelno == logging.WARNING for r in execute)
     lines = {r.getMessage().split(":")[0]: r.getMessage() for r in execute}
     assert lines["request rid-1"] == (

@@ -218,7 +218,7 @@ def test_bad_key_is_401(lv: Live) -> None:
         ({"store": True}, "store", "unsupported_parameter"),
         ({"background": True}, "background", "unsupported_parameter"),
         ({"conversation": "conv_1"}, "conversation", "unsupported_parameter"),
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type", "unsupported_value"),
+        ({"tools": [{"type": "custom", "name": "p"}]}, "tools[0].type", "unsupported_value"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type", "unsupported_value"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
          "input[0].content[0].file_id", "unsupported_value"),

@@ -20,8 +20,11 @@ FIELDS = [
     "reasoning", "include", "truncation", "providerOptions", "conversation", "prompt",
 ]
 ITEM_KEYS = [
-    "type", "role", "content", "call_id", "name", "arguments", "output", "image_url", "text", "detail"
+    "type", "role", "content", "call_id", "name", "arguments", "output", "image_url", "text", "detail",
+    "namespace",
 ]
+NAMESPACE: dict[str, Any] = {"type": "namespace", "name": "ns", "description": "d",
+                             "tools": [{"type": "function", "name": "f"}]}  # Codex's tool groups (issue 26)
 ITEM_BASES: list[dict[str, Any]] = [
     {"role": "user", "content": "x"},
     {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]},
@@ -47,6 +50,12 @@ def _bodies() -> list[dict[str, Any]]:
     out += [
         *({**base, "tools": [{"type": "function", "name": "f", key: w}]}
           for key in ("parameters", "description", "strict", "name") for w in WRONG),
+        *({**base, "tools": [{**NAMESPACE, key: w}]}
+          for key in ("name", "description", "tools") for w in WRONG),
+        *({**base, "tools": [{**NAMESPACE, "tools": [{"type": "function", "name": "f", key: w}]}]}
+          for key in ("type", "name", "parameters", "description", "strict") for w in WRONG),
+        *({**base, "tools": [NAMESPACE], "tool_choice": {"type": "function", "name": "f", "namespace": w}}
+          for w in WRONG),
         {**base, "text": {"format": {"type": "json_schema", "name": 5, "schema": {}}}},
         {**base, "text": {"format": {"type": "json_schema", "name": "n", "schema": "s"}}},
         {**base, "tool_choice": {"type": "function"}},

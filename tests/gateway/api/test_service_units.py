@@ -250,7 +250,8 @@ def test_from_anthropic_maps_tool_use_stop_reason_and_usage() -> None:
     choice = out["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Let me check."
     assert choice["message"]["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
-    assert out["usage"] == {"prompt_tokens": 13, "completion_tokens": 5, "total_tokens": 18}
+    assert out["usage"] == {"prompt_tokens": 13, "completion_tokens": 5, "total_tokens": 18,
+                            "prompt_tokens_details": {"cached_tokens": 3}}  # cache reads: priced apart
 
 
 def test_upstream_payload_strips_gateway_fields_only() -> None:

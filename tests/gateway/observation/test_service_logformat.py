@@ -62,7 +62,7 @@ def test_gateway_log_format_json_writes_json_lines_without_secrets(tmp_path: Pat
     text = (out + err).decode()
     lines = [json.loads(x) for x in err.decode().splitlines() if x.strip()]  # each line is one JSON object
     assert lines and all({"time", "level", "logger", "message"} <= set(x) for x in lines)
-    warned = [x for x in lines if x["level"] == "WARNING" and x["logger"] == "ethen.gateway.execute"]
+    warned = [x for x in lines if x["level"] == "WARNING" and x["logger"] == "ethen.gateway.api.execute"]
     assert any("json-log-1" in x["message"] and "falling back" in x["message"] for x in warned), lines
     assert any(x["logger"].startswith("uvicorn") for x in lines)  # uvicorn's own lines are JSON too
     for secret in (CLIENT_KEY, PROVIDER_KEY, WRONG_KEY):

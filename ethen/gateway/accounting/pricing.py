@@ -1,0 +1,101 @@
+"""What an answer cost: genai-prices' own calculation from the usage's cache, reasoning and tier fields.
+
+A prompt-cached agent loop reads most of its input from the provider's cache (Anthropic bills reads at 0.1x
+input and writes at 1.25x; OpenAI's cached input 0.1-0.5x; Gemini's and Claude's long prompts have tiers), so
+prompt x input price + completion x output price bills it several times over. :func:`cost_of` prices a usage
+with ``genai_prices`` (``ModelPrice.calc_price`` of the model's prices at the current time, with
+``input_tokens``, ``cache_read_tokens``, ``cache_write_tokens``, ``output_tokens``); a candidate genai-prices
+does not know (``Candidate.price_ref`` is ``None`` or names no model it has: a local model, an operator's own
+route) is priced as before, by its route's prices (``source = "route prices"``).
+
+Which model: ``Candidate.price_ref`` (set by ``ethen.gateway.config.build``): the route's ``catalog_model`` /
+upstream model, looked up under the route's ``catalog_provider``, its provider id and the genai-prices id of
+its provider kind (``anthropic``, ``google`` for ``gemini``, ``azure``), the first that knows it. The lookup
+is cached per model; a price calculation is cached per (model, usage) (the executor's telemetry, the budget
+settlement and the request log price the same usage).
+
+Reservations do not use this: they stay the naive upper bound (all input at the full input price, the
+catalog's highest tier), and a settlement never exceeds its reservation
+(:mod:`ethen.gateway.accounting.hold`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any
+
+from ethen.gateway.providers.base import Usage
+from ethen.gateway.routing import Candidate
+
+__all__ = ["Cost", "cost_of"]
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """One answer's price and its parts (USD). ``source``: ``"genai-prices"`` or ``"route prices"``."""
+
+    total_usd: float
+    input_usd: float  # every input token, cache reads and writes included
+    output_usd: float
+    usage: Usage
+    source: str
+    model: str | None = None  # genai-prices' model id (None: route prices)
+    provider: str | None = None  # genai-prices' provider id
+
+    def to_dict(self) -> dict[str, Any]:
+        """The breakdown on the receipt and in the request log."""
+        u = self.usage
+        return {
+            "total_usd": self.total_usd, "input_usd": self.input_usd, "output_usd": self.output_usd,
+            "input_tokens": u.prompt_tokens, "cache_read_tokens": u.cache_read_tokens,
+            "cache_write_tokens": u.cache_write_tokens, "output_tokens": u.completion_tokens,
+            "reasoning_tokens": u.reasoning_tokens, "source": self.source,
+            "priced_model": self.model, "priced_provider": self.provider,
+        }
+
+
+@lru_cache(maxsize=512)
+def _model(providers: tuple[str, ...], model_ref: str) -> Any:
+    """genai-prices' ``(provider, model)`` for the first provider that knows ``model_ref``, else ``None``."""
+    from genai_prices import data_snapshot
+
+    snapshot = data_snapshot.get_snapshot()
+    for provider in providers:
+        try:
+            return snapshot.find_provider_model(model_ref, None, provider, None)
+        except LookupError:
+            continue
+    return None
+
+
+@lru_cache(maxsize=4096)
+def _priced(ref: tuple[tuple[str, ...], str], usage: Usage) -> tuple[float, float, str, str] | None:
+    found = _model(*ref)
+    if found is None:
+        return None
+    from genai_prices import Usage as PriceUsage
+
+    provider, model = found
+    price = model.get_prices(datetime.now(UTC))
+    cache_read = min(usage.cache_read_tokens, usage.prompt_tokens)
+    cache_write = min(usage.cache_write_tokens, usage.prompt_tokens - cache_read)
+    try:
+        calc = price.calc_price(PriceUsage(input_tokens=usage.prompt_tokens, cache_read_tokens=cache_read,
+                                           cache_write_tokens=cache_write,
+                                           output_tokens=usage.completion_tokens))
+    except (ValueError, LookupError, ArithmeticError):  # a table genai-prices cannot apply: route prices
+        return None
+    return float(calc["input_price"]), float(calc["output_price"]), str(model.id), str(provider.id)
+
+
+def cost_of(candidate: Candidate, usage: Usage) -> Cost:
+    """The price of ``usage`` served by ``candidate`` (genai-prices when it knows the model)."""
+    priced = _priced(candidate.price_ref, usage) if candidate.price_ref is not None else None
+    if priced is not None:
+        inp, out, model, provider = priced
+        return Cost(inp + out, inp, out, usage, "genai-prices", model, provider)
+    p = candidate.prices
+    inp, out = usage.prompt_tokens * p.input_per_mtok / 1e6, usage.completion_tokens * p.output_per_mtok / 1e6
+    return Cost(inp + out, inp, out, usage, "route prices")
