@@ -20,15 +20,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from service_harness import ENV, PROVIDER_KEY, Live, config_dict
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from upstream import Behavior, Script, ServerThread, _Cut, _failure, make_upstream_app
 
 from ethen.app import create_app
 from ethen.gateway.config import parse_config
+from tests.gateway.service_harness import ENV, PROVIDER_KEY, Live, config_dict
+from tests.gateway.upstream import Behavior, Script, ServerThread, _Cut, _failure, make_upstream_app
 
 __all__ = ["AZURE_VERSION", "CloudBehavior", "cloud_app", "live_cloud"]
 

@@ -9,9 +9,9 @@ import logging
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
-from service_harness import live
 
 from ethen.gateway.api.unknown_paths import UnknownPaths
+from tests.gateway.service_harness import live
 
 
 def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from service_harness import CLIENT_KEY, live
-from upstream import Behavior
+
+from tests.gateway.service_harness import CLIENT_KEY, live
+from tests.gateway.upstream import Behavior
 
 CLAUDE = os.environ.get("ETHEN_TEST_CLAUDE") or shutil.which("claude")
 pytestmark = pytest.mark.skipif(not CLAUDE, reason="Claude Code is not installed (see .ci/run)")

@@ -13,15 +13,15 @@ from typing import Any
 
 import httpx
 import pytest
-from budget_harness import admin, db_url, live_store, new_project_key
 from genai_prices import Usage as PriceUsage
 from genai_prices import calc_price
-from service_harness import CLIENT_KEY, ROUTES
-from upstream import Behavior
 
 from ethen.gateway.accounting.pricing import cost_of
 from ethen.gateway.providers.base import Usage
 from ethen.gateway.routing import Candidate, ModelInfo, Prices
+from tests.gateway.budget_harness import admin, db_url, live_store, new_project_key
+from tests.gateway.service_harness import CLIENT_KEY, ROUTES
+from tests.gateway.upstream import Behavior
 
 __all__ = ["db_url"]  # the fixture, imported from budget_harness
 

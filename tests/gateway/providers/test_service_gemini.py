@@ -11,10 +11,10 @@ from typing import Any
 import anthropic
 import openai
 import pytest
-from service_harness import CLIENT_KEY, PROVIDER_KEY, Live
-from upstream_cloud import CloudBehavior, live_cloud
 
 from ethen.gateway.providers.gemini_wire import gemini_schema, to_gemini
+from tests.gateway.service_harness import CLIENT_KEY, PROVIDER_KEY, Live
+from tests.gateway.upstream_cloud import CloudBehavior, live_cloud
 
 TOOLS: list[Any] = [
     {

@@ -14,13 +14,13 @@ import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from schemas import validator
-from service_harness import CLIENT_KEY, Live, config_dict, live
-from upstream import Behavior
 
 from ethen.gateway.api.responses_tools import qualify
 from ethen.gateway.config import parse_config
 from ethen.gateway.errors import GatewayConfigError
+from tests.gateway.schemas import validator
+from tests.gateway.service_harness import CLIENT_KEY, Live, config_dict, live
+from tests.gateway.upstream import Behavior
 
 NS_DESC = "Tools for spawning and managing sub-agents."
 QUALIFIED = "multi_agent_v1__spawn_agent"

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from service_harness import CLIENT_KEY, live
-from upstream import Behavior
+
+from tests.gateway.service_harness import CLIENT_KEY, live
+from tests.gateway.upstream import Behavior
 
 CODEX = os.environ.get("ETHEN_TEST_CODEX") or shutil.which("codex")
 pytestmark = pytest.mark.skipif(not CODEX, reason="Codex CLI is not installed (see .ci/run)")

@@ -15,16 +15,16 @@ import anthropic
 import httpx
 import pytest
 from anthropic.types import Message, RawMessageStreamEvent
-from budget_harness import ADMIN_KEY, live_store, new_project_key
 from pydantic import TypeAdapter
-from service_harness import CLIENT_KEY, ENV, ROUTES, Live, config_dict, live
-from upstream import Behavior, Script, ServerThread, make_upstream_app
 
 from ethen.app import create_app
 from ethen.gateway.api.messages_http import error_status_and_type, status_of_code
 from ethen.gateway.config import parse_config
 from ethen.gateway.errors import GatewayConfigError, GatewayError
 from ethen.gateway.routing import parse_requirements
+from tests.gateway.budget_harness import ADMIN_KEY, live_store, new_project_key
+from tests.gateway.service_harness import CLIENT_KEY, ENV, ROUTES, Live, config_dict, live
+from tests.gateway.upstream import Behavior, Script, ServerThread, make_upstream_app
 
 MODEL_MAP = {"claude-*haiku*": "beta-small", "claude-*": "ethen/auto", "legacy-tools": "beta/beta-tools"}
 TOOLS: list[Any] = [{"name": "get_weather", "description": "Weather for a city",

@@ -10,11 +10,11 @@ from typing import Any
 import anthropic
 import openai
 import pytest
-from service_harness import CLIENT_KEY, PROVIDER_KEY, ROUTES, Live
-from upstream_cloud import AZURE_VERSION, CLOUD_ROUTES, CloudBehavior, cloud_config, live_cloud
 
 from ethen.gateway.config import parse_config
 from ethen.gateway.errors import GatewayConfigError
+from tests.gateway.service_harness import CLIENT_KEY, PROVIDER_KEY, ROUTES, Live
+from tests.gateway.upstream_cloud import AZURE_VERSION, CLOUD_ROUTES, CloudBehavior, cloud_config, live_cloud
 
 TOOLS: list[Any] = [
     {

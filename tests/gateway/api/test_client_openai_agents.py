@@ -8,8 +8,9 @@ import asyncio
 from typing import Any
 
 import pytest
-from service_harness import CLIENT_KEY, Live, live
-from upstream import Behavior
+
+from tests.gateway.service_harness import CLIENT_KEY, Live, live
+from tests.gateway.upstream import Behavior
 
 agents = pytest.importorskip("agents")  # the dev extra's openai-agents
 
