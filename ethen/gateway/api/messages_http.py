@@ -48,7 +48,7 @@ from ethen.gateway.api.messages import resolve_model, to_chat
 from ethen.gateway.api.messages_stream import MessageEvents, NativeEvents, from_chat
 from ethen.gateway.api.pipeline import Call, Pipeline
 from ethen.gateway.api.relay import StreamRelay
-from ethen.gateway.api.sse import DONE_FRAME, dumps
+from ethen.gateway.api.sse import decode_frame, dumps
 from ethen.gateway.errors import HTTP_STATUS, GatewayError, InvalidRequestError, http_status
 from ethen.gateway.providers.anthropic_native import (
     NATIVE_KEY,
@@ -67,7 +67,6 @@ ANTHROPIC_ERRORS: Mapping[int, str] = {
     500: "api_error", 504: "timeout_error", 529: "overloaded_error",
 }  # fmt: skip
 _JSON = "application/json"
-_ERROR_FRAME = b"event: error\n"
 
 
 # --- errors: the one mapping ------------------------------------------------------------------------------
@@ -177,15 +176,10 @@ def _stream(pipe: Pipeline, call: Call, run: StreamRun, asked: _Asked) -> Respon
             for frame in events.start(opening):
                 yield frame
             async for chunk in inner:
-                if chunk == DONE_FRAME:
-                    continue
-                is_error = chunk.startswith(_ERROR_FRAME)
-                try:
-                    obj = json.loads(chunk.split(b"data: ", 1)[1])
-                except (ValueError, IndexError):
-                    continue  # an upstream chunk that is no JSON: nothing to translate
-                if not isinstance(obj, dict):
-                    continue
+                decoded = decode_frame(chunk)
+                if decoded is None:
+                    continue  # [DONE], or an upstream chunk that is no JSON: nothing to translate
+                is_error, obj = decoded
                 if is_error:
                     yield events.error(obj, _type_of_code)
                     return

@@ -12,7 +12,6 @@ starts is the plain JSON error envelope with its HTTP status, as on chat.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -26,12 +25,11 @@ from ethen.gateway.api.relay import StreamRelay
 from ethen.gateway.api.responses import Echo, from_chat, new_id, to_chat
 from ethen.gateway.api.responses_stream import ResponsesEvents
 from ethen.gateway.api.responses_tools import DROPPED_HEADER
-from ethen.gateway.api.sse import DONE_FRAME, dumps
+from ethen.gateway.api.sse import decode_frame, dumps
 from ethen.gateway.errors import GatewayError
 
 __all__ = ["responses_endpoint"]
 
-_ERROR_FRAME = b"event: error\n"
 
 
 def _headers(headers: dict[str, str], echo: Echo) -> dict[str, str]:
@@ -51,15 +49,10 @@ def _stream(pipe: Pipeline, call: Call, run: StreamRun, events: ResponsesEvents,
             for frame in events.start(run.first):
                 yield frame
             async for chunk in inner:
-                if chunk == DONE_FRAME:
-                    continue
-                is_error = chunk.startswith(_ERROR_FRAME)
-                try:
-                    obj = json.loads(chunk.split(b"data: ", 1)[1])
-                except (ValueError, IndexError):
-                    continue  # an upstream chunk that is no JSON: nothing to translate
-                if not isinstance(obj, dict):
-                    continue
+                decoded = decode_frame(chunk)
+                if decoded is None:
+                    continue  # [DONE], or an upstream chunk that is no JSON: nothing to translate
+                is_error, obj = decoded
                 if is_error:
                     yield events.error(obj)
                     return

@@ -46,6 +46,18 @@ def encode_error(error: Mapping[str, Any]) -> bytes:
     return b"event: error\n" + encode_data(dumps(error))
 
 
+def decode_frame(frame: bytes) -> tuple[bool, dict[str, Any]] | None:
+    """A relayed chat frame (:func:`encode_json` / :func:`encode_error`) as ``(is_error, object)``; ``None``
+    for ``[DONE]`` and for a frame whose data is no JSON object (nothing to translate)."""
+    if frame == DONE_FRAME:
+        return None
+    try:
+        obj = json.loads(frame.split(b"data: ", 1)[1])
+    except (ValueError, IndexError):
+        return None
+    return (frame.startswith(b"event: error\n"), obj) if isinstance(obj, dict) else None
+
+
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
@@ -93,6 +105,7 @@ __all__ = [
     "DONE_FRAME",
     "DONE_PAYLOAD",
     "SSEEvent",
+    "decode_frame",
     "dumps",
     "encode_data",
     "encode_error",

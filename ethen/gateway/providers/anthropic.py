@@ -374,12 +374,16 @@ class _AnthropicStream(SSEStream):
                 await self.aclose()
                 raise StopAsyncIteration
             try:
-                out = self._translate(obj)
+                out = self._emit(obj, self._translate(obj))
             except UpstreamError:
                 await self.aclose()
                 raise
             if out is not None:
                 return out
+
+    def _emit(self, event: Mapping[str, Any], chunk: bytes | None) -> bytes | None:
+        """What the stream yields for one upstream event and its chat chunk (``None``: nothing, read on)."""
+        return chunk
 
 
 class AnthropicProvider(HttpProvider):

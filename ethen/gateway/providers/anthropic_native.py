@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ethen.gateway.api.sse import dumps
-from ethen.gateway.errors import UpstreamError, UpstreamInvalidResponseError
+from ethen.gateway.errors import UpstreamInvalidResponseError
 from ethen.gateway.providers.anthropic import AnthropicProvider, _AnthropicStream, _usage, from_anthropic
 from ethen.gateway.providers.base import Completion, ProviderStream, UpstreamCall
 from ethen.gateway.providers.http import error_for_status, open_stream
@@ -78,30 +78,10 @@ def _headers(body: NativeBody) -> dict[str, str] | None:
 class _NativeStream(_AnthropicStream):
     """Every upstream event as a chat chunk carrying the event at :data:`NATIVE_KEY`."""
 
-    async def __anext__(self) -> bytes:
-        while True:
-            ev = await self._next_event()
-            try:
-                obj = json.loads(ev.data)
-            except ValueError:
-                await self.aclose()
-                raise UpstreamInvalidResponseError(
-                    f"provider {self._provider!r} sent a non-JSON stream event", self._provider
-                ) from None
-            if not isinstance(obj, dict):
-                continue
-            if obj.get("type") == "message_stop":
-                self.completed = True
-                await self.aclose()
-                raise StopAsyncIteration
-            try:
-                out = self._translate(obj)
-            except UpstreamError:
-                await self.aclose()
-                raise
-            chunk = json.loads(out if out is not None else self._chunk({}))
-            chunk[NATIVE_KEY] = obj
-            return dumps(chunk)
+    def _emit(self, event: Mapping[str, Any], chunk: bytes | None) -> bytes | None:
+        out = json.loads(chunk if chunk is not None else self._chunk({}))
+        out[NATIVE_KEY] = event
+        return dumps(out)
 
 
 class NativeAnthropicProvider(AnthropicProvider):
