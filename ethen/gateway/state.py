@@ -103,7 +103,5 @@ class Gateway:
 
     async def aclose(self) -> None:
         await self.executor.aclose()  # circuit probes
-        if self.cache is not None:
-            await self.cache.aclose()
         for p in self.providers.values():
             await p.aclose()
