@@ -49,6 +49,7 @@ from ethen.gateway.errors import (
     UpstreamError,
     http_status,
 )
+from ethen.gateway.providers.anthropic_native import NativeAnswer
 from ethen.gateway.providers.base import Usage
 from ethen.gateway.routing import Candidate, Decision
 
@@ -105,6 +106,26 @@ class Call:
         return routing_receipt(self.decision, attempts, served, self.with_notes(extra))
 
 
+def _kept(body: dict[str, Any]) -> bytes:
+    """A buffered answer as the cache keeps it: its JSON; a native Anthropic answer (a chat translation
+    carrying the upstream's Message) as ``{"native": [chat, message]}``."""
+    if isinstance(body, NativeAnswer):
+        return dumps({_NATIVE: [dict(body), body.message]})
+    return dumps(body)
+
+
+def _answer(raw: bytes) -> dict[str, Any]:
+    """The answer :func:`_kept` stored, as the executor returned it."""
+    out: dict[str, Any] = json.loads(raw)
+    native = out.get(_NATIVE) if len(out) == 1 else None
+    if isinstance(native, list) and len(native) == 2:
+        return NativeAnswer(native[0], native[1])
+    return out
+
+
+_NATIVE = "ethen_native_answer"
+
+
 class RequestPath(Protocol):
     """What the request path reads of a gateway (:class:`~ethen.gateway.state.Gateway` is one): the
     endpoints and the pipeline see this, not the whole runtime state."""
@@ -159,7 +180,7 @@ class Pipeline:
         """Auth, parse (+ ``translate``), stream options, decide, reserve. Raises ``GatewayError``."""
         acc, gw = self.acc, self.gw
         access = call.access = await acc.authenticate(authorization(request.headers))
-        body = await self.read_body(request)
+        body = sent = await self.read_body(request)
         if translate is not None:
             call.body = body  # labels a refused Responses body by its model too
             body = translate(body)
@@ -171,7 +192,9 @@ class Pipeline:
         call.decided_s = time.perf_counter() - call.t0
         call.label = gw.label(body)
         call.payload = upstream_payload(body)
-        if gw.cache is not None and await self._cached(call, request, access, gw.cache):
+        if gw.cache is not None and await self._cached(
+            call, request, access, gw.cache, sent if translate is not None else None
+        ):
             return call  # a hit: no rate limit, no budget hold (it costs nothing)
         ticket = await gw.limits.admit(access, call.decision.requirements)  # rpm/tpm: accounting.ratelimit
         hold = await acc.admit(access, call.decision, call.rid)  # reserves the estimated cost
@@ -179,16 +202,18 @@ class Pipeline:
         call.admitted_s = time.perf_counter() - call.t0
         return call
 
-    async def _cached(self, call: Call, request: Request, access: Access, cache: ResponseCache) -> bool:
+    async def _cached(self, call: Call, request: Request, access: Access, cache: ResponseCache,
+                      sent: Mapping[str, Any] | None) -> bool:
         """Consult the response cache (issue 27): set ``call.cache`` and the receipt's ``cache``; on a hit
         (an entry of the same kind whose candidate is still in the decision's chain) give the call a hold
-        that settles nothing and return True."""
+        that settles nothing and return True. ``sent``: the client's body before translation."""
         assert call.body is not None and call.payload is not None and call.decision is not None
         project = access.project
         scope = f"project:{project.name}" if project is not None else f"config:{access.name}"
         headers = request.headers
         cc = call.cache = cache.consult(scope, call.endpoint, call.body, call.payload,
-                                        headers.get("cache-control"), headers.get("pragma"))
+                                        headers.get("cache-control"), headers.get("pragma"), sent,
+                                        headers.get("anthropic-beta"))
         chain = {sc.id for sc in call.decision.chain}
         stream = call.stream
         entry = await cache.lookup(cc, lambda e: e.stream == stream and e.candidate in chain)
@@ -210,11 +235,11 @@ class Pipeline:
         cc = call.cache
         if cc is not None and cc.entry is not None:
             target = self.gw.executor.targets[cc.entry.candidate]
-            res = call.res = BufferedRun(json.loads(cc.entry.body), target, [], 0.0, {}, None)
+            res = call.res = BufferedRun(_answer(cc.entry.body), target, [], 0.0, {}, None)
             return res, render(res)
         res = await call.hold.guard(self.gw.executor.run_buffered(call.decision, call.payload, call.rid))
         call.res = res
-        kept = dumps(res.body) if cc is not None and cc.write else None  # before render adds the receipt
+        kept = _kept(res.body) if cc is not None and cc.write else None  # before render adds the receipt
         content = await call.hold.settle_rendering(res.target.candidate, res.usage, lambda: render(res))
         if kept is not None and cc is not None and self.gw.cache is not None:
             self.gw.cache.store_body(cc, res.target.candidate.id, kept)

@@ -15,6 +15,9 @@ No I/O, no clock: the shell (:mod:`ethen.gateway.cache.shell`) passes in the req
   caller's project, or ``config:<key name>`` for a config key), the endpoint, and the request as sent
   upstream, minus the fields that cannot change the answer (:data:`IGNORED`: ``user``, ``metadata``,
   ``stream_options``; the usage chunk ``include_usage`` asks for is built by the gateway, never stored).
+  An endpoint that translates its body (Responses, Messages, legacy completions) adds ``client``: the body
+  as the client sent it (minus :data:`IGNORED` and ``providerOptions``) and the ``anthropic-beta`` header,
+  since a native Anthropic provider sends the client's Messages body and that header as they came.
 """
 
 from __future__ import annotations
@@ -96,7 +99,12 @@ def canonical(obj: Any) -> bytes:
                       allow_nan=True).encode("utf-8", "surrogatepass")
 
 
-def cache_key(scope: str, endpoint: str, payload: Mapping[str, Any]) -> str:
-    """The entry's key: hex sha256 of ``[scope, endpoint, payload minus IGNORED]`` in canonical JSON."""
+def cache_key(scope: str, endpoint: str, payload: Mapping[str, Any],
+              client: Mapping[str, Any] | None = None) -> str:
+    """The entry's key: hex sha256 of ``[scope, endpoint, payload minus IGNORED]`` in canonical JSON, with
+    ``client`` (the untranslated body and answer-changing headers) appended when given."""
     request = {k: v for k, v in payload.items() if k not in IGNORED}
-    return hashlib.sha256(canonical([scope, endpoint, request])).hexdigest()
+    material: list[Any] = [scope, endpoint, request]
+    if client is not None:
+        material.append(client)
+    return hashlib.sha256(canonical(material)).hexdigest()

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ethen.gateway.cache.backends import Backend, MemoryBackend, RedisBackend
 from ethen.gateway.cache.entry import Entry, decode, encode_body, encode_stream
-from ethen.gateway.cache.policy import CachePolicy, cache_key, directive, verdict
+from ethen.gateway.cache.policy import IGNORED, CachePolicy, cache_key, directive, verdict
 
 if TYPE_CHECKING:
     from ethen.gateway.config import CacheConfig
@@ -72,11 +72,19 @@ class ResponseCache:
             metrics.cache_bytes.set_function(lambda: backend.size)
 
     def consult(self, scope: str, endpoint: str, body: Mapping[str, Any], payload: Mapping[str, Any],
-                cache_control: str | None, pragma: str | None) -> CacheCall:
+                cache_control: str | None, pragma: str | None, sent: Mapping[str, Any] | None = None,
+                beta: str | None = None) -> CacheCall:
         """The request's verdict and key (no I/O): ``body`` is what the router saw, ``payload`` what goes
-        upstream (its key)."""
+        upstream; ``sent``: the client's body before an endpoint's translation, ``beta``: its
+        ``anthropic-beta`` header (both in the key when there was a translation)."""
         read, write, reason = verdict(self.policy, body, directive(cache_control, pragma))
-        key = cache_key(scope, endpoint, payload) if read or write else None
+        key = None
+        if read or write:
+            client = None
+            if sent is not None:
+                kept = {k: v for k, v in sent.items() if k not in IGNORED and k != "providerOptions"}
+                client = {"body": kept, "anthropic-beta": beta}
+            key = cache_key(scope, endpoint, payload, client)
         return CacheCall(key, read, write, reason)
 
     async def lookup(self, cc: CacheCall, usable: Callable[[Entry], bool]) -> Entry | None:

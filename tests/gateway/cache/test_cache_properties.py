@@ -194,3 +194,15 @@ def test_memory_lru_against_oracle(ops: list[tuple[str, int, float]], cap: int, 
             assert lru.lookup(key, now) == want
         assert lru.entries == len(model)
         assert lru.size == sum(len(m[2]) for m in model)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_body, _body, _body, st.randoms(use_true_random=False))
+def test_client_body_is_part_of_the_key(payload: dict[str, Any], c1: dict[str, Any], c2: dict[str, Any],
+                                        rnd: random.Random) -> None:
+    """A translated request's key covers the client's own body too (a native provider sends it as is)."""
+    k1 = cache_key("p", "messages", payload, {"body": c1})
+    assert k1 == cache_key("p", "messages", _shuffled(payload, rnd), {"body": _shuffled(c1, rnd)})
+    assert k1 != cache_key("p", "messages", payload)
+    if json.dumps(c1, sort_keys=True) != json.dumps(c2, sort_keys=True):
+        assert k1 != cache_key("p", "messages", payload, {"body": c2})

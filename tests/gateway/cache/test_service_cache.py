@@ -281,3 +281,37 @@ def test_config_defaults() -> None:
     assert (cc.enabled, cc.ttl_s, cc.max_entries, cc.backend, cc.cache_nondeterministic) == (
         False, 300.0, 10_000, "memory", False)
     assert ENV  # the harness' env is what the live tests run with
+
+
+def test_native_anthropic_messages_are_replayed_as_they_came(lv: Live) -> None:
+    """``/messages`` to a ``kind = "anthropic"`` route passes the client's body and ``anthropic-beta``
+    through: both are in the key, and a hit replays the upstream's own Message / events."""
+    m = {"model": "gamma-claude", "max_tokens": 50, "temperature": 0, "messages": MSG}
+    h = {"x-api-key": CLIENT_KEY, "anthropic-version": "2023-06-01"}
+
+    def send(body: dict[str, Any], **extra: str) -> httpx.Response:
+        r = httpx.post(f"{lv.base_url}/messages", json=body, headers={**h, **extra}, timeout=15)
+        assert r.status_code == 200, r.text
+        return r
+
+    first, hit = send(m), send(m)
+    assert (first.headers["x-ethen-cache"], hit.headers["x-ethen-cache"]) == ("miss", "hit")
+    assert hit.json()["id"] == first.json()["id"] == "msg_1"  # the upstream's Message (a translation: new id)
+    assert hit.json()["content"] == first.json()["content"]
+    assert hit.json()["ethen"]["routing"]["cache"]["hit"] is True
+    assert send({**m, "top_k": 3}).headers["x-ethen-cache"] == "miss"  # native-only field: its own entry
+    assert send(m, **{"anthropic-beta": "x-2025"}).headers["x-ethen-cache"] == "miss"
+    s1, s2 = send({**m, "stream": True}), send({**m, "stream": True})
+    assert (s1.headers["x-ethen-cache"], s2.headers["x-ethen-cache"]) == ("miss", "hit")
+    kinds = [line[7:] for line in s2.text.split("\n") if line.startswith("event: ")]
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "content_block_delta" in kinds
+    assert kinds == [line[7:] for line in s1.text.split("\n") if line.startswith("event: ")]
+    assert calls(lv) == 4
+
+
+def test_legacy_completions_hit(lv: Live) -> None:
+    body = {"model": "beta-small", "prompt": "2 + 2 =", "temperature": 0}
+    r1, r2 = post(lv, body, path="/completions"), post(lv, body, path="/completions")
+    assert (r1.headers["x-ethen-cache"], r2.headers["x-ethen-cache"]) == ("miss", "hit")
+    assert r2.json()["choices"][0]["text"] == r1.json()["choices"][0]["text"] == "Hello from upstream"
+    assert calls(lv) == 1
