@@ -108,7 +108,7 @@ class Call:
 
 def _kept(body: dict[str, Any]) -> bytes:
     """A buffered answer as the cache keeps it: its JSON; a native Anthropic answer (a chat translation
-    carrying the upstream's Message) as ``{"native": [chat, message]}``."""
+    carrying the upstream's Message) as ``{"ethen_native_answer": [chat, message]}``."""
     if isinstance(body, NativeAnswer):
         return dumps({_NATIVE: [dict(body), body.message]})
     return dumps(body)
