@@ -19,6 +19,7 @@ from ethen.gateway.accounting.ratelimit import RateLimits
 from ethen.gateway.api.execute import Executor
 from ethen.gateway.api.record import RouteTarget
 from ethen.gateway.api.sse import dumps
+from ethen.gateway.cache import ResponseCache, response_cache_for
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.circuit import CircuitBoard
 from ethen.gateway.config import GatewayConfig, build_canaries, build_policy, build_pool
@@ -79,6 +80,8 @@ class Gateway:
         # [shared] Redis: telemetry bus, exact rate limits (rpm/tpm in process memory without it)
         self.shared = SharedRuntime.for_gateway(self.circuits, self.store, cfg, env)
         self.limits: RateLimits = self.shared.limits  # the pipeline admits through gw.limits
+        # [cache] (issue 27): None unless enabled; redis backend: the [shared] Redis
+        self.cache: ResponseCache | None = response_cache_for(cfg.cache, self.shared.state, self.metrics)
 
     def context(self, request_id: str) -> RoutingContext:
         telemetry = self.store.snapshot()

@@ -223,6 +223,8 @@ def gateway_app(
                 await provider.start()  # the mesh loads its orchestrator (logger ethen.gateway.startup)
             yield
         finally:
+            if gw.cache is not None:  # its Redis writes under way finish before the connection closes
+                await gw.cache.aclose()
             await shared.aclose()
             await gw.requestlog.aclose()  # writes what is queued while the store is still open
             if extra is not None:

@@ -117,6 +117,7 @@ class StreamRun:
     _finished: bool = False
     trial: tuple[str, ...] = ()  # circuit keys this attempt is a trial of (ended by finish)
     request_id: str = ""
+    headers: dict[str, str] = field(default_factory=dict)  # extra answer headers (x-ethen-cache)
 
     def finish(self, error: UpstreamError | None, *, client_gone: bool = False) -> None:
         """Record the serving attempt's final outcome (once)."""

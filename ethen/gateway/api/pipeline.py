@@ -26,6 +26,7 @@ context and model label).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -39,6 +40,8 @@ from ethen.gateway.accounting.accounts import Access, Accounts, Hold
 from ethen.gateway.accounting.auth import authorization
 from ethen.gateway.api.execute import Attempt, BufferedRun, Executor, RouteTarget, StreamRun, upstream_payload
 from ethen.gateway.api.record import RequestRecord, routing_receipt
+from ethen.gateway.api.sse import dumps
+from ethen.gateway.cache import CacheCall, RecordingStream, ReplayStream, ResponseCache
 from ethen.gateway.errors import (
     FallbackExhaustedError,
     GatewayError,
@@ -46,6 +49,7 @@ from ethen.gateway.errors import (
     UpstreamError,
     http_status,
 )
+from ethen.gateway.providers.anthropic_native import NativeAnswer
 from ethen.gateway.providers.base import Usage
 from ethen.gateway.routing import Candidate, Decision
 
@@ -89,6 +93,7 @@ class Call:
     res: BufferedRun | None = None
     trace_headers: tuple[str, str | None] | None = None  # (traceparent, tracestate) when traces are on
     notes: dict[str, Any] = field(default_factory=dict)  # the endpoint's receipt notices (dropped_tools)
+    cache: CacheCall | None = None  # the response cache's verdict, key and entry (issue 27)
 
     def with_notes(self, extra: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         """A provider's receipt extras plus this call's notices (on the answer and in the request log)."""
@@ -99,6 +104,26 @@ class Call:
     ) -> dict[str, Any]:
         assert self.decision is not None
         return routing_receipt(self.decision, attempts, served, self.with_notes(extra))
+
+
+def _kept(body: dict[str, Any]) -> bytes:
+    """A buffered answer as the cache keeps it: its JSON; a native Anthropic answer (a chat translation
+    carrying the upstream's Message) as ``{"ethen_native_answer": [chat, message]}``."""
+    if isinstance(body, NativeAnswer):
+        return dumps({_NATIVE: [dict(body), body.message]})
+    return dumps(body)
+
+
+def _answer(raw: bytes) -> dict[str, Any]:
+    """The answer :func:`_kept` stored, as the executor returned it."""
+    out: dict[str, Any] = json.loads(raw)
+    native = out.get(_NATIVE) if len(out) == 1 else None
+    if isinstance(native, list) and len(native) == 2:
+        return NativeAnswer(native[0], native[1])
+    return out
+
+
+_NATIVE = "ethen_native_answer"
 
 
 class RequestPath(Protocol):
@@ -113,6 +138,8 @@ class RequestPath(Protocol):
     def metrics(self) -> GatewayMetrics: ...
     @property
     def requestlog(self) -> RequestLog: ...
+    @property
+    def cache(self) -> ResponseCache | None: ...
 
     def context(self, request_id: str) -> RoutingContext: ...
 
@@ -153,7 +180,7 @@ class Pipeline:
         """Auth, parse (+ ``translate``), stream options, decide, reserve. Raises ``GatewayError``."""
         acc, gw = self.acc, self.gw
         access = call.access = await acc.authenticate(authorization(request.headers))
-        body = await self.read_body(request)
+        body = sent = await self.read_body(request)
         if translate is not None:
             call.body = body  # labels a refused Responses body by its model too
             body = translate(body)
@@ -165,27 +192,78 @@ class Pipeline:
         call.decided_s = time.perf_counter() - call.t0
         call.label = gw.label(body)
         call.payload = upstream_payload(body)
+        if gw.cache is not None and await self._cached(
+            call, request, access, gw.cache, sent if translate is not None else None
+        ):
+            return call  # a hit: no rate limit, no budget hold (it costs nothing)
         ticket = await gw.limits.admit(access, call.decision.requirements)  # rpm/tpm: accounting.ratelimit
         hold = await acc.admit(access, call.decision, call.rid)  # reserves the estimated cost
         call.hold = gw.limits.wrap(hold, ticket)
         call.admitted_s = time.perf_counter() - call.t0
         return call
 
+    async def _cached(self, call: Call, request: Request, access: Access, cache: ResponseCache,
+                      sent: Mapping[str, Any] | None) -> bool:
+        """Consult the response cache (issue 27): set ``call.cache`` and the receipt's ``cache``; on a hit
+        (an entry of the same kind whose candidate is still in the decision's chain) give the call a hold
+        that settles nothing and return True. ``sent``: the client's body before translation."""
+        assert call.body is not None and call.payload is not None and call.decision is not None
+        project = access.project
+        scope = f"project:{project.name}" if project is not None else f"config:{access.name}"
+        headers = request.headers
+        cc = call.cache = cache.consult(scope, call.endpoint, call.body, call.payload,
+                                        headers.get("cache-control"), headers.get("pragma"), sent,
+                                        headers.get("anthropic-beta"))
+        chain = {sc.id for sc in call.decision.chain}
+        stream = call.stream
+        entry = await cache.lookup(cc, lambda e: e.stream == stream and e.candidate in chain)
+        call.notes["cache"] = cc.receipt()
+        if entry is None:
+            return False
+        call.hold = Hold(None, access, None, call.rid, None)
+        call.admitted_s = time.perf_counter() - call.t0
+        return True
+
     async def run_buffered(
         self, call: Call, render: Callable[[BufferedRun], bytes]
     ) -> tuple[BufferedRun, bytes]:
         """Run the chain buffered and render the answer: ``render`` runs while the spend's ledger entry
-        commits, and the commit is awaited before this returns (durable spend before the answer leaves)."""
+        commits, and the commit is awaited before this returns (durable spend before the answer leaves).
+        A cache hit renders the stored answer (no upstream call, nothing settled); a cacheable miss stores
+        the answer once its spend is settled."""
         assert call.hold is not None and call.decision is not None and call.payload is not None
+        cc = call.cache
+        if cc is not None and cc.entry is not None:
+            target = self.gw.executor.targets[cc.entry.candidate]
+            res = call.res = BufferedRun(_answer(cc.entry.body), target, [], 0.0, {}, None)
+            return res, render(res)
         res = await call.hold.guard(self.gw.executor.run_buffered(call.decision, call.payload, call.rid))
         call.res = res
+        kept = _kept(res.body) if cc is not None and cc.write else None  # before render adds the receipt
         content = await call.hold.settle_rendering(res.target.candidate, res.usage, lambda: render(res))
+        if kept is not None and cc is not None and self.gw.cache is not None:
+            self.gw.cache.store_body(cc, res.target.candidate.id, kept)
         return res, content
 
     async def open_stream(self, call: Call) -> StreamRun:
-        """Open a stream on the chain (its first chunk read); the caller's relay settles it."""
+        """Open a stream on the chain (its first chunk read); the caller's relay settles it. A cache hit
+        replays the stored chunks; a cacheable miss records its chunks, stored once the upstream completed
+        the stream normally."""
         assert call.hold is not None and call.decision is not None and call.payload is not None
-        return await call.hold.guard(self.gw.executor.open_stream(call.decision, call.payload, call.rid))
+        cc, cache = call.cache, self.gw.cache
+        if cc is not None and cc.entry is not None:
+            e, ex = cc.entry, self.gw.executor
+            return StreamRun(e.chunks[0], ReplayStream(e.chunks[1:]), ex.targets[e.candidate], [],
+                             0.0, time.perf_counter(), None, False, ex, _finished=True,
+                             request_id=call.rid, headers={"x-ethen-cache": cc.header})
+        run = await call.hold.guard(self.gw.executor.open_stream(call.decision, call.payload, call.rid))
+        if cc is not None and cache is not None:
+            run.headers["x-ethen-cache"] = cc.header
+            if cc.write:
+                cid = run.target.candidate.id
+                run.stream = RecordingStream(run.stream, run.first,
+                                             lambda chunks: cache.store_stream(cc, cid, chunks))
+        return run
 
     def served(
         self,
@@ -210,7 +288,10 @@ class Pipeline:
             candidate, attempts, usage = res.target.candidate, res.attempts, res.usage
         self._log(call, 200, "ok", elapsed, served=candidate, attempts=attempts or (), usage=usage,
                   extra=res.receipt_extra if res is not None else None, receipt=receipt, overhead_s=overhead)
-        return {"x-request-id": call.rid, "x-ethen-overhead-ms": f"{overhead * 1000:.3f}"}
+        out = {"x-request-id": call.rid, "x-ethen-overhead-ms": f"{overhead * 1000:.3f}"}
+        if call.cache is not None:
+            out["x-ethen-cache"] = call.cache.header
+        return out
 
     def _log(self, call: Call, status: int, outcome: str, elapsed: float, **kw: Any) -> None:
         if call.notes:

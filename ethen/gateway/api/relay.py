@@ -141,6 +141,7 @@ class StreamRelay:
             "x-request-id": self.rid,
             "x-ethen-overhead-ms": f"{self.overhead_at_open * 1000:.3f}",
             "cache-control": "no-cache",
+            **self.run.headers,
         }
 
     def _first_content(self) -> None:

@@ -91,6 +91,7 @@ def _cross_check(cfg: GatewayConfig) -> None:
             raise GatewayConfigError(f"api_keys[{i}].sha256 = {k.sha256[:12]}...: duplicate key hash")
         hashes.add(k.sha256)
     _check_shared(cfg)
+    _check_cache(cfg)
     for i, c in enumerate(cfg.canaries):
         if c.alias not in ALIASES:
             raise GatewayConfigError(
@@ -110,6 +111,26 @@ def _cross_check(cfg: GatewayConfig) -> None:
         for j, v in enumerate(cfg.policy.allowed_providers or ()):
             if v not in seen:
                 raise GatewayConfigError(f"policy.{key}[{j}] = {v!r}: unknown provider (known: {known})")
+
+
+def _check_cache(cfg: GatewayConfig) -> None:
+    """``[cache]`` (issue 27): the redis backend needs ``[shared]``; the opt-in lists name known aliases and
+    chat routes."""
+    cc = cfg.cache
+    if cc.backend == "redis" and cfg.shared is None:
+        raise GatewayConfigError(
+            "cache.backend = 'redis': needs a [shared] section (redis_url or redis_url_env) to share"
+        )
+    for j, a in enumerate(cc.aliases or ()):
+        if a not in ALIASES:
+            raise GatewayConfigError(f"cache.aliases[{j}] = {a!r}: unknown alias (known: {sorted(ALIASES)})")
+    chat_routes = [r for r in cfg.routes if r.endpoint == "chat"]
+    chat = {r.model for r in chat_routes} | {f"{r.provider}/{r.model}" for r in chat_routes}
+    for j, r in enumerate(cc.routes or ()):
+        if r not in chat:
+            raise GatewayConfigError(
+                f"cache.routes[{j}] = {r!r}: no chat route has this model or provider/model"
+            )
 
 
 def _check_shared(cfg: GatewayConfig) -> None:

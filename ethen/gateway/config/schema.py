@@ -25,6 +25,7 @@ __all__ = [
     "MESH_MODEL",
     "AnyProviderConfig",
     "ApiKeyConfig",
+    "CacheConfig",
     "CanaryConfig",
     "CircuitConfig",
     "CompatConfig",
@@ -464,6 +465,28 @@ class CompatConfig(_Strict):
     drop_unsupported_tools: bool = True
 
 
+class CacheConfig(_Strict):
+    """The response cache (issue 27, ``ethen.gateway.cache``): off unless ``enabled``. ``ttl_s``: how long an
+    answer is served; ``max_entries``: the memory backend's LRU bound; ``backend``: ``"memory"`` (per
+    process) or ``"redis"`` (the ``[shared]`` Redis, shared by every instance). Opt-in: ``aliases`` (alias
+    names) and ``routes`` (route models or ``provider/model`` ids, as clients name them); with neither set
+    every model is cached. ``cache_nondeterministic``: cache requests without ``temperature = 0`` or a
+    ``seed`` too."""
+
+    enabled: bool = False
+    ttl_s: float = Field(default=300.0, gt=0, le=30 * 86_400)
+    max_entries: int = Field(default=10_000, ge=1, le=10_000_000)
+    backend: Literal["memory", "redis"] = "memory"
+    cache_nondeterministic: bool = False
+    aliases: list[_NonEmpty] | None = None
+    routes: list[_NonEmpty] | None = None
+
+    @field_validator("ttl_s", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return _float(v)
+
+
 class GatewayConfig(_Strict):
     server: ServerConfig = Field(default_factory=lambda: ServerConfig())
     providers: list[AnyProviderConfig] = Field(min_length=1)
@@ -480,6 +503,7 @@ class GatewayConfig(_Strict):
     #: model name glob (fnmatch) -> alias or route, first match in file order (ethen.gateway.api.messages)
     model_map: dict[_NonEmpty, _NonEmpty] = Field(default_factory=dict)
     compat: CompatConfig = Field(default_factory=lambda: CompatConfig())
+    cache: CacheConfig = Field(default_factory=lambda: CacheConfig())  # issue 27: ethen.gateway.cache
 
     def provider(self, provider_id: str) -> ProviderConfig | MeshProviderConfig:
         for p in self.providers:

@@ -177,6 +177,17 @@ class GatewayMetrics:
                                    registry=r)
         self.log_write_errors = Counter("ethen_gateway_request_log_write_errors",
                                         "Request-log batches the store refused (dropped).", registry=r)
+        # the response cache (issue 27, ethen.gateway.cache): lookups by result, and what it holds
+        self.cache_hits = Counter("ethen_gateway_cache_hits", "Requests answered from the response cache.",
+                                  registry=r)
+        self.cache_misses = Counter("ethen_gateway_cache_misses",
+                                    "Cacheable requests the response cache had no usable answer for.",
+                                    registry=r)
+        self.cache_entries = Gauge("ethen_gateway_cache_entries",
+                                   "Entries in the response cache (redis: best effort).", registry=r)
+        self.cache_bytes = Gauge("ethen_gateway_cache_bytes",
+                                 "Bytes of the response cache's stored entries (redis: best effort).",
+                                 registry=r)
 
     def watch_circuits(self, board: CircuitBoard) -> None:
         """Expose the board's circuits at scrape time."""
