@@ -17,6 +17,7 @@ from ethen.gateway.accounting.accounts import Accounts, accounts_for
 from ethen.gateway.accounting.auth import KeyRing
 from ethen.gateway.accounting.ratelimit import RateLimits
 from ethen.gateway.api.execute import Executor
+from ethen.gateway.api.hedging import Hedger
 from ethen.gateway.api.record import RouteTarget
 from ethen.gateway.api.sse import dumps
 from ethen.gateway.cache import ResponseCache, response_cache_for
@@ -29,6 +30,7 @@ from ethen.gateway.observation.telemetry_store import TelemetryStore
 from ethen.gateway.observation.tracing import tracing_for
 from ethen.gateway.providers.base import Provider
 from ethen.gateway.routing import ALIASES, RoutingContext
+from ethen.gateway.routing.hedge import HedgeRule
 from ethen.gateway.shared import SharedRuntime
 
 __all__ = ["Gateway"]
@@ -60,6 +62,10 @@ class Gateway:
         self.circuits = CircuitBoard(cc.cooldown_s, cc.max_cooldown_s)
         self.executor = Executor(targets, self.store, self.metrics, self.circuits, probe=cc.probe)
         self.metrics.watch_circuits(self.circuits)
+        rules = [
+            HedgeRule(h.alias, h.after_ms, h.after_percentile, h.min_samples, h.max_extra) for h in cfg.hedges
+        ]
+        self.hedger: Hedger | None = Hedger(rules, self.executor, self.store) if rules else None  # issue 27
         self.requestlog = RequestLog(cfg.log, self.metrics, tracing_for(cfg.otel))  # issue 14
         self.known_models = frozenset({c.model for c in self.pool} | set(ALIASES))
         created = int(time.time())

@@ -69,6 +69,14 @@ async function loadRequests(fresh) {
   } catch (e) { $("req-error").textContent = e.message; }
 }
 
+// issue 27: the receipt's hedge (fired or not, its delay, who won, who was cancelled)
+function hedgeSummary(h) {
+  if (!h) return "";
+  const after = h.after_ms !== undefined ? ` after ${num(h.after_ms, 0)} ms` : "";
+  if (!h.fired) return ` · hedge not fired${after}${h.skipped ? " (skipped: " + h.skipped + ")" : ""}`;
+  return ` · hedge fired${after}, won by ${h.winner}, cancelled ${(h.cancelled || []).join(", ") || "none"}`;
+}
+
 async function showRequest(id) {
   const r = await api("/requests/" + encodeURIComponent(id));
   const rc = r.receipt || {};
@@ -79,10 +87,11 @@ async function showRequest(id) {
     `${r.selected_model ? r.selected_provider + "/" + r.selected_model : "nobody"} · primary ` +
     `${r.primary_model ? r.primary_provider + "/" + r.primary_model : "-"} · cost $${num(r.cost_usd, 6)} · ` +
     `latency ${num(r.latency_ms, 1)} ms · TTFT ${num(r.ttft_ms, 1)} ms · reasons ` +
-    (rc.reason_codes || []).join(", ");
+    (rc.reason_codes || []).join(", ") + hedgeSummary(rc.hedge);
   $("d-chain").replaceChildren(...(rc.chain || []).map((c) => el("li", c)));
   $("d-attempts").replaceChildren(...r.attempts.map((a, i) => row([i + 1, a.candidate, a.outcome,
-    a.code || "", a.status || "", num(a.latency_ms, 1)], a.outcome === "ok" ? "ok" : "err")));
+    a.code || "", a.status || "", num(a.latency_ms, 1)],
+    a.outcome === "ok" ? "ok" : a.outcome === "cancelled" ? "" : "err")));
   $("d-rejected").replaceChildren(...(rc.rejected || []).map((j) =>
     el("li", (j.candidate || "") + ": " + (j.reasons || []).join(", "))));
   $("d-receipt").textContent = JSON.stringify(rc, null, 2);

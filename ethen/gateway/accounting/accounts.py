@@ -291,6 +291,16 @@ class Accounts:
             self.admission, access, decision, request_id, reservation, amount, self.on_not_credible
         )
 
+    async def admit_extra(self, access: Access, decision: Decision, request_id: str) -> Hold | None:
+        """A second hold for a hedge of an admitted request (issue 27): the same amount :meth:`admit`
+        reserved (the largest maximum cost over the chain, so either attempt's cost fits under it), or
+        ``None`` when the project's budget cannot cover it (the hedge is skipped). Without a budget: a hold
+        that reserves nothing (and settles the ledger row like :meth:`admit`'s)."""
+        try:
+            return await self.admit(access, decision, request_id)
+        except (BudgetExceededError, AccountsUnavailableError):
+            return None
+
 
 def accounts_for(cfg: GatewayConfig, keyring: KeyRing, env: Mapping[str, str] | None = None) -> Accounts:
     """The accounts of a gateway config (store-backed when it has a ``[store]`` section)."""

@@ -163,6 +163,23 @@ class Hold:
         self._queued = True
         return self._committed(committed)
 
+    def settle_input_soon(self, candidate: Candidate, usage: Usage | None) -> Awaitable[None]:
+        """Settle an attempt cancelled before it answered (a hedge's loser, issue 27): at what its upstream
+        reported when it reported usage, else at its estimated *input* cost (the request's estimated input
+        tokens at the candidate's input price; ledger row flagged ``estimated``). Otherwise as
+        :meth:`settle_soon`."""
+        if usage is not None or self._done:
+            return self.settle_soon(candidate, usage)
+        req = self._decision.requirements if self._decision is not None else None
+        cost = req.input_tokens * candidate.prices.input_per_mtok / 1e6 if req is not None else 0.0
+        self._done = True
+        try:
+            committed = self._queue(candidate, None, cost)
+        except StoreError as exc:
+            return self._unavailable(exc)
+        self._queued = True
+        return self._committed(committed)
+
     async def settle_rendering(self, candidate: Candidate, usage: Usage | None, render: Callable[[], T]) -> T:
         """Queue the settlement, run ``render`` (the answer's body) while it commits, then await the commit
         (raising :class:`AccountsUnavailableError` if the spend could not be recorded): the answer leaves
@@ -191,7 +208,9 @@ class Hold:
         log.error("request %s: settling spend failed: %s", self._rid, exc.message)
         raise AccountsUnavailableError("The gateway could not record the request's spend.") from None
 
-    def _queue(self, candidate: Candidate, usage: Usage | None) -> asyncio.Future[None]:
+    def _queue(
+        self, candidate: Candidate, usage: Usage | None, input_cost: float | None = None
+    ) -> asyncio.Future[None]:
         assert self._store is not None and self._access.principal is not None
         req = self._decision.requirements if self._decision is not None else None
         if usage is not None and not credible_usage(candidate, usage, req):
@@ -207,6 +226,8 @@ class Hold:
             usage = None
         elif usage is not None:  # genai-prices' calculation (cache reads/writes, tiers), else route prices
             cost = cost_of(candidate, usage).total_usd
+        elif input_cost is not None:  # a cancelled hedge loser (settle_input_soon)
+            cost = input_cost
         else:
             chain = self._decision.chain if self._decision is not None else ()
             cost = next((sc.estimated_cost_usd for sc in chain if sc.candidate.id == candidate.id), 0.0)

@@ -38,7 +38,10 @@ from starlette.responses import Response
 
 from ethen.gateway.accounting.accounts import Access, Accounts, Hold
 from ethen.gateway.accounting.auth import authorization
+from ethen.gateway.accounting.hold import max_cost_usd
 from ethen.gateway.api.execute import Attempt, BufferedRun, Executor, RouteTarget, StreamRun, upstream_payload
+from ethen.gateway.api.hedging import HEADER as HEDGE_HEADER
+from ethen.gateway.api.hedging import Hedger, opted_out
 from ethen.gateway.api.record import RequestRecord, routing_receipt
 from ethen.gateway.api.sse import dumps
 from ethen.gateway.cache import CacheCall, RecordingStream, ReplayStream, ResponseCache
@@ -52,6 +55,7 @@ from ethen.gateway.errors import (
 from ethen.gateway.providers.anthropic_native import NativeAnswer
 from ethen.gateway.providers.base import Usage
 from ethen.gateway.routing import Candidate, Decision
+from ethen.gateway.routing.hedge import HedgePlan
 
 if TYPE_CHECKING:
     from ethen.gateway.accounting.ratelimit import RateLimits
@@ -94,6 +98,7 @@ class Call:
     trace_headers: tuple[str, str | None] | None = None  # (traceparent, tracestate) when traces are on
     notes: dict[str, Any] = field(default_factory=dict)  # the endpoint's receipt notices (dropped_tools)
     cache: CacheCall | None = None  # the response cache's verdict, key and entry (issue 27)
+    hedge: HedgePlan | None = None  # issue 27: set when a [[hedges]] rule applies (ethen.gateway.api.hedging)
 
     def with_notes(self, extra: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         """A provider's receipt extras plus this call's notices (on the answer and in the request log)."""
@@ -140,6 +145,8 @@ class RequestPath(Protocol):
     def requestlog(self) -> RequestLog: ...
     @property
     def cache(self) -> ResponseCache | None: ...
+    @property
+    def hedger(self) -> Hedger | None: ...
 
     def context(self, request_id: str) -> RoutingContext: ...
 
@@ -199,6 +206,14 @@ class Pipeline:
         ticket = await gw.limits.admit(access, call.decision.requirements)  # rpm/tpm: accounting.ratelimit
         hold = await acc.admit(access, call.decision, call.rid)  # reserves the estimated cost
         call.hold = gw.limits.wrap(hold, ticket)
+        hedger = gw.hedger
+        if hedger is not None:  # issue 27: only an alias with a [[hedges]] rule pays for this
+            rule = hedger.rule_for(call.decision)
+            if rule is not None:
+                d = call.decision
+                reserve = max(max_cost_usd(sc.candidate, d.requirements) for sc in d.chain)
+                opt_out = opted_out(request.headers.get(HEDGE_HEADER))
+                call.hedge = hedger.plan(rule, d, opt_out, call.remaining_usd, reserve)
         call.admitted_s = time.perf_counter() - call.t0
         return call
 
@@ -224,6 +239,14 @@ class Pipeline:
         call.admitted_s = time.perf_counter() - call.t0
         return True
 
+    def _hedged(self, call: Call) -> Hedger | None:
+        return self.gw.hedger if call.hedge is not None else None
+
+    def _extra_hold(self, call: Call) -> Callable[[], Awaitable[Hold | None]]:
+        assert call.access is not None and call.decision is not None
+        access, decision = call.access, call.decision
+        return lambda: self.acc.admit_extra(access, decision, call.rid)
+
     async def run_buffered(
         self, call: Call, render: Callable[[BufferedRun], bytes]
     ) -> tuple[BufferedRun, bytes]:
@@ -237,7 +260,13 @@ class Pipeline:
             target = self.gw.executor.targets[cc.entry.candidate]
             res = call.res = BufferedRun(_answer(cc.entry.body), target, [], 0.0, {}, None)
             return res, render(res)
-        res = await call.hold.guard(self.gw.executor.run_buffered(call.decision, call.payload, call.rid))
+        hedger = self._hedged(call)
+        if hedger is not None and call.hedge is not None:
+            extra = self._extra_hold(call)
+            work = hedger.run_buffered(call.decision, call.payload, call.rid, call.hedge, extra)
+        else:
+            work = self.gw.executor.run_buffered(call.decision, call.payload, call.rid)
+        res = await call.hold.guard(work)
         call.res = res
         kept = _kept(res.body) if cc is not None and cc.write else None  # before render adds the receipt
         content = await call.hold.settle_rendering(res.target.candidate, res.usage, lambda: render(res))
@@ -256,7 +285,13 @@ class Pipeline:
             return StreamRun(e.chunks[0], ReplayStream(e.chunks[1:]), ex.targets[e.candidate], [],
                              0.0, time.perf_counter(), None, False, ex, _finished=True,
                              request_id=call.rid, headers={"x-ethen-cache": cc.header})
-        run = await call.hold.guard(self.gw.executor.open_stream(call.decision, call.payload, call.rid))
+        hedger = self._hedged(call)
+        if hedger is not None and call.hedge is not None:
+            extra = self._extra_hold(call)
+            work = hedger.open_stream(call.decision, call.payload, call.rid, call.hedge, extra)
+        else:
+            work = self.gw.executor.open_stream(call.decision, call.payload, call.rid)
+        run = await call.hold.guard(work)
         if cc is not None and cache is not None:
             run.headers["x-ethen-cache"] = cc.header
             if cc.write:

@@ -101,6 +101,17 @@ def _cross_check(cfg: GatewayConfig) -> None:
             raise GatewayConfigError(
                 f"canaries[{i}].candidate = {c.candidate!r}: no such provider/model in [[routes]]"
             )
+    hedged: dict[str, int] = {}
+    for i, h in enumerate(cfg.hedges):  # issue 27
+        if h.alias not in ALIASES:
+            raise GatewayConfigError(
+                f"hedges[{i}].alias = {h.alias!r}: unknown alias (known: {sorted(ALIASES)})"
+            )
+        if h.alias in hedged:
+            raise GatewayConfigError(
+                f"hedges[{i}].alias = {h.alias!r}: duplicate (also hedges[{hedged[h.alias]}])"
+            )
+        hedged[h.alias] = i
     chat_routes = [r for r in cfg.routes if r.endpoint == "chat"]
     chat = {r.model for r in chat_routes} | {f"{r.provider}/{r.model}" for r in chat_routes}
     for pattern, target in cfg.model_map.items():  # [model_map]: Messages API model names (issue 26)

@@ -30,6 +30,7 @@ __all__ = [
     "CircuitConfig",
     "CompatConfig",
     "GatewayConfig",
+    "HedgeConfig",
     "InfoOverrides",
     "LogConfig",
     "MeshProviderConfig",
@@ -327,6 +328,23 @@ class CanaryConfig(_Strict):
         return v
 
 
+class HedgeConfig(_Strict):
+    """``[[hedges]]`` (issue 27): hedge requests to ``alias`` after a delay (``ethen.gateway.routing.hedge``,
+    ``ethen.gateway.api.hedging``)."""
+
+    alias: str = Field(pattern=r"^ethen/")
+    after_ms: float | None = Field(default=None, gt=0, le=600_000)
+    after_percentile: int | None = Field(default=None, ge=1, le=100)
+    min_samples: int = Field(default=20, ge=1, le=10_000)
+    max_extra: int = Field(default=1, ge=0, le=4)
+
+    @model_validator(mode="after")
+    def _one_delay(self) -> HedgeConfig:
+        if (self.after_ms is None) == (self.after_percentile is None):
+            raise ValueError("set exactly one of after_ms and after_percentile")
+        return self
+
+
 class PolicyConfig(_Strict):
     allowed_providers: list[str] | None = None
     allowed_models: list[str] | None = None
@@ -493,6 +511,7 @@ class GatewayConfig(_Strict):
     routes: list[RouteConfig] = Field(min_length=1)
     api_keys: list[ApiKeyConfig]
     canaries: list[CanaryConfig] = Field(default_factory=list)
+    hedges: list[HedgeConfig] = Field(default_factory=list)  # issue 27
     policy: PolicyConfig = Field(default_factory=lambda: PolicyConfig())
     store: StoreConfig | None = None
     circuit: CircuitConfig = Field(default_factory=lambda: CircuitConfig())

@@ -172,6 +172,9 @@ class GatewayMetrics:
         self.budget_remaining = Gauge("ethen_gateway_budget_remaining_usd",
                                       "A project's remaining window budget at its last request.",
                                       ["project"], registry=r)
+        self.hedges = Counter("ethen_gateway_hedges",  # issue 27: ethen.gateway.api.hedging
+                              "Hedged requests by outcome (fired, won, lost, failed, skipped_*).",
+                              ["outcome"], registry=r)
         self.log_dropped = Counter("ethen_gateway_request_log_dropped",
                                    "Request-log records dropped because the writer's queue was full.",
                                    registry=r)
@@ -197,7 +200,8 @@ class GatewayMetrics:
         """Count one finished request (called by the request log's writer, off the request path)."""
         project = rec.project or "-"
         for a in row["attempts"]:
-            self.attempts.labels(a["provider"], a["model"], "ok" if a["outcome"] == "ok" else "error").inc()
+            outcome = a["outcome"] if a["outcome"] in ("ok", "cancelled") else "error"  # cancelled: a hedge
+            self.attempts.labels(a["provider"], a["model"], outcome).inc()
         served = rec.served
         if served is not None:
             usage = rec.usage
