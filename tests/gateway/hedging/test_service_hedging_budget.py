@@ -1,12 +1,12 @@
 """Hedged requests and project budgets (issue 27): both attempts' costs count exactly (the winner at its
 usage, the cancelled loser at its input estimate), and no hedge fires when the budget cannot cover two
-attempts. Store-backed gateway (SQLite file) over real HTTP."""
+attempts. Store-backed gateway (a SQLite file, and a fresh Postgres database when ETHEN_TEST_PG_URL is
+set) over real HTTP."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,9 +14,17 @@ from sqlalchemy import select
 
 from ethen.store import Store
 from ethen.store import schema as s
-from tests.gateway.budget_harness import admin, held_reserved, new_project_key, store_cfg, with_store
+from tests.gateway.budget_harness import (
+    admin,
+    db_url,
+    held_reserved,
+    new_project_key,
+    store_cfg,
+    with_store,
+)
 from tests.gateway.hedging.harness import CLIENT_KEY, PRICES, USER, HedgeLive, Slow, hedge_live
 
+__all__ = ["db_url"]  # the fixture (SQLite / Postgres), imported from budget_harness
 MAX_TOKENS = 50
 BODY: dict[str, Any] = {"model": "ethen/fast", "messages": USER, "max_tokens": MAX_TOKENS}
 
@@ -49,8 +57,8 @@ def reserve_usd(lv: HedgeLive, key: str) -> tuple[float, int]:
     return (tokens * PRICES["input_per_mtok"] + MAX_TOKENS * PRICES["output_per_mtok"]) / 1e6, tokens
 
 
-def test_both_attempts_are_settled_exactly_and_every_hold_is_released(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'gw.db'}"
+def test_both_attempts_are_settled_exactly_and_every_hold_is_released(db_url: str) -> None:
+    url = db_url
     with hedge_live([{"alias": "ethen/fast", "after_ms": 150}], store=store_cfg(url)) as lv:
         key = new_project_key(lv, "hedged", budget_usd=1.0, budget_window="day")  # type: ignore[arg-type]
         slow, fast, _ = lv.script_chain(Slow(delay_s=4.0), Slow(delay_s=0.05, prompt_tokens=9), key=key)
@@ -89,8 +97,8 @@ def test_both_attempts_are_settled_exactly_and_every_hold_is_released(tmp_path: 
         assert logged["receipt"]["hedge"]["cancelled"] == [logged["receipt"]["chain"][0]]
 
 
-def test_no_hedge_when_the_budget_cannot_cover_both_attempts(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'gw.db'}"
+def test_no_hedge_when_the_budget_cannot_cover_both_attempts(db_url: str) -> None:
+    url = db_url
     with hedge_live([{"alias": "ethen/fast", "after_ms": 100}], store=store_cfg(url)) as lv:
         one, _ = reserve_usd(lv, CLIENT_KEY)  # the estimate does not depend on the key
         key = new_project_key(lv, "tight", budget_usd=one * 1.5, budget_window="day")  # type: ignore[arg-type]
@@ -105,10 +113,10 @@ def test_no_hedge_when_the_budget_cannot_cover_both_attempts(tmp_path: Path) -> 
         assert len(ledger(url, r.headers["x-request-id"])) == 1
 
 
-def test_a_client_gone_mid_race_leaves_the_budget_exact(tmp_path: Path) -> None:
+def test_a_client_gone_mid_race_leaves_the_budget_exact(db_url: str) -> None:
     """The request path runs on when a buffered client hangs up (as without hedging): the winner settles at
     its usage, the loser at its input estimate, and no hold is left behind."""
-    url = f"sqlite:///{tmp_path / 'gw.db'}"
+    url = db_url
     with hedge_live([{"alias": "ethen/fast", "after_ms": 100}], store=store_cfg(url)) as lv:
         key = new_project_key(lv, "gone", budget_usd=1.0, budget_window="day")  # type: ignore[arg-type]
         first, second, _ = lv.script_chain(Slow(delay_s=1.0), Slow(delay_s=1.5), key=key)
