@@ -96,23 +96,32 @@ def answer_of_completion(body: Mapping[str, Any]) -> Answer:
     return Answer(content if isinstance(content, str) else "", _calls(msg.get("tool_calls")))
 
 
+def _payloads(chunk: bytes) -> Iterable[bytes]:
+    chunk = chunk.strip()
+    if chunk.startswith(b"{"):  # a provider stream's payload: one JSON object
+        yield chunk
+        return
+    for line in chunk.split(b"\n"):  # SSE frames
+        if line.startswith(b"data:"):
+            yield line[5:].strip()
+
+
 def _events(chunks: Iterable[bytes]) -> Iterable[Mapping[str, Any]]:
-    for line in b"".join(chunks).split(b"\n"):
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if not data or data == b"[DONE]":
-            continue
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            continue
-        if isinstance(obj, Mapping):
-            yield obj
+    for chunk in chunks:
+        for data in _payloads(chunk):
+            if not data or data == b"[DONE]":
+                continue
+            try:
+                obj = json.loads(data)
+            except ValueError:
+                continue
+            if isinstance(obj, Mapping):
+                yield obj
 
 
 def answer_of_chunks(chunks: Iterable[bytes]) -> Answer:
-    """The first choice of a chat stream (``data:`` lines of ``chat.completion.chunk`` objects)."""
+    """The first choice of a chat stream: ``chat.completion.chunk`` objects, one JSON object per chunk (a
+    provider stream's payloads) or as SSE ``data:`` lines."""
     text: list[str] = []
     calls: dict[int, list[str]] = {}  # index -> [name, arguments]
     for ev in _events(chunks):

@@ -94,6 +94,8 @@ def test_answers_of_completion_and_stream_agree() -> None:
     ag = agreement(a, b, None)
     assert ag.exact and ag.similarity == 1.0 and ag.tool_calls_equal is True and ag.schema_valid is None
     assert answer_of_completion({}) == Answer("")
+    payloads = [c.removeprefix(b"data: ").split(b"\n\n")[0] for c in chunks]  # as a provider stream yields
+    assert answer_of_chunks(payloads) == a
 
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
