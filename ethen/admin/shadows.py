@@ -4,7 +4,9 @@ session, with its CSRF token for the write)::
     GET  /shadows?alias=&candidate=&limit=
         per configured ``[[shadows]]`` rule passing the filters: the rule and the summary of its newest
         :data:`SUMMARY_ROWS` pairs (:mod:`ethen.admin.shadows_data`: n, success rate, latency ratio of
-        medians, cost ratio of means, agreement rates), whether it may be promoted and why; and the newest
+        medians, cost ratio of means, agreement rates), whether it may be promoted and why, the shadows
+        this process did not send since it started, by outcome and gate (``skipped_gate:no_tool_support``,
+        ``dropped_in_flight``, ``skipped_budget``...); and the newest
         ``limit`` pairs (1-500, 50) passing the filters, newest first
     POST /shadows/promote {alias, candidate, percent?}
         409 ``promotion_refused`` when the rule's pairs do not meet its ``min_samples`` /
@@ -93,9 +95,11 @@ async def _summary(gw: Gateway, rule: ShadowRule) -> dict[str, Any]:
     rows = await list_pairs(store, ShadowQuery(rule.alias, rule.candidate, SUMMARY_ROWS))
     summary = summarize(rows)
     ok, why = promotion_verdict(summary["n"], summary["success_rate"], rule)
+    skipped = gw.shadows.skipped.get(rule.key, {}) if gw.shadows is not None else {}
     return {**_rule_view(rule), "summary": summary, "promotable": ok, "promotion": why,
             "canary": next((c.percent for c in gw.canaries
-                            if c.alias == rule.alias and c.candidate == rule.candidate), None)}
+                            if c.alias == rule.alias and c.candidate == rule.candidate), None),
+            "skipped": dict(sorted(skipped.items()))}
 
 
 async def _listing(gw: Gateway, runner: ShadowRunner, request: Request) -> dict[str, Any]:

@@ -118,6 +118,8 @@ class ShadowRunner:
         self.metrics = metrics
         self.close_timeout_s = close_timeout_s
         self.in_flight: dict[tuple[str, str], int] = {}
+        #: (alias, candidate) -> outcome (``skipped_gate:<gate>``, ``dropped_in_flight``...) -> count
+        self.skipped: dict[tuple[str, str], dict[str, int]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.closed = False
 
@@ -149,7 +151,7 @@ class ShadowRunner:
             return ()
         for p in plans:
             if p.reason in ("skipped_gate", "dropped_in_flight"):
-                self.metrics.shadows.labels(p.reason).inc()
+                self._skip(p.rule, p.reason, p.gate_reasons)
                 if p.reason == "skipped_gate":
                     log.info("request %s: shadow %s skipped: %s", req.rid, p.rule.candidate,
                              ",".join(p.gate_reasons))
@@ -162,6 +164,13 @@ class ShadowRunner:
             self.tasks.add(task)
             task.add_done_callback(self._done(key))
         return plans
+
+    def _skip(self, rule: ShadowRule, outcome: str, reasons: tuple[str, ...] = ()) -> None:
+        """Count a shadow not sent: the metric, and per rule by outcome and gate (the admin API shows it)."""
+        self.metrics.shadows.labels(outcome).inc()
+        counts = self.skipped.setdefault(rule.key, {})
+        for name in (f"{outcome}:{r}" for r in reasons) if reasons else (outcome,):
+            counts[name] = counts.get(name, 0) + 1
 
     def _done(self, key: tuple[str, str]) -> Any:
         def done(task: asyncio.Task[None]) -> None:
@@ -179,21 +188,21 @@ class ShadowRunner:
         acc = self.accounts
         store, admission = acc.store, acc.admission
         if store is None or admission is None:
-            self.metrics.shadows.labels("skipped_project").inc()
+            self._skip(rule, "skipped_project")
             return None
         try:
             project: Project = await store.get_project(rule.project)
         except StoreNotFoundError:
             log.warning("shadow %s of %s: project %r does not exist in the store; skipped", rule.candidate,
                         rule.alias, rule.project)
-            self.metrics.shadows.labels("skipped_project").inc()
+            self._skip(rule, "skipped_project")
             return None
         amount = max_cost_usd(cand, req.decision.requirements)
         ticket = None
         if project.budget_usd is not None:
             ticket = await admission.reserve(project, amount)
             if ticket is None:
-                self.metrics.shadows.labels("skipped_budget").inc()
+                self._skip(rule, "skipped_budget")
                 return None
         access = Access(f"shadow:{project.name}", Principal(SHADOW_KEY_ID, project))
         return Hold(admission, access, req.decision, req.rid, ticket,
@@ -208,7 +217,7 @@ class ShadowRunner:
         except StoreError as exc:
             log.error("shadow %s of request %s: reserving its budget failed: %s", rule.candidate, req.rid,
                       exc.message)
-            self.metrics.shadows.labels("skipped_budget").inc()
+            self._skip(rule, "skipped_budget")
             return
         if hold is None:
             return

@@ -89,6 +89,7 @@ def test_a_candidate_without_tools_is_skipped_with_the_reason(tmp_path: Path,
         assert r.status_code == 200
         assert lv.metric("skipped_gate") == 1 and lv.metric("sent") == 0
         assert any("no_tool_support" in m for m in caplog.messages), caplog.messages
+        assert lv.shadows()["data"][0]["skipped"] == {"skipped_gate:no_tool_support": 1}
         assert not [c for c in lv.script.calls if c["body"]["model"] == "up-beta-small"]
         r = lv.post(BODY)  # without tools the same candidate is shadowed
         assert r.status_code == 200
@@ -102,6 +103,7 @@ def test_max_in_flight_drops_and_counts(tmp_path: Path) -> None:
         for _ in range(3):
             assert lv.post(BODY).status_code == 200
         assert lv.wait_metric("sent", 1) == 1 and lv.metric("dropped_in_flight") == 2
+        assert lv.shadows()["data"][0]["skipped"] == {"dropped_in_flight": 2}
         assert lv.gw.metrics.shadows_in_flight._value.get() == 1
         pairs = lv.wait_pairs(1)
         lv.wait_idle()
@@ -136,3 +138,28 @@ def test_a_shadow_of_another_alias_or_the_primary_itself_is_not_sent(tmp_path: P
         lv.wait_idle()
         assert [p["candidate"] for p in lv.shadows()["pairs"]] == [TOOLS] == [p["candidate"] for p in pairs]
         assert lv.metric("sent") == 1
+
+
+def test_a_responses_request_is_shadowed_too(tmp_path: Path) -> None:
+    with shadow_live(tmp_path, [rule()]) as lv:
+        r = httpx.post(f"{lv.base_url}/responses", json={"model": "ethen/fast", "input": "hello there"},
+                       headers={"authorization": f"Bearer {CLIENT_KEY}"}, timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.json()["output"][0]["content"][0]["text"] == "Hello from upstream"
+        (pair,) = lv.wait_pairs(1)
+        assert pair["candidate_status"] == "ok" and pair["exact"] is True  # both: "Hello from upstream"
+
+
+def test_shutdown_lets_a_running_shadow_finish_and_record(tmp_path: Path) -> None:
+    from ethen.store.shadows import ShadowQuery, list_pairs
+    from tests.gateway.budget_harness import with_store
+
+    behaviors = {"up-beta-tools": Behavior(latency_s=1.0)}
+    with shadow_live(tmp_path, [rule()], behaviors) as lv:
+        assert lv.post(BODY).status_code == 200
+        assert lv.wait_metric("sent", 1) == 1
+        db = lv.db
+    # the gateway has shut down (its lifespan closed the runner, then the store): the pair is there
+    pairs = with_store(db, lambda st: list_pairs(st, ShadowQuery()))
+    assert len(pairs) == 1 and pairs[0]["candidate_status"] == "ok"
+    assert lv.gw.shadows.closed and not lv.gw.shadows.tasks
