@@ -17,6 +17,11 @@ requirements, fallback chain, budgets (reserve and settle), telemetry, metrics a
   :meth:`Pipeline.stream_end`) hands one :class:`~ethen.gateway.observation.requestlog.RequestRecord` to the
   request log (an append to its queue; the writer task does the rest).
 
+Shadow evaluation (issue 27, :mod:`ethen.gateway.api.shadow`): for an alias with ``[[shadows]]`` rules,
+:meth:`Pipeline.served` (buffered) and the stream's end hand the served answer to the shadow runner, which
+starts the sampled shadow calls in the background; a sampled stream's chunks are kept while relayed (for the
+comparison). Nothing of it runs before the client's answer is produced.
+
 The app passes in its body reader, ``stream`` checker, error-response builder and request-id reader (they
 live in :mod:`ethen.gateway.api.app`), which keeps this module free of an import cycle with it; of the
 gateway's
