@@ -134,10 +134,12 @@ class ShadowLive:
 
 @contextmanager
 def shadow_live(tmp_path: Path, shadows: list[dict[str, Any]], behaviors: dict[str, Behavior] | None = None,
-                *, shadow_budget: float | None = 10.0, **overrides: Any) -> Iterator[ShadowLive]:
-    """A live gateway whose ``shadow-evals`` project exists (with ``shadow_budget`` USD a day)."""
+                *, shadow_budget: float | None = 10.0, db: str | None = None,
+                **overrides: Any) -> Iterator[ShadowLive]:
+    """A live gateway whose ``shadow-evals`` project exists (with ``shadow_budget`` USD a day); its store is
+    ``db`` (default: a SQLite file in ``tmp_path``)."""
     script = Script(behaviors=dict(behaviors or {}))
-    db = f"sqlite:///{tmp_path / 'gw.db'}"
+    db = db or f"sqlite:///{tmp_path / 'gw.db'}"
     with ServerThread(make_upstream_app(script)) as up:
         cfg = parse_config(config(up.url, shadows, db, **overrides))
         with ServerThread(create_app(cfg, env=ENV)) as gw:

@@ -11,10 +11,11 @@ from sqlalchemy import select
 
 from ethen.store import Store
 from ethen.store import schema as s
-from tests.gateway.budget_harness import with_store
+from tests.gateway.budget_harness import db_url, with_store
 from tests.gateway.shadow.harness import USER, ShadowLive, rule, shadow_live
 from tests.gateway.upstream import Behavior
 
+__all__ = ["db_url"]  # the fixture, imported for pytest (SQLite; Postgres with ETHEN_TEST_PG_URL)
 BODY = {"model": "ethen/fast", "messages": USER, "max_tokens": 50}
 
 
@@ -34,8 +35,9 @@ def held(lv: ShadowLive, project: str) -> int:
     return int(lv.gw.accounts.admission.held_nano(pid)[1])
 
 
-def test_the_shadow_project_pays_and_the_clients_budget_and_rate_limit_never_see_it(tmp_path: Path) -> None:
-    with shadow_live(tmp_path, [rule()]) as lv:
+def test_the_shadow_project_pays_and_the_clients_budget_and_rate_limit_never_see_it(tmp_path: Path,
+                                                                                    db_url: str) -> None:
+    with shadow_live(tmp_path, [rule()], db=db_url) as lv:  # SQLite, and Postgres with ETHEN_TEST_PG_URL
         key = lv.project("client", budget_usd=1.0, budget_window="day", rpm=2)
         rids = []
         for _ in range(2):  # rpm = 2: a shadow counted against the client would refuse the second
