@@ -35,16 +35,16 @@ ADMIN_ENV = "ETHEN_ADMIN_KEY"
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 shadows_app = typer.Typer(
-    help="Shadow evaluation: summaries of [[shadows]] candidates; promote one to a canary.",
+    help="Shadow evaluation: summaries of the shadow candidates; promote one to a canary.",
     invoke_without_command=True,
 )
 
-_URL = typer.Option(None, "--url", help=f"Gateway base URL (default: ${URL_ENV}, else --config's [server], "
-                                        f"else {DEFAULT_URL}).")
+_URL = typer.Option(None, "--url", help=f"Gateway base URL (default: ${URL_ENV}, else --config's server "
+                                        f"address, else {DEFAULT_URL}).")
 _KEY = typer.Option(None, "--admin-key",
                     help=f"Admin key (default: ${ADMIN_ENV}, else <data dir>/admin_key).")
-_CONFIG = typer.Option(None, "--config", "-c", help="Gateway TOML config: its [server] address (promote: "
-                                                     "the canary is also written there).")
+_CONFIG = typer.Option(None, "--config", "-c", help="Gateway TOML config: its server address (promote: "
+                                                     "the canary is also appended there).")
 
 
 def _fail(msg: str, code: int = 2) -> typer.Exit:
