@@ -25,7 +25,14 @@ _LIGHT = {"up": ("ethen.up", "up"), "worker": ("ethen.mesh.worker.cli", "worker"
 
 @functools.cache
 def _app() -> typer.Typer:
-    from ethen.admin.cli import certify_command, keys_app, logs_command, projects_app, usage_command
+    from ethen.admin.cli import (
+        certify_command,
+        keys_app,
+        logs_command,
+        projects_app,
+        shadows_app,
+        usage_command,
+    )
     from ethen.gateway_cli import gateway as gateway_command
     from ethen.mesh.cli import app as mesh_app
     from ethen.mesh.worker.cli import worker as worker_command
@@ -46,6 +53,7 @@ def _app() -> typer.Typer:
     full.command("usage")(usage_command)
     full.command("logs")(logs_command)
     full.command("certify")(certify_command)
+    full.add_typer(shadows_app, name="shadows", help="Shadow evaluation: summaries; promote one to a canary.")
     return full
 
 

@@ -1,5 +1,6 @@
 """``ethen keys``, ``ethen projects``, ``ethen usage``, ``ethen logs`` and ``ethen certify``: manage the store
-from a shell.
+from a shell (``ethen shadows``, which talks to a running gateway's admin API, is
+:mod:`ethen.admin.shadows_cli`).
 
 The database comes from ``--db URL``, else ``$ETHEN_DATABASE_URL``, else the ``[store]`` section of
 ``--config FILE``, else the store of ``ethen up``: the ``[store]`` of the config it last wrote
@@ -31,6 +32,7 @@ from typing import Any, TypeVar
 import typer
 
 from ethen.admin.certify import certify, parse_duration
+from ethen.admin.shadows_cli import shadows_app
 from ethen.gateway.config import load_config, store_url
 from ethen.gateway.errors import GatewayError
 from ethen.paths import default_store_url, up_config_path
@@ -38,7 +40,9 @@ from ethen.store import UNSET, Store, StoreConflictError, StoreError, StoreNotFo
 from ethen.store.requests import RequestQuery, list_requests, parse_status
 from ethen.store.store import MAX_RATE
 
-__all__ = ["certify_command", "keys_app", "logs_command", "projects_app", "usage_command"]
+__all__ = [
+    "certify_command", "keys_app", "logs_command", "projects_app", "shadows_app", "usage_command",
+]
 
 T = TypeVar("T")
 DB_ENV = "ETHEN_DATABASE_URL"

@@ -54,6 +54,7 @@ _CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'
 _MAX_LOGIN_BODY = 4096
 # uPlot 1.6.32 (npm "uplot", MIT; version and license in the files' header comments): the spend charts
 _ASSETS = {"app.js": "text/javascript", "observe.js": "text/javascript",  # observe.js: the observe/* tabs
+           "shadows.js": "text/javascript",  # the Shadows tab (issue 27, ethen.admin.shadows)
            "uplot.iife.min.js": "text/javascript", "uplot.min.css": "text/css"}
 
 

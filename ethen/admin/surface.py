@@ -1,6 +1,7 @@
 """The operator's surfaces of one gateway, as one mountable piece: the admin API (``/api/admin/v1``:
-projects, keys, usage, certifications), the request-log API and ``/health``, the ``/ui`` dashboard with its
-``/favicon.ico`` and the ``observe/*`` data, and the dashboard sessions they share (:class:`AdminAuth`).
+projects, keys, usage, certifications; shadows), the request-log API and ``/health``, the ``/ui`` dashboard
+with its ``/favicon.ico`` and the ``observe/*`` data, and the dashboard sessions they share
+(:class:`AdminAuth`).
 
 :func:`admin_surface` builds it from a built :class:`~ethen.gateway.state.Gateway`; the composition module
 (:func:`ethen.app.create_app`) hands it to :func:`ethen.gateway.api.app.gateway_app`, which mounts the routes
@@ -19,6 +20,7 @@ from ethen.admin.dashboard import favicon_route, gateway_health, ui_routes
 from ethen.admin.http import admin_routes, request_routes
 from ethen.admin.observe import observe_routes
 from ethen.admin.sessions import AdminAuth
+from ethen.admin.shadows import shadow_routes
 from ethen.gateway.accounting.accounts import Accounts
 from ethen.gateway.state import Gateway
 
@@ -52,5 +54,6 @@ def admin_surface(gw: Gateway) -> AdminSurface:
         *ui_routes(auth),  # the dashboard (ethen.admin.dashboard): pages reading the admin API
         favicon_route(),  # GET /favicon.ico, the dashboard's icon (public)
         *observe_routes(gw, auth),  # its providers / canaries / mesh data (ethen.admin.observe)
+        *shadow_routes(gw, auth if cfg.store else None),  # issue 27: pairs, promotion (ethen.admin.shadows)
     ]
     return AdminSurface(routes, auth, acc)

@@ -360,3 +360,25 @@ HTTP_STATUS.update(
     {SharedStateUnavailableError: 503, RateLimitExceededError: 429, RateLimiterUnavailableError: 503}
 )
 __all__ += ["RateLimitExceededError", "RateLimiterUnavailableError", "SharedStateUnavailableError"]
+
+
+# --- shadow evaluation (issue 27: ethen.admin.shadows) ---------------------------------------------------
+
+
+class PromotionRefusedError(GatewayError):
+    """``POST /api/admin/v1/shadows/promote``: the shadow's recorded pairs do not meet its ``min_samples`` /
+    ``min_success_rate`` (the message says which)."""
+
+    default_code = "promotion_refused"
+    default_type = "invalid_request_error"
+
+
+class NotFoundError(GatewayError):
+    """An admin resource that does not exist (e.g. no ``[[shadows]]`` rule for an alias and candidate)."""
+
+    default_code = "not_found"
+    default_type = "invalid_request_error"
+
+
+HTTP_STATUS.update({PromotionRefusedError: 409, NotFoundError: 404})
+__all__ += ["NotFoundError", "PromotionRefusedError"]

@@ -19,6 +19,7 @@ from ethen.gateway.accounting.ratelimit import RateLimits
 from ethen.gateway.api.execute import Executor
 from ethen.gateway.api.hedging import Hedger
 from ethen.gateway.api.record import RouteTarget
+from ethen.gateway.api.shadow import ShadowRunner
 from ethen.gateway.api.sse import dumps
 from ethen.gateway.cache import ResponseCache, response_cache_for
 from ethen.gateway.catalog import Catalog
@@ -31,6 +32,7 @@ from ethen.gateway.observation.tracing import tracing_for
 from ethen.gateway.providers.base import Provider
 from ethen.gateway.routing import ALIASES, RoutingContext
 from ethen.gateway.routing.hedge import HedgeRule
+from ethen.gateway.routing.shadow import ShadowRule
 from ethen.gateway.shared import SharedRuntime
 
 __all__ = ["Gateway"]
@@ -86,6 +88,12 @@ class Gateway:
         # [shared] Redis: telemetry bus, exact rate limits (rpm/tpm in process memory without it)
         self.shared = SharedRuntime.for_gateway(self.circuits, self.store, cfg, env)
         self.limits: RateLimits = self.shared.limits  # the pipeline admits through gw.limits
+        # [[shadows]] (issue 27): None without rules; shadow calls paid by each rule's store project
+        shadow_rules = [ShadowRule(x.alias, x.candidate, x.percent, x.project, x.max_in_flight,
+                                   x.min_success_rate, x.min_samples) for x in cfg.shadows]
+        self.shadows: ShadowRunner | None = (
+            ShadowRunner(shadow_rules, targets, self.accounts, self.metrics) if shadow_rules else None
+        )
         # [cache] (issue 27): None unless enabled; redis backend: the [shared] Redis
         self.cache: ResponseCache | None = response_cache_for(cfg.cache, self.shared.state, self.metrics)
 

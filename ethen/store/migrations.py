@@ -29,6 +29,7 @@ from .errors import StoreError
 from .members import create_mesh_members
 from .requests import create_request_attempts, create_request_log
 from .sessions import SESSION_SECRET
+from .shadows import create_shadow_pairs
 
 __all__ = ["MIGRATIONS", "applied", "migrate_sync"]
 
@@ -91,6 +92,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("0006_dashboard_sessions", _dashboard_sessions),  # issue 14: ethen.store.sessions
     ("0007_request_attempts", create_request_attempts),  # issue 14: the log's attempts, one per row
     ("0008_mesh_members", create_mesh_members),  # issue 12: ethen.store.members
+    ("0009_shadow_pairs", create_shadow_pairs),  # issue 27: ethen.store.shadows
 )
 
 

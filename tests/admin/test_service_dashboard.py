@@ -44,7 +44,7 @@ def test_dashboard_page_and_every_api_it_reads(tmp_path: Path) -> None:
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         # static files are named with their content's hash and kept by the browser; the page is never cached
         versions = dict(re.findall(r'"/ui/([a-z.]+)\?v=([0-9a-f]{16})"', page.text))
-        assert set(versions) == {"app.js", "observe.js", "uplot.iife.min.js", "uplot.min.css"}
+        assert set(versions) == {"app.js", "observe.js", "shadows.js", "uplot.iife.min.js", "uplot.min.css"}
         assert page.headers["cache-control"] == "no-store"
         assert f'<script src="/ui/app.js?v={versions["app.js"]}"></script>' in page.text
         assert 'id="req-rows"' in page.text
@@ -74,6 +74,10 @@ def test_dashboard_page_and_every_api_it_reads(tmp_path: Path) -> None:
         obs = httpx.get(f"{lv.gateway.url}/ui/observe.js", headers=cookie)
         assert obs.status_code == 200 and obs.headers["content-type"].startswith("text/javascript")
         assert "innerHTML" not in obs.text and httpx.get(f"{lv.gateway.url}/ui/observe.js").status_code == 401
+        shadows = httpx.get(f"{lv.gateway.url}/ui/shadows.js", headers=cookie)  # the Shadows tab (issue 27)
+        assert shadows.status_code == 200 and "innerHTML" not in shadows.text
+        assert set(re.findall(r'api\("(/[a-z/]+)', shadows.text)) == {"/shadows", "/shadows/promote"}
+        assert 'data-tab="shadows"' in page.text and '<section id="shadows">' in page.text
         observed = set(re.findall(r'api\([`"](/observe/[a-z]+)', obs.text + js.text))
         assert observed == {"/observe/providers", "/observe/canaries", "/observe/mesh", "/observe/spend"}
         base = f"{lv.gateway.url}/api/admin/v1"

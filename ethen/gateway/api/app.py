@@ -223,6 +223,8 @@ def gateway_app(
                 await provider.start()  # the mesh loads its orchestrator (logger ethen.gateway.startup)
             yield
         finally:
+            if gw.shadows is not None:  # running shadow calls finish and record while the store is open
+                await gw.shadows.aclose()
             if gw.cache is not None:  # its Redis writes under way finish before the connection closes
                 await gw.cache.aclose()
             await shared.aclose()

@@ -17,6 +17,11 @@ requirements, fallback chain, budgets (reserve and settle), telemetry, metrics a
   :meth:`Pipeline.stream_end`) hands one :class:`~ethen.gateway.observation.requestlog.RequestRecord` to the
   request log (an append to its queue; the writer task does the rest).
 
+Shadow evaluation (issue 27, :mod:`ethen.gateway.api.shadow`): for an alias with ``[[shadows]]`` rules,
+:meth:`Pipeline.served` (buffered) and the stream's end hand the served answer to the shadow runner, which
+starts the sampled shadow calls in the background; a sampled stream's chunks are kept while relayed (for the
+comparison). Nothing of it runs before the client's answer is produced.
+
 The app passes in its body reader, ``stream`` checker, error-response builder and request-id reader (they
 live in :mod:`ethen.gateway.api.app`), which keeps this module free of an import cycle with it; of the
 gateway's
@@ -43,6 +48,7 @@ from ethen.gateway.api.execute import Attempt, BufferedRun, Executor, RouteTarge
 from ethen.gateway.api.hedging import HEADER as HEDGE_HEADER
 from ethen.gateway.api.hedging import Hedger, opted_out
 from ethen.gateway.api.record import RequestRecord, routing_receipt
+from ethen.gateway.api.shadow import Primary, ShadowRequest, ShadowRunner
 from ethen.gateway.api.sse import dumps
 from ethen.gateway.cache import CacheCall, RecordingStream, ReplayStream, ResponseCache
 from ethen.gateway.errors import (
@@ -54,7 +60,7 @@ from ethen.gateway.errors import (
 )
 from ethen.gateway.providers.anthropic_native import NativeAnswer
 from ethen.gateway.providers.base import Usage
-from ethen.gateway.routing import Candidate, Decision
+from ethen.gateway.routing import Candidate, Decision, ProjectPolicy
 from ethen.gateway.routing.hedge import HedgePlan
 
 if TYPE_CHECKING:
@@ -99,6 +105,8 @@ class Call:
     notes: dict[str, Any] = field(default_factory=dict)  # the endpoint's receipt notices (dropped_tools)
     cache: CacheCall | None = None  # the response cache's verdict, key and entry (issue 27)
     hedge: HedgePlan | None = None  # issue 27: set when a [[hedges]] rule applies (ethen.gateway.api.hedging)
+    policy: ProjectPolicy | None = None  # the caller's effective policy (a shadow respects its allow-lists)
+    shadow_chunks: list[bytes] | None = None  # issue 27: a sampled stream's chunks, once it completed
 
     def with_notes(self, extra: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         """A provider's receipt extras plus this call's notices (on the answer and in the request log)."""
@@ -117,6 +125,10 @@ def _kept(body: dict[str, Any]) -> bytes:
     if isinstance(body, NativeAnswer):
         return dumps({_NATIVE: [dict(body), body.message]})
     return dumps(body)
+
+
+def _hit(call: Call) -> bool:
+    return call.cache is not None and call.cache.entry is not None
 
 
 def _answer(raw: bytes) -> dict[str, Any]:
@@ -147,6 +159,8 @@ class RequestPath(Protocol):
     def cache(self) -> ResponseCache | None: ...
     @property
     def hedger(self) -> Hedger | None: ...
+    @property
+    def shadows(self) -> ShadowRunner | None: ...
 
     def context(self, request_id: str) -> RoutingContext: ...
 
@@ -195,6 +209,7 @@ class Pipeline:
         call.stream, call.include_usage = self.stream_check(body)
         ctx = await acc.prepare(access, body, gw.context(call.rid))
         call.remaining_usd = ctx.policy.remaining_budget_usd
+        call.policy = ctx.policy
         call.decision = acc.decide(body, ctx, access)
         call.decided_s = time.perf_counter() - call.t0
         call.label = gw.label(body)
@@ -292,6 +307,13 @@ class Pipeline:
         else:
             work = self.gw.executor.open_stream(call.decision, call.payload, call.rid)
         run = await call.hold.guard(work)
+        shadows = self.gw.shadows
+        if shadows is not None and shadows.applies(call.decision) and shadows.sampled_any(call.decision,
+                                                                                           call.rid):
+            def kept(chunks: list[bytes]) -> None:  # issue 27: the primary's text, compared with the shadow's
+                call.shadow_chunks = chunks
+
+            run.stream = RecordingStream(run.stream, run.first, kept)
         if cc is not None and cache is not None:
             run.headers["x-ethen-cache"] = cc.header
             if cc.write:
@@ -326,7 +348,20 @@ class Pipeline:
         out = {"x-request-id": call.rid, "x-ethen-overhead-ms": f"{overhead * 1000:.3f}"}
         if call.cache is not None:
             out["x-ethen-cache"] = call.cache.header
+        shadows = self.gw.shadows
+        if shadows is not None and res is not None and shadows.applies(call.decision) and not _hit(call):
+            ok = [a for a in res.attempts if a.outcome == "ok"]
+            latency = ok[-1].latency_ms if ok else res.upstream_s * 1000
+            primary = Primary(res.target.candidate, latency, latency, res.usage, "ok", False, body=res.body)
+            self._shadow(call, shadows, primary)
         return out
+
+    @staticmethod
+    def _shadow(call: Call, shadows: ShadowRunner, primary: Primary) -> None:
+        """Start the request's shadow calls (issue 27, ``ethen.gateway.api.shadow``): after its answer."""
+        assert call.decision is not None and call.body is not None and call.payload is not None
+        shadows.launch(ShadowRequest(call.rid, call.decision, call.body, call.payload,
+                                     call.policy or ProjectPolicy()), primary)
 
     def _log(self, call: Call, status: int, outcome: str, elapsed: float, **kw: Any) -> None:
         if call.notes:
@@ -353,6 +388,11 @@ class Pipeline:
             self._log(call, 200, outcome, at - call.t0, served=run.target.candidate, attempts=run.attempts,
                       usage=run.stream.usage, extra=run.stream.receipt_extra, ttft_s=relay.ttft_s,
                       overhead_s=relay.overhead_s, error_code=code)
+            shadows, chunks = self.gw.shadows, call.shadow_chunks
+            if shadows is not None and outcome == "ok" and chunks is not None:
+                ttft = run.ttft_s * 1000 if run.ttft_s is not None else None
+                self._shadow(call, shadows, Primary(run.target.candidate, (at - run.started) * 1000, ttft,
+                                                    run.stream.usage, "ok", True, chunks=tuple(chunks)))
 
         return end
 

@@ -26,6 +26,9 @@ Layout (see ``examples/gateway.toml``)::
                         ethen.gateway.accounting.ratelimit)
     [[canaries]]        alias, candidate ("provider/model"), percent, min_success_rate, min_samples
                         (the spec's camelCase minSuccessRate / minSamples are accepted too)
+    [[shadows]]         alias, candidate ("provider/model"), percent (0-100), project (pays),
+                        max_in_flight (8), min_success_rate (0.95), min_samples (20): shadow evaluation,
+                        needs [store] (see ethen.gateway.api.shadow)
     [policy]            allowed_providers, allowed_models, remaining_budget_usd
     [store]             url or url_env (SQLAlchemy URL: sqlite:///ethen.db, postgresql://...),
                         admin_key_sha256, lease_s, instance_id, release_dangling (see ethen.store.admission)

@@ -112,6 +112,7 @@ def _cross_check(cfg: GatewayConfig) -> None:
                 f"hedges[{i}].alias = {h.alias!r}: duplicate (also hedges[{hedged[h.alias]}])"
             )
         hedged[h.alias] = i
+    _check_shadows(cfg, routes)
     chat_routes = [r for r in cfg.routes if r.endpoint == "chat"]
     chat = {r.model for r in chat_routes} | {f"{r.provider}/{r.model}" for r in chat_routes}
     for pattern, target in cfg.model_map.items():  # [model_map]: Messages API model names (issue 26)
@@ -122,6 +123,34 @@ def _cross_check(cfg: GatewayConfig) -> None:
         for j, v in enumerate(cfg.policy.allowed_providers or ()):
             if v not in seen:
                 raise GatewayConfigError(f"policy.{key}[{j}] = {v!r}: unknown provider (known: {known})")
+
+
+def _check_shadows(cfg: GatewayConfig, routes: Mapping[str, int]) -> None:
+    """``[[shadows]]`` (issue 27): need ``[store]`` (the pairs are recorded there), a known alias, a chat
+    route as candidate, one entry per (alias, candidate)."""
+    seen: dict[tuple[str, str], int] = {}
+    for i, sh in enumerate(cfg.shadows):
+        if cfg.store is None:
+            raise GatewayConfigError(
+                f"shadows[{i}].alias = {sh.alias!r}: [[shadows]] needs a [store] section (store.url or "
+                "store.url_env): shadow pairs are recorded durably and paid from a store project's budget"
+            )
+        if sh.alias not in ALIASES:
+            raise GatewayConfigError(
+                f"shadows[{i}].alias = {sh.alias!r}: unknown alias (known: {sorted(ALIASES)})"
+            )
+        j = routes.get(sh.candidate)
+        if j is None or cfg.routes[j].endpoint != "chat":
+            raise GatewayConfigError(
+                f"shadows[{i}].candidate = {sh.candidate!r}: no such chat provider/model in [[routes]]"
+            )
+        key = (sh.alias, sh.candidate)
+        if key in seen:
+            raise GatewayConfigError(
+                f"shadows[{i}].candidate = {sh.candidate!r}: duplicate for alias {sh.alias!r} "
+                f"(also shadows[{seen[key]}])"
+            )
+        seen[key] = i
 
 
 def _check_cache(cfg: GatewayConfig) -> None:
@@ -216,8 +245,8 @@ def resolve_secret(
 
 
 def skip_providers_without_keys(cfg: GatewayConfig, env: Mapping[str, str] | None = None) -> GatewayConfig:
-    """``cfg`` without the providers whose ``api_key_env`` variable is unset or empty, nor their routes and
-    canaries; one WARNING per skipped provider names it and the variable. Raises
+    """``cfg`` without the providers whose ``api_key_env`` variable is unset or empty, nor their routes,
+    canaries and shadows; one WARNING per skipped provider names it and the variable. Raises
     :class:`GatewayConfigError` (naming every unset variable) when no route would remain."""
     values = os.environ if env is None else env
     missing = {p.id: p.api_key_env for p in cfg.providers
@@ -235,6 +264,7 @@ def skip_providers_without_keys(cfg: GatewayConfig, env: Mapping[str, str] | Non
         "providers": [p for p in cfg.providers if p.id not in missing],
         "routes": routes,
         "canaries": [c for c in cfg.canaries if c.candidate.partition("/")[0] not in missing],
+        "shadows": [sh for sh in cfg.shadows if sh.candidate.partition("/")[0] not in missing],
     })
 
 

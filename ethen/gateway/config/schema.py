@@ -43,6 +43,7 @@ __all__ = [
     "RateLimitsConfig",
     "RouteConfig",
     "ServerConfig",
+    "ShadowConfig",
     "SharedConfig",
     "StoreConfig",
     "TimeoutsConfig",
@@ -345,6 +346,26 @@ class HedgeConfig(_Strict):
         return self
 
 
+class ShadowConfig(_Strict):
+    """``[[shadows]]`` (issue 27): send ``percent`` % of the requests to ``alias`` also to ``candidate``
+    (``provider/model``), paid by ``project``'s budget, at most ``max_in_flight`` at once; the recorded pairs
+    (``ethen.store.shadows``) gate its promotion to a canary by ``min_success_rate`` / ``min_samples``
+    (``ethen.gateway.routing.shadow``, ``ethen.gateway.api.shadow``)."""
+
+    alias: str = Field(pattern=r"^ethen/")
+    candidate: str = Field(pattern=r"^[^/]+/.+$")
+    percent: float = Field(ge=0, le=100)
+    project: str = Field(min_length=1, max_length=100)
+    max_in_flight: int = Field(default=8, ge=1, le=10_000)
+    min_success_rate: float = Field(default=0.95, ge=0, le=1)
+    min_samples: int = Field(default=20, ge=0, le=10_000_000)
+
+    @field_validator("percent", "min_success_rate", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return _float(v)
+
+
 class PolicyConfig(_Strict):
     allowed_providers: list[str] | None = None
     allowed_models: list[str] | None = None
@@ -512,6 +533,7 @@ class GatewayConfig(_Strict):
     api_keys: list[ApiKeyConfig]
     canaries: list[CanaryConfig] = Field(default_factory=list)
     hedges: list[HedgeConfig] = Field(default_factory=list)  # issue 27
+    shadows: list[ShadowConfig] = Field(default_factory=list)  # issue 27: shadow evaluation
     policy: PolicyConfig = Field(default_factory=lambda: PolicyConfig())
     store: StoreConfig | None = None
     circuit: CircuitConfig = Field(default_factory=lambda: CircuitConfig())

@@ -175,6 +175,12 @@ class GatewayMetrics:
         self.hedges = Counter("ethen_gateway_hedges",  # issue 27: ethen.gateway.api.hedging
                               "Hedged requests by outcome (fired, won, lost, failed, skipped_*).",
                               ["outcome"], registry=r)
+        # shadow evaluation (issue 27, ethen.gateway.api.shadow): sampled requests by what became of them
+        self.shadows = Counter("ethen_gateway_shadows",
+                               "Shadow calls by outcome (sent, ok, failed, dropped_in_flight, skipped_gate, "
+                               "skipped_budget, skipped_project, record_failed).", ["outcome"], registry=r)
+        self.shadows_in_flight = Gauge("ethen_gateway_shadows_in_flight", "Shadow calls running now.",
+                                       registry=r)
         self.log_dropped = Counter("ethen_gateway_request_log_dropped",
                                    "Request-log records dropped because the writer's queue was full.",
                                    registry=r)
