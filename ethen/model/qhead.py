@@ -1,0 +1,269 @@
+"""The logits head over the GGUF's own blocks, read in place from the memory-mapped file (numba kernels).
+
+``BlockHead`` computes ``h [N, d] @ W.T`` for the head ``W [V, d]`` (the tied token embedding or
+``output.weight``) straight from the file's blocks: the int8 / 4-bit quants are read where they lie in the
+mapped GGUF, the float16 block scales (and Q4_1's minimums) are converted once to small float32 arrays
+(``[V, d / 32]``: 3.5 MB for SmolLM2 against the file's 30 MB head). No float32 copy of the head, no repack.
+
+Kernels (one per type, :data:`KERNEL_TYPES`):
+
+* ``Q8_0``: 34 bytes per 32 weights, ``w = d q`` (``q`` int8);
+* ``Q4_0``: 18 bytes, ``w = d (q - 8)`` (element ``j`` in the low nibble of byte ``j``, ``j + 16`` in its
+  high nibble);
+* ``Q4_1``: 20 bytes, ``w = d q + m``.
+
+Any other head type (Q4_K, Q5_K, Q6_K, F16, BF16, F32: untied heads exist) keeps the engine graph
+(:class:`~ethen.model.qmodel.QuantEmbedAndHead`'s existing path): :func:`build_block_head` returns None.
+
+Numerics: float32 throughout, over the file's weights: each weight ``w = d q`` (Q8_0 / Q4_0: exact in
+float32, an 11-bit scale times a <= 8-bit integer; Q4_1 adds ``m``, one rounding) is multiplied by the
+input and added to one of 32 float32 lane accumulators (lane = position in the block), summed at the end of
+the vocabulary row (``fastmath``: the vectorizer's order for that final sum). Within 1e-5 of a float64
+reference on SmolLM2 (logits up to ~20); ``tests/model/test_qhead.py``.
+
+Speed: Q8_0 has 1-, 2- and 4-row kernels (a call with N rows runs groups of 4, then 2, then 1): in a group,
+each converted weight is used for every row of it, so the group reads the head once (batched decode rounds;
+a prefill asks for its last row only). Q4_0 / Q4_1: one kernel, the rows one after the other over each
+vocabulary row (the weight row stays in L1). ``nogil``: the
+orchestrator's :class:`~ethen.mesh.orchestrator.head.SplitHead` runs vocabulary ranges on its threads;
+one call is one thread (no numba threading layer, ``ETHEN_THREADS`` untouched).
+
+numba is imported only in :func:`_kernels` (the first head built in a process). ``cache=True``: the JIT
+compile (~1-2 s, once per numba/CPU/source version) is written next to this module (or numba's user cache
+dir if that is read-only), and later processes load the compiled kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ethen.model.errors import ModelInputError
+
+__all__ = ["HEAD_MODES", "KERNEL_TYPES", "BlockHead", "build_block_head", "head_mode"]
+
+F32 = NDArray[np.float32]
+U8 = NDArray[np.uint8]
+
+#: Head types with a block kernel here (others: the engine graph)
+KERNEL_TYPES = ("Q8_0", "Q4_0", "Q4_1")
+#: ``$ETHEN_HEAD``: ``kernel`` (the default: this module when the head's type has a kernel) or ``engine``
+HEAD_MODES = ("kernel", "engine")
+_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+_QK = 32  # weights per block
+
+
+def head_mode() -> str:
+    """``$ETHEN_HEAD`` (``kernel`` | ``engine``, default ``kernel``); anything else is refused, named."""
+    raw = os.environ.get("ETHEN_HEAD", "").strip() or "kernel"
+    if raw not in HEAD_MODES:
+        raise ModelInputError(f"ETHEN_HEAD = {raw!r}: must be one of {', '.join(HEAD_MODES)}")
+    return raw
+
+
+@functools.cache
+def _kernels() -> dict[str, tuple[Any, ...]]:
+    """The compiled kernels by type: ``(1 row, 2 rows, 4 rows)`` for Q8_0, one (any rows) for Q4_0 / Q4_1
+    (numba is imported here, on the first head a process builds)."""
+    import numba
+
+    jit = numba.njit(nogil=True, cache=True, fastmath=True, boundscheck=False)
+
+    # Q8_0 ``w = d q``: per vocabulary row a 32-lane float32 accumulator per input row, ``acc[j] += d q_j
+    # x_j`` over the blocks, summed at the end. 2 and 4 input rows share each converted weight.
+    @jit
+    def q8_0_1(q: Any, sc: Any, mn: Any, h: Any, out: Any, a: int, b: int) -> None:
+        n, d = h.shape
+        nb = d // 32
+        x = np.empty(32, np.float32)
+        for v in range(a, b):
+            for r in range(n):
+                x[:] = 0
+                for blk in range(nb):
+                    base = blk * 34 + 2
+                    c = blk * 32
+                    s = sc[v, blk]
+                    for j in range(32):
+                        w = s * np.float32(q[v, base + j])  # exact: 11-bit d times 8-bit q
+                        x[j] += w * h[r, c + j]
+                t = np.float32(0)
+                for j in range(32):
+                    t += x[j]
+                out[r, v] = t
+
+    @jit
+    def q8_0_2(q: Any, sc: Any, mn: Any, h: Any, out: Any, a: int, b: int) -> None:
+        n, d = h.shape
+        nb = d // 32
+        x = np.empty(32, np.float32)
+        y = np.empty(32, np.float32)
+        for v in range(a, b):
+            for r in range(0, n, 2):
+                r1 = min(r + 1, n - 1)
+                x[:] = 0
+                y[:] = 0
+                for blk in range(nb):
+                    base = blk * 34 + 2
+                    c = blk * 32
+                    s = sc[v, blk]
+                    for j in range(32):
+                        w = s * np.float32(q[v, base + j])
+                        x[j] += w * h[r, c + j]
+                        y[j] += w * h[r1, c + j]
+                t0 = np.float32(0)
+                t1 = np.float32(0)
+                for j in range(32):
+                    t0 += x[j]
+                    t1 += y[j]
+                out[r, v] = t0
+                out[r1, v] = t1
+
+    @jit
+    def q8_0_4(q: Any, sc: Any, mn: Any, h: Any, out: Any, a: int, b: int) -> None:
+        n, d = h.shape
+        nb = d // 32
+        x = np.empty(32, np.float32)
+        y = np.empty(32, np.float32)
+        z = np.empty(32, np.float32)
+        u = np.empty(32, np.float32)
+        for v in range(a, b):
+            for r in range(0, n, 4):
+                r1, r2, r3 = min(r + 1, n - 1), min(r + 2, n - 1), min(r + 3, n - 1)
+                x[:] = 0
+                y[:] = 0
+                z[:] = 0
+                u[:] = 0
+                for blk in range(nb):
+                    base = blk * 34 + 2
+                    c = blk * 32
+                    s = sc[v, blk]
+                    for j in range(32):
+                        w = s * np.float32(q[v, base + j])
+                        x[j] += w * h[r, c + j]
+                        y[j] += w * h[r1, c + j]
+                        z[j] += w * h[r2, c + j]
+                        u[j] += w * h[r3, c + j]
+                t0 = np.float32(0)
+                t1 = np.float32(0)
+                t2 = np.float32(0)
+                t3 = np.float32(0)
+                for j in range(32):
+                    t0 += x[j]
+                    t1 += y[j]
+                    t2 += z[j]
+                    t3 += u[j]
+                out[r, v] = t0
+                out[r1, v] = t1
+                out[r2, v] = t2
+                out[r3, v] = t3
+
+    # Q4_0 ``w = d (q - 8)`` and Q4_1 ``w = d q + m``: element j in the low nibble of byte j, j + 16 in
+    # its high nibble
+    @jit
+    def q4_0(q: Any, sc: Any, mn: Any, h: Any, out: Any, a: int, b: int) -> None:
+        n, d = h.shape
+        nb = d // 32
+        x = np.empty(32, np.float32)
+        for v in range(a, b):
+            for r in range(n):
+                x[:] = 0
+                for blk in range(nb):
+                    base = blk * 18 + 2
+                    c = blk * 32
+                    s = sc[v, blk]
+                    for j in range(16):
+                        byte = np.int32(q[v, base + j])
+                        x[j] += (s * np.float32((byte & 15) - 8)) * h[r, c + j]
+                        x[j + 16] += (s * np.float32((byte >> 4) - 8)) * h[r, c + j + 16]
+                t = np.float32(0)
+                for j in range(32):
+                    t += x[j]
+                out[r, v] = t
+
+    @jit
+    def q4_1(q: Any, sc: Any, mn: Any, h: Any, out: Any, a: int, b: int) -> None:
+        n, d = h.shape
+        nb = d // 32
+        x = np.empty(32, np.float32)
+        for v in range(a, b):
+            for r in range(n):
+                x[:] = 0
+                for blk in range(nb):
+                    base = blk * 20 + 4
+                    c = blk * 32
+                    s = sc[v, blk]
+                    m = mn[v, blk]
+                    for j in range(16):
+                        byte = np.int32(q[v, base + j])
+                        x[j] += (s * np.float32(byte & 15) + m) * h[r, c + j]
+                        x[j + 16] += (s * np.float32(byte >> 4) + m) * h[r, c + j + 16]
+                t = np.float32(0)
+                for j in range(32):
+                    t += x[j]
+                out[r, v] = t
+
+    return {"Q8_0": (q8_0_1, q8_0_2, q8_0_4), "Q4_0": (q4_0,), "Q4_1": (q4_1,)}
+
+
+class BlockHead:
+    """``h [N, d]`` -> ``h @ W.T [N, V]`` over ``W``'s GGUF blocks ``raw [V, row bytes]`` (a view of the
+    mapped file, read in place)."""
+
+    def __init__(self, kind: str, raw: U8, rows: int, cols: int) -> None:
+        if kind not in KERNEL_TYPES:
+            raise ValueError(f"no head kernel for {kind} (kernels: {', '.join(KERNEL_TYPES)})")
+        if cols % _QK:
+            raise ValueError(f"a {kind} head needs a multiple of {_QK} columns, got {cols}")
+        size = _BLOCK_BYTES[kind]
+        nb = cols // _QK
+        arr = np.asarray(raw).view(np.ndarray)  # the mapped bytes, no copy (a memmap as a plain ndarray)
+        if arr.dtype != np.uint8 or arr.shape != (rows, nb * size):
+            raise ValueError(f"{kind} head bytes must be uint8 [{rows}, {nb * size}], got "
+                             f"{arr.dtype} {list(arr.shape)}")
+        self.kind, self.rows, self.cols = kind, rows, cols
+        blocks = arr.reshape(rows, nb, size)  # a view
+        # float16 fields -> float32 once ([V, nb]; the quants stay in the file)
+        self.scales: F32 = np.ascontiguousarray(blocks[:, :, 0:2]).view(np.float16)[..., 0].astype(np.float32)
+        self.mins: F32 = (np.ascontiguousarray(blocks[:, :, 2:4]).view(np.float16)[..., 0].astype(np.float32)
+                          if kind == "Q4_1" else np.zeros((1, 1), np.float32))
+        self.quants: NDArray[Any] = arr.view(np.int8) if kind == "Q8_0" else arr  # [V, row bytes]
+        self._kernels = _kernels()[kind]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this head holds in memory (the scales; the quants are the file's pages)."""
+        return int(self.scales.nbytes + (self.mins.nbytes if self.kind == "Q4_1" else 0))
+
+    def matmul_into(self, h: F32, out: F32, start: int, stop: int) -> None:
+        """``out[:, start:stop] = h @ W[start:stop].T`` (``h`` float32 C-contiguous ``[N, d]``, ``out``
+        float32 C-contiguous ``[N, V]``); releases the GIL."""
+        kernels = self._kernels
+        n, lo = h.shape[0], 0
+        while lo < n:  # groups of the widest kernel that fits: 4, 2, 1 rows (Q8_0); Q4_*: one for all
+            k = len(kernels) - 1
+            while k and n - lo < (1 << k):
+                k -= 1
+            hi = n if len(kernels) == 1 else lo + ((n - lo) >> k << k)
+            kernels[k](self.quants, self.scales, self.mins, h[lo:hi], out[lo:hi], start, stop)
+            lo = hi
+
+    def __call__(self, h: F32) -> F32:
+        """``h [N, d]`` -> ``[N, V]`` on this thread."""
+        x = np.ascontiguousarray(h, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != self.cols:
+            raise ModelInputError(f"hidden must be float32 [N, {self.cols}], got {list(x.shape)}")
+        out: F32 = np.empty((x.shape[0], self.rows), dtype=np.float32)
+        self.matmul_into(x, out, 0, self.rows)
+        return out
+
+
+def build_block_head(kind: str, raw: U8, rows: int, cols: int) -> BlockHead | None:
+    """The block-kernel head of a ``kind`` head, or None when ``kind`` has no kernel (the engine graph's
+    case) or ``$ETHEN_HEAD=engine`` asks for the engine."""
+    if head_mode() != "kernel" or kind not in KERNEL_TYPES or cols % _QK:
+        return None
+    return BlockHead(kind, raw, rows, cols)
