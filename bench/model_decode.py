@@ -5,6 +5,14 @@ transformers' GGUF loader in the same run when the parity extra is installed.
 
 .venv/bin/python bench/model_decode.py [--steps 32] [--repeats 5] [--skip-cold] [--skip-tiny] [--model X.gguf]
 .venv/bin/python bench/model_decode.py --vs-llama-cpp [--model X.gguf]   (quantized engine vs llama.cpp)
+OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/model_decode.py --head [--repeats 21]   (the logits head alone)
+
+``--head`` times the orchestrator's head alone (final RMSNorm + the vocabulary matmul) for 1/2/4/8 rows,
+one thread, interleaved in one run: the numba block kernel (:mod:`ethen.model.qhead`, the default) against
+the engine graph it replaces (``ETHEN_HEAD=engine``: ``MatMulNBits`` over nibble halves) and the float32
+head; the kernel split over 2 threads (``SplitHead``, the orchestrator's default) too. On the model's own
+head (SmolLM2: tied Q8_0) and on random Q4_0 / Q4_1 heads of the same shape. Then the kernels' first-call
+cost in fresh processes (numba import + cache load, and a compile with an empty cache).
 
 ``--vs-llama-cpp`` builds ``llama-cpp-python`` into ``~/.cache/ethen-bench/llama-venv`` on first use (a
 source build, ~7-25 minutes, cached; ``CMAKE_BUILD_PARALLEL_LEVEL=1``) and prints, in one run, decode and
@@ -215,6 +223,114 @@ def vs_llama_cpp(model: Path | None, steps: int) -> None:
                   f"{packed / file:.3f}x the file's {file / 1e6:.1f} MB")
 
 
+_FIRST_CALL = """
+import sys, time
+t0 = time.perf_counter()
+from ethen.model import open_weight_store
+from ethen.model.qmodel import QuantEmbedAndHead
+import numpy as np
+store = open_weight_store(sys.argv[1] or None, weights="quantized")
+t1 = time.perf_counter()
+ends = QuantEmbedAndHead(store)
+h = np.ones((7, store.config.d_model), np.float32)
+ends.logits(h)  # 4 + 2 + 1 rows: every Q8_0 kernel
+print(time.perf_counter() - t1)
+"""
+
+
+def _first_call_s(model: Path | None, cache_dir: str | None) -> float:
+    """Building the head + its first call (every row kernel) in a fresh process: numba's import, the JIT
+    cache load (or compile with ``cache_dir`` empty)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    if cache_dir is not None:
+        env["NUMBA_CACHE_DIR"] = cache_dir
+    out = subprocess.run([sys.executable, "-c", _FIRST_CALL, str(model or "")], capture_output=True,
+                         text=True, check=True, env=env)
+    return float(out.stdout.split()[-1])
+
+
+def _random_head(kind: str, rows: int, cols: int) -> Any:
+    """A random ``[rows, cols]`` head quantized to ``kind`` (GGUF bytes)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    w = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32) * 0.05
+    return np.ascontiguousarray(quantize(w, GGMLQuantizationType[kind])).reshape(rows, -1)
+
+
+def _engine_head(kind: str, raw: Any, rows: int, cols: int, norm: Any, eps: float) -> Any:
+    """The engine graph the kernel replaced (RMSNorm + ``MatMulNBits`` at exact accuracy), as a callable."""
+    from ethen.model.engine import ACCURACY_EXACT, Engine, GraphBuilder
+    from ethen.model.quant import pack
+
+    g = GraphBuilder("head")
+    x = g.input("x", cols)
+    g.node("Identity", [g.linear(g.rms_norm(x, norm, eps), pack(kind, raw, rows, cols), ACCURACY_EXACT)],
+           ["logits"])
+    g.output("logits", rows)
+    sess = Engine("cpu", 1, ACCURACY_EXACT).session(g)
+    return lambda h: sess.run(None, {"x": h})[0]
+
+
+def head_bench(model: Path | None, repeats: int) -> None:
+    """The head alone, old vs new, 1/2/4/8 rows, interleaved in one run (medians, ratios to the engine)."""
+    from ethen.mesh.orchestrator.head import SplitHead
+    from ethen.model.layers import rms_norm
+    from ethen.model.model import EmbedAndHead
+    from ethen.model.qhead import BlockHead
+    from ethen.model.qmodel import QuantEmbedAndHead
+
+    load0 = os.getloadavg()
+    print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}; "
+          f"median of {repeats}, variants interleaved; ms per call (all rows)")
+    store = open_weight_store(model, weights="quantized")
+    cfg = store.config
+    kernel = QuantEmbedAndHead(store)
+    assert kernel.block_head is not None, f"the head's type {kernel.head_kind} has no kernel"
+    norm, eps = kernel.output_norm, cfg.rms_eps
+    f32_store = open_weight_store(model, weights="float32")
+    f32 = EmbedAndHead(cfg, f32_store.load_token_embeddings(), f32_store.load_output_norm(),
+                       f32_store.load_output_head(), f32_store.load_output_head_t())
+    t = kernel.block_head
+    split = SplitHead(kernel, 2)
+    heads: dict[str, dict[str, Any]] = {f"{t.kind} (this model)": {
+        "engine (old)": _engine_head(t.kind, np.asarray(t.quants).view(np.uint8), t.rows, t.cols, norm, eps),
+        "float32": f32.logits, "kernel": kernel.logits, "kernel, 2 threads": split}}
+    for kind in ("Q4_0", "Q4_1"):
+        raw = _random_head(kind, cfg.vocab_size, cfg.d_model)
+        bh = BlockHead(kind, raw, cfg.vocab_size, cfg.d_model)
+        heads[f"{kind} (random, same shape)"] = {
+            "engine (old)": _engine_head(kind, raw, cfg.vocab_size, cfg.d_model, norm, eps),
+            "kernel": lambda h, bh=bh: bh(np.ascontiguousarray(rms_norm(h, norm, np.float32(eps))))}
+    rng = np.random.default_rng(0)
+    for name, variants in heads.items():
+        print(f"{name}: [{cfg.vocab_size}, {cfg.d_model}]")
+        print(f"  {'rows':>4} " + " ".join(f"{v:>18}" for v in variants) + "   kernel / engine")
+        for rows in (1, 2, 4, 8):
+            h = rng.standard_normal((rows, cfg.d_model)).astype(np.float32)
+            times: dict[str, list[float]] = {v: [] for v in variants}
+            for fn in variants.values():
+                fn(h)  # warm
+            for _ in range(repeats):
+                for v, fn in variants.items():
+                    t0 = time.perf_counter()
+                    fn(h)
+                    times[v].append(time.perf_counter() - t0)
+            med = {v: statistics.median(ts) * 1000 for v, ts in times.items()}
+            print(f"  {rows:>4} " + " ".join(f"{med[v]:15.2f} ms" for v in variants)
+                  + f"   {med['engine (old)'] / med['kernel']:.2f}x faster")
+    split.close()
+    with tempfile.TemporaryDirectory(prefix="ethen-numba-") as empty:
+        cold = _first_call_s(model, empty)
+    warm = statistics.median(_first_call_s(model, None) for _ in range(3))
+    print(f"head build + first call in a fresh process: {warm:.2f} s with the kernels cached, "
+          f"{cold:.2f} s compiling them (empty NUMBA_CACHE_DIR)")
+    print(f"load average before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=32)
@@ -223,7 +339,11 @@ def main() -> None:
     ap.add_argument("--skip-tiny", action="store_true", help="skip the per-architecture/type tiny models")
     ap.add_argument("--model", type=Path, default=None, help="GGUF to measure (default: SmolLM2)")
     ap.add_argument("--vs-llama-cpp", action="store_true", help="quantized engine vs llama.cpp, same GGUF")
+    ap.add_argument("--head", action="store_true", help="the logits head alone: block kernel vs engine")
     args = ap.parse_args()
+    if args.head:
+        head_bench(args.model, args.repeats)
+        return
     if args.vs_llama_cpp:
         vs_llama_cpp(args.model, args.steps)
         return

@@ -12,8 +12,18 @@ Kernels (one per type, :data:`KERNEL_TYPES`):
   high nibble);
 * ``Q4_1``: 20 bytes, ``w = d q + m``.
 
-Any other head type (Q4_K, Q5_K, Q6_K, F16, BF16, F32: untied heads exist) keeps the engine graph
-(:class:`~ethen.model.qmodel.QuantEmbedAndHead`'s existing path): :func:`build_block_head` returns None.
+Which head runs where (``$ETHEN_HEAD``, :func:`head_mode`), chosen by measurement (``bench/model_decode.py
+--head``, SmolLM2's shape ``[49152, 576]``, 1 thread, one run):
+
+* ``auto`` (the default): the kernel for Q8_0 heads (1 row 3.8 ms against the engine's 7.9, 2 rows 5.6 /
+  14.6, 4 rows 9.4 / 17.3, 8 rows 21.0 / 21.1), the engine graph for every other type: onnxruntime's
+  4-bit ``MatMulNBits`` beats these kernels on Q4_0 / Q4_1 (1 row 2.1-2.4 ms against 4.9-5.0);
+* ``kernel``: the kernel for every type that has one (Q8_0, Q4_0, Q4_1);
+* ``engine``: the engine graph (RMSNorm + ``MatMulNBits``) for every type.
+
+Q4_K, Q5_K, Q6_K, F16, BF16 and F32 heads (untied heads exist) have no kernel here: they keep the engine
+graph (:class:`~ethen.model.qmodel.QuantEmbedAndHead`'s existing path); :func:`build_block_head` returns
+None.
 
 Numerics: float32 throughout, over the file's weights: each weight ``w = d q`` (Q8_0 / Q4_0: exact in
 float32, an 11-bit scale times a <= 8-bit integer; Q4_1 adds ``m``, one rounding) is multiplied by the
@@ -44,22 +54,25 @@ from numpy.typing import NDArray
 
 from ethen.model.errors import ModelInputError
 
-__all__ = ["HEAD_MODES", "KERNEL_TYPES", "BlockHead", "build_block_head", "head_mode"]
+__all__ = ["AUTO_TYPES", "HEAD_MODES", "KERNEL_TYPES", "BlockHead", "build_block_head", "head_mode"]
 
 F32 = NDArray[np.float32]
 U8 = NDArray[np.uint8]
 
 #: Head types with a block kernel here (others: the engine graph)
 KERNEL_TYPES = ("Q8_0", "Q4_0", "Q4_1")
-#: ``$ETHEN_HEAD``: ``kernel`` (the default: this module when the head's type has a kernel) or ``engine``
-HEAD_MODES = ("kernel", "engine")
+#: Types whose kernel ``ETHEN_HEAD=auto`` (the default) runs: measured faster than the engine graph
+AUTO_TYPES = ("Q8_0",)
+#: ``$ETHEN_HEAD`` values (default ``auto``)
+HEAD_MODES = ("auto", "kernel", "engine")
 _BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
 _QK = 32  # weights per block
 
 
 def head_mode() -> str:
-    """``$ETHEN_HEAD`` (``kernel`` | ``engine``, default ``kernel``); anything else is refused, named."""
-    raw = os.environ.get("ETHEN_HEAD", "").strip() or "kernel"
+    """``$ETHEN_HEAD`` (``auto`` | ``kernel`` | ``engine``, default ``auto``); anything else is refused,
+    named."""
+    raw = os.environ.get("ETHEN_HEAD", "").strip() or "auto"
     if raw not in HEAD_MODES:
         raise ModelInputError(f"ETHEN_HEAD = {raw!r}: must be one of {', '.join(HEAD_MODES)}")
     return raw
@@ -262,8 +275,11 @@ class BlockHead:
 
 
 def build_block_head(kind: str, raw: U8, rows: int, cols: int) -> BlockHead | None:
-    """The block-kernel head of a ``kind`` head, or None when ``kind`` has no kernel (the engine graph's
-    case) or ``$ETHEN_HEAD=engine`` asks for the engine."""
-    if head_mode() != "kernel" or kind not in KERNEL_TYPES or cols % _QK:
+    """The block-kernel head of a ``kind`` head, or None for the engine graph: ``kind`` has no kernel, or
+    ``$ETHEN_HEAD`` (:func:`head_mode`) asks for the engine (``engine``; ``auto`` and a type outside
+    :data:`AUTO_TYPES`)."""
+    mode = head_mode()
+    types = AUTO_TYPES if mode == "auto" else KERNEL_TYPES if mode == "kernel" else ()
+    if kind not in types or cols % _QK:
         return None
     return BlockHead(kind, raw, rows, cols)

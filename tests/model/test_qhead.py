@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from ethen.mesh.orchestrator.head import SplitHead
 from ethen.model import ModelInputError, SamplingParams, WeightStore, generate_chat, load_model
-from ethen.model.qhead import KERNEL_TYPES, BlockHead, build_block_head
+from ethen.model.qhead import AUTO_TYPES, KERNEL_TYPES, BlockHead, build_block_head
 from ethen.model.qmodel import QuantEmbedAndHead, _Tensors
 from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
 from tests.model.conftest import Tiny
@@ -51,6 +51,12 @@ def _reference(store: WeightStore, hidden: np.ndarray) -> np.ndarray:
 def tiny_heads(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], WeightStore]:
     tmp = tmp_path_factory.mktemp("qhead")
     return {(k, tied): _tiny(tmp, k, tied) for k in KERNEL_TYPES for tied in (True, False)}
+
+
+@pytest.fixture(autouse=True)
+def _every_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ETHEN_HEAD=kernel``: the kernel for every type that has one (the default ``auto`` runs Q8_0's)."""
+    monkeypatch.setenv("ETHEN_HEAD", "kernel")
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "output.weight"])
@@ -99,6 +105,19 @@ def test_any_vocabulary_ranges_fill_the_whole(tiny_heads: dict[tuple[str, bool],
     for a, b in itertools.pairwise(edges):
         bh.matmul_into(h, out, a, b)
     assert np.array_equal(out, bh(h))
+
+
+def test_auto_runs_the_kernel_for_q8_0_only(tiny_heads: dict[tuple[str, bool], WeightStore],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default: the kernel where it measured faster than the engine graph (Q8_0), the engine for
+    Q4_0 / Q4_1 (onnxruntime's 4-bit path is faster there)."""
+    monkeypatch.delenv("ETHEN_HEAD")
+    assert AUTO_TYPES == ("Q8_0",)
+    assert QuantEmbedAndHead(tiny_heads[("Q8_0", False)]).block_head is not None
+    for kind in ("Q4_0", "Q4_1"):
+        assert QuantEmbedAndHead(tiny_heads[(kind, True)]).block_head is None
+    monkeypatch.setenv("ETHEN_HEAD", "auto")
+    assert QuantEmbedAndHead(tiny_heads[("Q8_0", True)]).block_head is not None
 
 
 def test_types_without_a_kernel_keep_the_engine_graph(tiny_models: dict[str, Tiny],
@@ -160,6 +179,7 @@ def test_split_head_over_the_block_kernel_equals_the_whole(store: WeightStore) -
 
 def test_greedy_text_on_the_banner_prompt_is_the_float32_paths(store: WeightStore,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ETHEN_HEAD")  # the default
     params = SamplingParams(temperature=0.0, max_tokens=32)
     quant = load_model(store)
     assert isinstance(quant.ends, QuantEmbedAndHead) and quant.ends.block_head is not None
