@@ -5,6 +5,7 @@ transformers' GGUF loader in the same run when the parity extra is installed.
 
 .venv/bin/python bench/model_decode.py [--steps 32] [--repeats 5] [--skip-cold] [--skip-tiny] [--model X.gguf]
 .venv/bin/python bench/model_decode.py --vs-llama-cpp [--model X.gguf]   (quantized engine vs llama.cpp)
+.venv/bin/python bench/model_decode.py --vs-llama-cpp --tinyllama   (TinyLlama-1.1B shape, Q4_K and Q8_0)
 OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/model_decode.py --head [--repeats 21]   (the logits head alone)
 
 ``--head`` times the orchestrator's head alone (final RMSNorm + the vocabulary matmul) for 1/2/4/8 rows,
@@ -159,7 +160,7 @@ import sys, time, llama_cpp
 path, threads, steps, n_pre = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=1024,
                       n_batch=512, verbose=False)
-ids = [(7 * i) % 1000 + 100 for i in range(n_pre)]
+ids = [(7 * i) % min(1000, llm.n_vocab() - 100) + 100 for i in range(n_pre)]  # (tiny vocabularies)
 t0 = time.perf_counter(); llm.eval(ids); pre = n_pre / (time.perf_counter() - t0)
 llm.reset(); llm.eval(ids[:16])
 t0 = time.perf_counter()
@@ -184,12 +185,16 @@ def _llama_cpp(path: Path, threads: int, steps: int) -> tuple[float, float]:
     return float(out[0]), float(out[1])
 
 
-def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int) -> tuple[float, float, int, int]:
+def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int) -> tuple[float, float, int, int, int,
+                                                                              int]:
+    """(prefill tok/s, decode tok/s, packed layer bytes, the layers' bytes in the file, RssAnon growth of
+    this process over the load and the runs, the KV cache's bytes)."""
     from ethen.model.engine import Engine
     from ethen.model.model import LayerStack
     from ethen.model.qmodel import QuantLayer, load_quant_layers
 
     store = open_weight_store(path, weights="quantized")
+    anon0 = _rss_anon()
     stack = LayerStack(store.config, load_quant_layers([(0, store.config.n_layers - 1)], store,
                                                        Engine("cpu", threads, accuracy))[0])
     layers = [w for w in stack.layers if isinstance(w, QuantLayer)]
@@ -204,7 +209,32 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int) -> tuple[f
     for i in range(steps):
         stack.forward(x[16 + i:17 + i], np.array([16 + i]), kv)
     dec = steps / (time.perf_counter() - t0)
-    return pre, dec, sum(w.nbytes for w in layers), sum(w.file_nbytes for w in layers)
+    grown = _rss_anon() - anon0
+    return pre, dec, sum(w.nbytes for w in layers), sum(w.file_nbytes for w in layers), grown, kv.nbytes
+
+
+TINYLLAMA_TYPES = ("Q4_K", "Q8_0")
+
+
+def tinyllama_gguf(kind: str) -> Path:
+    """A random-weight llama of TinyLlama-1.1B's shape (22 layers, d_model 2048, FFN 5632, 32 heads / 4 KV
+    heads; the tiny generator's 327-token vocabulary) in ``kind``, written once next to the llama.cpp venv
+    (``ethen.model.tiny_gguf``; several minutes, cached)."""
+    path = LLAMA_VENV.parent / f"tinyllama-shape-{kind}.gguf"
+    if not path.is_file():
+        print(f"writing {path} (one time, several minutes)...")
+        spec = TinySpec(types=(kind,), embd_type=kind, n_layers=22, d_model=2048, n_heads=32, n_kv_heads=4,
+                        d_ff=5632, context_length=2048, name=f"tinyllama-shape-{kind}")
+        write_tiny_gguf(path, spec)
+    return path
+
+
+def _rss_anon() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+    except (OSError, StopIteration):
+        return 0
 
 
 def vs_llama_cpp(model: Path | None, steps: int) -> None:
@@ -217,10 +247,11 @@ def vs_llama_cpp(model: Path | None, steps: int) -> None:
         lp, ld = _llama_cpp(path, threads, steps)
         print(f"  llama.cpp {threads} thread(s): prefill {lp:.0f} tok/s, decode {ld:.1f} tok/s")
         for name, acc in (("int8-act", ACCURACY_FAST), ("exact", ACCURACY_EXACT)):
-            ep, ed, packed, file = _ethen_quant(path, threads, steps, acc)
+            ep, ed, packed, file, grown, kvb = _ethen_quant(path, threads, steps, acc)
             print(f"  ethen {name} {threads} thread(s): prefill {ep:.0f} tok/s ({ep / lp:.0%}), decode "
                   f"{ed:.1f} tok/s ({ed / ld:.0%}); layer weights {packed / 1e6:.1f} MB = "
-                  f"{packed / file:.3f}x the file's {file / 1e6:.1f} MB")
+                  f"{packed / file:.3f}x the file's {file / 1e6:.1f} MB; RssAnon +{grown / 2**20:.0f} MiB "
+                  f"= {(grown - kvb) / file:.2f}x the file + the KV cache's {kvb / 2**20:.0f} MiB")
 
 
 _FIRST_CALL = """
@@ -340,12 +371,15 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None, help="GGUF to measure (default: SmolLM2)")
     ap.add_argument("--vs-llama-cpp", action="store_true", help="quantized engine vs llama.cpp, same GGUF")
     ap.add_argument("--head", action="store_true", help="the logits head alone: block kernel vs engine")
+    ap.add_argument("--tinyllama", action="store_true",
+                    help="with --vs-llama-cpp: TinyLlama-1.1B-shape random llamas in Q4_K and Q8_0")
     args = ap.parse_args()
     if args.head:
         head_bench(args.model, args.repeats)
         return
     if args.vs_llama_cpp:
-        vs_llama_cpp(args.model, args.steps)
+        for path in [tinyllama_gguf(k) for k in TINYLLAMA_TYPES] if args.tinyllama else [args.model]:
+            vs_llama_cpp(path, args.steps)
         return
     print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}")
     if not args.skip_tiny:

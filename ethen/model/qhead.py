@@ -15,9 +15,10 @@ Kernels (one per type, :data:`KERNEL_TYPES`):
 Which head runs where (``$ETHEN_HEAD``, :func:`head_mode`), chosen by measurement (``bench/model_decode.py
 --head``, SmolLM2's shape ``[49152, 576]``, 1 thread, one run):
 
-* ``auto`` (the default): the kernel for Q8_0 heads (1 row 3.8 ms against the engine's 7.9, 2 rows 5.6 /
-  14.6, 4 rows 9.4 / 17.3, 8 rows 21.0 / 21.1), the engine graph for every other type: onnxruntime's
-  4-bit ``MatMulNBits`` beats these kernels on Q4_0 / Q4_1 (1 row 2.1-2.4 ms against 4.9-5.0);
+* ``auto`` (the default): the kernel for Q8_0 heads (ms, kernel / engine graph: 1 row 3.88 / 7.54, 2 rows
+  5.54 / 14.09, 4 rows 10.26 / 16.42, 8 rows 18.40 / 20.44), the engine graph for every other type:
+  onnxruntime's 4-bit ``MatMulNBits`` beats these kernels on Q4_0 / Q4_1 (1 row 2.1-2.4 ms against
+  4.9-5.0, 8 rows 10-11 against 38-39);
 * ``kernel``: the kernel for every type that has one (Q8_0, Q4_0, Q4_1);
 * ``engine``: the engine graph (RMSNorm + ``MatMulNBits``) for every type.
 
@@ -28,19 +29,21 @@ None.
 Numerics: float32 throughout, over the file's weights: each weight ``w = d q`` (Q8_0 / Q4_0: exact in
 float32, an 11-bit scale times a <= 8-bit integer; Q4_1 adds ``m``, one rounding) is multiplied by the
 input and added to one of 32 float32 lane accumulators (lane = position in the block), summed at the end of
-the vocabulary row (``fastmath``: the vectorizer's order for that final sum). Within 1e-5 of a float64
-reference on SmolLM2 (logits up to ~20); ``tests/model/test_qhead.py``.
+the vocabulary row (``fastmath``: the vectorizer's order for that final sum). SmolLM2's head, random input:
+at most 3.9e-6 from a float64 reference (logits up to 17.5); ``tests/model/test_qhead.py`` checks each
+type on tiny models.
 
 Speed: Q8_0 has 1-, 2- and 4-row kernels (a call with N rows runs groups of 4, then 2, then 1): in a group,
 each converted weight is used for every row of it, so the group reads the head once (batched decode rounds;
 a prefill asks for its last row only). Q4_0 / Q4_1: one kernel, the rows one after the other over each
-vocabulary row (the weight row stays in L1). ``nogil``: the
-orchestrator's :class:`~ethen.mesh.orchestrator.head.SplitHead` runs vocabulary ranges on its threads;
-one call is one thread (no numba threading layer, ``ETHEN_THREADS`` untouched).
+vocabulary row (the weight row stays in L1). ``nogil``: the orchestrator's
+:class:`~ethen.mesh.orchestrator.head.SplitHead` runs vocabulary ranges on its threads; one call is one
+thread (no numba threading layer, ``ETHEN_THREADS`` untouched).
 
 numba is imported only in :func:`_kernels` (the first head built in a process). ``cache=True``: the JIT
-compile (~1-2 s, once per numba/CPU/source version) is written next to this module (or numba's user cache
-dir if that is read-only), and later processes load the compiled kernels.
+compile is written next to this module (or to numba's user cache dir if that is read-only), and later
+processes load the compiled kernels: building and first calling a head in a fresh process took 1.17 s
+compiling (once per numba / CPU / source version) and 0.35 s from the cache.
 """
 
 from __future__ import annotations
