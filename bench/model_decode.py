@@ -294,6 +294,10 @@ def _random_head(kind: str, rows: int, cols: int) -> Any:
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
+    if kind == "Q6_K":  # gguf's Python quantizer has no Q6_K: random quants, one fixed scale d
+        raw = np.random.default_rng(0).integers(0, 256, (rows, cols // 256, 210), dtype=np.uint8)
+        raw[:, :, 208:210] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+        return raw.reshape(rows, -1)
     w = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32) * 0.05
     return np.ascontiguousarray(quantize(w, GGMLQuantizationType[kind])).reshape(rows, -1)
 
@@ -333,21 +337,25 @@ def head_bench(model: Path | None, repeats: int) -> None:
                        f32_store.load_output_head(), f32_store.load_output_head_t())
     t = kernel.block_head
     split = SplitHead(kernel, 2)
-    heads: dict[str, dict[str, Any]] = {f"{t.kind} (this model)": {
+    widths: dict[str, int] = {f"{t.kind} (this model, [{t.rows}, {t.cols}])": t.cols}
+    heads: dict[str, dict[str, Any]] = {f"{t.kind} (this model, [{t.rows}, {t.cols}])": {
         "engine (old)": _engine_head(t.kind, np.asarray(t.quants).view(np.uint8), t.rows, t.cols, norm, eps),
         "float32": f32.logits, "kernel": kernel.logits, "kernel, 2 threads": split}}
-    for kind in ("Q4_0", "Q4_1"):
-        raw = _random_head(kind, cfg.vocab_size, cfg.d_model)
-        bh = BlockHead(kind, raw, cfg.vocab_size, cfg.d_model)
-        heads[f"{kind} (random, same shape)"] = {
-            "engine (old)": _engine_head(kind, raw, cfg.vocab_size, cfg.d_model, norm, eps),
-            "kernel": lambda h, bh=bh: bh(np.ascontiguousarray(rms_norm(h, norm, np.float32(eps))))}
+    for kind in ("Q4_0", "Q4_1", "Q6_K"):
+        cols = -(-cfg.d_model // 256) * 256 if kind == "Q6_K" else cfg.d_model  # Q6_K: 256 per block
+        g = norm if cols == cfg.d_model else np.ones(cols, np.float32)
+        raw = _random_head(kind, cfg.vocab_size, cols)
+        bh = BlockHead(kind, raw, cfg.vocab_size, cols)
+        widths[f"{kind} (random, [{cfg.vocab_size}, {cols}])"] = cols
+        heads[f"{kind} (random, [{cfg.vocab_size}, {cols}])"] = {
+            "engine (old)": _engine_head(kind, raw, cfg.vocab_size, cols, g, eps),
+            "kernel": lambda h, bh=bh, g=g: bh(np.ascontiguousarray(rms_norm(h, g, np.float32(eps))))}
     rng = np.random.default_rng(0)
     for name, variants in heads.items():
-        print(f"{name}: [{cfg.vocab_size}, {cfg.d_model}]")
+        print(f"{name}")
         print(f"  {'rows':>4} " + " ".join(f"{v:>18}" for v in variants) + "   kernel / engine")
         for rows in (1, 2, 4, 8):
-            h = rng.standard_normal((rows, cfg.d_model)).astype(np.float32)
+            h = rng.standard_normal((rows, widths[name])).astype(np.float32)
             times: dict[str, list[float]] = {v: [] for v in variants}
             for fn in variants.values():
                 fn(h)  # warm

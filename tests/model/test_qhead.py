@@ -73,8 +73,9 @@ def test_block_kernel_logits_match_the_float64_reference(tiny_heads: dict[tuple[
     assert float(np.abs(want).max()) > 0.5
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * float(np.abs(want).max()) + 1e-6)
     # the head's memory is its float32 scales (and Q4_1's minimums), not a copy of the weights
-    assert ends.nbytes == store.config.vocab_size * store.config.d_model // 32 * 4 * (2 if kind == "Q4_1"
-                                                                                      else 1)
+    per = 256 if kind == "Q6_K" else 32  # weights per block: one float32 scale each (Q4_1: + its minimum)
+    assert ends.nbytes == store.config.vocab_size * store.config.d_model // per * 4 * (2 if kind == "Q4_1"
+                                                                                       else 1)
 
 
 @pytest.mark.parametrize("kind", KERNEL_TYPES)
@@ -110,28 +111,45 @@ def test_any_vocabulary_ranges_fill_the_whole(tiny_heads: dict[tuple[str, bool],
 def test_auto_runs_the_kernel_for_q8_0_only(tiny_heads: dict[tuple[str, bool], WeightStore],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The default: the kernel where it measured faster than the engine graph (Q8_0), the engine for
-    Q4_0 / Q4_1 (onnxruntime's 4-bit path is faster there)."""
+    Q4_0 / Q4_1 / Q6_K (onnxruntime's path is faster there: 4-bit; Q6_K from 2 rows on)."""
     monkeypatch.delenv("ETHEN_HEAD")
     assert AUTO_TYPES == ("Q8_0",)
     assert QuantEmbedAndHead(tiny_heads[("Q8_0", False)]).block_head is not None
-    for kind in ("Q4_0", "Q4_1"):
+    for kind in ("Q4_0", "Q4_1", "Q6_K"):
         assert QuantEmbedAndHead(tiny_heads[(kind, True)]).block_head is None
     monkeypatch.setenv("ETHEN_HEAD", "auto")
     assert QuantEmbedAndHead(tiny_heads[("Q8_0", True)]).block_head is not None
 
 
 def test_types_without_a_kernel_keep_the_engine_graph(tiny_models: dict[str, Tiny],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    q6k = QuantEmbedAndHead(tiny_models["qwen2"].store)  # Q6_K output.weight
+                                                      tmp_path: Path) -> None:
+    q4k_store = _tiny(tmp_path, "Q4_K", tied=False)  # Q4_K output.weight
+    q4k = QuantEmbedAndHead(q4k_store)
     f16 = QuantEmbedAndHead(tiny_models["llama-spm-ropefreqs"].store)  # F16 output.weight
-    assert q6k.block_head is None and q6k.head_kind == "Q6_K"
+    assert q4k.block_head is None and q4k.head_kind == "Q4_K"
     assert f16.block_head is None and f16.head_kind == "F16"
-    h = np.random.default_rng(3).standard_normal((2, q6k.config.d_model)).astype(np.float32)
-    want = _reference(tiny_models["qwen2"].store, h)
-    np.testing.assert_allclose(q6k.logits(h), want, rtol=0, atol=1e-4 * float(np.abs(want).max()))
-    assert build_block_head("Q6_K", np.zeros((4, 210), np.uint8), 4, 256) is None
+    h = np.random.default_rng(3).standard_normal((2, q4k.config.d_model)).astype(np.float32)
+    want = _reference(q4k_store, h)
+    np.testing.assert_allclose(q4k.logits(h), want, rtol=0, atol=1e-4 * float(np.abs(want).max()))
+    assert build_block_head("Q4_K", np.zeros((4, 144), np.uint8), 4, 256) is None
     with pytest.raises(ValueError, match="no head kernel for Q4_K"):
         BlockHead("Q4_K", np.zeros((4, 144), np.uint8), 4, 256)
+    with pytest.raises(ValueError, match="multiple of 256 columns"):
+        BlockHead("Q6_K", np.zeros((4, 210), np.uint8), 4, 288)
+
+
+def test_the_qwen2_q6_k_output_head_runs_the_kernel_when_asked(tiny_models: dict[str, Tiny],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kernel``: Q6_K's kernel (the tiny qwen2's untied Q6_K head, its F16 embedding apart); ``auto``:
+    the engine graph (faster than the kernel from 2 rows on)."""
+    store = tiny_models["qwen2"].store
+    ends = QuantEmbedAndHead(store)
+    assert ends.block_head is not None and ends.head_kind == "Q6_K"
+    h = np.random.default_rng(6).standard_normal((3, ends.config.d_model)).astype(np.float32)
+    want = _reference(store, h)
+    np.testing.assert_allclose(ends.logits(h), want, rtol=0, atol=2e-6 * float(np.abs(want).max()) + 1e-6)
+    monkeypatch.setenv("ETHEN_HEAD", "auto")
+    assert QuantEmbedAndHead(store).block_head is None
 
 
 def test_ethen_head_engine_turns_the_kernel_off_and_a_bad_value_is_named(
