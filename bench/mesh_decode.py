@@ -1,6 +1,12 @@
 """Mesh decode benchmark: single process vs a 3-worker gRPC pipeline on loopback, in one run.
 
     .venv/bin/python bench/mesh_decode.py [--tokens 48] [--rounds 3]
+    .venv/bin/python bench/mesh_decode.py --head-ab [--tokens 32] [--rounds 3]
+
+``--head-ab``: the logits head's block kernel (``ETHEN_HEAD=auto``, the default: :mod:`ethen.model.qhead`)
+against the engine graph it replaced (``ETHEN_HEAD=engine``), in one run over the same three workers: two
+orchestrators (and two single-process models sharing one layer stack), measured alternately per round:
+single-process decode, mesh one session, and 1 / 4 / 8 concurrent sessions (medians, ratios).
 
 Measures (medians over rounds; every figure is printed next to its single-process baseline):
 
@@ -70,7 +76,15 @@ import numpy as np  # noqa: E402
 
 from ethen.mesh.orchestrator import Orchestrator  # noqa: E402
 from ethen.mesh.worker.launch import WorkerProcess, spawn_worker  # noqa: E402
-from ethen.model import GenerationChunk, Model, SamplingParams, generate_stream, load_model, model_step  # noqa: E402
+from ethen.model import (  # noqa: E402
+    GenerationChunk,
+    Model,
+    SamplingParams,
+    generate_stream,
+    load_model,
+    model_step,
+    open_weight_store,
+)
 
 LAYOUT = {"w0": "0-9", "w1": "10-19", "w2": "20-29"}
 PROMPT = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper and a storm."}]
@@ -232,11 +246,76 @@ def serialization_ms(d: int, calls: int = 2000) -> float:
     return statistics.median(samples) * 1000
 
 
+def head_ab(workers: dict[str, WorkerProcess], tokens: int, rounds: int) -> None:
+    """Block-kernel head vs engine-graph head, interleaved per round, same workers (see the docstring)."""
+    from ethen.model.qmodel import QuantEmbedAndHead
+
+    load_before = os.getloadavg()
+    model = load_model()
+    tok = model.tokenizer
+    ids = tok.encode(model.chat_template.render(PROMPT, add_generation_prompt=True))
+    params = SamplingParams(temperature=0.0, max_tokens=tokens)
+    addrs = {n: w.address for n, w in workers.items()}
+    old = os.environ.get("ETHEN_HEAD")
+    try:
+        os.environ["ETHEN_HEAD"] = "engine"
+        orch_e = Orchestrator.load(addrs)
+        model_e = Model(model.config, QuantEmbedAndHead(open_weight_store()), model.stack, tok,
+                        model.chat_template)
+    finally:
+        if old is None:
+            os.environ.pop("ETHEN_HEAD", None)
+        else:
+            os.environ["ETHEN_HEAD"] = old
+    orch_k = Orchestrator.load(addrs)
+    kinds = {"kernel": (model, orch_k), "engine": (model_e, orch_e)}
+    for name, (m, o) in kinds.items():
+        blocks = isinstance(m.ends, QuantEmbedAndHead) and m.ends.block_head is not None
+        assert blocks == (name == "kernel") and isinstance(o.ends, QuantEmbedAndHead) \
+            and (o.ends.block_head is not None) == blocks, name
+    figs: dict[str, dict[str, list[float]]] = {k: {} for k in kinds}
+    with orch_k, orch_e:
+        for m, o in kinds.values():  # warm both paths
+            run_single(m, ids, SamplingParams(temperature=0.0, max_tokens=2))
+            run_mesh(o, ids, SamplingParams(temperature=0.0, max_tokens=2))
+        for _ in range(rounds):
+            for name, (m, o) in kinds.items():
+                f = figs[name]
+                f.setdefault("single-process decode, 1 session", []).append(1 / median(run_single(m, ids,
+                                                                                               params)[1]))
+                f.setdefault("mesh decode, 1 session", []).append(1 / median(run_mesh(o, ids, params)[1]))
+                for n in (1, 4, 8):
+                    f.setdefault(f"mesh aggregate, {n} sessions", []).append(aggregate(o, ids, n, tokens))
+    print(f"\nhead A/B, tok/s, medians of {rounds} interleaved rounds ({tokens} tokens per generation)")
+    print(f"{'':36} {'engine graph (old)':>19} {'block kernel (new)':>19} {'new / old':>10}")
+    for metric in figs["kernel"]:
+        e, k = median(figs["engine"][metric]), median(figs["kernel"][metric])
+        print(f"{metric:36} {e:19.1f} {k:19.1f} {k / e:9.2f}x")
+    for name in ("engine", "kernel"):
+        f = figs[name]
+        one = median(f["mesh aggregate, 1 sessions"])
+        print(f"{name}: 8 sessions = {median(f['mesh aggregate, 8 sessions']) / one:.2f}x one session "
+              f"(target >= 3x)")
+    load_after = os.getloadavg()
+    print(f"load average (1/5/15 min) before {' '.join(f'{x:.2f}' for x in load_before)}, "
+          f"after {' '.join(f'{x:.2f}' for x in load_after)} on {os.cpu_count()} CPUs")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=48, help="decode tokens per measured generation")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
+    ap.add_argument("--head-ab", action="store_true", help="block-kernel head vs engine head, one run")
     args = ap.parse_args()
+    if args.head_ab:
+        print(f"starting {len(LAYOUT)} workers {LAYOUT} on 127.0.0.1 ...", flush=True)
+        ws = {n: spawn_worker(n, layers) for n, layers in LAYOUT.items()}
+        try:
+            head_ab(ws, args.tokens, args.rounds)
+        finally:
+            for w in ws.values():
+                w.stop()
+        return
 
     load_before = os.getloadavg()
     print(f"starting {len(LAYOUT)} workers {LAYOUT} on 127.0.0.1 ...", flush=True)

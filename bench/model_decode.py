@@ -5,6 +5,15 @@ transformers' GGUF loader in the same run when the parity extra is installed.
 
 .venv/bin/python bench/model_decode.py [--steps 32] [--repeats 5] [--skip-cold] [--skip-tiny] [--model X.gguf]
 .venv/bin/python bench/model_decode.py --vs-llama-cpp [--model X.gguf]   (quantized engine vs llama.cpp)
+.venv/bin/python bench/model_decode.py --vs-llama-cpp --tinyllama   (TinyLlama-1.1B shape, Q4_K and Q8_0)
+OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/model_decode.py --head [--repeats 21]   (the logits head alone)
+
+``--head`` times the orchestrator's head alone (final RMSNorm + the vocabulary matmul) for 1/2/4/8 rows,
+one thread, interleaved in one run: the numba block kernel (:mod:`ethen.model.qhead`, the default) against
+the engine graph it replaces (``ETHEN_HEAD=engine``: ``MatMulNBits`` over nibble halves) and the float32
+head; the kernel split over 2 threads (``SplitHead``, the orchestrator's default) too. On the model's own
+head (SmolLM2: tied Q8_0) and on random Q4_0 / Q4_1 heads of the same shape. Then the kernels' first-call
+cost in fresh processes (numba import + cache load, and a compile with an empty cache).
 
 ``--vs-llama-cpp`` builds ``llama-cpp-python`` into ``~/.cache/ethen-bench/llama-venv`` on first use (a
 source build, ~7-25 minutes, cached; ``CMAKE_BUILD_PARALLEL_LEVEL=1``) and prints, in one run, decode and
@@ -151,7 +160,7 @@ import sys, time, llama_cpp
 path, threads, steps, n_pre = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=1024,
                       n_batch=512, verbose=False)
-ids = [(7 * i) % 1000 + 100 for i in range(n_pre)]
+ids = [(7 * i) % min(1000, llm.n_vocab() - 100) + 100 for i in range(n_pre)]  # (tiny vocabularies)
 t0 = time.perf_counter(); llm.eval(ids); pre = n_pre / (time.perf_counter() - t0)
 llm.reset(); llm.eval(ids[:16])
 t0 = time.perf_counter()
@@ -176,12 +185,16 @@ def _llama_cpp(path: Path, threads: int, steps: int) -> tuple[float, float]:
     return float(out[0]), float(out[1])
 
 
-def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int) -> tuple[float, float, int, int]:
+def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int) -> tuple[float, float, int, int, int,
+                                                                              int]:
+    """(prefill tok/s, decode tok/s, packed layer bytes, the layers' bytes in the file, RssAnon growth of
+    this process over the load and the runs, the KV cache's bytes)."""
     from ethen.model.engine import Engine
     from ethen.model.model import LayerStack
     from ethen.model.qmodel import QuantLayer, load_quant_layers
 
     store = open_weight_store(path, weights="quantized")
+    anon0 = _rss_anon()
     stack = LayerStack(store.config, load_quant_layers([(0, store.config.n_layers - 1)], store,
                                                        Engine("cpu", threads, accuracy))[0])
     layers = [w for w in stack.layers if isinstance(w, QuantLayer)]
@@ -196,7 +209,35 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int) -> tuple[f
     for i in range(steps):
         stack.forward(x[16 + i:17 + i], np.array([16 + i]), kv)
     dec = steps / (time.perf_counter() - t0)
-    return pre, dec, sum(w.nbytes for w in layers), sum(w.file_nbytes for w in layers)
+    grown = _rss_anon() - anon0
+    return pre, dec, sum(w.nbytes for w in layers), sum(w.file_nbytes for w in layers), grown, kv.nbytes
+
+
+TINYLLAMA_TYPES = ("Q4_K", "Q8_0")
+
+
+def tinyllama_gguf(kind: str) -> Path:
+    """A random-weight llama of TinyLlama-1.1B's shape (22 layers, d_model 2048, FFN 5632, 32 heads / 4 KV
+    heads; the tiny generator's 327-token vocabulary) in ``kind``, written once next to the llama.cpp venv
+    (``ethen.model.tiny_gguf``; several minutes, cached)."""
+    path = LLAMA_VENV.parent / f"tinyllama-shape-{kind}.gguf"
+    if not path.is_file():
+        print(f"writing {path} (one time, several minutes)...")
+        spec = TinySpec(types=(kind,), embd_type=kind, n_layers=22, d_model=2048, n_heads=32, n_kv_heads=4,
+                        d_ff=5632, context_length=2048, name=f"tinyllama-shape-{kind}")
+        write_tiny_gguf(path, spec)
+    return path
+
+
+def _rss_anon() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+    except (OSError, StopIteration):
+        return 0
+
+
+_RSS_TAKEN: list[bool] = []  # RssAnon growth is a measure for the first load of a process only
 
 
 def vs_llama_cpp(model: Path | None, steps: int) -> None:
@@ -209,10 +250,130 @@ def vs_llama_cpp(model: Path | None, steps: int) -> None:
         lp, ld = _llama_cpp(path, threads, steps)
         print(f"  llama.cpp {threads} thread(s): prefill {lp:.0f} tok/s, decode {ld:.1f} tok/s")
         for name, acc in (("int8-act", ACCURACY_FAST), ("exact", ACCURACY_EXACT)):
-            ep, ed, packed, file = _ethen_quant(path, threads, steps, acc)
+            ep, ed, packed, file, grown, kvb = _ethen_quant(path, threads, steps, acc)
+            rss = (f"; RssAnon +{grown / 2**20:.0f} MiB = {(grown - kvb) / file:.2f}x the file + the KV "
+                   f"cache's {kvb / 2**20:.0f} MiB (this process's first load, with onnxruntime's start-up)"
+                   if not _RSS_TAKEN else "")  # later loads reuse freed memory: no measure
+            _RSS_TAKEN.append(True)
             print(f"  ethen {name} {threads} thread(s): prefill {ep:.0f} tok/s ({ep / lp:.0%}), decode "
                   f"{ed:.1f} tok/s ({ed / ld:.0%}); layer weights {packed / 1e6:.1f} MB = "
-                  f"{packed / file:.3f}x the file's {file / 1e6:.1f} MB")
+                  f"{packed / file:.3f}x the file's {file / 1e6:.1f} MB{rss}")
+
+
+_FIRST_CALL = """
+import sys, time
+t0 = time.perf_counter()
+from ethen.model import open_weight_store
+from ethen.model.qmodel import QuantEmbedAndHead
+import numpy as np
+store = open_weight_store(sys.argv[1] or None, weights="quantized")
+t1 = time.perf_counter()
+ends = QuantEmbedAndHead(store)
+h = np.ones((7, store.config.d_model), np.float32)
+ends.logits(h)  # 4 + 2 + 1 rows: every Q8_0 kernel
+print(time.perf_counter() - t1)
+"""
+
+
+def _first_call_s(model: Path | None, cache_dir: str | None) -> float:
+    """Building the head + its first call (every row kernel) in a fresh process: numba's import, the JIT
+    cache load (or compile with ``cache_dir`` empty)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    if cache_dir is not None:
+        env["NUMBA_CACHE_DIR"] = cache_dir
+    out = subprocess.run([sys.executable, "-c", _FIRST_CALL, str(model or "")], capture_output=True,
+                         text=True, check=True, env=env)
+    return float(out.stdout.split()[-1])
+
+
+def _random_head(kind: str, rows: int, cols: int) -> Any:
+    """A random ``[rows, cols]`` head quantized to ``kind`` (GGUF bytes)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    if kind == "Q6_K":  # gguf's Python quantizer has no Q6_K: random quants, one fixed scale d
+        raw = np.random.default_rng(0).integers(0, 256, (rows, cols // 256, 210), dtype=np.uint8)
+        raw[:, :, 208:210] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+        return raw.reshape(rows, -1)
+    w = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32) * 0.05
+    return np.ascontiguousarray(quantize(w, GGMLQuantizationType[kind])).reshape(rows, -1)
+
+
+def _engine_head(kind: str, raw: Any, rows: int, cols: int, norm: Any, eps: float) -> Any:
+    """The engine graph the kernel replaced (RMSNorm + ``MatMulNBits`` at exact accuracy), as a callable."""
+    from ethen.model.engine import ACCURACY_EXACT, Engine, GraphBuilder
+    from ethen.model.quant import pack
+
+    g = GraphBuilder("head")
+    x = g.input("x", cols)
+    g.node("Identity", [g.linear(g.rms_norm(x, norm, eps), pack(kind, raw, rows, cols), ACCURACY_EXACT)],
+           ["logits"])
+    g.output("logits", rows)
+    sess = Engine("cpu", 1, ACCURACY_EXACT).session(g)
+    return lambda h: sess.run(None, {"x": h})[0]
+
+
+def head_bench(model: Path | None, repeats: int) -> None:
+    """The head alone, old vs new, 1/2/4/8 rows, interleaved in one run (medians, ratios to the engine)."""
+    from ethen.mesh.orchestrator.head import SplitHead
+    from ethen.model.layers import rms_norm
+    from ethen.model.model import EmbedAndHead
+    from ethen.model.qhead import BlockHead
+    from ethen.model.qmodel import QuantEmbedAndHead
+
+    load0 = os.getloadavg()
+    print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}; "
+          f"median of {repeats}, variants interleaved; ms per call (all rows)")
+    store = open_weight_store(model, weights="quantized")
+    cfg = store.config
+    kernel = QuantEmbedAndHead(store)
+    assert kernel.block_head is not None, f"the head's type {kernel.head_kind} has no kernel"
+    norm, eps = kernel.output_norm, cfg.rms_eps
+    f32_store = open_weight_store(model, weights="float32")
+    f32 = EmbedAndHead(cfg, f32_store.load_token_embeddings(), f32_store.load_output_norm(),
+                       f32_store.load_output_head(), f32_store.load_output_head_t())
+    t = kernel.block_head
+    split = SplitHead(kernel, 2)
+    widths: dict[str, int] = {f"{t.kind} (this model, [{t.rows}, {t.cols}])": t.cols}
+    heads: dict[str, dict[str, Any]] = {f"{t.kind} (this model, [{t.rows}, {t.cols}])": {
+        "engine (old)": _engine_head(t.kind, np.asarray(t.quants).view(np.uint8), t.rows, t.cols, norm, eps),
+        "float32": f32.logits, "kernel": kernel.logits, "kernel, 2 threads": split}}
+    for kind in ("Q4_0", "Q4_1", "Q6_K"):
+        cols = -(-cfg.d_model // 256) * 256 if kind == "Q6_K" else cfg.d_model  # Q6_K: 256 per block
+        g = norm if cols == cfg.d_model else np.ones(cols, np.float32)
+        raw = _random_head(kind, cfg.vocab_size, cols)
+        bh = BlockHead(kind, raw, cfg.vocab_size, cols)
+        widths[f"{kind} (random, [{cfg.vocab_size}, {cols}])"] = cols
+        heads[f"{kind} (random, [{cfg.vocab_size}, {cols}])"] = {
+            "engine (old)": _engine_head(kind, raw, cfg.vocab_size, cols, g, eps),
+            "kernel": lambda h, bh=bh, g=g: bh(np.ascontiguousarray(rms_norm(h, g, np.float32(eps))))}
+    rng = np.random.default_rng(0)
+    for name, variants in heads.items():
+        print(f"{name}")
+        print(f"  {'rows':>4} " + " ".join(f"{v:>18}" for v in variants) + "   kernel / engine")
+        for rows in (1, 2, 4, 8):
+            h = rng.standard_normal((rows, widths[name])).astype(np.float32)
+            times: dict[str, list[float]] = {v: [] for v in variants}
+            for fn in variants.values():
+                fn(h)  # warm
+            for _ in range(repeats):
+                for v, fn in variants.items():
+                    t0 = time.perf_counter()
+                    fn(h)
+                    times[v].append(time.perf_counter() - t0)
+            med = {v: statistics.median(ts) * 1000 for v, ts in times.items()}
+            print(f"  {rows:>4} " + " ".join(f"{med[v]:15.2f} ms" for v in variants)
+                  + f"   {med['engine (old)'] / med['kernel']:.2f}x faster")
+    split.close()
+    with tempfile.TemporaryDirectory(prefix="ethen-numba-") as empty:
+        cold = _first_call_s(model, empty)
+    warm = statistics.median(_first_call_s(model, None) for _ in range(3))
+    print(f"head build + first call in a fresh process: {warm:.2f} s with the kernels cached, "
+          f"{cold:.2f} s compiling them (empty NUMBA_CACHE_DIR)")
+    print(f"load average before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
 
 
 def main() -> None:
@@ -223,9 +384,16 @@ def main() -> None:
     ap.add_argument("--skip-tiny", action="store_true", help="skip the per-architecture/type tiny models")
     ap.add_argument("--model", type=Path, default=None, help="GGUF to measure (default: SmolLM2)")
     ap.add_argument("--vs-llama-cpp", action="store_true", help="quantized engine vs llama.cpp, same GGUF")
+    ap.add_argument("--head", action="store_true", help="the logits head alone: block kernel vs engine")
+    ap.add_argument("--tinyllama", action="store_true",
+                    help="with --vs-llama-cpp: TinyLlama-1.1B-shape random llamas in Q4_K and Q8_0")
     args = ap.parse_args()
+    if args.head:
+        head_bench(args.model, args.repeats)
+        return
     if args.vs_llama_cpp:
-        vs_llama_cpp(args.model, args.steps)
+        for path in [tinyllama_gguf(k) for k in TINYLLAMA_TYPES] if args.tinyllama else [args.model]:
+            vs_llama_cpp(path, args.steps)
         return
     print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}")
     if not args.skip_tiny:

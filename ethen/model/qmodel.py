@@ -22,7 +22,8 @@ from ethen.model.config import ModelConfig
 from ethen.model.engine import ACCURACY_EXACT, ACCURACY_FAST, Engine, GraphBuilder
 from ethen.model.errors import GGUFFormatError, ModelInputError, WeightsNotFoundError
 from ethen.model.gguf_loader import TensorInfo, WeightStore, unpermute_qk
-from ethen.model.layers import AttentionSegment, apply_rope, attention
+from ethen.model.layers import AttentionSegment, apply_rope, attention, rms_norm
+from ethen.model.qhead import BlockHead, build_block_head
 from ethen.model.quant import Packed, pack
 
 __all__ = ["QuantEmbedAndHead", "QuantLayer", "engine_from_env", "load_quant_layers", "quant_block"]
@@ -187,29 +188,50 @@ def load_quant_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
 
 class QuantEmbedAndHead:
     """:class:`~ethen.model.model.EmbedAndHead` over the GGUF's blocks: ``embed`` dequantizes the asked rows
-    of the (memory-mapped) token embedding; ``logits`` is one engine graph, RMSNorm + the head's matmul over
-    its own blocks (the tied embedding packed once, no float32 copy)."""
+    of the (memory-mapped) token embedding; ``logits`` is the final RMSNorm and the head's matmul over its
+    own blocks (the tied embedding is not copied): a :class:`~ethen.model.qhead.BlockHead` kernel reading
+    the mapped file in place (Q8_0 heads; Q4_0 / Q4_1 too with ``$ETHEN_HEAD=kernel``, none with
+    ``engine``: :func:`~ethen.model.qhead.build_block_head`), else one engine graph (RMSNorm +
+    ``MatMulNBits``)."""
 
     def __init__(self, store: WeightStore, engine: Engine | None = None) -> None:
         from gguf import GGMLQuantizationType
 
         config = store.config
         self.config = config
-        eng = engine or engine_from_env()
         tensors = _Tensors(store)
         kind, raw, _rows, _cols = tensors.get("token_embd.weight")
         self._embd_kind = GGMLQuantizationType[kind]
         self._embd_raw = raw  # [V, row_bytes], a view of the mapped file: only the rows asked are read
         head = "token_embd.weight" if "output.weight" not in tensors.table else "output.weight"
+        hk, hraw, hrows, hcols = tensors.get(head)
+        self.head_kind = hk
+        self.output_norm: F32 = tensors.f32("output_norm.weight")  # [d]
+        self.block_head: BlockHead | None = build_block_head(hk, hraw, hrows, hcols)
+        self._session: Any = None
+        if self.block_head is not None:
+            self.nbytes = self.block_head.nbytes
+            return
+        eng = engine or engine_from_env()
         g = GraphBuilder("head")
         x = g.input("x", config.d_model)
-        h = g.rms_norm(x, tensors.f32("output_norm.weight"), config.rms_eps)  # [N, d]
-        hk, hraw, hrows, hcols = tensors.get(head)
+        h = g.rms_norm(x, self.output_norm, config.rms_eps)  # [N, d]
         y = g.linear(h, pack(hk, hraw, hrows, hcols), eng.accuracy)  # [N, V]
         g.node("Identity", [y], ["logits"])
         g.output("logits", hrows)
         self.nbytes = g.weight_bytes
         self._session = eng.session(g, tensors.backing_dir / f"head-acc{eng.accuracy}.bin")
+
+    def _check(self, hidden: F32) -> None:
+        if not isinstance(hidden, np.ndarray) or hidden.dtype != np.float32 or hidden.ndim != 2 \
+                or hidden.shape[1] != self.config.d_model:
+            shape = list(hidden.shape) if isinstance(hidden, np.ndarray) else type(hidden).__name__
+            raise ModelInputError(f"hidden must be float32 [N, {self.config.d_model}], got {shape}")
+
+    def normed(self, hidden: F32) -> F32:
+        """The final RMSNorm of ``hidden[N, d]`` (as :meth:`EmbedAndHead.logits` computes it), checked."""
+        self._check(hidden)
+        return np.ascontiguousarray(rms_norm(hidden, self.output_norm, np.float32(self.config.rms_eps)))
 
     def embed(self, token_ids: Sequence[int] | NDArray[np.integer]) -> F32:
         """``token_ids[T]`` -> ``hidden[T, d]`` float32."""
@@ -227,10 +249,9 @@ class QuantEmbedAndHead:
         return np.ascontiguousarray(rows.reshape(len(ids), self.config.d_model))  # [T, d]
 
     def logits(self, hidden: F32) -> F32:
-        """``hidden[N, d]`` -> ``logits[N, V]`` float32."""
-        if not isinstance(hidden, np.ndarray) or hidden.dtype != np.float32 or hidden.ndim != 2 \
-                or hidden.shape[1] != self.config.d_model:
-            shape = list(hidden.shape) if isinstance(hidden, np.ndarray) else type(hidden).__name__
-            raise ModelInputError(f"hidden must be float32 [N, {self.config.d_model}], got {shape}")
+        """``hidden[N, d]`` -> ``logits[N, V]`` float32 (the block kernel on this thread, or the graph)."""
+        if self.block_head is not None:
+            return self.block_head(self.normed(hidden))
+        self._check(hidden)
         out: F32 = self._session.run(None, {"x": np.ascontiguousarray(hidden)})[0]
         return out

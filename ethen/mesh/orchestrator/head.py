@@ -22,9 +22,13 @@ Choices where the issue is silent:
   split over 2 threads, 1 row 6.5 / 4.0 ms, 2 rows 11.7 / 12.8, 4 rows 13.5 / 9.1, 8 rows 16.2 / 10.2;
   before the 2+ row head went over ``head [V, d]`` (``h @ head_t``) it took 38-46 ms unsplit at 2-8 rows.
 - ``threads = 1`` is the unsplit head (``Orchestrator(head_threads=1)``); the default is 2.
-- Ends over the GGUF's blocks (:class:`~ethen.model.qmodel.QuantEmbedAndHead`,
-  ``ETHEN_WEIGHTS=quantized``) are one engine graph whose session runs on the engine's own intra-op
-  threads: called as they are.
+- Ends over the GGUF's blocks (:class:`~ethen.model.qmodel.QuantEmbedAndHead`, ``ETHEN_WEIGHTS=quantized``,
+  the default) with a block kernel (:class:`~ethen.model.qhead.BlockHead`: Q8_0 heads; Q4_0 / Q4_1 / Q6_K
+  too with ``ETHEN_HEAD=kernel``) are split the same way: the norm once, then each thread runs the kernel
+  (it releases the GIL) over its vocabulary range of one output array. Each logit is computed by the same
+  kernel call path for its row whatever the range, so the split logits are bitwise the unsplit ones
+  (tests). Other head types are one engine graph whose session runs on the engine's own intra-op threads:
+  called as they are.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ import numpy.typing as npt
 from ethen.model.errors import ModelInputError
 from ethen.model.layers import ROW_BLOCK, SMALL_BATCH_ROWS, rms_norm
 from ethen.model.model import EmbedAndHead, Ends
+from ethen.model.qhead import BlockHead
+from ethen.model.qmodel import QuantEmbedAndHead
 
 __all__ = ["SplitHead"]
 
@@ -64,12 +70,17 @@ class SplitHead:
             raise ValueError(f"head_threads = {threads!r}: must be >= 1")
         self.ends = ends
         self.threads = threads
-        if not isinstance(ends, EmbedAndHead):  # one engine graph (its own threads): called as it is
-            self._pool, self.split = None, False
-            return
-        self._float32: EmbedAndHead = ends
-        d, vocab = ends.output_head_t.shape
-        self._d, self._vocab = int(d), int(vocab)
+        self._blocks: BlockHead | None = None
+        if isinstance(ends, QuantEmbedAndHead):
+            if ends.block_head is None:  # one engine graph (its own threads): called as it is
+                self._pool, self.split = None, False
+                return
+            self._blocks = ends.block_head
+            self._d, self._vocab = ends.block_head.cols, ends.block_head.rows
+        else:
+            self._float32: EmbedAndHead = ends
+            d, vocab = ends.output_head_t.shape
+            self._d, self._vocab = int(d), int(vocab)
         step = -(-self._vocab // threads // _ALIGN) * _ALIGN
         cuts = [min(self._vocab, i * step) for i in range(threads + 1)]
         self._parts = [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
@@ -85,6 +96,12 @@ class SplitHead:
                 or hidden.shape[1] != self._d:
             shape = list(hidden.shape) if isinstance(hidden, np.ndarray) else type(hidden).__name__
             raise ModelInputError(f"hidden must be float32 [N, {self._d}], got {shape}")
+        if self._blocks is not None:  # the block kernel over vocabulary ranges, one output array
+            assert isinstance(self.ends, QuantEmbedAndHead)
+            hb = self.ends.normed(hidden)  # [N, d] C-contiguous
+            out_b: F32 = np.empty((hb.shape[0], self._vocab), dtype=np.float32)  # [N, V]
+            self._run([functools.partial(self._blocks.matmul_into, hb, out_b, a, b) for a, b in self._parts])
+            return out_b
         ends = self._float32
         h = rms_norm(hidden, ends.output_norm, self._eps)  # [N, d]
         if h.shape[0] == 1:  # a gemv over head_t [d, V], columns a:b per thread

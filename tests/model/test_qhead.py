@@ -1,0 +1,236 @@
+"""The logits head's block kernels (:mod:`ethen.model.qhead`) over the GGUF's blocks read in place: each
+kernel type against a float64 dequantized reference on tiny models, row counts and vocabulary ranges
+against the whole, the fallback types, ``$ETHEN_HEAD``, the on-disk JIT cache in a fresh process, and
+greedy text on the real model identical to the float32 path."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ethen.mesh.orchestrator.head import SplitHead
+from ethen.model import ModelInputError, SamplingParams, WeightStore, generate_chat, load_model
+from ethen.model.qhead import AUTO_TYPES, KERNEL_TYPES, BlockHead, build_block_head
+from ethen.model.qmodel import QuantEmbedAndHead, _Tensors
+from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
+from tests.model.conftest import Tiny
+
+BANNER = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def _tiny(tmp: Path, kind: str, tied: bool) -> WeightStore:
+    from ethen.model import open_weight_store
+
+    spec = TinySpec(types=("Q8_0",), embd_type=kind if tied else "F32", output_type=None if tied else kind,
+                    n_layers=1, name=f"tiny-head-{kind}", seed=11)
+    path = write_tiny_gguf(tmp / f"head-{kind}-{tied}.gguf", spec)
+    return open_weight_store(path, cache_root=tmp / "cache", weights="quantized")
+
+
+def _reference(store: WeightStore, hidden: np.ndarray) -> np.ndarray:
+    """float64: RMSNorm, then the head's dequantized weights (``gguf.quants``)."""
+    t = _Tensors(store)
+    name = "output.weight" if "output.weight" in t.table else "token_embd.weight"
+    info = t.info(name)
+    w = t.f32(name).astype(np.float64).reshape(info.rows, info.cols)
+    h = hidden.astype(np.float64)
+    h = h / np.sqrt((h * h).mean(axis=1, keepdims=True) + store.config.rms_eps)
+    return np.asarray((h * t.f32("output_norm.weight").astype(np.float64)) @ w.T)
+
+
+@pytest.fixture(scope="module")
+def tiny_heads(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], WeightStore]:
+    tmp = tmp_path_factory.mktemp("qhead")
+    return {(k, tied): _tiny(tmp, k, tied) for k in KERNEL_TYPES for tied in (True, False)}
+
+
+@pytest.fixture(autouse=True)
+def _every_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ETHEN_HEAD=kernel``: the kernel for every type that has one (the default ``auto`` runs Q8_0's)."""
+    monkeypatch.setenv("ETHEN_HEAD", "kernel")
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "output.weight"])
+@pytest.mark.parametrize("kind", KERNEL_TYPES)
+def test_block_kernel_logits_match_the_float64_reference(tiny_heads: dict[tuple[str, bool], WeightStore],
+                                                         kind: str, tied: bool) -> None:
+    store = tiny_heads[(kind, tied)]
+    ends = QuantEmbedAndHead(store)
+    assert ends.block_head is not None and ends.block_head.kind == kind == ends.head_kind
+    hidden = np.random.default_rng(1).standard_normal((5, store.config.d_model)).astype(np.float32) * 3
+    want = _reference(store, hidden)
+    got = ends.logits(hidden)
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert float(np.abs(want).max()) > 0.5
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * float(np.abs(want).max()) + 1e-6)
+    # the head's memory is its float32 scales (and Q4_1's minimums), not a copy of the weights
+    per = 256 if kind == "Q6_K" else 32  # weights per block: one float32 scale each (Q4_1: + its minimum)
+    assert ends.nbytes == store.config.vocab_size * store.config.d_model // per * 4 * (2 if kind == "Q4_1"
+                                                                                       else 1)
+
+
+@pytest.mark.parametrize("kind", KERNEL_TYPES)
+def test_every_row_count_gives_each_rows_one_row_logits(tiny_heads: dict[tuple[str, bool], WeightStore],
+                                                         kind: str) -> None:
+    """Q8_0 runs groups of 4, 2 and 1 rows through different kernels: a row's logits are the same bits
+    whatever came with it (a batched round and a lone session agree)."""
+    bh = QuantEmbedAndHead(tiny_heads[(kind, True)]).block_head
+    assert bh is not None
+    h = np.random.default_rng(2).standard_normal((11, bh.cols)).astype(np.float32)
+    single = np.concatenate([bh(h[i:i + 1]) for i in range(11)])
+    for n in (1, 2, 3, 4, 5, 7, 8, 11):
+        assert np.array_equal(bh(h[:n]), single[:n]), n
+
+
+@settings(max_examples=25, deadline=None)
+@given(cuts=st.lists(st.integers(0, 10**6), max_size=4), rows=st.integers(1, 9))
+def test_any_vocabulary_ranges_fill_the_whole(tiny_heads: dict[tuple[str, bool], WeightStore],
+                                              cuts: list[int], rows: int) -> None:
+    """``matmul_into`` over any cover of ``[0, V)`` by ranges = one call over the whole (the brute-force
+    oracle is the unsplit call)."""
+    bh = QuantEmbedAndHead(tiny_heads[("Q8_0", True)]).block_head
+    assert bh is not None
+    v = bh.rows
+    edges = sorted({0, v, *(c % (v + 1) for c in cuts)})
+    h = np.random.default_rng(rows).standard_normal((rows, bh.cols)).astype(np.float32)
+    out = np.full((rows, v), np.nan, np.float32)
+    for a, b in itertools.pairwise(edges):
+        bh.matmul_into(h, out, a, b)
+    assert np.array_equal(out, bh(h))
+
+
+def test_auto_runs_the_kernel_for_q8_0_only(tiny_heads: dict[tuple[str, bool], WeightStore],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default: the kernel where it measured faster than the engine graph (Q8_0), the engine for
+    Q4_0 / Q4_1 / Q6_K (onnxruntime's path is faster there: 4-bit; Q6_K from 2 rows on)."""
+    monkeypatch.delenv("ETHEN_HEAD")
+    assert AUTO_TYPES == ("Q8_0",)
+    assert QuantEmbedAndHead(tiny_heads[("Q8_0", False)]).block_head is not None
+    for kind in ("Q4_0", "Q4_1", "Q6_K"):
+        assert QuantEmbedAndHead(tiny_heads[(kind, True)]).block_head is None
+    monkeypatch.setenv("ETHEN_HEAD", "auto")
+    assert QuantEmbedAndHead(tiny_heads[("Q8_0", True)]).block_head is not None
+
+
+def test_types_without_a_kernel_keep_the_engine_graph(tiny_models: dict[str, Tiny],
+                                                      tmp_path: Path) -> None:
+    q4k_store = _tiny(tmp_path, "Q4_K", tied=False)  # Q4_K output.weight
+    q4k = QuantEmbedAndHead(q4k_store)
+    f16 = QuantEmbedAndHead(tiny_models["llama-spm-ropefreqs"].store)  # F16 output.weight
+    assert q4k.block_head is None and q4k.head_kind == "Q4_K"
+    assert f16.block_head is None and f16.head_kind == "F16"
+    h = np.random.default_rng(3).standard_normal((2, q4k.config.d_model)).astype(np.float32)
+    want = _reference(q4k_store, h)
+    np.testing.assert_allclose(q4k.logits(h), want, rtol=0, atol=1e-4 * float(np.abs(want).max()))
+    assert build_block_head("Q4_K", np.zeros((4, 144), np.uint8), 4, 256) is None
+    with pytest.raises(ValueError, match="no head kernel for Q4_K"):
+        BlockHead("Q4_K", np.zeros((4, 144), np.uint8), 4, 256)
+    with pytest.raises(ValueError, match="multiple of 256 columns"):
+        BlockHead("Q6_K", np.zeros((4, 210), np.uint8), 4, 288)
+
+
+def test_the_qwen2_q6_k_output_head_runs_the_kernel_when_asked(tiny_models: dict[str, Tiny],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kernel``: Q6_K's kernel (the tiny qwen2's untied Q6_K head, its F16 embedding apart); ``auto``:
+    the engine graph (faster than the kernel from 2 rows on)."""
+    store = tiny_models["qwen2"].store
+    ends = QuantEmbedAndHead(store)
+    assert ends.block_head is not None and ends.head_kind == "Q6_K"
+    h = np.random.default_rng(6).standard_normal((3, ends.config.d_model)).astype(np.float32)
+    want = _reference(store, h)
+    np.testing.assert_allclose(ends.logits(h), want, rtol=0, atol=2e-6 * float(np.abs(want).max()) + 1e-6)
+    monkeypatch.setenv("ETHEN_HEAD", "auto")
+    assert QuantEmbedAndHead(store).block_head is None
+
+
+def test_ethen_head_engine_turns_the_kernel_off_and_a_bad_value_is_named(
+        tiny_heads: dict[tuple[str, bool], WeightStore], monkeypatch: pytest.MonkeyPatch) -> None:
+    store = tiny_heads[("Q8_0", True)]
+    kernel = QuantEmbedAndHead(store)
+    monkeypatch.setenv("ETHEN_HEAD", "engine")
+    engine = QuantEmbedAndHead(store)
+    assert kernel.block_head is not None and engine.block_head is None
+    h = np.random.default_rng(4).standard_normal((3, store.config.d_model)).astype(np.float32)
+    a, b = kernel.logits(h), engine.logits(h)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * float(np.abs(b).max()))
+    monkeypatch.setenv("ETHEN_HEAD", "gpu")
+    with pytest.raises(ModelInputError, match="ETHEN_HEAD = 'gpu'"):
+        QuantEmbedAndHead(store)
+
+
+def test_bad_hidden_is_refused(tiny_heads: dict[tuple[str, bool], WeightStore]) -> None:
+    ends = QuantEmbedAndHead(tiny_heads[("Q4_0", True)])
+    with pytest.raises(ModelInputError, match="float32"):
+        ends.logits(np.zeros((1, ends.config.d_model), np.float64))  # type: ignore[arg-type]
+    with pytest.raises(ModelInputError, match=str(ends.config.d_model)):
+        ends.logits(np.zeros((1, 3), np.float32))
+
+
+def test_split_head_over_the_block_kernel_equals_the_whole(store: WeightStore) -> None:
+    """The real SmolLM2 head (tied Q8_0): split over 2 threads by vocabulary ranges, bitwise the one call."""
+    ends = QuantEmbedAndHead(store)
+    assert ends.block_head is not None and ends.block_head.kind == "Q8_0"
+    head = SplitHead(ends, 2)
+    try:
+        assert head.split and len(head._parts) == 2
+        assert head._parts[0][0] == 0 and head._parts[-1][1] == store.config.vocab_size
+        assert head._parts[0][1] == head._parts[1][0]
+        rng = np.random.default_rng(5)
+        for rows in (1, 2, 3, 8, 12):
+            hidden = ends.embed(rng.integers(0, 1000, rows)) + rng.standard_normal(
+                (rows, store.config.d_model)).astype(np.float32)
+            assert np.array_equal(head(hidden), ends.logits(hidden)), rows
+        with pytest.raises(ModelInputError, match="float32"):
+            head(np.zeros((1, store.config.d_model), np.float64))  # type: ignore[arg-type]
+    finally:
+        head.close()
+
+
+def test_greedy_text_on_the_banner_prompt_is_the_float32_paths(store: WeightStore,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ETHEN_HEAD")  # the default
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    quant = load_model(store)
+    assert isinstance(quant.ends, QuantEmbedAndHead) and quant.ends.block_head is not None
+    got = generate_chat(quant, BANNER, params)
+    monkeypatch.setenv("ETHEN_WEIGHTS", "float32")
+    want = generate_chat(load_model(), BANNER, params)
+    assert "Paris" in want.text
+    assert got.token_ids == want.token_ids, (got.text, want.text)
+
+
+CACHE_PROBE = """
+import json, sys
+import numpy as np
+from ethen.model import open_weight_store
+from ethen.model.qhead import _kernels
+from ethen.model.qmodel import QuantEmbedAndHead
+ends = QuantEmbedAndHead(open_weight_store(sys.argv[1], cache_root=sys.argv[2], weights="quantized"))
+h = np.ones((7, ends.config.d_model), np.float32)
+ends.logits(h)
+ks = [k for kind in _kernels().values() for k in kind]
+print(json.dumps({"hits": sum(sum(k.stats.cache_hits.values()) for k in ks),
+                  "misses": sum(sum(k.stats.cache_misses.values()) for k in ks)}))
+"""
+
+
+def test_a_later_process_loads_the_compiled_kernels_from_the_cache(tmp_path: Path) -> None:
+    """``cache=True``: the first process compiles (or finds an earlier run's cache), a second one loads
+    every kernel it runs from the cache, compiling none."""
+    spec = TinySpec(types=("Q8_0",), embd_type="Q8_0", n_layers=1, name="tiny-cache", seed=5)
+    path = write_tiny_gguf(tmp_path / "c.gguf", spec)
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", CACHE_PROBE, str(path), str(tmp_path / "cache")],
+                             capture_output=True, text=True, timeout=300, check=True, env={**os.environ})
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert runs[1]["misses"] == 0 and runs[1]["hits"] >= 3, runs  # 7 rows: the 4-, 2- and 1-row kernels
