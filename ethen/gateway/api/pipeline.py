@@ -127,6 +127,12 @@ def _kept(body: dict[str, Any]) -> bytes:
     return dumps(body)
 
 
+def _field(lines: list[str]) -> str | None:
+    """A header sent as several field lines is one comma-separated list (RFC 9110 5.3): a ``no-store`` in
+    the second ``Cache-Control`` line counts as much as in the first."""
+    return ", ".join(lines) if lines else None
+
+
 def _hit(call: Call) -> bool:
     return call.cache is not None and call.cache.entry is not None
 
@@ -242,7 +248,8 @@ class Pipeline:
         scope = f"project:{project.name}" if project is not None else f"config:{access.name}"
         headers = request.headers
         cc = call.cache = cache.consult(scope, call.endpoint, call.body, call.payload,
-                                        headers.get("cache-control"), headers.get("pragma"), sent,
+                                        _field(headers.getlist("cache-control")),
+                                        _field(headers.getlist("pragma")), sent,
                                         headers.get("anthropic-beta"))
         chain = {sc.id for sc in call.decision.chain}
         stream = call.stream

@@ -134,6 +134,21 @@ def test_no_cache_refreshes_and_no_store_bypasses(lv: Live) -> None:
     assert calls(lv) == 3
 
 
+def test_cache_control_sent_as_several_field_lines_is_one_list(lv: Live) -> None:
+    """RFC 9110 5.3: two ``Cache-Control`` lines are one list; a ``no-store`` / ``no-cache`` in the second
+    line counts (sweep27: only the first line was read, so this was a hit)."""
+    assert post(lv, chat()).headers["x-ethen-cache"] == "miss"
+    lines = [("authorization", f"Bearer {CLIENT_KEY}"), ("cache-control", "max-age=5"),
+             ("cache-control", "no-store")]
+    r = httpx.post(f"{lv.base_url}/chat/completions", json=chat(), headers=lines, timeout=15)
+    assert r.headers["x-ethen-cache"] == "bypass"
+    assert r.json()["ethen"]["routing"]["cache"]["reason"] == "no-store"
+    lines = [("authorization", f"Bearer {CLIENT_KEY}"), ("pragma", "x"), ("pragma", "no-cache")]
+    r = httpx.post(f"{lv.base_url}/chat/completions", json=chat(), headers=lines, timeout=15)
+    assert r.json()["ethen"]["routing"]["cache"]["reason"] == "no-cache"
+    assert calls(lv) == 3
+
+
 def test_ttl_expiry() -> None:
     with live(cache=cache(ttl_s=0.4)) as lv:
         assert post(lv, chat()).headers["x-ethen-cache"] == "miss"
