@@ -44,6 +44,7 @@ from starlette.responses import Response
 from ethen.gateway.accounting.accounts import Access, Accounts, Hold
 from ethen.gateway.accounting.auth import authorization
 from ethen.gateway.accounting.hold import max_cost_usd
+from ethen.gateway.accounting.pricing import Cost
 from ethen.gateway.api.execute import Attempt, BufferedRun, Executor, RouteTarget, StreamRun, upstream_payload
 from ethen.gateway.api.hedging import HEADER as HEDGE_HEADER
 from ethen.gateway.api.hedging import Hedger, opted_out
@@ -125,6 +126,10 @@ def _kept(body: dict[str, Any]) -> bytes:
     if isinstance(body, NativeAnswer):
         return dumps({_NATIVE: [dict(body), body.message]})
     return dumps(body)
+
+
+#: the receipt's ``cost`` of a cache hit (issue 27: "a hit costs nothing"): no upstream call, no ledger row
+_HIT_COST = Cost(0.0, 0.0, 0.0, Usage(0, 0), "cache").to_dict()
 
 
 def _field(lines: list[str]) -> str | None:
@@ -258,6 +263,7 @@ class Pipeline:
         if entry is None:
             return False
         call.hold = Hold(None, access, None, call.rid, None)
+        call.notes["cost"] = _HIT_COST  # a hit costs nothing: said on the receipt, 0 in the request log
         call.admitted_s = time.perf_counter() - call.t0
         return True
 

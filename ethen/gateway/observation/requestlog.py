@@ -139,6 +139,8 @@ def to_row(rec: RequestRecord) -> dict[str, Any]:
     usage = rec.usage
     priced = cost_of(served, usage) if served is not None and usage is not None else None
     cost = priced.total_usd if priced is not None else None
+    if cost is None and receipt is not None and (receipt.get("cache") or {}).get("hit") is True:
+        cost = 0.0  # a response-cache hit (issue 27): no upstream call, it costs nothing
     if priced is not None and receipt is not None:  # the breakdown: cache read/write tokens, cost parts
         receipt["cost"] = priced.to_dict()
     canary = rec.decision.canary if rec.decision is not None else None
