@@ -137,6 +137,13 @@ class _Live:
     hedge: bool  # sent as a hedge
 
 
+def _fallback(lv: _Live) -> bool:
+    """Whether the attempt that answered is a fallback (metric ``ethen_gateway_fallbacks_total``, the
+    telemetry record's ``fallback``): a later chain candidate started because an earlier one failed. A hedge
+    that won is not: it is counted by ``ethen_gateway_hedges_total{outcome="won"}``."""
+    return lv.i > 0 and not lv.hedge
+
+
 @dataclass(slots=True)
 class _Race:
     """One hedged request's state."""
@@ -375,7 +382,8 @@ class Hedger:
         dt = time.perf_counter() - lv.t0
         run = race.run
         run.attempts.append(Attempt(lv.target.candidate.id, "ok", dt * 1000))
-        self.executor.record(lv.target, dt, True, None, comp.usage, lv.i > 0, stream=False, trial=lv.trial,
+        self.executor.record(lv.target, dt, True, None, comp.usage, _fallback(lv), stream=False,
+                             trial=lv.trial,
                              request_id=rid)
         self._served(run, lv.target, rid)
         out: dict[str, Any] = dict(comp.receipt_extra)
@@ -426,4 +434,4 @@ class Hedger:
         self._served(run, lv.target, rid)
         stream = _Replay(opened.stream, opened.chunks[1:], race.receipt(lv.target.candidate.id))
         return StreamRun(opened.chunks[0], stream, lv.target, run.attempts, now - race.started, lv.t0,
-                         opened.ttft_s, lv.i > 0, self.executor, trial=lv.trial, request_id=rid)
+                         opened.ttft_s, _fallback(lv), self.executor, trial=lv.trial, request_id=rid)

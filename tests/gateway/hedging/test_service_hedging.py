@@ -162,13 +162,27 @@ def test_an_alias_without_a_rule_has_no_hedge_key_and_no_hedge() -> None:
         assert lv.up.calls == [chain[0]]
 
 
-def test_metrics_endpoint_exposes_the_hedges_counter() -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_metrics_endpoint_exposes_the_hedges_counter_and_a_won_hedge_is_no_fallback(stream: bool) -> None:
     with hedge_live(FAST) as lv:
-        lv.script_chain(Slow(delay_s=2.0), Slow(delay_s=0.01))
-        assert lv.post(body()).status_code == 200
+        _, fast, _ = lv.script_chain(Slow(delay_s=2.0), Slow(delay_s=0.01))
+        if stream:
+            assert stream_events(lv, body())[-1]["ethen"]["routing"]["hedge"]["fired"] is True
+        else:
+            assert lv.post(body()).status_code == 200
         text = httpx.get(f"{lv.base_url}/metrics").text
         assert 'ethen_gateway_hedges_total{outcome="fired"} 1.0' in text
         assert 'ethen_gateway_hedges_total{outcome="won"} 1.0' in text
+        # sweep27: the hedge that won was also counted as a fallback (ethen_gateway_fallbacks_total and the
+        # telemetry record's fallback flag); nothing failed, so there was no fallback
+        assert "ethen_gateway_fallbacks_total{" not in text
+        provider = {"up-hx": "alpha", "up-hy": "beta", "up-hz": "gamma"}[fast]
+        model = fast.removeprefix("up-")
+        deadline = time.monotonic() + 5  # a stream's attempt is recorded when the relay ends it
+        while not lv.gw.store.records(provider, model) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (rec,) = lv.gw.store.records(provider, model)
+        assert rec.success and rec.fallback is False
 
 
 def test_after_percentile_waits_for_min_samples_then_hedges_at_that_percentile_of_recent_ttft() -> None:
