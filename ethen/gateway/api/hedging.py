@@ -38,7 +38,7 @@ How a hedged request runs (:meth:`Hedger.run_buffered`, :meth:`Hedger.open_strea
   keep counting above the delay instead of vanishing; its circuit trial (if any) is freed without a verdict.
   The request log shows it as an attempt with outcome ``cancelled``.
 - Receipt (``ethen.routing.hedge``, present whenever a rule applies): ``fired`` (a hedge was sent),
-  ``after_ms`` (the delay used; absent when no delay applied), ``winner`` (the candidate that answered),
+  ``after_ms`` (the delay used; ``null`` when no delay applied), ``winner`` (the candidate that answered),
   ``cancelled`` (candidates cancelled), ``reasons`` (the plan's), and ``skipped`` when the delay passed but
   no hedge could be sent (``budget`` / ``no_next_candidate``).
 - Metric ``ethen_gateway_hedges_total{outcome}``: ``fired`` (a hedge sent), ``won`` (a hedge answered first),
@@ -165,8 +165,7 @@ class _Race:
     def receipt(self, winner: str) -> dict[str, Any]:
         out: dict[str, Any] = {"fired": self.fired > 0}
         after = self.after_ms if self.after_ms is not None else self.plan.after_ms
-        if after is not None:
-            out["after_ms"] = round(after, 3)
+        out["after_ms"] = round(after, 3) if after is not None else None  # always there: the 4 keys
         out["winner"] = winner
         out["cancelled"] = [lv.target.candidate.id for lv, _ in self.cancelled]
         out["reasons"] = list(self.plan.reasons)

@@ -132,10 +132,11 @@ def test_max_extra_is_respected(max_extra: int) -> None:
             assert sorted(routing["hedge"]["cancelled"]) == sorted(routing["chain"][:2])
 
 
-def test_client_opt_out_header_sends_no_hedge() -> None:
+@pytest.mark.parametrize("value", ["off", "OFF", "Off"])
+def test_client_opt_out_header_sends_no_hedge(value: str) -> None:
     with hedge_live(FAST) as lv:
         slow, _, _ = lv.script_chain(Slow(delay_s=0.5), Slow())
-        r = lv.post(body(), **{"x-ethen-hedge": "off"})
+        r = lv.post(body(), **{"x-ethen-hedge": value})
         hedge = r.json()["ethen"]["routing"]["hedge"]
         assert hedge["fired"] is False and "opt_out" in hedge["reasons"]
         assert lv.up.calls == [slow]
@@ -191,7 +192,10 @@ def test_after_percentile_waits_for_min_samples_then_hedges_at_that_percentile_o
         first, second, _ = lv.script_chain(Slow(delay_s=0.02), Slow(delay_s=0.02))
         r = lv.post(body())  # no sample yet: no delay, no hedge
         hedge = r.json()["ethen"]["routing"]["hedge"]
-        assert hedge["fired"] is False and "after_ms" not in hedge and "min_samples" in hedge["reasons"]
+        # the four keys are always there (sweep27: after_ms was left out when no delay applied)
+        assert {"fired", "after_ms", "winner", "cancelled"} <= hedge.keys()
+        assert hedge["fired"] is False and hedge["after_ms"] is None and "min_samples" in hedge["reasons"]
+        assert hedge["winner"] == r.json()["ethen"]["routing"]["chain"][0] and hedge["cancelled"] == []
         assert lv.metric("skipped_min_samples") == 1
         for _ in range(5):
             assert lv.post(body()).status_code == 200
