@@ -16,7 +16,7 @@ How a hedged request runs (:meth:`Hedger.run_buffered`, :meth:`Hedger.open_strea
   fires, the project's budget must cover a second attempt (the plan's check of the remaining
   budget, then a real second reservation, :meth:`~ethen.gateway.accounting.accounts.Accounts.admit_extra`);
   then the same request goes to the next candidate. Otherwise the hedge is skipped and counted
-  (``skipped_budget``, ``skipped_no_candidate``) and no other hedge is tried for this request.
+  (``skipped_budget``, ``skipped_no_next_candidate``) and no other hedge is tried for this request.
 - The first attempt to answer wins; every other attempt in flight is cancelled: its task is cancelled, which
   closes its upstream connection (the buffered call's HTTP request is aborted, the stream is closed).
 - Composition with fallback: an attempt that fails with a retryable error is recorded like any failed
@@ -43,9 +43,9 @@ How a hedged request runs (:meth:`Hedger.run_buffered`, :meth:`Hedger.open_strea
   no hedge could be sent (``budget`` / ``no_next_candidate``).
 - Metric ``ethen_gateway_hedges_total{outcome}``: ``fired`` (a hedge sent), ``won`` (a hedge answered first),
   ``lost`` (a hedge was cancelled: the earlier attempt answered first), ``failed`` (a hedge failed with an
-  error), ``skipped_budget``, ``skipped_no_candidate`` (the delay passed, no hedge sent), ``skipped_opt_out``
-  (``x-ethen-hedge: off``), ``skipped_min_samples`` (no candidate had ``min_samples`` TTFT samples).
-"""
+  error), ``skipped_budget``, ``skipped_no_next_candidate`` (the delay passed, no hedge sent),
+  ``skipped_opt_out`` (``x-ethen-hedge: off``), ``skipped_min_samples`` (no candidate had ``min_samples`` TTFT
+  samples). Every outcome is exposed at 0 from the start (``GatewayMetrics.hedging``)."""
 
 from __future__ import annotations
 
@@ -184,6 +184,7 @@ class Hedger:
         self.executor = executor
         self.store = store
         self.metrics = executor.metrics
+        self.metrics.hedging()
         self.max_censored = max_censored
         #: (provider, model) -> (monotonic time, ms ran) of cancelled losers: censored TTFT samples
         self.censored: dict[tuple[str, str], deque[tuple[float, float]]] = {}

@@ -163,6 +163,19 @@ def test_an_alias_without_a_rule_has_no_hedge_key_and_no_hedge() -> None:
         assert lv.up.calls == [chain[0]]
 
 
+DOCUMENTED_HEDGE_OUTCOMES = ("fired", "won", "lost", "failed", "skipped_budget", "skipped_no_next_candidate",
+                             "skipped_opt_out", "skipped_min_samples")  # docs/gateway.md, Hedged requests
+
+
+def test_every_documented_hedge_outcome_is_exposed_at_zero_from_the_start() -> None:
+    """sweep27: the series appeared only once each outcome first happened (and the docs named the skip
+    label ``skipped_no_candidate`` while the code counted ``skipped_no_next_candidate``)."""
+    with hedge_live(FAST) as lv:
+        text = httpx.get(f"{lv.base_url}/metrics").text
+        for outcome in DOCUMENTED_HEDGE_OUTCOMES:
+            assert f'ethen_gateway_hedges_total{{outcome="{outcome}"}} 0.0' in text, outcome
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_metrics_endpoint_exposes_the_hedges_counter_and_a_won_hedge_is_no_fallback(stream: bool) -> None:
     with hedge_live(FAST) as lv:
