@@ -51,6 +51,9 @@ def test_buffered_hedge_fires_after_the_delay_and_the_faster_wins_and_the_loser_
         outcomes = [(a["candidate"], a["outcome"]) for a in routing["attempts"]]
         assert outcomes == [(routing["chain"][0], "cancelled"), (routing["chain"][1], "ok")]
         assert elapsed < 2.0  # not the slow one's 4 s
+        # sweep27: the receipt said fallback_used ("the primary failed") though nothing failed
+        assert "hedge_won" in routing["reason_codes"] and "fallback_used" not in routing["reason_codes"]
+        assert routing["primary_model"] == slow.removeprefix("up-")
         assert lv.up.calls == [slow, fast]
         assert lv.up.wait_closed(slow)  # the loser's upstream connection was closed by the gateway
         assert lv.metric("fired") == 1 and lv.metric("won") == 1 and lv.metric("lost") == 0
@@ -71,6 +74,7 @@ def test_stream_hedge_fires_and_the_first_content_token_wins_and_the_loser_is_cl
         assert routing["hedge"]["fired"] is True and routing["hedge"]["winner"] == routing["chain"][1]
         assert routing["hedge"]["cancelled"] == [routing["chain"][0]]
         assert [a["outcome"] for a in routing["attempts"]] == ["cancelled", "ok"]
+        assert "hedge_won" in routing["reason_codes"] and "fallback_used" not in routing["reason_codes"]
         assert lv.up.wait_closed(slow)
         assert fast not in lv.up.closed
 
@@ -151,6 +155,8 @@ def test_a_retryable_failure_before_the_delay_falls_back_and_the_fallback_may_be
         assert [a["outcome"] for a in routing["attempts"]] == ["error", "cancelled", "ok"]
         assert lv.up.calls == [bad, slow, fast]
         assert routing["hedge"]["fired"] and routing["served_model"] == fast.removeprefix("up-")
+        assert "fallback_used" in routing["reason_codes"]  # the primary did fail
+        assert "hedge_won" not in routing["reason_codes"]
         assert lv.up.wait_closed(slow)
 
 
