@@ -145,6 +145,11 @@ def _check_shadows(cfg: GatewayConfig, routes: Mapping[str, int]) -> None:
             raise GatewayConfigError(
                 f"shadows[{i}].alias = {sh.alias!r}: unknown alias (known: {sorted(ALIASES)})"
             )
+        if abs(sh.percent * 100 - round(sh.percent * 100)) > 1e-6:
+            raise GatewayConfigError(
+                f"shadows[{i}].percent = {sh.percent!r}: at most two decimals (sampling is in steps of "
+                f"0.01 %: this value would sample {round(sh.percent * 100) / 100!r} %)"
+            )
         j = routes.get(sh.candidate)
         if j is None or cfg.routes[j].endpoint != "chat":
             raise GatewayConfigError(
