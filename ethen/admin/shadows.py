@@ -102,12 +102,12 @@ async def _summary(gw: Gateway, rule: ShadowRule) -> dict[str, Any]:
             "skipped": dict(sorted(skipped.items()))}
 
 
-async def _listing(gw: Gateway, runner: ShadowRunner, request: Request) -> dict[str, Any]:
+async def _listing(gw: Gateway, runner: ShadowRunner | None, request: Request) -> dict[str, Any]:
     qp = request.query_params
     alias = _alias(qp["alias"]) if "alias" in qp else None
     candidate = _candidate(qp["candidate"]) if "candidate" in qp else None
     limit = query_int(request, "limit", 50, 1, 500)
-    rules = [r for r in runner.rules
+    rules = [r for r in (runner.rules if runner is not None else ())
              if (alias is None or r.alias == alias) and (candidate is None or r.candidate == candidate)]
     store = gw.accounts.store
     if store is None:
@@ -116,7 +116,7 @@ async def _listing(gw: Gateway, runner: ShadowRunner, request: Request) -> dict[
     return {"object": "list", "data": [await _summary(gw, r) for r in rules], "pairs": pairs}
 
 
-async def _promote(gw: Gateway, runner: ShadowRunner, request: Request) -> dict[str, Any]:
+async def _promote(gw: Gateway, runner: ShadowRunner | None, request: Request) -> dict[str, Any]:
     try:
         body = json.loads(await request.body() or b"{}")
     except ValueError:
@@ -138,7 +138,7 @@ async def _promote(gw: Gateway, runner: ShadowRunner, request: Request) -> dict[
     if percent not in CANARY_PERCENTS:
         raise InvalidRequestError(f"percent = {percent!r}: must be one of {list(CANARY_PERCENTS)}.",
                                   code="invalid_value", param="percent")
-    rule = runner.rule(alias, candidate)
+    rule = runner.rule(alias, candidate) if runner is not None else None
     if rule is None:
         raise NotFoundError(f"no [[shadows]] rule for alias {alias!r} and candidate {candidate!r}")
     view = await _summary(gw, rule)
@@ -161,9 +161,11 @@ async def _promote(gw: Gateway, runner: ShadowRunner, request: Request) -> dict[
 
 
 def shadow_routes(gw: Gateway, auth: AdminAuth | None) -> list[Route]:
-    """``GET /shadows`` and ``POST /shadows/promote`` (none without an admin key or ``[[shadows]]``)."""
+    """``GET /shadows`` and ``POST /shadows/promote`` (none without an admin key, i.e. without ``[store]``).
+    A gateway with a store but no ``[[shadows]]`` rule serves them too: an empty listing (with the pairs its
+    store still holds) and a 404 ``not_found`` promotion, not a 404 for the path."""
     runner = gw.shadows
-    if auth is None or runner is None:
+    if auth is None:
         return []
 
     async def guard(request: Request, build: Any) -> Response:

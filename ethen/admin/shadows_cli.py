@@ -53,15 +53,21 @@ def _fail(msg: str, code: int = 2) -> typer.Exit:
 
 
 def _base(url: str | None, config: Path | None) -> str:
+    if config is not None:  # a config without [store] / [[shadows]] cannot serve shadows: say so here
+        try:
+            cfg = load_config(config)
+        except GatewayError as exc:
+            raise _fail(exc.message) from None
+        if cfg.store is None or not cfg.shadows:
+            missing = "no [store] section" if cfg.store is None else "no [[shadows]] rule"
+            raise _fail(f"{config}: {missing}: shadow evaluation needs a [store] section and [[shadows]] "
+                        "rules (see docs/gateway.md, Shadow evaluation)")
     if url:
         return url.rstrip("/")
     if os.environ.get(URL_ENV):
         return os.environ[URL_ENV].rstrip("/")
     if config is not None:
-        try:
-            srv = load_config(config).server
-        except GatewayError as exc:
-            raise _fail(exc.message) from None
+        srv = cfg.server
         host = "127.0.0.1" if srv.host in ("0.0.0.0", "::", "") else srv.host
         return f"http://{host}:{srv.port}"
     return DEFAULT_URL
@@ -88,7 +94,13 @@ def _call(method: str, url: str, key: str, **kw: Any) -> httpx.Response:
 def _error(r: httpx.Response) -> str:
     try:
         err = r.json()["error"]
-        return f"{err.get('code')}: {err.get('message')}"
+        msg = str(err.get("message"))
+        if r.status_code == 404 and msg.endswith(": not found"):  # no such route: the API is not served
+            base, path = str(r.request.url.copy_with(query=None)).split("/api/admin/v1/", 1)
+            return (f"the gateway at {base} serves no shadows admin API ({r.request.method} /api/admin/v1/"
+                    f"{path}: 404): it runs without a [store] section; shadow evaluation needs [store] and "
+                    "[[shadows]] rules")
+        return f"{err.get('code')}: {msg}"
     except (ValueError, KeyError, TypeError):
         return f"HTTP {r.status_code}"
 

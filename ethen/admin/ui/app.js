@@ -72,7 +72,7 @@ async function loadRequests(fresh) {
 // issue 27: the receipt's hedge (fired or not, its delay, who won, who was cancelled)
 function hedgeSummary(h) {
   if (!h) return "";
-  const after = h.after_ms !== undefined ? ` after ${num(h.after_ms, 0)} ms` : "";
+  const after = h.after_ms != null ? ` after ${num(h.after_ms, 0)} ms` : "";
   if (!h.fired) return ` · hedge not fired${after}${h.skipped ? " (skipped: " + h.skipped + ")" : ""}`;
   return ` · hedge fired${after}, won by ${h.winner}, cancelled ${(h.cancelled || []).join(", ") || "none"}`;
 }

@@ -16,7 +16,7 @@ How a hedged request runs (:meth:`Hedger.run_buffered`, :meth:`Hedger.open_strea
   fires, the project's budget must cover a second attempt (the plan's check of the remaining
   budget, then a real second reservation, :meth:`~ethen.gateway.accounting.accounts.Accounts.admit_extra`);
   then the same request goes to the next candidate. Otherwise the hedge is skipped and counted
-  (``skipped_budget``, ``skipped_no_candidate``) and no other hedge is tried for this request.
+  (``skipped_budget``, ``skipped_no_next_candidate``) and no other hedge is tried for this request.
 - The first attempt to answer wins; every other attempt in flight is cancelled: its task is cancelled, which
   closes its upstream connection (the buffered call's HTTP request is aborted, the stream is closed).
 - Composition with fallback: an attempt that fails with a retryable error is recorded like any failed
@@ -38,14 +38,14 @@ How a hedged request runs (:meth:`Hedger.run_buffered`, :meth:`Hedger.open_strea
   keep counting above the delay instead of vanishing; its circuit trial (if any) is freed without a verdict.
   The request log shows it as an attempt with outcome ``cancelled``.
 - Receipt (``ethen.routing.hedge``, present whenever a rule applies): ``fired`` (a hedge was sent),
-  ``after_ms`` (the delay used; absent when no delay applied), ``winner`` (the candidate that answered),
+  ``after_ms`` (the delay used; ``null`` when no delay applied), ``winner`` (the candidate that answered),
   ``cancelled`` (candidates cancelled), ``reasons`` (the plan's), and ``skipped`` when the delay passed but
   no hedge could be sent (``budget`` / ``no_next_candidate``).
 - Metric ``ethen_gateway_hedges_total{outcome}``: ``fired`` (a hedge sent), ``won`` (a hedge answered first),
   ``lost`` (a hedge was cancelled: the earlier attempt answered first), ``failed`` (a hedge failed with an
-  error), ``skipped_budget``, ``skipped_no_candidate`` (the delay passed, no hedge sent), ``skipped_opt_out``
-  (``x-ethen-hedge: off``), ``skipped_min_samples`` (no candidate had ``min_samples`` TTFT samples).
-"""
+  error), ``skipped_budget``, ``skipped_no_next_candidate`` (the delay passed, no hedge sent),
+  ``skipped_opt_out`` (``x-ethen-hedge: off``), ``skipped_min_samples`` (no candidate had ``min_samples`` TTFT
+  samples). Every outcome is exposed at 0 from the start (``GatewayMetrics.hedging``)."""
 
 from __future__ import annotations
 
@@ -137,6 +137,13 @@ class _Live:
     hedge: bool  # sent as a hedge
 
 
+def _fallback(lv: _Live) -> bool:
+    """Whether the attempt that answered is a fallback (metric ``ethen_gateway_fallbacks_total``, the
+    telemetry record's ``fallback``): a later chain candidate started because an earlier one failed. A hedge
+    that won is not: it is counted by ``ethen_gateway_hedges_total{outcome="won"}``."""
+    return lv.i > 0 and not lv.hedge
+
+
 @dataclass(slots=True)
 class _Race:
     """One hedged request's state."""
@@ -158,8 +165,7 @@ class _Race:
     def receipt(self, winner: str) -> dict[str, Any]:
         out: dict[str, Any] = {"fired": self.fired > 0}
         after = self.after_ms if self.after_ms is not None else self.plan.after_ms
-        if after is not None:
-            out["after_ms"] = round(after, 3)
+        out["after_ms"] = round(after, 3) if after is not None else None  # always there: the issue's 4 keys
         out["winner"] = winner
         out["cancelled"] = [lv.target.candidate.id for lv, _ in self.cancelled]
         out["reasons"] = list(self.plan.reasons)
@@ -178,6 +184,7 @@ class Hedger:
         self.executor = executor
         self.store = store
         self.metrics = executor.metrics
+        self.metrics.hedging()
         self.max_censored = max_censored
         #: (provider, model) -> (monotonic time, ms ran) of cancelled losers: censored TTFT samples
         self.censored: dict[tuple[str, str], deque[tuple[float, float]]] = {}
@@ -375,7 +382,8 @@ class Hedger:
         dt = time.perf_counter() - lv.t0
         run = race.run
         run.attempts.append(Attempt(lv.target.candidate.id, "ok", dt * 1000))
-        self.executor.record(lv.target, dt, True, None, comp.usage, lv.i > 0, stream=False, trial=lv.trial,
+        self.executor.record(lv.target, dt, True, None, comp.usage, _fallback(lv), stream=False,
+                             trial=lv.trial,
                              request_id=rid)
         self._served(run, lv.target, rid)
         out: dict[str, Any] = dict(comp.receipt_extra)
@@ -426,4 +434,4 @@ class Hedger:
         self._served(run, lv.target, rid)
         stream = _Replay(opened.stream, opened.chunks[1:], race.receipt(lv.target.candidate.id))
         return StreamRun(opened.chunks[0], stream, lv.target, run.attempts, now - race.started, lv.t0,
-                         opened.ttft_s, lv.i > 0, self.executor, trial=lv.trial, request_id=rid)
+                         opened.ttft_s, _fallback(lv), self.executor, trial=lv.trial, request_id=rid)

@@ -44,6 +44,7 @@ from starlette.responses import Response
 from ethen.gateway.accounting.accounts import Access, Accounts, Hold
 from ethen.gateway.accounting.auth import authorization
 from ethen.gateway.accounting.hold import max_cost_usd
+from ethen.gateway.accounting.pricing import Cost
 from ethen.gateway.api.execute import Attempt, BufferedRun, Executor, RouteTarget, StreamRun, upstream_payload
 from ethen.gateway.api.hedging import HEADER as HEDGE_HEADER
 from ethen.gateway.api.hedging import Hedger, opted_out
@@ -125,6 +126,16 @@ def _kept(body: dict[str, Any]) -> bytes:
     if isinstance(body, NativeAnswer):
         return dumps({_NATIVE: [dict(body), body.message]})
     return dumps(body)
+
+
+#: the receipt's ``cost`` of a cache hit (issue 27: "a hit costs nothing"): no upstream call, no ledger row
+_HIT_COST = Cost(0.0, 0.0, 0.0, Usage(0, 0), "cache").to_dict()
+
+
+def _field(lines: list[str]) -> str | None:
+    """A header sent as several field lines is one comma-separated list (RFC 9110 5.3): a ``no-store`` in
+    the second ``Cache-Control`` line counts as much as in the first."""
+    return ", ".join(lines) if lines else None
 
 
 def _hit(call: Call) -> bool:
@@ -242,7 +253,8 @@ class Pipeline:
         scope = f"project:{project.name}" if project is not None else f"config:{access.name}"
         headers = request.headers
         cc = call.cache = cache.consult(scope, call.endpoint, call.body, call.payload,
-                                        headers.get("cache-control"), headers.get("pragma"), sent,
+                                        _field(headers.getlist("cache-control")),
+                                        _field(headers.getlist("pragma")), sent,
                                         headers.get("anthropic-beta"))
         chain = {sc.id for sc in call.decision.chain}
         stream = call.stream
@@ -251,6 +263,7 @@ class Pipeline:
         if entry is None:
             return False
         call.hold = Hold(None, access, None, call.rid, None)
+        call.notes["cost"] = _HIT_COST  # a hit costs nothing: said on the receipt, 0 in the request log
         call.admitted_s = time.perf_counter() - call.t0
         return True
 

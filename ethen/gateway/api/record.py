@@ -16,6 +16,7 @@ from typing import Any
 from ethen.gateway.accounting.pricing import cost_of
 from ethen.gateway.providers.base import Provider, Usage
 from ethen.gateway.routing import Candidate, Decision
+from ethen.gateway.routing.reasons import FALLBACK_USED, HEDGE_WON
 
 __all__ = ["Attempt", "RequestRecord", "RouteTarget", "cost_usd", "routing_receipt"]
 
@@ -74,6 +75,11 @@ def routing_receipt(
     routing["attempts"] = [a.to_dict() for a in attempts]
     for k, v in (extra or {}).items():
         routing.setdefault(k, v)
+    hedge = routing.get("hedge")
+    if (isinstance(hedge, Mapping) and hedge.get("fired") and served is not None
+            and hedge.get("winner") == served.candidate.id and all(a.outcome != "error" for a in attempts)):
+        # a hedge that won is no fallback: nothing failed (issue 27)
+        routing["reason_codes"] = [HEDGE_WON if c == FALLBACK_USED else c for c in routing["reason_codes"]]
     return routing
 
 

@@ -116,6 +116,7 @@ class ShadowRunner:
         self.pool = {cid: t.candidate for cid, t in targets.items()}
         self.accounts = accounts
         self.metrics = metrics
+        metrics.shadowing()
         self.close_timeout_s = close_timeout_s
         self.in_flight: dict[tuple[str, str], int] = {}
         #: (alias, candidate) -> outcome (``skipped_gate:<gate>``, ``dropped_in_flight``...) -> count

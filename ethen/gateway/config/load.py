@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ethen.gateway.errors import GatewayConfigError
-from ethen.gateway.routing import ALIASES
+from ethen.gateway.routing import ALIASES, RECENT_MAX_OUTCOMES
 
 from .schema import _KINDS, MESH_MODEL, GatewayConfig, MeshProviderConfig, ProviderConfig
 
@@ -112,6 +112,12 @@ def _cross_check(cfg: GatewayConfig) -> None:
                 f"hedges[{i}].alias = {h.alias!r}: duplicate (also hedges[{hedged[h.alias]}])"
             )
         hedged[h.alias] = i
+        if h.after_percentile is not None and h.min_samples > RECENT_MAX_OUTCOMES:
+            raise GatewayConfigError(
+                f"hedges[{i}].min_samples = {h.min_samples!r}: at most {RECENT_MAX_OUTCOMES} (a candidate's "
+                f"TTFT samples are its last {RECENT_MAX_OUTCOMES} successful attempts in the telemetry "
+                "window: a larger minimum would never be met and the rule would never hedge)"
+            )
     _check_shadows(cfg, routes)
     chat_routes = [r for r in cfg.routes if r.endpoint == "chat"]
     chat = {r.model for r in chat_routes} | {f"{r.provider}/{r.model}" for r in chat_routes}
@@ -138,6 +144,11 @@ def _check_shadows(cfg: GatewayConfig, routes: Mapping[str, int]) -> None:
         if sh.alias not in ALIASES:
             raise GatewayConfigError(
                 f"shadows[{i}].alias = {sh.alias!r}: unknown alias (known: {sorted(ALIASES)})"
+            )
+        if abs(sh.percent * 100 - round(sh.percent * 100)) > 1e-6:
+            raise GatewayConfigError(
+                f"shadows[{i}].percent = {sh.percent!r}: at most two decimals (sampling is in steps of "
+                f"0.01 %: this value would sample {round(sh.percent * 100) / 100!r} %)"
             )
         j = routes.get(sh.candidate)
         if j is None or cfg.routes[j].endpoint != "chat":

@@ -41,7 +41,16 @@ if TYPE_CHECKING:
     from ethen.gateway.api.record import RequestRecord
     from ethen.gateway.circuit import CircuitBoard
 
-__all__ = ["CONTENT_TYPE_LATEST", "CircuitCollector", "GatewayMetrics", "NodeCollector"]
+__all__ = ["CONTENT_TYPE_LATEST", "HEDGE_OUTCOMES", "SHADOW_OUTCOMES", "CircuitCollector", "GatewayMetrics",
+           "NodeCollector"]
+
+#: every ``outcome`` of ``ethen_gateway_hedges_total`` / ``ethen_gateway_shadows_total`` (issue 27): exposed
+#: at 0 from the start by a gateway with ``[[hedges]]`` / ``[[shadows]]`` (:meth:`GatewayMetrics.hedging`,
+#: :meth:`GatewayMetrics.shadowing`), so a scrape sees the series before the first event
+HEDGE_OUTCOMES = ("fired", "won", "lost", "failed", "skipped_budget", "skipped_no_next_candidate",
+                  "skipped_opt_out", "skipped_min_samples")
+SHADOW_OUTCOMES = ("sent", "ok", "failed", "dropped_in_flight", "skipped_gate", "skipped_budget",
+                   "skipped_project", "record_failed")
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
@@ -197,6 +206,16 @@ class GatewayMetrics:
         self.cache_bytes = Gauge("ethen_gateway_cache_bytes",
                                  "Bytes of the response cache's stored entries (redis: best effort).",
                                  registry=r)
+
+    def hedging(self) -> None:
+        """A gateway with ``[[hedges]]``: every hedge outcome's series, at 0 until it happens."""
+        for outcome in HEDGE_OUTCOMES:
+            self.hedges.labels(outcome)
+
+    def shadowing(self) -> None:
+        """A gateway with ``[[shadows]]``: every shadow outcome's series, at 0 until it happens."""
+        for outcome in SHADOW_OUTCOMES:
+            self.shadows.labels(outcome)
 
     def watch_circuits(self, board: CircuitBoard) -> None:
         """Expose the board's circuits at scrape time."""

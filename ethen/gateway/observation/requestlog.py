@@ -57,6 +57,7 @@ from prometheus_client import Counter
 from ethen.gateway.accounting.pricing import cost_of
 from ethen.gateway.api.record import Attempt, RequestRecord, routing_receipt
 from ethen.gateway.routing import Candidate
+from ethen.gateway.routing.reasons import HEDGE_WON
 from ethen.store import Store, StoreError, StoreInvalidError
 from ethen.store.requests import (
     EncodedRow,
@@ -126,6 +127,11 @@ class _Served:
     candidate: Candidate
 
 
+def _hedge_won(receipt: Mapping[str, Any] | None) -> bool:
+    """A hedge answered first and nothing failed (issue 27): served by rank 2, but no fallback."""
+    return receipt is not None and HEDGE_WON in (receipt.get("reason_codes") or ())
+
+
 def to_row(rec: RequestRecord) -> dict[str, Any]:
     """The stored row of a record (done by the writer, off the request path)."""
     attempts = _attempts(rec)
@@ -139,6 +145,8 @@ def to_row(rec: RequestRecord) -> dict[str, Any]:
     usage = rec.usage
     priced = cost_of(served, usage) if served is not None and usage is not None else None
     cost = priced.total_usd if priced is not None else None
+    if cost is None and receipt is not None and (receipt.get("cache") or {}).get("hit") is True:
+        cost = 0.0  # a response-cache hit (issue 27): no upstream call, it costs nothing
     if priced is not None and receipt is not None:  # the breakdown: cache read/write tokens, cost parts
         receipt["cost"] = priced.to_dict()
     canary = rec.decision.canary if rec.decision is not None else None
@@ -155,7 +163,8 @@ def to_row(rec: RequestRecord) -> dict[str, Any]:
         "selected_model": sm,
         "primary_provider": primary.provider if primary is not None else None,
         "primary_model": primary.model if primary is not None else None,
-        "fallback_used": (served is not None and primary is not None and served.id != primary.id)
+        "fallback_used": (served is not None and primary is not None and served.id != primary.id
+                          and not _hedge_won(receipt))
         or (served is None and len(attempts) > 1),
         "canary_hit": canary.hit if canary is not None else None,
         "prompt_tokens": usage.prompt_tokens if usage is not None else None,

@@ -22,6 +22,7 @@ __all__ = [
     "CONCRETE_MODEL",
     "CONTEXT_WINDOW_TOO_SMALL",
     "FALLBACK_USED",
+    "HEDGE_WON",
     "HIGHEST_SCORE",
     "HIGH_RECENT_RELIABILITY",
     "MAX_OUTPUT_TOO_SMALL",
@@ -97,6 +98,7 @@ CANARY_PROMOTED: Final = "canary_promoted"
 CONCRETE_MODEL: Final = "concrete_model"
 FALLBACK_USED: Final = "fallback_used"
 CIRCUIT_HALF_OPEN_TRIAL: Final = "circuit_half_open_trial"
+HEDGE_WON: Final = "hedge_won"
 
 SELECTION_REASONS: Final = MappingProxyType(
     {
@@ -110,6 +112,9 @@ SELECTION_REASONS: Final = MappingProxyType(
         CONCRETE_MODEL: "a concrete model id was requested; the pool is its providers",
         FALLBACK_USED: "the primary failed; the next candidate of the fallback chain answered (receipt of an "
         "executed request: selected_* name the candidate that answered, primary_* the decision's rank 1)",
+        HEDGE_WON: "a hedge (the same request sent to the next candidate after the hedge delay, issue 27) "
+        "answered first, no attempt before it failed: in place of fallback_used (selected_* name the hedge, "
+        "primary_* the decision's rank 1)",
         CIRCUIT_HALF_OPEN_TRIAL: "no candidate passed the failing-provider gate; the selected one is a trial "
         "request through a half-open circuit (its cool-down elapsed), so a recovered provider is used again",
     }

@@ -14,7 +14,7 @@ import pytest
 
 from ethen.gateway.config import parse_config
 from ethen.gateway.errors import GatewayConfigError
-from tests.gateway.budget_harness import live_store, new_project_key, with_store
+from tests.gateway.budget_harness import admin, live_store, new_project_key, with_store
 from tests.gateway.service_harness import CLIENT_KEY, ENV, Live, config_dict, live
 from tests.gateway.upstream import Behavior
 
@@ -72,20 +72,21 @@ def test_miss_then_hit_calls_upstream_once_headers_receipt_metrics(lv: Live) -> 
     assert receipt["cache"]["hit"] is True and receipt["cache"]["status"] == "hit"
     assert 0.0 <= receipt["cache"]["age_s"] < 5.0
     assert receipt["attempts"] == [] and receipt["served_model"] == "beta-small"
-    assert "cost" not in receipt
+    assert receipt["cost"]["total_usd"] == 0.0 and receipt["cost"]["source"] == "cache"  # a hit costs nothing
     assert float(r2.headers["x-ethen-overhead-ms"]) >= 0
     assert metric(lv, "ethen_gateway_cache_hits_total") == 1
     assert metric(lv, "ethen_gateway_cache_misses_total") == 1
     assert metric(lv, "ethen_gateway_cache_entries") == 1
     assert metric(lv, "ethen_gateway_cache_bytes") > 100
-    # logged as a hit: the request log's row has the receipt's cache, no attempt, no tokens, no cost
+    # logged as a hit: the request log's row has the receipt's cache, no attempt, no tokens, cost 0
     ring = lv.gateway.server.config.app.state.gateway.requestlog.ring  # type: ignore[attr-defined]
     deadline = time.monotonic() + 5
     while len(ring) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     row = next(r for r in ring if r["request_id"] == r2.headers["x-request-id"])
     assert row["outcome"] == "ok" and row["receipt"]["cache"]["hit"] is True
-    assert row["attempts"] == [] and row["cost_nano"] is None and row["prompt_tokens"] is None
+    assert row["attempts"] == [] and row["cost_nano"] == 0 and row["prompt_tokens"] is None
+    assert row["receipt"]["cost"]["total_usd"] == 0.0
 
 
 def test_every_answer_changing_field_is_its_own_entry(lv: Live) -> None:
@@ -131,6 +132,21 @@ def test_no_cache_refreshes_and_no_store_bypasses(lv: Live) -> None:
     assert r.json()["choices"][0]["message"]["content"] == "fresh"
     r = post(lv, chat())
     assert r.headers["x-ethen-cache"] == "hit" and r.json()["choices"][0]["message"]["content"] == "fresh"
+    assert calls(lv) == 3
+
+
+def test_cache_control_sent_as_several_field_lines_is_one_list(lv: Live) -> None:
+    """RFC 9110 5.3: two ``Cache-Control`` lines are one list; a ``no-store`` / ``no-cache`` in the second
+    line counts (sweep27: only the first line was read, so this was a hit)."""
+    assert post(lv, chat()).headers["x-ethen-cache"] == "miss"
+    lines = [("authorization", f"Bearer {CLIENT_KEY}"), ("cache-control", "max-age=5"),
+             ("cache-control", "no-store")]
+    r = httpx.post(f"{lv.base_url}/chat/completions", json=chat(), headers=lines, timeout=15)
+    assert r.headers["x-ethen-cache"] == "bypass"
+    assert r.json()["ethen"]["routing"]["cache"]["reason"] == "no-store"
+    lines = [("authorization", f"Bearer {CLIENT_KEY}"), ("pragma", "x"), ("pragma", "no-cache")]
+    r = httpx.post(f"{lv.base_url}/chat/completions", json=chat(), headers=lines, timeout=15)
+    assert r.json()["ethen"]["routing"]["cache"]["reason"] == "no-cache"
     assert calls(lv) == 3
 
 
@@ -201,6 +217,8 @@ def test_stream_hit_is_a_valid_stream_for_the_openai_sdk(lv: Live) -> None:
     objs = [json.loads(e) for e in events[:-1]]
     assert all(o["object"] == "chat.completion.chunk" for o in objs)
     assert objs[-1]["ethen"]["routing"]["cache"]["hit"] is True and objs[-1]["usage"] is None
+    assert objs[-1]["ethen"]["routing"]["cache"]["age_s"] >= 0
+    assert objs[-1]["ethen"]["routing"]["cost"]["total_usd"] == 0.0  # a stream hit costs nothing too
     assert calls(lv) == 1
 
 
@@ -252,6 +270,12 @@ def test_projects_are_isolated_and_a_hit_costs_nothing(tmp_path: Path) -> None:
             rows = await st.usage(project="a")
             return (await st.spend(p)).settled_usd, sum(u.requests for u in rows)
 
+        # the request log API (GET /api/admin/v1/requests): the hits cost 0, the misses their price
+        deadline, rows = time.monotonic() + 5, []
+        while len(rows) < 6 and time.monotonic() < deadline:
+            rows = admin(lv).get("/requests", params={"project": "a"}).json()["data"]
+            time.sleep(0.05)
+        assert sorted(r["cost_usd"] for r in rows) == [0.0] * 4 + [pytest.approx(8.5e-7)] * 2
         settled, requests = with_store(url, spent)
         # only the two misses reached the ledger: 11 prompt + 3 completion tokens each at beta-small's prices
         assert requests == 2

@@ -34,6 +34,9 @@ def test_a_valid_rule_parses() -> None:
     ([{"alias": "ethen/fast", "after_percentile": 101}], "hedges[0].after_percentile = 101"),
     ([{"alias": "ethen/fast", "after_ms": 400, "max_extra": 9}], "hedges[0].max_extra = 9"),
     ([{"alias": "ethen/fast", "after_percentile": 95, "min_samples": 0}], "hedges[0].min_samples = 0"),
+    # sweep27: a minimum above the samples kept (the last 50 successes) silently disabled the rule
+    ([{"alias": "ethen/fast", "after_percentile": 95, "min_samples": 51}],
+     "hedges[0].min_samples = 51: at most 50"),
     ([{"alias": "ethen/fast", "after_ms": 400, "delay": 1}], "hedges[0].delay"),
 ])
 def test_errors_name_the_key_and_value(hedges: list[dict[str, Any]], needle: str) -> None:

@@ -51,6 +51,9 @@ def test_buffered_hedge_fires_after_the_delay_and_the_faster_wins_and_the_loser_
         outcomes = [(a["candidate"], a["outcome"]) for a in routing["attempts"]]
         assert outcomes == [(routing["chain"][0], "cancelled"), (routing["chain"][1], "ok")]
         assert elapsed < 2.0  # not the slow one's 4 s
+        # sweep27: the receipt said fallback_used ("the primary failed") though nothing failed
+        assert "hedge_won" in routing["reason_codes"] and "fallback_used" not in routing["reason_codes"]
+        assert routing["primary_model"] == slow.removeprefix("up-")
         assert lv.up.calls == [slow, fast]
         assert lv.up.wait_closed(slow)  # the loser's upstream connection was closed by the gateway
         assert lv.metric("fired") == 1 and lv.metric("won") == 1 and lv.metric("lost") == 0
@@ -71,6 +74,7 @@ def test_stream_hedge_fires_and_the_first_content_token_wins_and_the_loser_is_cl
         assert routing["hedge"]["fired"] is True and routing["hedge"]["winner"] == routing["chain"][1]
         assert routing["hedge"]["cancelled"] == [routing["chain"][0]]
         assert [a["outcome"] for a in routing["attempts"]] == ["cancelled", "ok"]
+        assert "hedge_won" in routing["reason_codes"] and "fallback_used" not in routing["reason_codes"]
         assert lv.up.wait_closed(slow)
         assert fast not in lv.up.closed
 
@@ -132,10 +136,11 @@ def test_max_extra_is_respected(max_extra: int) -> None:
             assert sorted(routing["hedge"]["cancelled"]) == sorted(routing["chain"][:2])
 
 
-def test_client_opt_out_header_sends_no_hedge() -> None:
+@pytest.mark.parametrize("value", ["off", "OFF", "Off"])
+def test_client_opt_out_header_sends_no_hedge(value: str) -> None:
     with hedge_live(FAST) as lv:
         slow, _, _ = lv.script_chain(Slow(delay_s=0.5), Slow())
-        r = lv.post(body(), **{"x-ethen-hedge": "off"})
+        r = lv.post(body(), **{"x-ethen-hedge": value})
         hedge = r.json()["ethen"]["routing"]["hedge"]
         assert hedge["fired"] is False and "opt_out" in hedge["reasons"]
         assert lv.up.calls == [slow]
@@ -150,6 +155,8 @@ def test_a_retryable_failure_before_the_delay_falls_back_and_the_fallback_may_be
         assert [a["outcome"] for a in routing["attempts"]] == ["error", "cancelled", "ok"]
         assert lv.up.calls == [bad, slow, fast]
         assert routing["hedge"]["fired"] and routing["served_model"] == fast.removeprefix("up-")
+        assert "fallback_used" in routing["reason_codes"]  # the primary did fail
+        assert "hedge_won" not in routing["reason_codes"]
         assert lv.up.wait_closed(slow)
 
 
@@ -162,13 +169,40 @@ def test_an_alias_without_a_rule_has_no_hedge_key_and_no_hedge() -> None:
         assert lv.up.calls == [chain[0]]
 
 
-def test_metrics_endpoint_exposes_the_hedges_counter() -> None:
+DOCUMENTED_HEDGE_OUTCOMES = ("fired", "won", "lost", "failed", "skipped_budget", "skipped_no_next_candidate",
+                             "skipped_opt_out", "skipped_min_samples")  # docs/gateway.md, Hedged requests
+
+
+def test_every_documented_hedge_outcome_is_exposed_at_zero_from_the_start() -> None:
+    """sweep27: the series appeared only once each outcome first happened (and the docs named the skip
+    label ``skipped_no_candidate`` while the code counted ``skipped_no_next_candidate``)."""
     with hedge_live(FAST) as lv:
-        lv.script_chain(Slow(delay_s=2.0), Slow(delay_s=0.01))
-        assert lv.post(body()).status_code == 200
+        text = httpx.get(f"{lv.base_url}/metrics").text
+        for outcome in DOCUMENTED_HEDGE_OUTCOMES:
+            assert f'ethen_gateway_hedges_total{{outcome="{outcome}"}} 0.0' in text, outcome
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_metrics_endpoint_exposes_the_hedges_counter_and_a_won_hedge_is_no_fallback(stream: bool) -> None:
+    with hedge_live(FAST) as lv:
+        _, fast, _ = lv.script_chain(Slow(delay_s=2.0), Slow(delay_s=0.01))
+        if stream:
+            assert stream_events(lv, body())[-1]["ethen"]["routing"]["hedge"]["fired"] is True
+        else:
+            assert lv.post(body()).status_code == 200
         text = httpx.get(f"{lv.base_url}/metrics").text
         assert 'ethen_gateway_hedges_total{outcome="fired"} 1.0' in text
         assert 'ethen_gateway_hedges_total{outcome="won"} 1.0' in text
+        # sweep27: the hedge that won was also counted as a fallback (ethen_gateway_fallbacks_total and the
+        # telemetry record's fallback flag); nothing failed, so there was no fallback
+        assert "ethen_gateway_fallbacks_total{" not in text
+        provider = {"up-hx": "alpha", "up-hy": "beta", "up-hz": "gamma"}[fast]
+        model = fast.removeprefix("up-")
+        deadline = time.monotonic() + 5  # a stream's attempt is recorded when the relay ends it
+        while not lv.gw.store.records(provider, model) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (rec,) = lv.gw.store.records(provider, model)
+        assert rec.success and rec.fallback is False
 
 
 def test_after_percentile_waits_for_min_samples_then_hedges_at_that_percentile_of_recent_ttft() -> None:
@@ -177,7 +211,10 @@ def test_after_percentile_waits_for_min_samples_then_hedges_at_that_percentile_o
         first, second, _ = lv.script_chain(Slow(delay_s=0.02), Slow(delay_s=0.02))
         r = lv.post(body())  # no sample yet: no delay, no hedge
         hedge = r.json()["ethen"]["routing"]["hedge"]
-        assert hedge["fired"] is False and "after_ms" not in hedge and "min_samples" in hedge["reasons"]
+        # the issue's four keys are always there (sweep27: after_ms was left out when no delay applied)
+        assert {"fired", "after_ms", "winner", "cancelled"} <= hedge.keys()
+        assert hedge["fired"] is False and hedge["after_ms"] is None and "min_samples" in hedge["reasons"]
+        assert hedge["winner"] == r.json()["ethen"]["routing"]["chain"][0] and hedge["cancelled"] == []
         assert lv.metric("skipped_min_samples") == 1
         for _ in range(5):
             assert lv.post(body()).status_code == 200

@@ -94,6 +94,7 @@ def test_both_attempts_are_settled_exactly_and_every_hold_is_released(db_url: st
         assert [(x["model"], x["outcome"]) for x in logged["attempts"]] == [(slow[3:], "cancelled"),
                                                                              (fast[3:], "ok")]
         assert logged["receipt"]["hedge"]["fired"] is True
+        assert logged["fallback_used"] is False and "hedge_won" in logged["receipt"]["reason_codes"]
         assert logged["receipt"]["hedge"]["cancelled"] == [logged["receipt"]["chain"][0]]
 
 

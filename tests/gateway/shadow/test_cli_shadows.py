@@ -4,6 +4,7 @@ with ``--config`` a ``[[canaries]]`` table appended to the file)."""
 
 from __future__ import annotations
 
+import hashlib
 import tomllib
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 
 from ethen.cli import app
 from ethen.gateway.config import load_config
+from tests.gateway.service_harness import config_dict, live
 from tests.gateway.shadow.harness import ADMIN_KEY, TOOLS, USER, config, rule, shadow_live
 
 runner = CliRunner()
@@ -66,3 +68,27 @@ def test_bad_input_and_no_gateway(tmp_path: Path) -> None:
         assert res.exit_code == 2 and "A valid admin key is required" in res.output
     res = runner.invoke(app, ["shadows", "--url", "http://127.0.0.1:9", "--admin-key", "x"])
     assert res.exit_code == 2 and "cannot reach the gateway" in res.output
+
+
+def test_a_gateway_or_config_without_store_is_a_clear_error(tmp_path: Path) -> None:
+    """sweep27: against a gateway without [store] the CLI printed only ``not_found: GET ...: not found``;
+    now it says that the gateway serves no shadows API and why. ``--config`` without [store] or
+    [[shadows]] is refused before any request."""
+    log = {"admin_key_sha256": hashlib.sha256(b"adm").hexdigest()}  # the request-log API, but no store
+    with live(log=log) as lv:
+        common = ["--url", lv.gateway.url, "--admin-key", "adm"]
+        promote = ["shadows", "promote", "--alias", "ethen/fast", "--candidate", "beta/beta-small"]
+        for args in (["shadows", *common], [*promote, *common]):
+            res = runner.invoke(app, args)
+            assert res.exit_code == 2, res.output
+            assert "serves no shadows admin API" in res.output and "[store]" in res.output
+            assert "Traceback" not in res.output
+    no_store = tmp_path / "nostore.toml"
+    no_store.write_text(tomli_w.dumps(config_dict("http://127.0.0.1:9")))
+    res = runner.invoke(app, ["shadows", "--config", str(no_store), "--admin-key", "x"])
+    assert res.exit_code == 2 and f"{no_store}: no [store] section" in res.output
+    no_rules = tmp_path / "norules.toml"
+    no_rules.write_text(tomli_w.dumps(config("http://127.0.0.1:9", [], f"sqlite:///{tmp_path / 'x.db'}")))
+    res = runner.invoke(app, ["shadows", "promote", "--alias", "ethen/fast", "--candidate", TOOLS,
+                              "--config", str(no_rules), "--admin-key", "x"])
+    assert res.exit_code == 2 and f"{no_rules}: no [[shadows]] rule" in res.output

@@ -38,6 +38,9 @@ def test_shadows_need_a_store() -> None:
     ([rule(percent=101)], "shadows[0].percent = 101"),
     ([rule(percent=-1)], "shadows[0].percent = -1"),
     ([rule(max_in_flight=0)], "shadows[0].max_in_flight = 0"),
+    # sweep27: finer than the 0.01 % sampling step, a percent was silently rounded (0.001 never sampled)
+    ([rule(percent=0.001)], "shadows[0].percent = 0.001: at most two decimals"),
+    ([rule(percent=5.125)], "shadows[0].percent = 5.125: at most two decimals"),
     ([rule(min_success_rate=1.5)], "shadows[0].min_success_rate = 1.5"),
     ([rule(min_samples=-3)], "shadows[0].min_samples = -3"),
     ([rule(project="")], "shadows[0].project = ''"),

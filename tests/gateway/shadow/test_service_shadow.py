@@ -163,3 +163,14 @@ def test_shutdown_lets_a_running_shadow_finish_and_record(tmp_path: Path) -> Non
     pairs = with_store(db, lambda st: list_pairs(st, ShadowQuery()))
     assert len(pairs) == 1 and pairs[0]["candidate_status"] == "ok"
     assert lv.gw.shadows.closed and not lv.gw.shadows.tasks
+
+
+def test_every_documented_shadow_outcome_is_exposed_at_zero_from_the_start(tmp_path: Path) -> None:
+    """sweep27: ``ethen_gateway_shadows_total`` had no series until each outcome first happened."""
+    documented = ("sent", "ok", "failed", "dropped_in_flight", "skipped_gate", "skipped_budget",
+                  "skipped_project", "record_failed")  # docs/gateway.md, Shadow evaluation
+    with shadow_live(tmp_path, [rule()]) as lv:
+        text = httpx.get(f"{lv.base_url}/metrics").text
+        for outcome in documented:
+            assert f'ethen_gateway_shadows_total{{outcome="{outcome}"}} 0.0' in text, outcome
+        assert "ethen_gateway_shadows_in_flight 0.0" in text

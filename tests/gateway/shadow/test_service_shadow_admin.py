@@ -122,3 +122,17 @@ def test_bad_promote_bodies(tmp_path: Path, body: dict[str, object], status: int
         assert err["code"] == code and err["param"] == param
         r = a.post("/shadows/promote", content=b"[1")
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+
+
+def test_a_store_gateway_without_shadow_rules_lists_none_and_refuses_promotion(tmp_path: Path) -> None:
+    """sweep27: with a [store] but no [[shadows]] the paths were a bare 404 for the path (``GET
+    /api/admin/v1/shadows: not found``); now an empty listing, and the promotion's own 404."""
+    with shadow_live(tmp_path, []) as lv, lv.admin() as a:
+        r = a.get("/shadows", params={"alias": "ethen/fast"})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"object": "list", "data": [], "pairs": []}
+        assert a.get("/shadows", params={"limit": "0"}).json()["error"]["param"] == "limit"
+        r = a.post("/shadows/promote", json={"alias": "ethen/fast", "candidate": TOOLS})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+        assert "no [[shadows]] rule" in r.json()["error"]["message"]
+        assert httpx.get(f"{lv.gateway.url}/api/admin/v1/shadows").status_code == 401
