@@ -132,6 +132,8 @@ async def _promote(gw: Gateway, runner: ShadowRunner | None, request: Request) -
             raise InvalidRequestError(f"{k!r} is required.", code="missing_required_parameter", param=k)
     alias, candidate = _alias(body["alias"]), _candidate(body["candidate"])
     percent = body.get("percent", DEFAULT_PERCENT)
+    if isinstance(percent, float) and percent.is_integer():  # JSON 5.0 is the number 5
+        percent = int(percent)
     if isinstance(percent, bool) or not isinstance(percent, int):
         raise InvalidRequestError(f"percent = {percent!r}: must be one of {list(CANARY_PERCENTS)}.",
                                   code="invalid_type", param="percent")

@@ -87,7 +87,7 @@ def test_promote_refused_then_accepted_and_requests_route_to_the_canary(tmp_path
         assert routing["selected_provider"] == "beta" and routing["selected_model"] == "beta-tools"
         assert routing["canary"]["promoted"] is True and routing["canary"]["candidate"] == TOOLS
         assert lv.shadows()["data"][0]["canary"] == 100
-        r = a.post("/shadows/promote", json={"alias": "ethen/fast", "candidate": TOOLS, "percent": 0})
+        r = a.post("/shadows/promote", json={"alias": "ethen/fast", "candidate": TOOLS, "percent": 0.0})
         assert r.status_code == 200 and r.json()["replaced"] == {"percent": 100}
         routing = lv.post(BODY).json()["ethen"]["routing"]
         assert routing["selected_provider"] == "alpha" and routing["canary"]["promoted"] is False
@@ -109,6 +109,8 @@ def test_promote_refuses_a_low_success_rate(tmp_path: Path) -> None:
     ({"alias": "ethen/fast"}, 400, "missing_required_parameter", "candidate"),
     ({"alias": "ethen/fast", "candidate": TOOLS, "percent": 7}, 400, "invalid_value", "percent"),
     ({"alias": "ethen/fast", "candidate": TOOLS, "percent": "5"}, 400, "invalid_type", "percent"),
+    ({"alias": "ethen/fast", "candidate": TOOLS, "percent": 5.5}, 400, "invalid_type", "percent"),
+    ({"alias": "ethen/fast", "candidate": TOOLS, "percent": True}, 400, "invalid_type", "percent"),
     ({"alias": "ethen/fast", "candidate": TOOLS, "extra": 1}, 400, "invalid_value", "extra"),
     ({"alias": 3, "candidate": TOOLS}, 400, "invalid_type", "alias"),
     ({"alias": "ethen/fast", "candidate": PRIMARY}, 404, "not_found", None),
