@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 
 from ethen.model.errors import ModelError
 from ethen.model.onnx_wire import BFLOAT16, DTYPES, Node, Tensor, model_bytes
-from ethen.model.quant import Dense, Packed, nibble_halves
+from ethen.model.quant import Dense, NBits, Packed, nibble_halves
 
 __all__ = ["ACCURACY_EXACT", "ACCURACY_FAST", "DEVICES", "Engine", "EngineError", "GraphBuilder",
            "default_threads"]
@@ -136,25 +136,34 @@ class GraphBuilder:
         # at accuracy 0 dequantizes the whole matrix per call, 10-20x slower; see quant.nibble_halves)
         mat = nibble_halves(w) if w.bits == 8 and accuracy == ACCURACY_EXACT else w
         xin = x if mat is w else self.op("Concat", [x, x], axis=1)  # [N, K] or [N, 2K]
-        ins = [xin, self.const(mat.data), self.const(mat.scales)]
-        if mat.zero_points is not None:
-            ins.append(self.const(mat.zero_points))
-        y = self.op("MatMulNBits", ins, domain="com.microsoft", K=mat.cols, N=mat.rows, bits=mat.bits,
-                    block_size=mat.block, accuracy_level=accuracy)  # [N, R]
-        if w.mins_f16 is None and w.mins_m is None:
+        y = self._nbits(xin, mat, accuracy)  # [N, R]
+        if w.mins_f16 is None and w.mins is None:
             return y
+        if w.mins is not None:  # K-quants: w = d sc q - dmin m, the min term a 4-bit matrix (quant.k_mins)
+            nsb = w.cols // 256
+            sub = self.op("Reshape", [x, self.const(np.array([-1, nsb, 8, 32], np.int64), "shape", False)])
+            xsum = self.op("ReduceSum", [sub, self.const(np.array([3], np.int64), "ax", False)],
+                           keepdims=0)  # [N, nsb, 8]
+            x16 = self.op("Mul", [xsum, self.const(np.array(16, np.float32), "c16", False)])  # exact
+            xm = self.op("Reshape", [self.op("Concat", [xsum, x16], axis=2), self.const(
+                np.array([-1, 16 * nsb], np.int64), "shape", False)])  # [N, 16 nsb]
+            # float32 compute at every accuracy: the min term is exact and ~1/16 of the main matmul (as
+            # int8 activations, a block's xsum would be quantized with 16 xsum's step)
+            return self.op("Add", [y, self._nbits(xm, w.mins, ACCURACY_EXACT)])  # [N, R]
         blocks = self.op("Reshape", [x, self.const(np.array([-1, nb, w.block], np.int64), "shape", False)])
         xsum = self.op("ReduceSum", [blocks, self.const(np.array([2], np.int64), "ax", False)],
                        keepdims=0)  # [N, nb]
-        if w.mins_f16 is not None:  # Q4_1: w = d q + m
-            mins = self.op("Cast", [self.const(w.mins_f16)], to=1)  # [nb, R]
-        else:  # K-quants: w = d sc q - dmin m
-            assert w.mins_m is not None and w.mins_dmin is not None
-            m = self.op("Cast", [self.const(w.mins_m)], to=1)  # [nsb, 8, R]
-            dmin = self.op("Cast", [self.const(w.mins_dmin)], to=1)  # [nsb, 1, R]
-            neg = self.op("Neg", [self.op("Mul", [m, dmin])])  # [nsb, 8, R]
-            mins = self.op("Reshape", [neg, self.const(np.array([nb, w.rows], np.int64), "shape", False)])
+        assert w.mins_f16 is not None
+        mins = self.op("Cast", [self.const(w.mins_f16)], to=1)  # [nb, R]  Q4_1: w = d q + m
         return self.op("Add", [y, self.op("MatMul", [xsum, mins])])  # [N, R]
+
+    def _nbits(self, x: str, mat: NBits, accuracy: int) -> str:
+        """One ``MatMulNBits``: ``x [N, K] @ mat.T`` -> ``[N, R]``."""
+        ins = [x, self.const(mat.data), self.const(mat.scales)]
+        if mat.zero_points is not None:
+            ins.append(self.const(mat.zero_points))
+        return self.op("MatMulNBits", ins, domain="com.microsoft", K=mat.cols, N=mat.rows, bits=mat.bits,
+                       block_size=mat.block, accuracy_level=accuracy)  # [N, R]
 
     def model_bytes(self) -> bytes:
         return model_bytes(self.name, self.nodes, self.inits, self.inputs, self.outputs,

@@ -19,7 +19,7 @@ from ethen.model.tiny_gguf import _KQUANT_SCALES
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 #: packed bytes / file bytes per type (the table in ``ethen.model.quant``)
 RATIO = {"F32": 1.0, "F16": 1.0, "BF16": 1.0, "Q8_0": 36 / 34, "Q4_0": 20 / 18, "Q4_1": 22.5 / 20,
-         "Q4_K": 21.75 / 18, "Q5_K": 1.74, "Q6_K": 1.53}
+         "Q4_K": 22.0625 / 18, "Q5_K": 1.75, "Q6_K": 1.53}
 R, K = 96, 512
 
 
@@ -110,8 +110,8 @@ def test_exact_8bit_blocks_run_as_two_4bit_halves_of_the_same_weights(kind: str)
     for acc in (ACCURACY_EXACT, ACCURACY_FAST):
         g = GraphBuilder("bits")
         g.linear(g.input("x", K), w, acc)
-        bits[acc] = [n.attrs["bits"] for n in g.nodes if n.op_type == "MatMulNBits"]
-    assert bits == {ACCURACY_EXACT: [4], ACCURACY_FAST: [8]}
+        bits[acc] = next(n.attrs["bits"] for n in g.nodes if n.op_type == "MatMulNBits")  # (then mins)
+    assert bits == {ACCURACY_EXACT: 4, ACCURACY_FAST: 8}
     h = nibble_halves(w)
     nb = K // w.block
     z = (np.full((R, nb), 128) if w.zero_points is None else w.zero_points.reshape(R, nb)).astype(np.float64)
@@ -120,6 +120,38 @@ def test_exact_8bit_blocks_run_as_two_4bit_halves_of_the_same_weights(kind: str)
     q = _unpack4(h.data).astype(np.float64)  # [R, 2 nb, block]
     w4 = h.scales.reshape(R, 2 * nb, 1).astype(np.float64) * (q - zh[..., None])
     np.testing.assert_array_equal(w4[:, :nb] + w4[:, nb:], w8)  # bit for bit
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K"])
+def test_the_k_quant_minimum_term_is_a_small_exact_4bit_matmul(kind: str) -> None:
+    """The K-quants' ``- dmin * m`` is a 4-bit ``MatMulNBits`` ``[R, K / 16]`` (``quant.k_mins``: ``[m & 15,
+    m >> 4]`` per super-block, scale ``-dmin``), float32 compute at both accuracies; its weights times
+    ``[xsum, 16 xsum]`` are ``- dmin * m`` times ``xsum`` bit for bit. No weight is cast or multiplied per
+    call (the old form built a float ``[K / 32, R]`` matrix from ``Cast(m) * Cast(dmin)`` on every call)."""
+    rng = np.random.default_rng(3)
+    raw = _raw(kind, rng)
+    w = pack(kind, raw, R, K)
+    assert w.mins is not None  # type: ignore[union-attr]
+    mins = w.mins  # type: ignore[union-attr]
+    nsb = K // 256
+    assert (mins.rows, mins.cols, mins.bits, mins.block) == (R, 16 * nsb, 4, 16)
+    for acc in (ACCURACY_EXACT, ACCURACY_FAST):
+        g = GraphBuilder("mins")
+        g.linear(g.input("x", K), w, acc)
+        ops = [n.op_type for n in g.nodes]
+        assert "Cast" not in ops and "MatMul" not in ops, ops
+        nbits = [(n.attrs["K"], n.attrs["accuracy_level"]) for n in g.nodes if n.op_type == "MatMulNBits"]
+        assert nbits[-1] == (16 * nsb, ACCURACY_EXACT)
+    # the file's m and dmin (gguf's layout: d, dmin, 12 bytes of 6-bit scales / mins per super-block)
+    blk = raw.reshape(R, nsb, -1)
+    dmin = blk[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)  # [R, nsb]
+    s = blk[:, :, 4:16].astype(np.int64)
+    m = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
+    q = _unpack4(mins.data).reshape(R, nsb, 16).astype(np.float64)
+    sc = mins.scales.reshape(R, nsb, 1).astype(np.float64)
+    # weight j of a super-block meets xsum_j in column j and 16 xsum_j in column 8 + j
+    np.testing.assert_array_equal(sc * q[..., :8] + sc * 16 * q[..., 8:], -dmin[..., None] * m)
+    assert not _unpack4(mins.zero_points.reshape(R, -1)).any()  # type: ignore[union-attr]
 
 
 def test_the_graph_bytes_are_the_model_onnx_helper_builds() -> None:
