@@ -5,7 +5,9 @@ block ``block`` unsigned ``bits``-bit values ``u`` with a float32 scale ``s`` an
 ``z`` (default ``2^(bits-1)``): ``w = s * (u - z)``. Every GGUF type is written in that form, with the
 same integers the file holds; a type that also has a per-block *minimum* (``w = s * u + min``: Q4_1 and
 the K-quants' ``- dmin * m``) gets ``z = 0`` and a second, small term ``xsum @ mins`` where ``xsum [N,
-K / block]`` is the sum of x over each block (computed in the graph, :mod:`ethen.model.engine`).
+K / block]`` is the sum of x over each block (computed in the graph, :mod:`ethen.model.engine`): for Q4_1
+a float ``MatMul`` over the float16 minimums, for the K-quants a 4-bit ``MatMulNBits`` of ``K / 16`` columns
+(:func:`k_mins`: 6-bit ``m`` as two nibbles, scale ``-dmin``).
 
 =====  ==========================================  =======================  ======================
 type   file (bytes / 32 weights)                   here (bytes / 32)        exact?
@@ -13,20 +15,20 @@ type   file (bytes / 32 weights)                   here (bytes / 32)        exac
 Q4_0   18: f16 d, 16 B nibbles (w = d (q - 8))      20: 4-bit, f32 scale     yes (f16 -> f32)
 Q4_1   20: f16 d, f16 m, nibbles (w = d q + m)      22.5: + zp 0, f16 mins   yes
 Q8_0   34: f16 d, 32 int8 (w = d q)                 36: 8-bit, u = q + 128   yes
-Q4_K   18 (144 / 256): 6-bit sc, m; f16 d, dmin     21.75: f32 d*sc, u8 m    yes (d * sc fits f32)
-Q5_K   22 (176 / 256)                               37.75: 8-bit (u = q)     yes
+Q4_K   18 (144 / 256): 6-bit sc, m; f16 d, dmin     22.06: f32 d*sc, mins    yes (d * sc fits f32)
+Q5_K   22 (176 / 256)                               38.06: 8-bit (u = q)     yes
 Q6_K   26.25 (210 / 256): int8 sc per 16            40: 8-bit, block 16      yes (u = q + 96)
 F16    64                                           64 (cast per call)       yes
 BF16   64                                           64 (cast per call)       yes
 F32    128                                          128                      yes
 =====  ==========================================  =======================  ======================
 
-So Q4_0, Q4_1 and Q8_0 stay within 1.125x of the file; Q4_K takes 1.21x (its 6-bit sub-block scales
-become float32: ``MatMulNBits`` wants one float scale per block), and Q5_K / Q6_K, which ``MatMulNBits``
-cannot hold in 5 or 6 bits, take 1.5-1.7x as 8-bit blocks (nothing is requantized: every weight is the
-file's value, bit for bit, once scaled). At float32 compute (``ACCURACY_EXACT``) the engine runs an
-8-bit matrix as two 4-bit halves (:func:`nibble_halves`: 41 bytes / 32 for Q8_0), onnxruntime's only fast
-float32 path.
+So Q4_0, Q4_1 and Q8_0 stay within 1.125x of the file; Q4_K takes 1.23x (its 6-bit sub-block scales
+become float32: ``MatMulNBits`` wants one float scale per block; the min term takes 12.5 bytes per 256
+weights), and Q5_K / Q6_K, which ``MatMulNBits`` cannot hold in 5 or 6 bits, take 1.5-1.7x as 8-bit
+blocks (nothing is requantized: every weight is the file's value, bit for bit, once scaled). At float32
+compute (``ACCURACY_EXACT``) the engine runs an 8-bit matrix as two 4-bit halves (:func:`nibble_halves`:
+41 bytes / 32 for Q8_0), onnxruntime's only fast float32 path.
 """
 
 from __future__ import annotations
