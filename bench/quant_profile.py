@@ -181,7 +181,7 @@ def main() -> None:
             if w.mins is not None:
                 v["mins"] = lambda g, x, w=w: _new_mins(g, x, w)
                 v["mins (old)"] = lambda g, x, w=w: _old_mins(g, x, w)
-            if acc == ACCURACY_EXACT and w.bits == 4:
+            if acc == ACCURACY_EXACT:
                 v["int8 x3 (prototype)"] = lambda g, x, w=w: _int8x3(g, x, w)
             sess = {k: _session(w, b, ACCURACY_FAST if k.startswith("int8") else acc) for k, b in v.items()}
             x = rng.standard_normal((1, w.cols)).astype(np.float32)
