@@ -12,8 +12,15 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from ethen.model.engine import ACCURACY_EXACT, ACCURACY_FAST, Engine, EngineError, GraphBuilder
-from ethen.model.quant import pack
+from ethen.model.engine import (
+    ACCURACY_EXACT,
+    ACCURACY_EXACT_INT8,
+    ACCURACY_FAST,
+    Engine,
+    EngineError,
+    GraphBuilder,
+)
+from ethen.model.quant import NBits, pack
 from ethen.model.tiny_gguf import _KQUANT_SCALES
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
@@ -58,9 +65,55 @@ def test_every_type_multiplies_like_its_float64_dequantization(kind: str) -> Non
     scale = float(np.abs(ref).max())
     exact = _run(kind, raw, x, ACCURACY_EXACT)
     assert float(np.abs(exact - ref).max()) <= 1e-5 * scale, kind
+    assert float(np.abs(_run(kind, raw, x, ACCURACY_EXACT_INT8) - ref).max()) <= 1e-5 * scale, kind
     fast = _run(kind, raw, x, ACCURACY_FAST)
     assert float(np.abs(fast - ref).max()) <= 2e-2 * scale, kind
     assert pack(kind, raw, R, K).nbytes == pytest.approx(RATIO[kind] * raw.nbytes, rel=0.01)
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
+def test_exact_int8_splits_rows_so_the_int8_kernel_is_float32_grade(kind: str) -> None:
+    """``ACCURACY_EXACT_INT8``: each row runs as 3 rows the int8-activation kernel quantizes without loss
+    (``GraphBuilder.split3``), one ``MatMulNBits`` at onnxruntime's int8 level on the blocks as stored (8 bits
+    stay 8 bits), the rows summed. Within float32 compute's error of a float64 product on rows with an
+    outlier (the case int8 activations get wrong), an all-zero block and tiny values; the int8 level alone
+    is >100x off there."""
+    rng = np.random.default_rng(21)
+    raw = _raw(kind, rng)
+    w = pack(kind, raw, R, K)
+    x = rng.standard_normal((4, K)).astype(np.float32)
+    x[0, 3] = 500.0  # an outlier in a block
+    x[1, :64] = 0.0  # zero blocks
+    x[2, 64:96] = 1e-20  # a block of tiny values
+    x[3] *= 1e4
+    w64 = np.asarray(dequantize(raw, GGMLQuantizationType[kind]), np.float64).reshape(R, K)
+    ref = x.astype(np.float64) @ w64.T
+    scale = np.abs(ref).max(axis=1, keepdims=True)  # per row
+    err = {acc: float((np.abs(_run(kind, raw, x, acc) - ref) / scale).max())
+           for acc in (ACCURACY_EXACT, ACCURACY_EXACT_INT8, ACCURACY_FAST)}
+    assert err[ACCURACY_EXACT_INT8] <= 2e-6, err
+    assert err[ACCURACY_EXACT_INT8] <= 3 * err[ACCURACY_EXACT], err  # float32-grade
+    assert err[ACCURACY_FAST] > 100 * err[ACCURACY_EXACT_INT8], err
+    g = GraphBuilder("ops")
+    g.linear(g.input("x", K), w, ACCURACY_EXACT_INT8)
+    nbits = [n for n in g.nodes if n.op_type == "MatMulNBits"]
+    assert isinstance(w, NBits)
+    assert (nbits[0].attrs["accuracy_level"], nbits[0].attrs["bits"]) == (ACCURACY_FAST, w.bits)
+    assert [n.op_type for n in g.nodes].count("Round") == 2
+
+
+def test_engine_from_env_reads_the_accuracy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ethen.model.errors import ModelInputError
+    from ethen.model.qmodel import engine_from_env
+
+    monkeypatch.setenv("ETHEN_DEVICE", "cpu")
+    for value, level in (("", ACCURACY_EXACT), ("exact", ACCURACY_EXACT), ("fast", ACCURACY_FAST),
+                         ("exact-int8", ACCURACY_EXACT_INT8)):
+        monkeypatch.setenv("ETHEN_ACCURACY", value)
+        assert engine_from_env(1).accuracy == level
+    monkeypatch.setenv("ETHEN_ACCURACY", "int4")
+    with pytest.raises(ModelInputError, match="ETHEN_ACCURACY = 'int4': must be 'exact', 'fast' or"):
+        engine_from_env(1)
 
 
 def test_device_errors_are_clear() -> None:
