@@ -18,7 +18,8 @@ cost in fresh processes (numba import + cache load, and a compile with an empty 
 
 ``--vs-llama-cpp`` builds ``llama-cpp-python`` into ``~/.cache/ethen-bench/llama-venv`` on first use (a
 source build, ~7-25 minutes, cached; ``CMAKE_BUILD_PARALLEL_LEVEL=1``) and prints, in one run, decode and
-512-token prefill tok/s of Ethen's quantized layers (``ethen.model.qmodel``, int8 activations and exact)
+512-token prefill tok/s of Ethen's quantized layers (``ethen.model.qmodel``, int8 activations, exact and
+exact-int8)
 and llama.cpp on the same GGUF at 1 and 2 threads.
 
 The tensor type changes the file and the cold load (dequantization), not the decode step: the cache is
@@ -264,7 +265,7 @@ def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, P
     """Layers only on Ethen's side (the head stays the orchestrator's); llama.cpp runs the whole model. Each
     Ethen figure is a fresh process (its RssAnon growth is that process's load + runs); with ``ref``, the
     same runs of that commit's tree, interleaved; medians of ``repeats``."""
-    from ethen.model.engine import ACCURACY_EXACT, ACCURACY_FAST
+    from ethen.model.engine import ACCURACY_EXACT, ACCURACY_EXACT_INT8, ACCURACY_FAST
 
     path = model or find_gguf_path()
     roots = {"": ROOT} | ({f" @{ref[0]}": ref[1]} if ref else {})
@@ -275,8 +276,11 @@ def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, P
         runs: dict[str, list[tuple[float, ...]]] = {}
         for _ in range(repeats):
             llama.append(_llama_cpp(path, threads, steps))
-            for name, acc in (("int8-act", ACCURACY_FAST), ("exact", ACCURACY_EXACT)):
+            for name, acc in (("int8-act", ACCURACY_FAST), ("exact", ACCURACY_EXACT),
+                              ("exact-int8", ACCURACY_EXACT_INT8)):
                 for tag, root in roots.items():
+                    if tag and acc == ACCURACY_EXACT_INT8:
+                        continue  # (a mode the --ref tree may not have)
                     runs.setdefault(name + tag, []).append(_ethen_run(root, path, threads, steps, acc))
         lp, ld = _median2(llama)
         print(f"  llama.cpp {threads} thread(s): prefill {lp:.0f} tok/s, decode {ld:.1f} tok/s")
