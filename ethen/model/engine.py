@@ -16,6 +16,8 @@ Choices where the issue is silent:
 * ``MatMulNBits`` ``accuracy_level`` 4 (int8 activations per block, int8 dot products - what llama.cpp
   does with its Q8 activations) is the default, :data:`ACCURACY_EXACT` (0) computes in float32 from the
   same weights (2-3x slower, used by tests that compare with a float64 reference at 1e-3).
+  :data:`ACCURACY_EXACT_INT8` gets float32-grade products from the int8 kernel by running each row as 3 rows
+  it quantizes without loss (:meth:`GraphBuilder.split3`).
 * Constant folding is disabled: it would turn the ``Cast`` of float16 weights / minimum terms into float32
   copies of them (the memory the issue removes).
 * Threads: ``threads`` intra-op threads per session (default :func:`default_threads`: ``$ETHEN_THREADS``,
