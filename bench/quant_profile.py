@@ -8,10 +8,9 @@ thread, cache-warm, every variant interleaved in one run, ms medians:
   :func:`ethen.model.quant.k_mins`);
 * ``mins (old)``: the min term as it was before (a float ``MatMul`` over ``Cast(m) * Cast(dmin)``, the
   ``[K / 32, R]`` float32 matrix rebuilt on every call);
-* ``int8 x3 (prototype)``: float32-grade accuracy from the int8-activation kernel: x split per 32-block into
-  three rows that kernel quantizes without loss (``x1 = round(x / s1) s1``, ``x2`` likewise of ``x - x1``,
-  the rest), one ``MatMulNBits`` call, the rows summed; max error over ``max |y|`` against a float64
-  product is printed next to the float32 and int8 kernels'. Not used by the engine (see docs/model.md).
+* ``exact-int8``: the matmul at ``ETHEN_ACCURACY=exact-int8`` (float32-grade from the int8-activation
+  kernel: :meth:`ethen.model.engine.GraphBuilder.split3`); max error over ``max |y|`` against a float64
+  product is printed next to the float32 and int8 kernels'.
 
 .venv/bin/python bench/quant_profile.py [--model X.gguf] [--layer 0] [--repeats 30]
 .venv/bin/python bench/quant_profile.py --stack [--accuracy fast|exact]
@@ -34,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ethen.model import open_weight_store
-from ethen.model.engine import ACCURACY_EXACT, ACCURACY_FAST, Engine, GraphBuilder
+from ethen.model.engine import ACCURACY_EXACT, ACCURACY_EXACT_INT8, ACCURACY_FAST, Engine, GraphBuilder
 from ethen.model.qmodel import _packed_rows, _Tensors
 from ethen.model.quant import NBits
 
@@ -73,25 +72,6 @@ def _new_mins(g: GraphBuilder, x: str, w: NBits) -> str:
     xm = g.op("Reshape", [g.op("Concat", [xsum, x16], axis=2),
                           g.const(np.array([-1, 16 * nsb], np.int64), "shape", False)])
     return _nbits(g, xm, w.mins, ACCURACY_EXACT)
-
-
-def _int8x3(g: GraphBuilder, x: str, w: NBits, parts: int = 3) -> str:
-    nb = w.cols // w.block
-    xb = g.op("Reshape", [x, g.const(np.array([-1, nb, w.block], np.int64), "shape", False)])
-    ax = g.const(np.array([2], np.int64), "ax", False)
-    c127, tiny = (g.const(np.array(v, np.float32), "c", False) for v in (127, 1e-30))
-    rows, r = [], xb
-    for _ in range(parts - 1):
-        s = g.op("Max", [g.op("Div", [g.op("ReduceMax", [g.op("Abs", [r]), ax], keepdims=1), c127]), tiny])
-        q = g.op("Mul", [g.op("Round", [g.op("Div", [r, s])]), s])  # exactly s * int8: quantized losslessly
-        rows.append(q)
-        r = g.op("Sub", [r, q])
-    rows.append(r)
-    allx = g.op("Reshape", [g.op("Concat", rows, axis=0), g.const(np.array([-1, w.cols], np.int64), "shape",
-                                                                       False)])
-    y = g.linear(allx, w, ACCURACY_FAST)  # [parts N, R]
-    y3 = g.op("Reshape", [y, g.const(np.array([parts, -1, w.rows], np.int64), "shape", False)])
-    return g.op("ReduceSum", [y3, g.const(np.array([0], np.int64), "ax", False)], keepdims=0)
 
 
 def _session(w: NBits, build: Any, acc: int) -> Any:
@@ -182,8 +162,9 @@ def main() -> None:
                 v["mins"] = lambda g, x, w=w: _new_mins(g, x, w)
                 v["mins (old)"] = lambda g, x, w=w: _old_mins(g, x, w)
             if acc == ACCURACY_EXACT:
-                v["int8 x3 (prototype)"] = lambda g, x, w=w: _int8x3(g, x, w)
-            sess = {k: _session(w, b, ACCURACY_FAST if k.startswith("int8") else acc) for k, b in v.items()}
+                v["exact-int8"] = lambda g, x, w=w: g.linear(x, w, ACCURACY_EXACT_INT8)
+            sess = {k: _session(w, b, ACCURACY_EXACT_INT8 if k == "exact-int8" else acc)
+                    for k, b in v.items()}
             x = rng.standard_normal((1, w.cols)).astype(np.float32)
             times: dict[str, list[float]] = {k: [] for k in sess}
             for s in sess.values():
@@ -195,13 +176,13 @@ def main() -> None:
                     times[k].append(time.perf_counter() - t0)
             line = "  ".join(f"{k} {statistics.median(t) * 1e3:.3f}" for k, t in times.items())
             print(f"  {name:8} [{w.rows} x {w.cols}] {line}")
-            if "int8 x3 (prototype)" in sess:
+            if "exact-int8" in sess:
                 w64 = np.concatenate([np.asarray(dequantize(np.asarray(tensors.get(n)[1]),
                                                             GGMLQuantizationType[tensors.get(n)[0]]),
                                                  np.float64).reshape(-1, w.cols) for n in names])
                 ref = x.astype(np.float64) @ w64.T
                 errs = {k: float(np.abs(sess[k].run(None, {"x": x})[0] - ref).max() / np.abs(ref).max())
-                        for k in ("linear", "int8 x3 (prototype)")}
+                        for k in ("linear", "exact-int8")}
                 fast = _session(w, lambda g, x, w=w: g.linear(x, w, ACCURACY_FAST), ACCURACY_FAST)
                 errs["int8 activations"] = float(np.abs(fast.run(None, {"x": x})[0] - ref).max()
                                                  / np.abs(ref).max())
