@@ -5,7 +5,8 @@ transformers' GGUF loader in the same run when the parity extra is installed.
 
 .venv/bin/python bench/model_decode.py [--steps 32] [--repeats 5] [--skip-cold] [--skip-tiny] [--model X.gguf]
 .venv/bin/python bench/model_decode.py --vs-llama-cpp [--model X.gguf]   (quantized engine vs llama.cpp)
-.venv/bin/python bench/model_decode.py --vs-llama-cpp --tinyllama   (TinyLlama-1.1B shape, Q4_K and Q8_0)
+.venv/bin/python bench/model_decode.py --vs-llama-cpp --tinyllama [--types Q4_K] [--repeats 3] [--ref REV]
+    (TinyLlama-1.1B shape, Q4_K and Q8_0; ``--ref``: the same Ethen runs of commit REV, interleaved)
 OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/model_decode.py --head [--repeats 21]   (the logits head alone)
 
 ``--head`` times the orchestrator's head alone (final RMSNorm + the vocabulary matmul) for 1/2/4/8 rows,
@@ -17,7 +18,8 @@ cost in fresh processes (numba import + cache load, and a compile with an empty 
 
 ``--vs-llama-cpp`` builds ``llama-cpp-python`` into ``~/.cache/ethen-bench/llama-venv`` on first use (a
 source build, ~7-25 minutes, cached; ``CMAKE_BUILD_PARALLEL_LEVEL=1``) and prints, in one run, decode and
-512-token prefill tok/s of Ethen's quantized layers (``ethen.model.qmodel``, int8 activations and exact)
+512-token prefill tok/s of Ethen's quantized layers (``ethen.model.qmodel``, int8 activations, exact and
+exact-int8)
 and llama.cpp on the same GGUF at 1 and 2 threads.
 
 The tensor type changes the file and the cold load (dequantization), not the decode step: the cache is
@@ -237,27 +239,64 @@ def _rss_anon() -> int:
         return 0
 
 
-_RSS_TAKEN: list[bool] = []  # RssAnon growth is a measure for the first load of a process only
+_ETHEN_PROBE = """
+import sys
+from pathlib import Path
+root = sys.argv[1]
+sys.path[:0] = [root, root + "/bench"]
+import ethen, model_decode
+assert ethen.__file__.startswith(root) and model_decode.__file__.startswith(root), (ethen.__file__, root)
+print(*model_decode._ethen_quant(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])))
+"""
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def vs_llama_cpp(model: Path | None, steps: int) -> None:
-    """Layers only on Ethen's side (the head stays the orchestrator's); llama.cpp runs the whole model."""
-    from ethen.model.engine import ACCURACY_EXACT, ACCURACY_FAST
+def _ethen_run(root: Path, path: Path, threads: int, steps: int, accuracy: int) -> tuple[float, ...]:
+    """:func:`_ethen_quant` of the tree at ``root`` (this one or ``--ref``'s) in a fresh process."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-c", _ETHEN_PROBE, str(root), str(path), str(threads), str(steps), str(accuracy)]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout.split()
+    return tuple(float(v) for v in out)
+
+
+def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, Path] | None) -> None:
+    """Layers only on Ethen's side (the head stays the orchestrator's); llama.cpp runs the whole model. Each
+    Ethen figure is a fresh process (its RssAnon growth is that process's load + runs); with ``ref``, the
+    same runs of that commit's tree, interleaved; medians of ``repeats``."""
+    from ethen.model.engine import ACCURACY_EXACT, ACCURACY_EXACT_INT8, ACCURACY_FAST
 
     path = model or find_gguf_path()
-    print(f"model: {path.name}; {LONG_PREFILL}-token prefill, {steps} decode steps")
+    roots = {"": ROOT} | ({f" @{ref[0]}": ref[1]} if ref else {})
+    load0 = os.getloadavg()
+    print(f"model: {path.name}; {LONG_PREFILL}-token prefill, {steps} decode steps, medians of {repeats}")
     for threads in (1, 2):
-        lp, ld = _llama_cpp(path, threads, steps)
+        llama: list[tuple[float, float]] = []
+        runs: dict[str, list[tuple[float, ...]]] = {}
+        for _ in range(repeats):
+            llama.append(_llama_cpp(path, threads, steps))
+            for name, acc in (("int8-act", ACCURACY_FAST), ("exact", ACCURACY_EXACT),
+                              ("exact-int8", ACCURACY_EXACT_INT8)):
+                for tag, root in roots.items():
+                    if tag and acc == ACCURACY_EXACT_INT8:
+                        continue  # (a mode the --ref tree may not have)
+                    runs.setdefault(name + tag, []).append(_ethen_run(root, path, threads, steps, acc))
+        lp, ld = _median2(llama)
         print(f"  llama.cpp {threads} thread(s): prefill {lp:.0f} tok/s, decode {ld:.1f} tok/s")
-        for name, acc in (("int8-act", ACCURACY_FAST), ("exact", ACCURACY_EXACT)):
-            ep, ed, packed, file, grown, kvb = _ethen_quant(path, threads, steps, acc)
-            rss = (f"; RssAnon +{grown / 2**20:.0f} MiB = {(grown - kvb) / file:.2f}x the file + the KV "
-                   f"cache's {kvb / 2**20:.0f} MiB (this process's first load, with onnxruntime's start-up)"
-                   if not _RSS_TAKEN else "")  # later loads reuse freed memory: no measure
-            _RSS_TAKEN.append(True)
-            print(f"  ethen {name} {threads} thread(s): prefill {ep:.0f} tok/s ({ep / lp:.0%}), decode "
-                  f"{ed:.1f} tok/s ({ed / ld:.0%}); layer weights {packed / 1e6:.1f} MB = "
-                  f"{packed / file:.3f}x the file's {file / 1e6:.1f} MB{rss}")
+        for label, rs in runs.items():
+            ep, ed, packed, file, grown, kvb = (statistics.median(r[i] for r in rs) for i in range(6))
+            vs = ""
+            if ref and not label.endswith(f"@{ref[0]}"):
+                old = statistics.median(r[1] for r in runs[f"{label} @{ref[0]}"])
+                vs = f", {ed / old:.2f}x the ref's decode"
+            print(f"  ethen {label} {threads} thread(s): prefill {ep:.0f} tok/s ({ep / lp:.0%}), decode "
+                  f"{ed:.1f} tok/s ({ed / ld:.0%}{vs}; runs {' '.join(f'{r[1]:.1f}' for r in rs)}); layer "
+                  f"weights {packed / 1e6:.1f} MB = {packed / file:.3f}x the file's {file / 1e6:.1f} MB; "
+                  f"RssAnon +{grown / 2**20:.0f} MiB = {(grown - kvb) / file:.2f}x the file + the KV cache's "
+                  f"{kvb / 2**20:.0f} MiB (a fresh process: load, 512-row prefill, decode)")
+    print(f"load average (1/5/15 min) before {' '.join(f'{x:.2f}' for x in load0)}, after "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
 
 
 _FIRST_CALL = """
@@ -387,13 +426,26 @@ def main() -> None:
     ap.add_argument("--head", action="store_true", help="the logits head alone: block kernel vs engine")
     ap.add_argument("--tinyllama", action="store_true",
                     help="with --vs-llama-cpp: TinyLlama-1.1B-shape random llamas in Q4_K and Q8_0")
+    ap.add_argument("--types", default=None, help="with --tinyllama: e.g. Q4_K (default: Q4_K,Q8_0)")
+    ap.add_argument("--ref", default=None,
+                    help="with --vs-llama-cpp: the same Ethen runs of this commit too (interleaved)")
     args = ap.parse_args()
     if args.head:
         head_bench(args.model, args.repeats)
         return
     if args.vs_llama_cpp:
-        for path in [tinyllama_gguf(k) for k in TINYLLAMA_TYPES] if args.tinyllama else [args.model]:
-            vs_llama_cpp(path, args.steps)
+        with tempfile.TemporaryDirectory(prefix="ethen-decode-ref-") as tmp:
+            ref = None
+            if args.ref is not None:
+                import subprocess
+
+                archive = subprocess.run(["git", "archive", args.ref], cwd=ROOT, capture_output=True,
+                                         check=True).stdout
+                subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+                ref = (args.ref, Path(tmp))
+            kinds = args.types.split(",") if args.types else TINYLLAMA_TYPES
+            for path in [tinyllama_gguf(k) for k in kinds] if args.tinyllama else [args.model]:
+                vs_llama_cpp(path, args.steps, args.repeats, ref)
         return
     print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}")
     if not args.skip_tiny:

@@ -16,6 +16,8 @@ Choices where the issue is silent:
 * ``MatMulNBits`` ``accuracy_level`` 4 (int8 activations per block, int8 dot products - what llama.cpp
   does with its Q8 activations) is the default, :data:`ACCURACY_EXACT` (0) computes in float32 from the
   same weights (2-3x slower, used by tests that compare with a float64 reference at 1e-3).
+  :data:`ACCURACY_EXACT_INT8` gets float32-grade products from the int8 kernel by running each row as 3 rows
+  it quantizes without loss (:meth:`GraphBuilder.split3`).
 * Constant folding is disabled: it would turn the ``Cast`` of float16 weights / minimum terms into float32
   copies of them (the memory the issue removes).
 * Threads: ``threads`` intra-op threads per session (default :func:`default_threads`: ``$ETHEN_THREADS``,
@@ -38,15 +40,18 @@ from numpy.typing import NDArray
 
 from ethen.model.errors import ModelError
 from ethen.model.onnx_wire import BFLOAT16, DTYPES, Node, Tensor, model_bytes
-from ethen.model.quant import Dense, Packed, nibble_halves
+from ethen.model.quant import Dense, NBits, Packed, nibble_halves
 
-__all__ = ["ACCURACY_EXACT", "ACCURACY_FAST", "DEVICES", "Engine", "EngineError", "GraphBuilder",
-           "default_threads"]
+__all__ = ["ACCURACY_EXACT", "ACCURACY_EXACT_INT8", "ACCURACY_FAST", "DEVICES", "Engine", "EngineError",
+           "GraphBuilder", "default_threads"]
 
 F32 = NDArray[np.float32]
 
 ACCURACY_FAST = 4  # int8 activations, int8 dot products
 ACCURACY_EXACT = 0  # float32 compute
+#: float32-grade results from the int8 kernel: x split into 3 rows it quantizes without loss
+#: (:meth:`GraphBuilder.split3`); not an onnxruntime level (``MatMulNBits`` gets ``ACCURACY_FAST``)
+ACCURACY_EXACT_INT8 = 16
 DEVICES = ("auto", "cpu", "cuda")
 _OPSET = 21
 
@@ -132,29 +137,66 @@ class GraphBuilder:
             src = self.bf16_const(w.data_t.view(np.uint16)) if w.kind == "BF16" else self.const(w.data_t)
             return self.op("MatMul", [x, self.op("Cast", [src], to=1)])  # [K, R] float32 per call
         nb = w.cols // w.block
-        # float32 compute over 8 bits: as two 4-bit halves over [x, x] (onnxruntime's 8-bit CPU kernel
-        # at accuracy 0 dequantizes the whole matrix per call, 10-20x slower; see quant.nibble_halves)
-        mat = nibble_halves(w) if w.bits == 8 and accuracy == ACCURACY_EXACT else w
-        xin = x if mat is w else self.op("Concat", [x, x], axis=1)  # [N, K] or [N, 2K]
-        ins = [xin, self.const(mat.data), self.const(mat.scales)]
-        if mat.zero_points is not None:
-            ins.append(self.const(mat.zero_points))
-        y = self.op("MatMulNBits", ins, domain="com.microsoft", K=mat.cols, N=mat.rows, bits=mat.bits,
-                    block_size=mat.block, accuracy_level=accuracy)  # [N, R]
-        if w.mins_f16 is None and w.mins_m is None:
+        if accuracy == ACCURACY_EXACT_INT8:
+            rows = self.op("Reshape", [self.split3(x, w.cols, w.block), self.const(
+                np.array([-1, w.cols], np.int64), "shape", False)])  # [3N, K]
+            y3 = self.op("Reshape", [self._nbits(rows, w, ACCURACY_FAST), self.const(
+                np.array([3, -1, w.rows], np.int64), "shape", False)])  # [3, N, R]
+            y = self.op("ReduceSum", [y3, self.const(np.array([0], np.int64), "ax", False)], keepdims=0)
+        else:
+            # float32 compute over 8 bits: as two 4-bit halves over [x, x] (onnxruntime's 8-bit CPU kernel
+            # at accuracy 0 dequantizes the whole matrix per call, 10-20x slower; see quant.nibble_halves)
+            mat = nibble_halves(w) if w.bits == 8 and accuracy == ACCURACY_EXACT else w
+            xin = x if mat is w else self.op("Concat", [x, x], axis=1)  # [N, K] or [N, 2K]
+            y = self._nbits(xin, mat, accuracy)  # [N, R]
+        if w.mins_f16 is None and w.mins is None:
             return y
+        if w.mins is not None:  # K-quants: w = d sc q - dmin m, the min term a 4-bit matrix (quant.k_mins)
+            nsb = w.cols // 256
+            sub = self.op("Reshape", [x, self.const(np.array([-1, nsb, 8, 32], np.int64), "shape", False)])
+            xsum = self.op("ReduceSum", [sub, self.const(np.array([3], np.int64), "ax", False)],
+                           keepdims=0)  # [N, nsb, 8]
+            x16 = self.op("Mul", [xsum, self.const(np.array(16, np.float32), "c16", False)])  # exact
+            xm = self.op("Reshape", [self.op("Concat", [xsum, x16], axis=2), self.const(
+                np.array([-1, 16 * nsb], np.int64), "shape", False)])  # [N, 16 nsb]
+            # float32 compute at every accuracy: the min term is exact and ~1/16 of the main matmul (as
+            # int8 activations, a block's xsum would be quantized with 16 xsum's step)
+            return self.op("Add", [y, self._nbits(xm, w.mins, ACCURACY_EXACT)])  # [N, R]
         blocks = self.op("Reshape", [x, self.const(np.array([-1, nb, w.block], np.int64), "shape", False)])
         xsum = self.op("ReduceSum", [blocks, self.const(np.array([2], np.int64), "ax", False)],
                        keepdims=0)  # [N, nb]
-        if w.mins_f16 is not None:  # Q4_1: w = d q + m
-            mins = self.op("Cast", [self.const(w.mins_f16)], to=1)  # [nb, R]
-        else:  # K-quants: w = d sc q - dmin m
-            assert w.mins_m is not None and w.mins_dmin is not None
-            m = self.op("Cast", [self.const(w.mins_m)], to=1)  # [nsb, 8, R]
-            dmin = self.op("Cast", [self.const(w.mins_dmin)], to=1)  # [nsb, 1, R]
-            neg = self.op("Neg", [self.op("Mul", [m, dmin])])  # [nsb, 8, R]
-            mins = self.op("Reshape", [neg, self.const(np.array([nb, w.rows], np.int64), "shape", False)])
+        assert w.mins_f16 is not None
+        mins = self.op("Cast", [self.const(w.mins_f16)], to=1)  # [nb, R]  Q4_1: w = d q + m
         return self.op("Add", [y, self.op("MatMul", [xsum, mins])])  # [N, R]
+
+    def split3(self, x: str, cols: int, block: int) -> str:
+        """``x [N, cols]`` -> ``[3N, cols / block, block]``: rows ``x1``, ``x2``, ``r``, ``x = x1 + x2 + r``,
+        where ``x1 = round(x / s1) s1`` per block (``s1 = max |x| / 127``: exactly what the int8 kernel's own
+        per-block quantization keeps, so it loses nothing of ``x1``), ``x2`` the same of ``x - x1``, ``r`` the
+        rest (``|r| <= max |x| / 127 / 254 / 2`` per block; the kernel quantizes it with its own error of
+        ~1/254 of that). So the three int8 products summed are float32-grade: per block, ~1e-7 of its
+        largest |x| (float32 compute: ~6e-8 of each value, plus its summation error)."""
+        nb = cols // block
+        r = self.op("Reshape", [x, self.const(np.array([-1, nb, block], np.int64), "shape", False)])
+        ax = self.const(np.array([2], np.int64), "ax", False)
+        c127 = self.const(np.array(127, np.float32), "c", False)
+        tiny = self.const(np.array(1e-30, np.float32), "c", False)  # an all-zero block: 0 / tiny = 0
+        parts = []
+        for _ in range(2):
+            amax = self.op("ReduceMax", [self.op("Abs", [r]), ax], keepdims=1)  # [N, nb, 1]
+            s = self.op("Max", [self.op("Div", [amax, c127]), tiny])
+            q = self.op("Mul", [self.op("Round", [self.op("Div", [r, s])]), s])  # s * an int in -127..127
+            parts.append(q)
+            r = self.op("Sub", [r, q])
+        return self.op("Concat", [*parts, r], axis=0)  # [3N, nb, block]
+
+    def _nbits(self, x: str, mat: NBits, accuracy: int) -> str:
+        """One ``MatMulNBits``: ``x [N, K] @ mat.T`` -> ``[N, R]``."""
+        ins = [x, self.const(mat.data), self.const(mat.scales)]
+        if mat.zero_points is not None:
+            ins.append(self.const(mat.zero_points))
+        return self.op("MatMulNBits", ins, domain="com.microsoft", K=mat.cols, N=mat.rows, bits=mat.bits,
+                       block_size=mat.block, accuracy_level=accuracy)  # [N, R]
 
     def model_bytes(self) -> bytes:
         return model_bytes(self.name, self.nodes, self.inits, self.inputs, self.outputs,

@@ -12,14 +12,21 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from ethen.model.engine import ACCURACY_EXACT, ACCURACY_FAST, Engine, EngineError, GraphBuilder
-from ethen.model.quant import pack
+from ethen.model.engine import (
+    ACCURACY_EXACT,
+    ACCURACY_EXACT_INT8,
+    ACCURACY_FAST,
+    Engine,
+    EngineError,
+    GraphBuilder,
+)
+from ethen.model.quant import NBits, pack
 from ethen.model.tiny_gguf import _KQUANT_SCALES
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 #: packed bytes / file bytes per type (the table in ``ethen.model.quant``)
 RATIO = {"F32": 1.0, "F16": 1.0, "BF16": 1.0, "Q8_0": 36 / 34, "Q4_0": 20 / 18, "Q4_1": 22.5 / 20,
-         "Q4_K": 21.75 / 18, "Q5_K": 1.74, "Q6_K": 1.53}
+         "Q4_K": 22.0625 / 18, "Q5_K": 1.75, "Q6_K": 1.53}
 R, K = 96, 512
 
 
@@ -58,9 +65,55 @@ def test_every_type_multiplies_like_its_float64_dequantization(kind: str) -> Non
     scale = float(np.abs(ref).max())
     exact = _run(kind, raw, x, ACCURACY_EXACT)
     assert float(np.abs(exact - ref).max()) <= 1e-5 * scale, kind
+    assert float(np.abs(_run(kind, raw, x, ACCURACY_EXACT_INT8) - ref).max()) <= 1e-5 * scale, kind
     fast = _run(kind, raw, x, ACCURACY_FAST)
     assert float(np.abs(fast - ref).max()) <= 2e-2 * scale, kind
     assert pack(kind, raw, R, K).nbytes == pytest.approx(RATIO[kind] * raw.nbytes, rel=0.01)
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
+def test_exact_int8_splits_rows_so_the_int8_kernel_is_float32_grade(kind: str) -> None:
+    """``ACCURACY_EXACT_INT8``: each row runs as 3 rows the int8-activation kernel quantizes without loss
+    (``GraphBuilder.split3``), one ``MatMulNBits`` at onnxruntime's int8 level on the blocks as stored (8 bits
+    stay 8 bits), the rows summed. Within float32 compute's error of a float64 product on rows with an
+    outlier (the case int8 activations get wrong), an all-zero block and tiny values; the int8 level alone
+    is >100x off there."""
+    rng = np.random.default_rng(21)
+    raw = _raw(kind, rng)
+    w = pack(kind, raw, R, K)
+    x = rng.standard_normal((4, K)).astype(np.float32)
+    x[0, 3] = 500.0  # an outlier in a block
+    x[1, :64] = 0.0  # zero blocks
+    x[2, 64:96] = 1e-20  # a block of tiny values
+    x[3] *= 1e4
+    w64 = np.asarray(dequantize(raw, GGMLQuantizationType[kind]), np.float64).reshape(R, K)
+    ref = x.astype(np.float64) @ w64.T
+    scale = np.abs(ref).max(axis=1, keepdims=True)  # per row
+    err = {acc: float((np.abs(_run(kind, raw, x, acc) - ref) / scale).max())
+           for acc in (ACCURACY_EXACT, ACCURACY_EXACT_INT8, ACCURACY_FAST)}
+    assert err[ACCURACY_EXACT_INT8] <= 2e-6, err
+    assert err[ACCURACY_EXACT_INT8] <= 3 * err[ACCURACY_EXACT], err  # float32-grade
+    assert err[ACCURACY_FAST] > 100 * err[ACCURACY_EXACT_INT8], err
+    g = GraphBuilder("ops")
+    g.linear(g.input("x", K), w, ACCURACY_EXACT_INT8)
+    nbits = [n for n in g.nodes if n.op_type == "MatMulNBits"]
+    assert isinstance(w, NBits)
+    assert (nbits[0].attrs["accuracy_level"], nbits[0].attrs["bits"]) == (ACCURACY_FAST, w.bits)
+    assert [n.op_type for n in g.nodes].count("Round") == 2
+
+
+def test_engine_from_env_reads_the_accuracy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ethen.model.errors import ModelInputError
+    from ethen.model.qmodel import engine_from_env
+
+    monkeypatch.setenv("ETHEN_DEVICE", "cpu")
+    for value, level in (("", ACCURACY_EXACT), ("exact", ACCURACY_EXACT), ("fast", ACCURACY_FAST),
+                         ("exact-int8", ACCURACY_EXACT_INT8)):
+        monkeypatch.setenv("ETHEN_ACCURACY", value)
+        assert engine_from_env(1).accuracy == level
+    monkeypatch.setenv("ETHEN_ACCURACY", "int4")
+    with pytest.raises(ModelInputError, match="ETHEN_ACCURACY = 'int4': must be 'exact', 'fast' or"):
+        engine_from_env(1)
 
 
 def test_device_errors_are_clear() -> None:
@@ -110,8 +163,8 @@ def test_exact_8bit_blocks_run_as_two_4bit_halves_of_the_same_weights(kind: str)
     for acc in (ACCURACY_EXACT, ACCURACY_FAST):
         g = GraphBuilder("bits")
         g.linear(g.input("x", K), w, acc)
-        bits[acc] = [n.attrs["bits"] for n in g.nodes if n.op_type == "MatMulNBits"]
-    assert bits == {ACCURACY_EXACT: [4], ACCURACY_FAST: [8]}
+        bits[acc] = next(n.attrs["bits"] for n in g.nodes if n.op_type == "MatMulNBits")  # (then mins)
+    assert bits == {ACCURACY_EXACT: 4, ACCURACY_FAST: 8}
     h = nibble_halves(w)
     nb = K // w.block
     z = (np.full((R, nb), 128) if w.zero_points is None else w.zero_points.reshape(R, nb)).astype(np.float64)
@@ -120,6 +173,38 @@ def test_exact_8bit_blocks_run_as_two_4bit_halves_of_the_same_weights(kind: str)
     q = _unpack4(h.data).astype(np.float64)  # [R, 2 nb, block]
     w4 = h.scales.reshape(R, 2 * nb, 1).astype(np.float64) * (q - zh[..., None])
     np.testing.assert_array_equal(w4[:, :nb] + w4[:, nb:], w8)  # bit for bit
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K"])
+def test_the_k_quant_minimum_term_is_a_small_exact_4bit_matmul(kind: str) -> None:
+    """The K-quants' ``- dmin * m`` is a 4-bit ``MatMulNBits`` ``[R, K / 16]`` (``quant.k_mins``: ``[m & 15,
+    m >> 4]`` per super-block, scale ``-dmin``), float32 compute at both accuracies; its weights times
+    ``[xsum, 16 xsum]`` are ``- dmin * m`` times ``xsum`` bit for bit. No weight is cast or multiplied per
+    call (the old form built a float ``[K / 32, R]`` matrix from ``Cast(m) * Cast(dmin)`` on every call)."""
+    rng = np.random.default_rng(3)
+    raw = _raw(kind, rng)
+    w = pack(kind, raw, R, K)
+    assert w.mins is not None  # type: ignore[union-attr]
+    mins = w.mins  # type: ignore[union-attr]
+    nsb = K // 256
+    assert (mins.rows, mins.cols, mins.bits, mins.block) == (R, 16 * nsb, 4, 16)
+    for acc in (ACCURACY_EXACT, ACCURACY_FAST):
+        g = GraphBuilder("mins")
+        g.linear(g.input("x", K), w, acc)
+        ops = [n.op_type for n in g.nodes]
+        assert "Cast" not in ops and "MatMul" not in ops, ops
+        nbits = [(n.attrs["K"], n.attrs["accuracy_level"]) for n in g.nodes if n.op_type == "MatMulNBits"]
+        assert nbits[-1] == (16 * nsb, ACCURACY_EXACT)
+    # the file's m and dmin (gguf's layout: d, dmin, 12 bytes of 6-bit scales / mins per super-block)
+    blk = raw.reshape(R, nsb, -1)
+    dmin = blk[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)  # [R, nsb]
+    s = blk[:, :, 4:16].astype(np.int64)
+    m = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
+    q = _unpack4(mins.data).reshape(R, nsb, 16).astype(np.float64)
+    sc = mins.scales.reshape(R, nsb, 1).astype(np.float64)
+    # weight j of a super-block meets xsum_j in column j and 16 xsum_j in column 8 + j
+    np.testing.assert_array_equal(sc * q[..., :8] + sc * 16 * q[..., 8:], -dmin[..., None] * m)
+    assert not _unpack4(mins.zero_points.reshape(R, -1)).any()  # type: ignore[union-attr]
 
 
 def test_the_graph_bytes_are_the_model_onnx_helper_builds() -> None:
