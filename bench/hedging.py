@@ -29,7 +29,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,11 +38,22 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchkit import counter_by_outcome, free_port, ok_latencies, open_loop, percentile, wait_ready
+
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT_KEY = "ethen-bench-hedging-0123456789abcdef0123456789"
 UPSTREAM_KEY = "sk-bench-hedging"
 BODY = json.dumps({"model": "ethen/fast", "messages": [{"role": "user", "content": "Say hello"}],
                    "max_tokens": 16}).encode()
+HEADERS = {"authorization": f"Bearer {CLIENT_KEY}", "content-type": "application/json"}
+
+
+def load(url: str, total: int, rate: float) -> tuple[int, list[float]]:
+    """Open loop (benchkit.open_loop): the number of 200s and their latencies (ms)."""
+    lat = ok_latencies(open_loop(url, BODY, total, rate, lambda i: HEADERS))
+    return len(lat), lat
+
 
 
 # --- the heavy-tailed upstream (its own process) ---------------------------------------------------------
@@ -84,25 +94,6 @@ def serve_upstream(port: int, seed: int, fast_ms: float, slow_s: tuple[float, fl
 # --- orchestration ---------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    raise RuntimeError(f"{url} not ready after {timeout} s")
-
 
 def write_config(path: Path, upstreams: list[str], hedge: str) -> None:
     digest = hashlib.sha256(CLIENT_KEY.encode()).hexdigest()
@@ -134,12 +125,6 @@ sha256 = "{digest}"
 {hedge}""")
 
 
-def percentile(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q * len(s) + 0.5) - 1))]
-
 
 @dataclass
 class Result:
@@ -166,53 +151,6 @@ def upstream_stats(upstreams: list[str]) -> tuple[int, int]:
         slow += st["slow"]
     return n, slow
 
-
-def load(url: str, total: int, rate: float) -> tuple[int, list[float]]:
-    """Open loop: request i leaves at start + i / rate; latency from that intended start (ms)."""
-    import aiohttp
-    import uvloop
-
-    headers = {"authorization": f"Bearer {CLIENT_KEY}", "content-type": "application/json"}
-
-    async def go() -> tuple[int, list[float]]:
-        lat: list[float] = []
-        ok = 0
-        timeout = aiohttp.ClientTimeout(total=30)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2000), timeout=timeout) as s:
-            clock = time.perf_counter
-
-            async def one(intended: float) -> None:
-                nonlocal ok
-                try:
-                    async with s.post(url, data=BODY, headers=headers) as r:
-                        await r.read()
-                        if r.status == 200:
-                            ok += 1
-                            lat.append((clock() - intended) * 1000)
-                except (aiohttp.ClientError, TimeoutError, OSError):
-                    pass
-
-            start = clock() + 0.05
-            tasks = []
-            for i in range(total):
-                intended = start + i / rate
-                delay = intended - clock()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(one(intended)))
-            await asyncio.gather(*tasks)
-        return ok, lat
-
-    return uvloop.run(go())
-
-
-def hedges_metric(base: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in httpx.get(f"{base}/metrics", timeout=5).text.splitlines():
-        if line.startswith("ethen_gateway_hedges_total{"):
-            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
-            out[outcome] = float(line.rsplit(" ", 1)[1])
-    return out
 
 
 def main() -> None:
@@ -290,7 +228,7 @@ def main() -> None:
         calls = hedged.upstream_calls / max(plain.upstream_calls, 1)
         print(f"\nhedged/plain: p99 x{p99:.3f} (target <= 0.2), p50 x{p50:.3f} (target ~1), "
               f"upstream calls x{calls:.3f} (target <= 1.10)")
-        counts = hedges_metric(gateways["hedged"])
+        counts = counter_by_outcome(gateways["hedged"], "ethen_gateway_hedges_total")
         print(f"ethen_gateway_hedges_total (hedged gateway, warm-up included): {counts}")
     finally:
         for p in procs:

@@ -24,11 +24,9 @@ Run:  PYTHONPATH=. .venv/bin/python bench/response_cache.py [--rate 500] [--requ
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,30 +40,33 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchkit import free_port, open_loop, percentile, wait_ready  # noqa: E402
+
 from ethen.gateway.cache import CachePolicy, MemoryBackend, ResponseCache  # noqa: E402
 
 CLIENT_KEY = "ethen-bench-0123456789abcdef0123456789abcdef"
 BODY = {"model": "bench-model", "messages": [{"role": "user", "content": "What is 2 + 2?"}], "temperature": 0}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} not ready after {timeout} s")
+def load(url: str, rate: int, n: int) -> dict[str, dict[str, list[float]]]:
+    """Open loop (benchkit.open_loop), alternately a hit and a no-store request: per kind, the gateway's
+    overhead (``x-ethen-overhead-ms``), the client latency (ms), and one entry per error (not 200, or not the
+    expected ``x-ethen-cache``)."""
+    base = {"authorization": f"Bearer {CLIENT_KEY}", "content-type": "application/json"}
+    kinds = {"hit": base, "no-store": {**base, "cache-control": "no-store"}}
+    out: dict[str, dict[str, list[float]]] = {k: {"overhead": [], "latency": [], "errors": []} for k in kinds}
+    replies = open_loop(url, json.dumps(BODY).encode(), n, rate,
+                        lambda i: kinds["hit" if i % 2 == 0 else "no-store"], timeout_s=10)
+    for r in replies:
+        kind = "hit" if r.i % 2 == 0 else "no-store"
+        want = "hit" if kind == "hit" else "bypass"
+        if r.status != 200 or r.headers.get("x-ethen-cache") != want:
+            out[kind]["errors"].append(1.0)
+            continue
+        out[kind]["latency"].append(r.latency_ms)
+        out[kind]["overhead"].append(float(r.headers["x-ethen-overhead-ms"]))
+    return out
 
 
 def write_config(path: Path, upstream: str, redis_url: str | None) -> None:
@@ -99,54 +100,6 @@ ttl_s = 3600
 {shared}""")
 
 
-def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[max(0, min(len(s) - 1, round(q * (len(s) - 1))))]
-
-
-def load(url: str, rate: int, n: int) -> dict[str, dict[str, list[float]]]:
-    """Open-loop: request i at start + i / rate, alternately a hit and a no-store request."""
-    import aiohttp
-    import uvloop
-
-    body = json.dumps(BODY).encode()
-    base = {"authorization": f"Bearer {CLIENT_KEY}", "content-type": "application/json"}
-    kinds = {"hit": base, "no-store": {**base, "cache-control": "no-store"}}
-    out: dict[str, dict[str, list[float]]] = {k: {"overhead": [], "latency": [], "errors": []} for k in kinds}
-
-    async def go() -> None:
-        timeout = aiohttp.ClientTimeout(total=10)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1000), timeout=timeout) as s:
-            clock = time.perf_counter
-
-            async def one(kind: str, intended: float) -> None:
-                try:
-                    async with s.post(url, data=body, headers=kinds[kind]) as r:
-                        await r.read()
-                        want = "hit" if kind == "hit" else "bypass"
-                        if r.status != 200 or r.headers.get("x-ethen-cache") != want:
-                            out[kind]["errors"].append(1.0)
-                            return
-                        out[kind]["latency"].append((clock() - intended) * 1000)
-                        out[kind]["overhead"].append(float(r.headers["x-ethen-overhead-ms"]))
-                except (aiohttp.ClientError, TimeoutError, OSError):
-                    out[kind]["errors"].append(1.0)
-
-            start = clock() + 0.05
-            tasks = []
-            for i in range(n):
-                intended = start + i / rate
-                delay = intended - clock()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(one("hit" if i % 2 == 0 else "no-store", intended)))
-            await asyncio.gather(*tasks)
-
-    uvloop.run(go())
-    return out
-
 
 def bench_gateway(name: str, url: str, rate: int, n: int) -> dict[str, Any]:
     h = {"authorization": f"Bearer {CLIENT_KEY}"}
@@ -158,10 +111,11 @@ def bench_gateway(name: str, url: str, rate: int, n: int) -> dict[str, Any]:
     res = load(url, rate, n)
     row: dict[str, Any] = {"gateway": name, "rate": rate}
     for kind, d in res.items():
+        oh, lat = d["overhead"], d["latency"]
         row[kind] = {
-            "n": len(d["overhead"]), "errors": len(d["errors"]),
-            "overhead_p50_ms": pct(d["overhead"], 0.5), "overhead_p99_ms": pct(d["overhead"], 0.99),
-            "latency_p50_ms": pct(d["latency"], 0.5), "latency_p99_ms": pct(d["latency"], 0.99),
+            "n": len(oh), "errors": len(d["errors"]),
+            "overhead_p50_ms": percentile(oh, 0.5), "overhead_p99_ms": percentile(oh, 0.99),
+            "latency_p50_ms": percentile(lat, 0.5), "latency_p99_ms": percentile(lat, 0.99),
         }
     row["added_p50_ms"] = row["hit"]["overhead_p50_ms"] - row["no-store"]["overhead_p50_ms"]
     return row

@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,12 +39,23 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchkit import counter_by_outcome, free_port, ok_latencies, open_loop, percentile, wait_ready
+
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT_KEY = "ethen-bench-shadow-0123456789abcdef0123456789"
 ADMIN_KEY = "admin-bench-shadow-0123456789abcdef"
 UPSTREAM_KEY = "sk-bench-shadow"
 BODY = json.dumps({"model": "ethen/fast", "messages": [{"role": "user", "content": "Say hello"}],
                    "max_tokens": 16}).encode()
+HEADERS = {"authorization": f"Bearer {CLIENT_KEY}", "content-type": "application/json"}
+
+
+def load(url: str, total: int, rate: float) -> tuple[int, list[float]]:
+    """Open loop (benchkit.open_loop): the number of 200s and their latencies (ms)."""
+    lat = ok_latencies(open_loop(url, BODY, total, rate, lambda i: HEADERS))
+    return len(lat), lat
+
 
 
 # --- the upstream (its own process) ---------------------------------------------------------------------
@@ -82,32 +92,6 @@ def serve_upstream(port: int, primary_ms: float, shadow_ms: float) -> None:
 
 # --- orchestration ---------------------------------------------------------------------------------------
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    raise RuntimeError(f"{url} not ready after {timeout} s")
-
-
-def percentile(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q * len(s) + 0.5) - 1))]
 
 
 def write_config(path: Path, upstream: str, db: Path, shadows: str) -> None:
@@ -161,53 +145,6 @@ class Result:
         return (f"{self.label:9} {self.sent:6} {self.sent - self.ok:6} {percentile(p, 0.5):8.2f} "
                 f"{percentile(p, 0.9):8.2f} {percentile(p, 0.99):8.2f} {max(p, default=float('nan')):8.2f}")
 
-
-def load(url: str, total: int, rate: float) -> tuple[int, list[float]]:
-    """Open loop: request i leaves at start + i / rate; latency from that intended start (ms)."""
-    import aiohttp
-    import uvloop
-
-    headers = {"authorization": f"Bearer {CLIENT_KEY}", "content-type": "application/json"}
-
-    async def go() -> tuple[int, list[float]]:
-        lat: list[float] = []
-        ok = 0
-        timeout = aiohttp.ClientTimeout(total=30)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2000), timeout=timeout) as s:
-            clock = time.perf_counter
-
-            async def one(intended: float) -> None:
-                nonlocal ok
-                try:
-                    async with s.post(url, data=BODY, headers=headers) as r:
-                        await r.read()
-                        if r.status == 200:
-                            ok += 1
-                            lat.append((clock() - intended) * 1000)
-                except (aiohttp.ClientError, TimeoutError, OSError):
-                    pass
-
-            start = clock() + 0.05
-            tasks = []
-            for i in range(total):
-                intended = start + i / rate
-                delay = intended - clock()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(one(intended)))
-            await asyncio.gather(*tasks)
-        return ok, lat
-
-    return uvloop.run(go())
-
-
-def shadows_metric(base: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in httpx.get(f"{base}/metrics", timeout=5).text.splitlines():
-        if line.startswith("ethen_gateway_shadows_total{"):
-            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
-            out[outcome] = float(line.rsplit(" ", 1)[1])
-    return out
 
 
 def main() -> None:
@@ -285,7 +222,7 @@ def main() -> None:
         p99 = percentile(shadowed.lat, 0.99) / percentile(plain.lat, 0.99)
         print(f"\nshadowed/plain: p50 (median of rounds) x{med['shadowed'] / med['plain']:.3f}, "
               f"p99 x{p99:.3f}")
-        counts = shadows_metric(f"{gateways['shadowed']}/api/gateway/v1")
+        counts = counter_by_outcome(f"{gateways['shadowed']}/api/gateway/v1", "ethen_gateway_shadows_total")
         admin = {"authorization": f"Bearer {ADMIN_KEY}"}
         summary = httpx.get(f"{gateways['shadowed']}/api/admin/v1/shadows", params={"limit": 1},
                             headers=admin, timeout=30).json()["data"][0]["summary"]
