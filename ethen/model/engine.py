@@ -13,11 +13,12 @@ The head is one more graph (RMSNorm + the vocabulary matmul over the tied embedd
 
 Choices where the issue is silent:
 
-* ``MatMulNBits`` ``accuracy_level`` 4 (int8 activations per block, int8 dot products - what llama.cpp
-  does with its Q8 activations) is the default, :data:`ACCURACY_EXACT` (0) computes in float32 from the
-  same weights (2-3x slower, used by tests that compare with a float64 reference at 1e-3).
+* Accuracy: :data:`ACCURACY_FAST` is ``MatMulNBits`` ``accuracy_level`` 4 (int8 activations per block,
+  int8 dot products - what llama.cpp does with its Q8 activations; ``Engine``'s own default);
+  :data:`ACCURACY_EXACT` (0) computes in float32 from the same weights (2-3x slower);
   :data:`ACCURACY_EXACT_INT8` gets float32-grade products from the int8 kernel by running each row as 3 rows
-  it quantizes without loss (:meth:`GraphBuilder.split3`).
+  it quantizes without loss (:meth:`GraphBuilder.split3`); :data:`ACCURACY_AUTO` (what ``ETHEN_ACCURACY``
+  defaults to) is exact-int8 for 8-bit blocks and exact for the rest.
 * Constant folding is disabled: it would turn the ``Cast`` of float16 weights / minimum terms into float32
   copies of them (the memory the issue removes).
 * Threads: ``threads`` intra-op threads per session (default :func:`default_threads`: ``$ETHEN_THREADS``,
@@ -42,8 +43,8 @@ from ethen.model.errors import ModelError
 from ethen.model.onnx_wire import BFLOAT16, DTYPES, Node, Tensor, model_bytes
 from ethen.model.quant import Dense, NBits, Packed, nibble_halves
 
-__all__ = ["ACCURACY_EXACT", "ACCURACY_EXACT_INT8", "ACCURACY_FAST", "DEVICES", "Engine", "EngineError",
-           "GraphBuilder", "default_threads"]
+__all__ = ["ACCURACY_AUTO", "ACCURACY_EXACT", "ACCURACY_EXACT_INT8", "ACCURACY_FAST", "DEVICES", "Engine",
+           "EngineError", "GraphBuilder", "default_threads"]
 
 F32 = NDArray[np.float32]
 
@@ -52,6 +53,10 @@ ACCURACY_EXACT = 0  # float32 compute
 #: float32-grade results from the int8 kernel: x split into 3 rows it quantizes without loss
 #: (:meth:`GraphBuilder.split3`); not an onnxruntime level (``MatMulNBits`` gets ``ACCURACY_FAST``)
 ACCURACY_EXACT_INT8 = 16
+#: the default: ``ACCURACY_EXACT_INT8`` for 8-bit blocks (Q8_0, Q5_K, Q6_K: as accurate as float32 compute,
+#: 2x its decode speed, no nibble halves), ``ACCURACY_EXACT`` for 4-bit blocks (where the int8 split runs a
+#: 512-row prefill 2x slower) and float weights; resolved per matrix in :meth:`GraphBuilder.linear`
+ACCURACY_AUTO = 32
 DEVICES = ("auto", "cpu", "cuda")
 _OPSET = 21
 
@@ -137,6 +142,8 @@ class GraphBuilder:
             src = self.bf16_const(w.data_t.view(np.uint16)) if w.kind == "BF16" else self.const(w.data_t)
             return self.op("MatMul", [x, self.op("Cast", [src], to=1)])  # [K, R] float32 per call
         nb = w.cols // w.block
+        if accuracy == ACCURACY_AUTO:
+            accuracy = ACCURACY_EXACT_INT8 if w.bits == 8 else ACCURACY_EXACT
         if accuracy == ACCURACY_EXACT_INT8:
             rows = self.op("Reshape", [self.split3(x, w.cols, w.block), self.const(
                 np.array([-1, w.cols], np.int64), "shape", False)])  # [3N, K]

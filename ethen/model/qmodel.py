@@ -19,7 +19,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ethen.model.config import ModelConfig
-from ethen.model.engine import ACCURACY_EXACT, ACCURACY_EXACT_INT8, ACCURACY_FAST, Engine, GraphBuilder
+from ethen.model.engine import (
+    ACCURACY_AUTO,
+    ACCURACY_EXACT,
+    ACCURACY_EXACT_INT8,
+    ACCURACY_FAST,
+    Engine,
+    GraphBuilder,
+)
 from ethen.model.errors import GGUFFormatError, ModelInputError, WeightsNotFoundError
 from ethen.model.gguf_loader import TensorInfo, WeightStore, unpermute_qk
 from ethen.model.layers import AttentionSegment, apply_rope, attention, rms_norm
@@ -162,15 +169,17 @@ def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) 
 
 
 def engine_from_env(threads: int | None = None) -> Engine:
-    """The engine ``$ETHEN_DEVICE`` (auto|cpu|cuda, default auto) and ``$ETHEN_ACCURACY`` (exact|fast|
-    exact-int8, default exact: float32 compute, greedy text as the float32 path's; exact-int8: float32-grade
-    products from the int8 kernel over 3 rows per row, :meth:`GraphBuilder.split3`) ask for; ``threads``
-    default :func:`~ethen.model.engine.default_threads`."""
+    """The engine ``$ETHEN_DEVICE`` (auto|cpu|cuda, default auto) and ``$ETHEN_ACCURACY`` (auto|exact|fast|
+    exact-int8) ask for. exact: float32 compute, greedy text as the float32 path's; exact-int8: float32-grade
+    products from the int8 kernel over 3 rows per row (:meth:`GraphBuilder.split3`); auto (the default):
+    exact-int8 for 8-bit blocks, exact for the rest (``ACCURACY_AUTO``). ``threads`` default
+    :func:`~ethen.model.engine.default_threads`."""
     device = os.environ.get("ETHEN_DEVICE", "").strip() or "auto"
-    acc = os.environ.get("ETHEN_ACCURACY", "").strip() or "exact"
-    levels = {"exact": ACCURACY_EXACT, "fast": ACCURACY_FAST, "exact-int8": ACCURACY_EXACT_INT8}
+    acc = os.environ.get("ETHEN_ACCURACY", "").strip() or "auto"
+    levels = {"auto": ACCURACY_AUTO, "exact": ACCURACY_EXACT, "fast": ACCURACY_FAST,
+              "exact-int8": ACCURACY_EXACT_INT8}
     if acc not in levels:
-        raise ModelInputError(f"ETHEN_ACCURACY = {acc!r}: must be 'exact', 'fast' or 'exact-int8'")
+        raise ModelInputError(f"ETHEN_ACCURACY = {acc!r}: must be 'auto', 'exact', 'fast' or 'exact-int8'")
     return Engine(device, threads, levels[acc])
 
 

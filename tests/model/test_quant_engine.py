@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from ethen.model.engine import (
+    ACCURACY_AUTO,
     ACCURACY_EXACT,
     ACCURACY_EXACT_INT8,
     ACCURACY_FAST,
@@ -102,17 +103,40 @@ def test_exact_int8_splits_rows_so_the_int8_kernel_is_float32_grade(kind: str) -
     assert [n.op_type for n in g.nodes].count("Round") == 2
 
 
+@pytest.mark.parametrize("kind", ["Q8_0", "Q6_K", "Q5_K", "Q4_0", "Q4_1", "Q4_K"])
+def test_auto_accuracy_is_exact_int8_for_8bit_blocks_and_exact_for_4bit(kind: str) -> None:
+    """``ACCURACY_AUTO`` (``ETHEN_ACCURACY``'s default) builds, per matrix, the exact-int8 graph for 8-bit
+    blocks (8 bits kept: no nibble halves) and the float32-compute graph for 4-bit blocks; its products are
+    those of the level it picks, bit for bit."""
+    rng = np.random.default_rng(5)
+    raw = _raw(kind, rng)
+    w = pack(kind, raw, R, K)
+    assert isinstance(w, NBits)
+    picked = ACCURACY_EXACT_INT8 if w.bits == 8 else ACCURACY_EXACT
+
+    def graph(acc: int) -> list[tuple[str, tuple[tuple[str, object], ...]]]:
+        g = GraphBuilder("auto")
+        g.linear(g.input("x", K), w, acc)
+        return [(n.op_type, tuple(sorted((k, v) for k, v in n.attrs.items() if not isinstance(v, bytes))))
+                for n in g.nodes]
+
+    assert graph(ACCURACY_AUTO) == graph(picked)
+    assert graph(ACCURACY_AUTO) != graph(ACCURACY_EXACT_INT8 if picked == ACCURACY_EXACT else ACCURACY_EXACT)
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    np.testing.assert_array_equal(_run(kind, raw, x, ACCURACY_AUTO), _run(kind, raw, x, picked))
+
+
 def test_engine_from_env_reads_the_accuracy(monkeypatch: pytest.MonkeyPatch) -> None:
     from ethen.model.errors import ModelInputError
     from ethen.model.qmodel import engine_from_env
 
     monkeypatch.setenv("ETHEN_DEVICE", "cpu")
-    for value, level in (("", ACCURACY_EXACT), ("exact", ACCURACY_EXACT), ("fast", ACCURACY_FAST),
-                         ("exact-int8", ACCURACY_EXACT_INT8)):
+    for value, level in (("", ACCURACY_AUTO), ("auto", ACCURACY_AUTO), ("exact", ACCURACY_EXACT),
+                         ("fast", ACCURACY_FAST), ("exact-int8", ACCURACY_EXACT_INT8)):
         monkeypatch.setenv("ETHEN_ACCURACY", value)
         assert engine_from_env(1).accuracy == level
     monkeypatch.setenv("ETHEN_ACCURACY", "int4")
-    with pytest.raises(ModelInputError, match="ETHEN_ACCURACY = 'int4': must be 'exact', 'fast' or"):
+    with pytest.raises(ModelInputError, match="ETHEN_ACCURACY = 'int4': must be 'auto', 'exact', 'fast' or"):
         engine_from_env(1)
 
 

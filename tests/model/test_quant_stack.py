@@ -1,8 +1,9 @@
 """Layers run from the GGUF's own blocks (:func:`ethen.model.qmodel.load_quant_layers`) on the tiny
 models (between them every tensor type, both architectures, biases, RoPE variants) against the float64
-reference within 1e-3 at ``ACCURACY_EXACT`` and ``ACCURACY_EXACT_INT8`` (``ACCURACY_FAST``'s int8
-activations are checked per matmul in ``test_quant_engine``: on these random-weight models their error
-compounds over layers). And packed weight bytes per layer against the layer's bytes in the file."""
+reference within 1e-3 at ``ACCURACY_EXACT``, ``ACCURACY_EXACT_INT8`` and ``ACCURACY_AUTO``
+(``ACCURACY_FAST``'s int8 activations are checked per matmul in ``test_quant_engine``: on these
+random-weight models their error compounds over layers). And packed weight bytes per layer against the
+layer's bytes in the file."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from ethen.model import EmbedAndHead, LayerStack, Model, WeightStore
-from ethen.model.engine import ACCURACY_EXACT, ACCURACY_EXACT_INT8, Engine
+from ethen.model.engine import ACCURACY_AUTO, ACCURACY_EXACT, ACCURACY_EXACT_INT8, Engine
 from ethen.model.qmodel import QuantEmbedAndHead, QuantLayer, load_quant_layers
 from tests.model.conftest import TINY_SPECS, Tiny
 from tests.model.tiny_reference import reference_logits
@@ -27,7 +28,7 @@ def float32_ends(store: WeightStore) -> EmbedAndHead:
                         store.load_output_head(), store.load_output_head_t())
 
 
-@pytest.mark.parametrize("accuracy", [ACCURACY_EXACT, ACCURACY_EXACT_INT8])
+@pytest.mark.parametrize("accuracy", [ACCURACY_EXACT, ACCURACY_EXACT_INT8, ACCURACY_AUTO])
 @pytest.mark.parametrize("name", list(TINY_SPECS))
 def test_quantized_layers_match_the_float64_reference(tiny_models: dict[str, Tiny], name: str,
                                                       accuracy: int) -> None:
