@@ -6,6 +6,8 @@ Prometheus counter read by outcome. Imported as a sibling module (``python bench
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -15,7 +17,8 @@ from dataclasses import dataclass
 import httpx
 
 __all__ = [
-    "Reply", "counter_by_outcome", "free_port", "ok_latencies", "open_loop", "percentile", "wait_ready",
+    "Reply", "counter_by_outcome", "free_port", "ok_latencies", "open_loop", "percentile", "stop_all",
+    "wait_ready",
 ]
 
 
@@ -109,3 +112,16 @@ def counter_by_outcome(base: str, metric: str) -> dict[str, float]:
 def ok_latencies(replies: list[Reply]) -> list[float]:
     """The latencies (ms) of the replies that answered 200."""
     return [r.latency_ms for r in replies if r.status == 200]
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]], wait_s: float = 10) -> None:
+    """SIGTERM each still-running process group (started with ``start_new_session=True``), then SIGKILL the
+    ones not gone after ``wait_s``."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)

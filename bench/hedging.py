@@ -28,7 +28,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,15 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchkit import counter_by_outcome, free_port, ok_latencies, open_loop, percentile, wait_ready
+from benchkit import (
+    counter_by_outcome,
+    free_port,
+    ok_latencies,
+    open_loop,
+    percentile,
+    stop_all,
+    wait_ready,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT_KEY = "ethen-bench-hedging-0123456789abcdef0123456789"
@@ -231,14 +238,7 @@ def main() -> None:
         counts = counter_by_outcome(gateways["hedged"], "ethen_gateway_hedges_total")
         print(f"ethen_gateway_hedges_total (hedged gateway, warm-up included): {counts}")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        stop_all(procs)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

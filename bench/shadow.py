@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,15 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchkit import counter_by_outcome, free_port, ok_latencies, open_loop, percentile, wait_ready
+from benchkit import (
+    counter_by_outcome,
+    free_port,
+    ok_latencies,
+    open_loop,
+    percentile,
+    stop_all,
+    wait_ready,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT_KEY = "ethen-bench-shadow-0123456789abcdef0123456789"
@@ -231,14 +238,7 @@ def main() -> None:
               f"{summary['latency_ratio']}, cost ratio {summary['cost_ratio']})")
         print(f"upstream calls: {httpx.get(f'{upstream}/stats', timeout=5).json()}")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        stop_all(procs)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

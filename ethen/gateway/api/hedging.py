@@ -308,19 +308,25 @@ class Hedger:
         self.metrics.hedges.labels(f"skipped_{reason}").inc()
         return 0
 
-    async def _cancel_rest(self, race: _Race) -> None:
-        """Cancel every attempt still in flight (its upstream connection is closed) and wait for them."""
+    async def _stop(self, race: _Race) -> list[_Live]:
+        """Cancel every attempt still in flight (its upstream connection is closed), wait for them, and free
+        their circuit trials with no verdict; returns them."""
         live, race.live = race.live, []
         for lv in live:
             lv.task.cancel()
         for lv in live:
             with contextlib.suppress(BaseException):
                 await lv.task
+            if lv.trial:
+                self.executor.circuits.resolve(lv.trial, None)
+        return live
+
+    async def _cancel_rest(self, race: _Race) -> None:
+        """Stop the attempts still in flight: each is a cancelled loser (receipt, censored TTFT, metric)."""
+        for lv in await self._stop(race):
             ran = (time.perf_counter() - lv.t0) * 1000
             race.cancelled.append((lv, ran))
             race.run.attempts.append(Attempt(lv.target.candidate.id, "cancelled", ran))
-            if lv.trial:  # no verdict on the circuit
-                self.executor.circuits.resolve(lv.trial, None)
             if lv.hedge:
                 self.metrics.hedges.labels("lost").inc()
 
@@ -340,14 +346,7 @@ class Hedger:
 
     async def _abort(self, race: _Race) -> None:
         """The request failed or was cancelled: stop every attempt, settle nothing, release the extras."""
-        live, race.live = race.live, []
-        for lv in live:
-            lv.task.cancel()
-        for lv in live:
-            with contextlib.suppress(BaseException):
-                await lv.task
-            if lv.trial:
-                self.executor.circuits.resolve(lv.trial, None)
+        await self._stop(race)
         for hold in race.extras:
             await hold.release()
 
