@@ -125,14 +125,18 @@ class GraphBuilder:
         self.nodes.append(Node(op_type, list(inputs), list(outputs), domain, dict(attrs)))
 
     def rms_norm(self, x: str, weight: F32, eps: float) -> str:
-        """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis."""
-        sq = self.op("Mul", [x, x])  # [N, d]
-        axis = self.const(np.array([-1], np.int64), "ax", False)
-        ms = self.op("ReduceMean", [sq, axis], keepdims=1)  # [N, 1]
-        inv = self.op("Reciprocal", [self.op("Sqrt", [self.op("Add", [ms, self.const(
-            np.array(eps, np.float32), "eps", False)])])])  # [N, 1]
+        """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis (onnxruntime's one-op RMSNorm)."""
         g = self.const(weight.astype(np.float32), "g")
-        return self.op("Mul", [self.op("Mul", [x, inv]), g])  # [N, d]
+        return self.op("SimplifiedLayerNormalization", [x, g], axis=-1, epsilon=float(eps))  # [N, d]
+
+    def add_rms_norm(self, x: str, skip: str, weight: F32, eps: float) -> tuple[str, str]:
+        """``(rms_norm(x + skip), x + skip)`` in one op (onnxruntime's ``SkipSimplifiedLayerNormalization``:
+        the residual add and the next norm)."""
+        g = self.const(weight.astype(np.float32), "g")
+        normed, total = self.fresh("skipnorm"), self.fresh("residual")
+        self.node("SkipSimplifiedLayerNormalization", [x, skip, g], [normed, "", "", total], "com.microsoft",
+                  epsilon=float(eps))
+        return normed, total  # [N, d] x2
 
     def linear(self, x: str, w: Packed, accuracy: int) -> str:
         """``x [N, K] @ W.T`` -> ``[N, R]`` for ``W`` in its packed layout."""
@@ -174,7 +178,7 @@ class GraphBuilder:
                        keepdims=0)  # [N, nb]
         assert w.mins_f16 is not None
         mins = self.op("Cast", [self.const(w.mins_f16)], to=1)  # [nb, R]  Q4_1: w = d q + m
-        return self.op("Add", [y, self.op("MatMul", [xsum, mins])])  # [N, R]
+        return self.op("Gemm", [xsum, mins, y])  # [N, R]  xsum @ mins + y
 
     def split3(self, x: str, cols: int, block: int) -> str:
         """``x [N, cols]`` -> ``[3N, cols / block, block]``: rows ``x1``, ``x2``, ``r``, ``x = x1 + x2 + r``,

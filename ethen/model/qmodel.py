@@ -11,13 +11,14 @@ is a :class:`~ethen.model.model.LayerStack` (same ``forward`` / ``forward_batch`
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from ethen.model.attend import MAX_ROWS, rope_attend
 from ethen.model.config import ModelConfig
 from ethen.model.engine import (
     ACCURACY_AUTO,
@@ -33,40 +34,63 @@ from ethen.model.layers import AttentionSegment, apply_rope, attention, rms_norm
 from ethen.model.qhead import BlockHead, build_block_head
 from ethen.model.quant import Packed, pack
 
-__all__ = ["QuantEmbedAndHead", "QuantLayer", "engine_from_env", "load_quant_layers", "quant_block"]
+__all__ = ["QuantEmbedAndHead", "QuantLayer", "engine_from_env", "load_quant_layers", "quant_forward"]
 
 F32 = NDArray[np.float32]
 
 
 @dataclass(frozen=True, slots=True)
 class QuantLayer:
-    """One block: two compiled graphs and the bytes of the weights they hold."""
+    """One block of a stack compiled by :func:`load_quant_layers`: its graphs and the bytes of the weights
+    they hold. The graphs cross the block's boundary: ``attn_out_ffn`` ends with the next block's
+    RMSNorm + Q|K|V when the next block is in the same stack (``emits_qkv``), so a stack of L blocks is
+    L + 1 session runs per step (was 2L: ~20 us of Python and onnxruntime per run), and only the first
+    block of a stack has an ``attn_in`` of its own."""
 
     index: int
-    attn_in: Any  # onnxruntime session: x [N, d] -> qkv [N, qd + 2 kvd]
-    attn_out_ffn: Any  # x [N, d], att [N, qd] -> x [N, d]
-    nbytes: int  # packed weight bytes
+    attn_in: Any  # onnxruntime session: x [N, d] -> qkv [N, qd + 2 kvd]; None inside a stack
+    attn_out_ffn: Any  # x [N, d], att [N, qd] -> out [N, d] (, the next block's qkv [N, qd + 2 kvd])
+    nbytes: int  # packed weight bytes of its graphs (the next block's Q|K|V when ``emits_qkv``)
     file_nbytes: int  # bytes of this layer's tensors in the GGUF
+    emits_qkv: bool = False
 
 
-def quant_block(x: F32, w: QuantLayer, cos: F32, sin: F32, segments: Sequence[AttentionSegment],
-                cfg: ModelConfig) -> F32:
-    """:func:`ethen.model.layers.block` over engine graphs; writes this step's K/V into the segments."""
-    n = x.shape[0]
+def _attend(qkv: F32, cos: F32, sin: F32, segments: Sequence[AttentionSegment], cfg: ModelConfig) -> F32:
+    """RoPE, this step's K/V into each segment's cache, attention: ``qkv [N, qd + 2 kvd]`` -> ``[N, qd]``."""
+    n = qkv.shape[0]
     h, hkv, hd, qd, kvd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.q_dim, cfg.kv_dim
-    qkv = w.attn_in.run(None, {"x": x})[0]  # [N, qd + 2 kvd]  RMSNorm + Q|K|V (+ biases)
+    att = np.empty((n, qd), dtype=np.float32)  # [N, H*hd]
+    if all(seg.stop - seg.start <= MAX_ROWS for seg in segments):  # decode rounds: one compiled call each
+        for seg in segments:
+            lo, hi = seg.start, seg.stop
+            rope_attend(qkv[lo:hi], cos[lo:hi], sin[lo:hi], seg.k_buf, seg.v_buf, seg.n_past, h, hkv,
+                        att[lo:hi])  # [T, H*hd]; K/V into the cache
+        return att
     qk = apply_rope(qkv[:, :qd + kvd].reshape(n, h + hkv, hd), cos, sin)  # [N, H+Hkv, hd]
     q, k = qk[:, :h], qk[:, h:]  # [N, H, hd], [N, Hkv, hd]
     v = qkv[:, qd + kvd:].reshape(n, hkv, hd)  # [N, Hkv, hd]
-    att = np.empty((n, qd), dtype=np.float32)  # [N, H*hd]
     for seg in segments:
         lo, hi, past = seg.start, seg.stop, seg.n_past
         end = past + (hi - lo)
         seg.k_buf[:, past:end] = k[lo:hi].transpose(1, 0, 2)  # [Hkv, T, hd]
         seg.v_buf[:, past:end] = v[lo:hi].transpose(1, 0, 2)  # [Hkv, T, hd]
         att[lo:hi] = attention(q[lo:hi], seg.k_buf[:, :end], seg.v_buf[:, :end], past)  # [T, H*hd]
-    out: F32 = w.attn_out_ffn.run(None, {"x": x, "att": att})[0]  # [N, d]  x + o(att) + FFN(...)
-    return out
+    return att
+
+
+def quant_forward(x: F32, layers: Sequence[QuantLayer], cos: F32, sin: F32,
+                  segments: Callable[[int], Sequence[AttentionSegment]], cfg: ModelConfig) -> F32:
+    """:func:`ethen.model.layers.block` for each of ``layers`` (a stack from :func:`load_quant_layers`) over
+    the engine graphs; ``segments(li)``: the sessions' cache slots of the stack's ``li``-th layer, into which
+    this step's K/V are written."""
+    qkv = layers[0].attn_in.run(None, {"x": x})[0]  # [N, qd + 2 kvd]  RMSNorm + Q|K|V (+ biases)
+    for li, w in enumerate(layers):
+        att = _attend(qkv, cos, sin, segments(li), cfg)  # [N, qd]
+        outs = w.attn_out_ffn.run(None, {"x": x, "att": att})  # x + o(att) + FFN(...) (, next Q|K|V)
+        x = outs[0]  # [N, d]
+        if li + 1 < len(layers):
+            qkv = outs[1] if w.emits_qkv else layers[li + 1].attn_in.run(None, {"x": x})[0]
+    return x
 
 
 class _Tensors:
@@ -128,30 +152,47 @@ def _concat(g: GraphBuilder, x: str, mats: Sequence[Packed], accuracy: int) -> s
     return outs[0] if len(outs) == 1 else g.op("Concat", outs, axis=1)
 
 
-def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) -> QuantLayer:
+def _norm_qkv(g: GraphBuilder, x: str, tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) -> int:
+    """Layer ``i``'s RMSNorm and Q|K|V (+ biases) of ``x``, as ``g``'s output ``qkv [N, qd + 2 kvd]``; the
+    weight bytes they add to ``g``."""
     p = f"blk.{i}."
-    d, qd, kvd, f = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.d_ff
+    before = g.weight_bytes
+    normed = g.rms_norm(x, tensors.f32(p + "attn_norm.weight"), cfg.rms_eps)  # [N, d]
     permuted = cfg.qk_permuted
-    a = GraphBuilder(f"layer{i}-attn-in")
-    xa = a.input("x", d)
-    na = a.rms_norm(xa, tensors.f32(p + "attn_norm.weight"), cfg.rms_eps)  # [N, d]
     qkv_m = _packed_rows(tensors, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
                          [cfg.n_heads if permuted else None, cfg.n_kv_heads if permuted else None, None])
-    qkv = _concat(a, na, qkv_m, engine.accuracy)  # [N, qd + 2 kvd]
+    qkv = _concat(g, normed, qkv_m, engine.accuracy)  # [N, qd + 2 kvd]
     if cfg.attn_bias:
         bq, bk = tensors.f32(p + "attn_q.bias"), tensors.f32(p + "attn_k.bias")
         if permuted:
             bq, bk = unpermute_qk(bq, cfg.n_heads), unpermute_qk(bk, cfg.n_kv_heads)
-        qkv = a.op("Add", [qkv, a.const(np.concatenate([bq, bk, tensors.f32(p + "attn_v.bias")]), "b")])
-    a.node("Identity", [qkv], ["qkv"])
-    a.output("qkv", qd + 2 * kvd)
-    b = GraphBuilder(f"layer{i}-attn-out-ffn")
-    xb, att = b.input("x", d), b.input("att", qd)
-    x2 = b.op("Add", [xb, _concat(b, att, _packed_rows(tensors, [p + "attn_output.weight"], [None]),
-                                  engine.accuracy)])  # [N, d]
-    m = b.rms_norm(x2, tensors.f32(p + "ffn_norm.weight"), cfg.rms_eps)  # [N, d]
+        qkv = g.op("Add", [qkv, g.const(np.concatenate([bq, bk, tensors.f32(p + "attn_v.bias")]), "b")])
+    g.node("Identity", [qkv], ["qkv"])
+    g.output("qkv", cfg.q_dim + 2 * cfg.kv_dim)
+    return g.weight_bytes - before
+
+
+def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine, qkv_bytes: int | None,
+                   last: bool) -> tuple[QuantLayer, int]:
+    """Layer ``i`` of a stack, and the weight bytes of layer ``i + 1``'s norm + Q|K|V its graph holds.
+    ``qkv_bytes`` None: the stack's first layer, with its own ``attn_in`` graph (else: the bytes of its
+    norm + Q|K|V in the previous layer's graph). Its ``attn_out_ffn`` graph ends with layer ``i + 1``'s
+    RMSNorm + Q|K|V unless ``last``."""
+    p = f"blk.{i}."
+    d, f = cfg.d_model, cfg.d_ff
+    back = tensors.backing_dir
+    attn_in = None
+    if qkv_bytes is None:
+        a = GraphBuilder(f"layer{i}-attn-in")
+        qkv_bytes = _norm_qkv(a, a.input("x", d), tensors, i, cfg, engine)  # [N, d] -> qkv
+        attn_in = engine.session(a, back / f"{a.name}-acc{engine.accuracy}.bin")
+    b = GraphBuilder(f"layer{i}-attn-out-ffn" + ("" if last else f"-in{i + 1}"))
+    xb, att = b.input("x", d), b.input("att", cfg.q_dim)
+    o = _concat(b, att, _packed_rows(tensors, [p + "attn_output.weight"], [None]), engine.accuracy)  # [N, d]
+    m, x2 = b.add_rms_norm(o, xb, tensors.f32(p + "ffn_norm.weight"), cfg.rms_eps)  # [N, d] x2
     gu = _packed_rows(tensors, [p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None])
     both = _concat(b, m, gu, engine.accuracy)  # [N, 2F]
+
     def cols(lo: int, hi: int) -> str:  # both[:, lo:hi]
         ends = [b.const(np.array([v], np.int64), "s", False) for v in (lo, hi, 1)]
         return b.op("Slice", [both, *ends])
@@ -159,13 +200,14 @@ def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) 
     gate, up = cols(0, f), cols(f, 2 * f)  # [N, F] x2
     hdn = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate])]), up])  # [N, F] SiLU(gate) * up
     down = _concat(b, hdn, _packed_rows(tensors, [p + "ffn_down.weight"], [None]), engine.accuracy)
-    b.node("Add", [x2, down], ["out"])
+    b.node("Add", [x2, down], ["out"])  # [N, d]
     b.output("out", d)
-    nbytes = a.weight_bytes + b.weight_bytes  # (before the sessions take the initializers' bytes)
-    back = tensors.backing_dir
-    return QuantLayer(i, engine.session(a, back / f"{a.name}-acc{engine.accuracy}.bin"),
-                      engine.session(b, back / f"{b.name}-acc{engine.accuracy}.bin"), nbytes,
-                      tensors.nbytes(p))
+    # layer i + 1's RMSNorm + Q|K|V: the ops its own attn_in would run (split stacks give the same bits)
+    next_bytes = 0 if last else _norm_qkv(b, "out", tensors, i + 1, cfg, engine)
+    nbytes = qkv_bytes + b.weight_bytes - next_bytes  # (before the session takes the initializers' bytes)
+    layer = QuantLayer(i, attn_in, engine.session(b, back / f"{b.name}-acc{engine.accuracy}.bin"), nbytes,
+                       tensors.nbytes(p), emits_qkv=not last)
+    return layer, next_bytes
 
 
 def engine_from_env(threads: int | None = None) -> Engine:
@@ -194,7 +236,14 @@ def load_quant_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
             raise ModelInputError(f"layer range {start!r}-{end!r} must satisfy 0 <= start <= end <= {n - 1}")
     eng = engine or engine_from_env()
     tensors = _Tensors(store)
-    return [[_compile_layer(tensors, i, cfg, eng) for i in range(lo, hi + 1)] for lo, hi in pairs]
+    stacks = []
+    for lo, hi in pairs:
+        layers, qkv_bytes = [], None
+        for i in range(lo, hi + 1):
+            layer, qkv_bytes = _compile_layer(tensors, i, cfg, eng, qkv_bytes, i == hi)
+            layers.append(layer)
+        stacks.append(layers)
+    return stacks
 
 
 class QuantEmbedAndHead:
