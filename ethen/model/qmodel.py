@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ethen.model.attend import MAX_ROWS, rope_attend
+from ethen.model.attend import MAX_ROWS, rope_attend, warm_in_background
 from ethen.model.config import ModelConfig
 from ethen.model.engine import (
     ACCURACY_AUTO,
@@ -236,6 +236,7 @@ def load_quant_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
             raise ModelInputError(f"layer range {start!r}-{end!r} must satisfy 0 <= start <= end <= {n - 1}")
     eng = engine or engine_from_env()
     tensors = _Tensors(store)
+    warm_in_background()  # the decode attention kernel, while the graphs compile
     stacks = []
     for lo, hi in pairs:
         layers, qkv_bytes = [], None
