@@ -32,7 +32,7 @@ from ethen.model.errors import ModelInputError
 from ethen.model.gguf_loader import LayerWeights, WeightStore, open_weight_store, weights_mode
 from ethen.model.kv_cache import DEFAULT_INITIAL_CAPACITY, KVCache
 from ethen.model.layers import AttentionSegment, block, linear, rms_norm, rope_tables
-from ethen.model.qmodel import QuantEmbedAndHead, QuantLayer, load_quant_layers, quant_forward
+from ethen.model.qmodel import QuantEmbedAndHead, QuantLayer, load_quant_layers, quant_block
 from ethen.model.tokenizer import Tokenizer
 
 __all__ = [
@@ -95,13 +95,6 @@ class LayerStack:
             raise ModelInputError(f"LayerStack layers must be consecutive, got {idx}")
         self.config = config
         self.layers: tuple[LayerWeights | QuantLayer, ...] = tuple(layers)
-        quant = [w for w in layers if isinstance(w, QuantLayer)]
-        if quant and len(quant) != len(layers):
-            raise ModelInputError("a LayerStack's layers must all be quantized or all float32")
-        if quant and quant[0].attn_in is None:
-            raise ModelInputError(f"layer {quant[0].index} was compiled inside a stack: a quantized stack "
-                                  "must start where load_quant_layers' range starts")
-        self._quant: tuple[QuantLayer, ...] | None = tuple(quant) if quant else None
         self.start: int = idx[0]
         self.end: int = idx[-1]  # inclusive
         self._cos, self._sin = _rope(config.context_length, config.head_dim, config.rope_theta,
@@ -178,16 +171,12 @@ class LayerStack:
         for kv, t in zip(kvs, lens, strict=True):
             kv.reserve(t)
         cos, sin = self._cos[pos], self._sin[pos]  # [N, hd/2] x2
-        def segments(li: int) -> list[AttentionSegment]:  # each session's cache slots of layer li
-            return [AttentionSegment(int(starts[i]), int(starts[i + 1]), kv.k[li], kv.v[li], kv.length)
-                    for i, kv in enumerate(kvs)]
-
-        if self._quant is not None:
-            x = quant_forward(hidden, self._quant, cos, sin, segments, cfg)
-        else:
-            x = hidden
-            for li, w in enumerate(self.layers):
-                x = block(x, w, cos, sin, segments(li), cfg)  # type: ignore[arg-type]
+        x = hidden
+        for li, w in enumerate(self.layers):
+            segments = [AttentionSegment(int(starts[i]), int(starts[i + 1]), kv.k[li], kv.v[li], kv.length)
+                        for i, kv in enumerate(kvs)]
+            step = quant_block if isinstance(w, QuantLayer) else block
+            x = step(x, w, cos, sin, segments, cfg)  # type: ignore[arg-type]
         for kv, t in zip(kvs, lens, strict=True):
             kv.commit(t)
         return x

@@ -11,7 +11,7 @@ is a :class:`~ethen.model.model.LayerStack` (same ``forward`` / ``forward_batch`
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,25 +34,20 @@ from ethen.model.layers import AttentionSegment, apply_rope, attention, rms_norm
 from ethen.model.qhead import BlockHead, build_block_head
 from ethen.model.quant import Packed, pack
 
-__all__ = ["QuantEmbedAndHead", "QuantLayer", "engine_from_env", "load_quant_layers", "quant_forward"]
+__all__ = ["QuantEmbedAndHead", "QuantLayer", "engine_from_env", "load_quant_layers", "quant_block"]
 
 F32 = NDArray[np.float32]
 
 
 @dataclass(frozen=True, slots=True)
 class QuantLayer:
-    """One block of a stack compiled by :func:`load_quant_layers`: its graphs and the bytes of the weights
-    they hold. The graphs cross the block's boundary: ``attn_out_ffn`` ends with the next block's
-    RMSNorm + Q|K|V when the next block is in the same stack (``emits_qkv``), so a stack of L blocks is
-    L + 1 session runs per step (was 2L: ~20 us of Python and onnxruntime per run), and only the first
-    block of a stack has an ``attn_in`` of its own."""
+    """One block: two compiled graphs and the bytes of the weights they hold."""
 
     index: int
-    attn_in: Any  # onnxruntime session: x [N, d] -> qkv [N, qd + 2 kvd]; None inside a stack
-    attn_out_ffn: Any  # x [N, d], att [N, qd] -> out [N, d] (, the next block's qkv [N, qd + 2 kvd])
-    nbytes: int  # packed weight bytes of its graphs (the next block's Q|K|V when ``emits_qkv``)
+    attn_in: Any  # onnxruntime session: x [N, d] -> qkv [N, qd + 2 kvd]
+    attn_out_ffn: Any  # x [N, d], att [N, qd] -> x [N, d]
+    nbytes: int  # packed weight bytes
     file_nbytes: int  # bytes of this layer's tensors in the GGUF
-    emits_qkv: bool = False
 
 
 def _attend(qkv: F32, cos: F32, sin: F32, segments: Sequence[AttentionSegment], cfg: ModelConfig) -> F32:
@@ -78,19 +73,13 @@ def _attend(qkv: F32, cos: F32, sin: F32, segments: Sequence[AttentionSegment], 
     return att
 
 
-def quant_forward(x: F32, layers: Sequence[QuantLayer], cos: F32, sin: F32,
-                  segments: Callable[[int], Sequence[AttentionSegment]], cfg: ModelConfig) -> F32:
-    """:func:`ethen.model.layers.block` for each of ``layers`` (a stack from :func:`load_quant_layers`) over
-    the engine graphs; ``segments(li)``: the sessions' cache slots of the stack's ``li``-th layer, into which
-    this step's K/V are written."""
-    qkv = layers[0].attn_in.run(None, {"x": x})[0]  # [N, qd + 2 kvd]  RMSNorm + Q|K|V (+ biases)
-    for li, w in enumerate(layers):
-        att = _attend(qkv, cos, sin, segments(li), cfg)  # [N, qd]
-        outs = w.attn_out_ffn.run(None, {"x": x, "att": att})  # x + o(att) + FFN(...) (, next Q|K|V)
-        x = outs[0]  # [N, d]
-        if li + 1 < len(layers):
-            qkv = outs[1] if w.emits_qkv else layers[li + 1].attn_in.run(None, {"x": x})[0]
-    return x
+def quant_block(x: F32, w: QuantLayer, cos: F32, sin: F32, segments: Sequence[AttentionSegment],
+                cfg: ModelConfig) -> F32:
+    """:func:`ethen.model.layers.block` over engine graphs; writes this step's K/V into the segments."""
+    qkv = w.attn_in.run(None, {"x": x})[0]  # [N, qd + 2 kvd]  RMSNorm + Q|K|V (+ biases)
+    att = _attend(qkv, cos, sin, segments, cfg)  # [N, qd]
+    out: F32 = w.attn_out_ffn.run(None, {"x": x, "att": att})[0]  # [N, d]  x + o(att) + FFN(...)
+    return out
 
 
 class _Tensors:
@@ -152,11 +141,9 @@ def _concat(g: GraphBuilder, x: str, mats: Sequence[Packed], accuracy: int) -> s
     return outs[0] if len(outs) == 1 else g.op("Concat", outs, axis=1)
 
 
-def _norm_qkv(g: GraphBuilder, x: str, tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) -> int:
-    """Layer ``i``'s RMSNorm and Q|K|V (+ biases) of ``x``, as ``g``'s output ``qkv [N, qd + 2 kvd]``; the
-    weight bytes they add to ``g``."""
+def _norm_qkv(g: GraphBuilder, x: str, tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) -> None:
+    """Layer ``i``'s RMSNorm and Q|K|V (+ biases) of ``x``, as ``g``'s output ``qkv [N, qd + 2 kvd]``."""
     p = f"blk.{i}."
-    before = g.weight_bytes
     normed = g.rms_norm(x, tensors.f32(p + "attn_norm.weight"), cfg.rms_eps)  # [N, d]
     permuted = cfg.qk_permuted
     qkv_m = _packed_rows(tensors, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
@@ -169,24 +156,14 @@ def _norm_qkv(g: GraphBuilder, x: str, tensors: _Tensors, i: int, cfg: ModelConf
         qkv = g.op("Add", [qkv, g.const(np.concatenate([bq, bk, tensors.f32(p + "attn_v.bias")]), "b")])
     g.node("Identity", [qkv], ["qkv"])
     g.output("qkv", cfg.q_dim + 2 * cfg.kv_dim)
-    return g.weight_bytes - before
 
 
-def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine, qkv_bytes: int | None,
-                   last: bool) -> tuple[QuantLayer, int]:
-    """Layer ``i`` of a stack, and the weight bytes of layer ``i + 1``'s norm + Q|K|V its graph holds.
-    ``qkv_bytes`` None: the stack's first layer, with its own ``attn_in`` graph (else: the bytes of its
-    norm + Q|K|V in the previous layer's graph). Its ``attn_out_ffn`` graph ends with layer ``i + 1``'s
-    RMSNorm + Q|K|V unless ``last``."""
+def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) -> QuantLayer:
     p = f"blk.{i}."
     d, f = cfg.d_model, cfg.d_ff
-    back = tensors.backing_dir
-    attn_in = None
-    if qkv_bytes is None:
-        a = GraphBuilder(f"layer{i}-attn-in")
-        qkv_bytes = _norm_qkv(a, a.input("x", d), tensors, i, cfg, engine)  # [N, d] -> qkv
-        attn_in = engine.session(a, back / f"{a.name}-acc{engine.accuracy}.bin")
-    b = GraphBuilder(f"layer{i}-attn-out-ffn" + ("" if last else f"-in{i + 1}"))
+    a = GraphBuilder(f"layer{i}-attn-in")
+    _norm_qkv(a, a.input("x", d), tensors, i, cfg, engine)  # [N, d] -> qkv [N, qd + 2 kvd]
+    b = GraphBuilder(f"layer{i}-attn-out-ffn")
     xb, att = b.input("x", d), b.input("att", cfg.q_dim)
     o = _concat(b, att, _packed_rows(tensors, [p + "attn_output.weight"], [None]), engine.accuracy)  # [N, d]
     m, x2 = b.add_rms_norm(o, xb, tensors.f32(p + "ffn_norm.weight"), cfg.rms_eps)  # [N, d] x2
@@ -200,14 +177,13 @@ def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine, 
     gate, up = cols(0, f), cols(f, 2 * f)  # [N, F] x2
     hdn = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate])]), up])  # [N, F] SiLU(gate) * up
     down = _concat(b, hdn, _packed_rows(tensors, [p + "ffn_down.weight"], [None]), engine.accuracy)
-    b.node("Add", [x2, down], ["out"])  # [N, d]
+    b.node("Add", [x2, down], ["out"])
     b.output("out", d)
-    # layer i + 1's RMSNorm + Q|K|V: the ops its own attn_in would run (split stacks give the same bits)
-    next_bytes = 0 if last else _norm_qkv(b, "out", tensors, i + 1, cfg, engine)
-    nbytes = qkv_bytes + b.weight_bytes - next_bytes  # (before the session takes the initializers' bytes)
-    layer = QuantLayer(i, attn_in, engine.session(b, back / f"{b.name}-acc{engine.accuracy}.bin"), nbytes,
-                       tensors.nbytes(p), emits_qkv=not last)
-    return layer, next_bytes
+    nbytes = a.weight_bytes + b.weight_bytes  # (before the sessions take the initializers' bytes)
+    back = tensors.backing_dir
+    return QuantLayer(i, engine.session(a, back / f"{a.name}-acc{engine.accuracy}.bin"),
+                      engine.session(b, back / f"{b.name}-acc{engine.accuracy}.bin"), nbytes,
+                      tensors.nbytes(p))
 
 
 def engine_from_env(threads: int | None = None) -> Engine:
@@ -237,14 +213,7 @@ def load_quant_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
     eng = engine or engine_from_env()
     tensors = _Tensors(store)
     warm_in_background()  # the decode attention kernel, while the graphs compile
-    stacks = []
-    for lo, hi in pairs:
-        layers, qkv_bytes = [], None
-        for i in range(lo, hi + 1):
-            layer, qkv_bytes = _compile_layer(tensors, i, cfg, eng, qkv_bytes, i == hi)
-            layers.append(layer)
-        stacks.append(layers)
-    return stacks
+    return [[_compile_layer(tensors, i, cfg, eng) for i in range(lo, hi + 1)] for lo, hi in pairs]
 
 
 class QuantEmbedAndHead:
