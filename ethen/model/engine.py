@@ -44,7 +44,7 @@ from ethen.model.onnx_wire import BFLOAT16, DTYPES, Node, Tensor, model_bytes
 from ethen.model.quant import Dense, NBits, Packed, nibble_halves
 
 __all__ = ["ACCURACY_AUTO", "ACCURACY_EXACT", "ACCURACY_EXACT_INT8", "ACCURACY_FAST", "DEVICES", "Engine",
-           "EngineError", "GraphBuilder", "default_threads"]
+           "EngineError", "GraphBuilder", "default_threads", "resolve_accuracy"]
 
 F32 = NDArray[np.float32]
 
@@ -74,6 +74,14 @@ def default_threads() -> int:
     if n < 1:
         raise EngineError(f"ETHEN_THREADS = {raw!r}: must be a positive integer")
     return n
+
+
+def resolve_accuracy(accuracy: int, bits: int) -> int:
+    """The level a ``bits``-bit block matrix runs at under ``accuracy`` (:data:`ACCURACY_AUTO`: exact-int8
+    for 8 bits, exact for 4)."""
+    if accuracy == ACCURACY_AUTO:
+        return ACCURACY_EXACT_INT8 if bits == 8 else ACCURACY_EXACT
+    return accuracy
 
 
 class GraphBuilder:
@@ -146,8 +154,7 @@ class GraphBuilder:
             src = self.bf16_const(w.data_t.view(np.uint16)) if w.kind == "BF16" else self.const(w.data_t)
             return self.op("MatMul", [x, self.op("Cast", [src], to=1)])  # [K, R] float32 per call
         nb = w.cols // w.block
-        if accuracy == ACCURACY_AUTO:
-            accuracy = ACCURACY_EXACT_INT8 if w.bits == 8 else ACCURACY_EXACT
+        accuracy = resolve_accuracy(accuracy, w.bits)
         if accuracy == ACCURACY_EXACT_INT8:
             rows = self.op("Reshape", [self.split3(x, w.cols, w.block), self.const(
                 np.array([-1, w.cols], np.int64), "shape", False)])  # [3N, K]

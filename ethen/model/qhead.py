@@ -324,12 +324,15 @@ class BlockHead:
         return out
 
 
-def build_block_head(kind: str, raw: U8, rows: int, cols: int) -> BlockHead | None:
+def build_block_head(kind: str, raw: U8, rows: int, cols: int, engine_int8: bool = False) -> BlockHead | None:
     """The block-kernel head of a ``kind`` head, or None for the engine graph: ``kind`` has no kernel, or
     ``$ETHEN_HEAD`` (:func:`head_mode`) asks for the engine (``engine``; ``auto`` and a type outside
-    :data:`AUTO_TYPES`)."""
+    :data:`AUTO_TYPES`, or ``engine_int8``: the engine would run this head on its int8 kernel, at
+    ``exact-int8`` (the default accuracy for 8-bit blocks) or ``fast``, which measured faster than these
+    kernels at every row count)."""
     mode = head_mode()
-    types = AUTO_TYPES if mode == "auto" else KERNEL_TYPES if mode == "kernel" else ()
+    auto = () if engine_int8 else AUTO_TYPES
+    types = auto if mode == "auto" else KERNEL_TYPES if mode == "kernel" else ()
     if kind not in types or cols % _BLOCKS[kind][0]:
         return None
     return BlockHead(kind, raw, rows, cols)

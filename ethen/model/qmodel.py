@@ -27,12 +27,13 @@ from ethen.model.engine import (
     ACCURACY_FAST,
     Engine,
     GraphBuilder,
+    resolve_accuracy,
 )
 from ethen.model.errors import GGUFFormatError, ModelInputError, WeightsNotFoundError
 from ethen.model.gguf_loader import TensorInfo, WeightStore, unpermute_qk
 from ethen.model.layers import AttentionSegment, apply_rope, attention, rms_norm
 from ethen.model.qhead import BlockHead, build_block_head
-from ethen.model.quant import Packed, pack
+from ethen.model.quant import PACKED_BITS, Packed, pack
 
 __all__ = ["QuantEmbedAndHead", "QuantLayer", "engine_from_env", "load_quant_layers", "quant_block"]
 
@@ -237,12 +238,13 @@ class QuantEmbedAndHead:
         hk, hraw, hrows, hcols = tensors.get(head)
         self.head_kind = hk
         self.output_norm: F32 = tensors.f32("output_norm.weight")  # [d]
-        self.block_head: BlockHead | None = build_block_head(hk, hraw, hrows, hcols)
+        eng = engine or engine_from_env()
+        int8 = resolve_accuracy(eng.accuracy, PACKED_BITS.get(hk, 0)) != ACCURACY_EXACT  # the engine's kernel
+        self.block_head: BlockHead | None = build_block_head(hk, hraw, hrows, hcols, int8)
         self._session: Any = None
         if self.block_head is not None:
             self.nbytes = self.block_head.nbytes
             return
-        eng = engine or engine_from_env()
         g = GraphBuilder("head")
         x = g.input("x", config.d_model)
         h = g.rms_norm(x, self.output_norm, config.rms_eps)  # [N, d]
