@@ -8,8 +8,11 @@ NumPy call per op):
 * ``attn_out_ffn``: ``x [N, d]``, ``att [N, qd]`` -> ``x + att @ Wo.T`` -> RMSNorm -> gate | up -> SiLU(gate)
   * up -> down -> residual -> ``x [N, d]``.
 
-RoPE, the KV cache and attention stay in NumPy (:mod:`ethen.model.layers`): they are per session and small.
-The head is one more graph (RMSNorm + the vocabulary matmul over the tied embedding's own blocks).
+RMSNorm is onnxruntime's one-op ``SimplifiedLayerNormalization`` (the ffn norm with the residual add before
+it: ``SkipSimplifiedLayerNormalization``); Q4_1's min term is one ``Gemm`` with the main product as its
+``C``. RoPE, the KV cache and attention are per session and outside the graphs: one numba call per session
+for decode rows (:mod:`ethen.model.attend`), NumPy for longer segments (:mod:`ethen.model.layers`). The
+head is one more graph (RMSNorm + the vocabulary matmul over the tied embedding's own blocks).
 
 Choices where the issue is silent:
 
