@@ -3,8 +3,9 @@
     .venv/bin/python bench/mesh_decode.py [--tokens 48] [--rounds 3]
     .venv/bin/python bench/mesh_decode.py --head-ab [--tokens 32] [--rounds 3]
 
-``--head-ab``: the logits head's block kernel (``ETHEN_HEAD=auto``, the default: :mod:`ethen.model.qhead`)
-against the engine graph it replaced (``ETHEN_HEAD=engine``), in one run over the same three workers: two
+``--head-ab``: the logits head's block kernel (``ETHEN_HEAD=kernel``: :mod:`ethen.model.qhead`) against the
+engine graph (``ETHEN_HEAD=engine``; what ``auto``, the default, runs for a Q8_0 head at the default
+accuracy: exact-int8), in one run over the same three workers: two
 orchestrators (and two single-process models sharing one layer stack), measured alternately per round:
 single-process decode, mesh one session, and 1 / 4 / 8 concurrent sessions (medians, ratios).
 
@@ -257,18 +258,19 @@ def head_ab(workers: dict[str, WorkerProcess], tokens: int, rounds: int) -> None
     params = SamplingParams(temperature=0.0, max_tokens=tokens)
     addrs = {n: w.address for n, w in workers.items()}
     old = os.environ.get("ETHEN_HEAD")
+    built = {}
     try:
-        os.environ["ETHEN_HEAD"] = "engine"
-        orch_e = Orchestrator.load(addrs)
-        model_e = Model(model.config, QuantEmbedAndHead(open_weight_store()), model.stack, tok,
-                        model.chat_template)
+        for mode in ("kernel", "engine"):
+            os.environ["ETHEN_HEAD"] = mode
+            built[mode] = (Model(model.config, QuantEmbedAndHead(open_weight_store()), model.stack, tok,
+                                 model.chat_template), Orchestrator.load(addrs))
     finally:
         if old is None:
             os.environ.pop("ETHEN_HEAD", None)
         else:
             os.environ["ETHEN_HEAD"] = old
-    orch_k = Orchestrator.load(addrs)
-    kinds = {"kernel": (model, orch_k), "engine": (model_e, orch_e)}
+    (model_k, orch_k), (model_e, orch_e) = built["kernel"], built["engine"]
+    kinds = {"kernel": (model_k, orch_k), "engine": (model_e, orch_e)}
     for name, (m, o) in kinds.items():
         blocks = isinstance(m.ends, QuantEmbedAndHead) and m.ends.block_head is not None
         assert blocks == (name == "kernel") and isinstance(o.ends, QuantEmbedAndHead) \
@@ -287,10 +289,10 @@ def head_ab(workers: dict[str, WorkerProcess], tokens: int, rounds: int) -> None
                 for n in (1, 4, 8):
                     f.setdefault(f"mesh aggregate, {n} sessions", []).append(aggregate(o, ids, n, tokens))
     print(f"\nhead A/B, tok/s, medians of {rounds} interleaved rounds ({tokens} tokens per generation)")
-    print(f"{'':36} {'engine graph (old)':>19} {'block kernel (new)':>19} {'new / old':>10}")
+    print(f"{'':36} {'block kernel':>19} {'engine graph':>19} {'engine / kernel':>16}")
     for metric in figs["kernel"]:
         e, k = median(figs["engine"][metric]), median(figs["kernel"][metric])
-        print(f"{metric:36} {e:19.1f} {k:19.1f} {k / e:9.2f}x")
+        print(f"{metric:36} {k:19.1f} {e:19.1f} {e / k:15.2f}x")
     for name in ("engine", "kernel"):
         f = figs[name]
         one = median(f["mesh aggregate, 1 sessions"])

@@ -287,7 +287,7 @@ def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, P
         for label, rs in runs.items():
             ep, ed, packed, file, grown, kvb = (statistics.median(r[i] for r in rs) for i in range(6))
             vs = ""
-            if ref and not label.endswith(f"@{ref[0]}"):
+            if ref and not label.endswith(f"@{ref[0]}") and f"{label} @{ref[0]}" in runs:
                 old = statistics.median(r[1] for r in runs[f"{label} @{ref[0]}"])
                 vs = f", {ed / old:.2f}x the ref's decode"
             print(f"  ethen {label} {threads} thread(s): prefill {ep:.0f} tok/s ({ep / lp:.0%}), decode "

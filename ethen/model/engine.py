@@ -8,8 +8,11 @@ NumPy call per op):
 * ``attn_out_ffn``: ``x [N, d]``, ``att [N, qd]`` -> ``x + att @ Wo.T`` -> RMSNorm -> gate | up -> SiLU(gate)
   * up -> down -> residual -> ``x [N, d]``.
 
-RoPE, the KV cache and attention stay in NumPy (:mod:`ethen.model.layers`): they are per session and small.
-The head is one more graph (RMSNorm + the vocabulary matmul over the tied embedding's own blocks).
+RMSNorm is onnxruntime's one-op ``SimplifiedLayerNormalization`` (the ffn norm with the residual add before
+it: ``SkipSimplifiedLayerNormalization``); Q4_1's min term is one ``Gemm`` with the main product as its
+``C``. RoPE, the KV cache and attention are per session and outside the graphs: one numba call per session
+for decode rows (:mod:`ethen.model.attend`), NumPy for longer segments (:mod:`ethen.model.layers`). The
+head is one more graph (RMSNorm + the vocabulary matmul over the tied embedding's own blocks).
 
 Choices where the issue is silent:
 
@@ -44,7 +47,7 @@ from ethen.model.onnx_wire import BFLOAT16, DTYPES, Node, Tensor, model_bytes
 from ethen.model.quant import Dense, NBits, Packed, nibble_halves
 
 __all__ = ["ACCURACY_AUTO", "ACCURACY_EXACT", "ACCURACY_EXACT_INT8", "ACCURACY_FAST", "DEVICES", "Engine",
-           "EngineError", "GraphBuilder", "default_threads"]
+           "EngineError", "GraphBuilder", "default_threads", "resolve_accuracy"]
 
 F32 = NDArray[np.float32]
 
@@ -74,6 +77,14 @@ def default_threads() -> int:
     if n < 1:
         raise EngineError(f"ETHEN_THREADS = {raw!r}: must be a positive integer")
     return n
+
+
+def resolve_accuracy(accuracy: int, bits: int) -> int:
+    """The level a ``bits``-bit block matrix runs at under ``accuracy`` (:data:`ACCURACY_AUTO`: exact-int8
+    for 8 bits, exact for 4)."""
+    if accuracy == ACCURACY_AUTO:
+        return ACCURACY_EXACT_INT8 if bits == 8 else ACCURACY_EXACT
+    return accuracy
 
 
 class GraphBuilder:
@@ -125,14 +136,18 @@ class GraphBuilder:
         self.nodes.append(Node(op_type, list(inputs), list(outputs), domain, dict(attrs)))
 
     def rms_norm(self, x: str, weight: F32, eps: float) -> str:
-        """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis."""
-        sq = self.op("Mul", [x, x])  # [N, d]
-        axis = self.const(np.array([-1], np.int64), "ax", False)
-        ms = self.op("ReduceMean", [sq, axis], keepdims=1)  # [N, 1]
-        inv = self.op("Reciprocal", [self.op("Sqrt", [self.op("Add", [ms, self.const(
-            np.array(eps, np.float32), "eps", False)])])])  # [N, 1]
+        """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis (onnxruntime's one-op RMSNorm)."""
         g = self.const(weight.astype(np.float32), "g")
-        return self.op("Mul", [self.op("Mul", [x, inv]), g])  # [N, d]
+        return self.op("SimplifiedLayerNormalization", [x, g], axis=-1, epsilon=float(eps))  # [N, d]
+
+    def add_rms_norm(self, x: str, skip: str, weight: F32, eps: float) -> tuple[str, str]:
+        """``(rms_norm(x + skip), x + skip)`` in one op (onnxruntime's ``SkipSimplifiedLayerNormalization``:
+        the residual add and the next norm)."""
+        g = self.const(weight.astype(np.float32), "g")
+        normed, total = self.fresh("skipnorm"), self.fresh("residual")
+        self.node("SkipSimplifiedLayerNormalization", [x, skip, g], [normed, "", "", total], "com.microsoft",
+                  epsilon=float(eps))
+        return normed, total  # [N, d] x2
 
     def linear(self, x: str, w: Packed, accuracy: int) -> str:
         """``x [N, K] @ W.T`` -> ``[N, R]`` for ``W`` in its packed layout."""
@@ -142,8 +157,7 @@ class GraphBuilder:
             src = self.bf16_const(w.data_t.view(np.uint16)) if w.kind == "BF16" else self.const(w.data_t)
             return self.op("MatMul", [x, self.op("Cast", [src], to=1)])  # [K, R] float32 per call
         nb = w.cols // w.block
-        if accuracy == ACCURACY_AUTO:
-            accuracy = ACCURACY_EXACT_INT8 if w.bits == 8 else ACCURACY_EXACT
+        accuracy = resolve_accuracy(accuracy, w.bits)
         if accuracy == ACCURACY_EXACT_INT8:
             rows = self.op("Reshape", [self.split3(x, w.cols, w.block), self.const(
                 np.array([-1, w.cols], np.int64), "shape", False)])  # [3N, K]
@@ -174,7 +188,7 @@ class GraphBuilder:
                        keepdims=0)  # [N, nb]
         assert w.mins_f16 is not None
         mins = self.op("Cast", [self.const(w.mins_f16)], to=1)  # [nb, R]  Q4_1: w = d q + m
-        return self.op("Add", [y, self.op("MatMul", [xsum, mins])])  # [N, R]
+        return self.op("Gemm", [xsum, mins, y])  # [N, R]  xsum @ mins + y
 
     def split3(self, x: str, cols: int, block: int) -> str:
         """``x [N, cols]`` -> ``[3N, cols / block, block]``: rows ``x1``, ``x2``, ``r``, ``x = x1 + x2 + r``,

@@ -17,8 +17,12 @@ Kernels (one per type, :data:`KERNEL_TYPES`):
 Which head runs where (``$ETHEN_HEAD``, :func:`head_mode`), chosen by measurement (``bench/model_decode.py
 --head``, SmolLM2's shape ``[49152, 576]``, 1 thread, one run):
 
-* ``auto`` (the default): the kernel for Q8_0 heads (ms, kernel / engine graph: 1 row 4.10 / 7.64, 2 rows
-  6.29 / 13.96, 4 rows 9.51 / 16.10, 8 rows 18.28 / 20.24), the engine graph for every other type:
+* ``auto`` (the default): the engine graph wherever the engine runs the head on its int8 kernel
+  (``ETHEN_ACCURACY`` auto, the default, for a Q8_0 head: exact-int8; or fast): measured 1.5-1.6x faster than
+  the kernel (SmolLM2's head, 1 thread, ms, kernel / exact-int8 graph: 1 row 3.87 / 2.48, 2 rows 5.28 / 4.02,
+  4 rows 9.66 / 6.69, 8 rows 19.04 / 11.93; logits within 7e-7 of the largest). Otherwise the kernel for
+  Q8_0 heads at ``exact`` (ms, kernel / nibble-halves graph: 1 row 4.10 / 7.64, 2 rows 6.29 / 13.96, 4 rows
+  9.51 / 16.10, 8 rows 18.28 / 20.24), the engine graph for every other type:
   onnxruntime's 4-bit ``MatMulNBits`` beats these kernels on Q4_0 / Q4_1 (1 row 2.1-2.4 ms against
   4.9-5.0, 8 rows 10-11 against 38-39); on Q6_K (``[49152, 768]``) the kernel wins at one row (9.9 ms
   against 12.3) and loses from 2 rows on (8 rows 75.1 against 26.5), so the engine keeps it too;
@@ -324,12 +328,15 @@ class BlockHead:
         return out
 
 
-def build_block_head(kind: str, raw: U8, rows: int, cols: int) -> BlockHead | None:
+def build_block_head(kind: str, raw: U8, rows: int, cols: int, engine_int8: bool = False) -> BlockHead | None:
     """The block-kernel head of a ``kind`` head, or None for the engine graph: ``kind`` has no kernel, or
     ``$ETHEN_HEAD`` (:func:`head_mode`) asks for the engine (``engine``; ``auto`` and a type outside
-    :data:`AUTO_TYPES`)."""
+    :data:`AUTO_TYPES`, or ``engine_int8``: the engine would run this head on its int8 kernel, at
+    ``exact-int8`` (the default accuracy for 8-bit blocks) or ``fast``, which measured faster than these
+    kernels at every row count)."""
     mode = head_mode()
-    types = AUTO_TYPES if mode == "auto" else KERNEL_TYPES if mode == "kernel" else ()
+    auto = () if engine_int8 else AUTO_TYPES
+    types = auto if mode == "auto" else KERNEL_TYPES if mode == "kernel" else ()
     if kind not in types or cols % _BLOCKS[kind][0]:
         return None
     return BlockHead(kind, raw, rows, cols)

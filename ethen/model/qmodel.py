@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ethen.model.attend import MAX_ROWS, rope_attend, warm_in_background
 from ethen.model.config import ModelConfig
 from ethen.model.engine import (
     ACCURACY_AUTO,
@@ -26,12 +27,13 @@ from ethen.model.engine import (
     ACCURACY_FAST,
     Engine,
     GraphBuilder,
+    resolve_accuracy,
 )
 from ethen.model.errors import GGUFFormatError, ModelInputError, WeightsNotFoundError
 from ethen.model.gguf_loader import TensorInfo, WeightStore, unpermute_qk
 from ethen.model.layers import AttentionSegment, apply_rope, attention, rms_norm
 from ethen.model.qhead import BlockHead, build_block_head
-from ethen.model.quant import Packed, pack
+from ethen.model.quant import PACKED_BITS, Packed, pack
 
 __all__ = ["QuantEmbedAndHead", "QuantLayer", "engine_from_env", "load_quant_layers", "quant_block"]
 
@@ -49,22 +51,34 @@ class QuantLayer:
     file_nbytes: int  # bytes of this layer's tensors in the GGUF
 
 
-def quant_block(x: F32, w: QuantLayer, cos: F32, sin: F32, segments: Sequence[AttentionSegment],
-                cfg: ModelConfig) -> F32:
-    """:func:`ethen.model.layers.block` over engine graphs; writes this step's K/V into the segments."""
-    n = x.shape[0]
+def _attend(qkv: F32, cos: F32, sin: F32, segments: Sequence[AttentionSegment], cfg: ModelConfig) -> F32:
+    """RoPE, this step's K/V into each segment's cache, attention: ``qkv [N, qd + 2 kvd]`` -> ``[N, qd]``."""
+    n = qkv.shape[0]
     h, hkv, hd, qd, kvd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.q_dim, cfg.kv_dim
-    qkv = w.attn_in.run(None, {"x": x})[0]  # [N, qd + 2 kvd]  RMSNorm + Q|K|V (+ biases)
+    att = np.empty((n, qd), dtype=np.float32)  # [N, H*hd]
+    if all(seg.stop - seg.start <= MAX_ROWS for seg in segments):  # decode rounds: one compiled call each
+        for seg in segments:
+            lo, hi = seg.start, seg.stop
+            rope_attend(qkv[lo:hi], cos[lo:hi], sin[lo:hi], seg.k_buf, seg.v_buf, seg.n_past, h, hkv,
+                        att[lo:hi])  # [T, H*hd]; K/V into the cache
+        return att
     qk = apply_rope(qkv[:, :qd + kvd].reshape(n, h + hkv, hd), cos, sin)  # [N, H+Hkv, hd]
     q, k = qk[:, :h], qk[:, h:]  # [N, H, hd], [N, Hkv, hd]
     v = qkv[:, qd + kvd:].reshape(n, hkv, hd)  # [N, Hkv, hd]
-    att = np.empty((n, qd), dtype=np.float32)  # [N, H*hd]
     for seg in segments:
         lo, hi, past = seg.start, seg.stop, seg.n_past
         end = past + (hi - lo)
         seg.k_buf[:, past:end] = k[lo:hi].transpose(1, 0, 2)  # [Hkv, T, hd]
         seg.v_buf[:, past:end] = v[lo:hi].transpose(1, 0, 2)  # [Hkv, T, hd]
         att[lo:hi] = attention(q[lo:hi], seg.k_buf[:, :end], seg.v_buf[:, :end], past)  # [T, H*hd]
+    return att
+
+
+def quant_block(x: F32, w: QuantLayer, cos: F32, sin: F32, segments: Sequence[AttentionSegment],
+                cfg: ModelConfig) -> F32:
+    """:func:`ethen.model.layers.block` over engine graphs; writes this step's K/V into the segments."""
+    qkv = w.attn_in.run(None, {"x": x})[0]  # [N, qd + 2 kvd]  RMSNorm + Q|K|V (+ biases)
+    att = _attend(qkv, cos, sin, segments, cfg)  # [N, qd]
     out: F32 = w.attn_out_ffn.run(None, {"x": x, "att": att})[0]  # [N, d]  x + o(att) + FFN(...)
     return out
 
@@ -128,30 +142,35 @@ def _concat(g: GraphBuilder, x: str, mats: Sequence[Packed], accuracy: int) -> s
     return outs[0] if len(outs) == 1 else g.op("Concat", outs, axis=1)
 
 
-def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) -> QuantLayer:
+def _norm_qkv(g: GraphBuilder, x: str, tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) -> None:
+    """Layer ``i``'s RMSNorm and Q|K|V (+ biases) of ``x``, as ``g``'s output ``qkv [N, qd + 2 kvd]``."""
     p = f"blk.{i}."
-    d, qd, kvd, f = cfg.d_model, cfg.q_dim, cfg.kv_dim, cfg.d_ff
+    normed = g.rms_norm(x, tensors.f32(p + "attn_norm.weight"), cfg.rms_eps)  # [N, d]
     permuted = cfg.qk_permuted
-    a = GraphBuilder(f"layer{i}-attn-in")
-    xa = a.input("x", d)
-    na = a.rms_norm(xa, tensors.f32(p + "attn_norm.weight"), cfg.rms_eps)  # [N, d]
     qkv_m = _packed_rows(tensors, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
                          [cfg.n_heads if permuted else None, cfg.n_kv_heads if permuted else None, None])
-    qkv = _concat(a, na, qkv_m, engine.accuracy)  # [N, qd + 2 kvd]
+    qkv = _concat(g, normed, qkv_m, engine.accuracy)  # [N, qd + 2 kvd]
     if cfg.attn_bias:
         bq, bk = tensors.f32(p + "attn_q.bias"), tensors.f32(p + "attn_k.bias")
         if permuted:
             bq, bk = unpermute_qk(bq, cfg.n_heads), unpermute_qk(bk, cfg.n_kv_heads)
-        qkv = a.op("Add", [qkv, a.const(np.concatenate([bq, bk, tensors.f32(p + "attn_v.bias")]), "b")])
-    a.node("Identity", [qkv], ["qkv"])
-    a.output("qkv", qd + 2 * kvd)
+        qkv = g.op("Add", [qkv, g.const(np.concatenate([bq, bk, tensors.f32(p + "attn_v.bias")]), "b")])
+    g.node("Identity", [qkv], ["qkv"])
+    g.output("qkv", cfg.q_dim + 2 * cfg.kv_dim)
+
+
+def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) -> QuantLayer:
+    p = f"blk.{i}."
+    d, f = cfg.d_model, cfg.d_ff
+    a = GraphBuilder(f"layer{i}-attn-in")
+    _norm_qkv(a, a.input("x", d), tensors, i, cfg, engine)  # [N, d] -> qkv [N, qd + 2 kvd]
     b = GraphBuilder(f"layer{i}-attn-out-ffn")
-    xb, att = b.input("x", d), b.input("att", qd)
-    x2 = b.op("Add", [xb, _concat(b, att, _packed_rows(tensors, [p + "attn_output.weight"], [None]),
-                                  engine.accuracy)])  # [N, d]
-    m = b.rms_norm(x2, tensors.f32(p + "ffn_norm.weight"), cfg.rms_eps)  # [N, d]
+    xb, att = b.input("x", d), b.input("att", cfg.q_dim)
+    o = _concat(b, att, _packed_rows(tensors, [p + "attn_output.weight"], [None]), engine.accuracy)  # [N, d]
+    m, x2 = b.add_rms_norm(o, xb, tensors.f32(p + "ffn_norm.weight"), cfg.rms_eps)  # [N, d] x2
     gu = _packed_rows(tensors, [p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None])
     both = _concat(b, m, gu, engine.accuracy)  # [N, 2F]
+
     def cols(lo: int, hi: int) -> str:  # both[:, lo:hi]
         ends = [b.const(np.array([v], np.int64), "s", False) for v in (lo, hi, 1)]
         return b.op("Slice", [both, *ends])
@@ -194,6 +213,7 @@ def load_quant_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
             raise ModelInputError(f"layer range {start!r}-{end!r} must satisfy 0 <= start <= end <= {n - 1}")
     eng = engine or engine_from_env()
     tensors = _Tensors(store)
+    warm_in_background()  # the decode attention kernel, while the graphs compile
     return [[_compile_layer(tensors, i, cfg, eng) for i in range(lo, hi + 1)] for lo, hi in pairs]
 
 
@@ -218,12 +238,13 @@ class QuantEmbedAndHead:
         hk, hraw, hrows, hcols = tensors.get(head)
         self.head_kind = hk
         self.output_norm: F32 = tensors.f32("output_norm.weight")  # [d]
-        self.block_head: BlockHead | None = build_block_head(hk, hraw, hrows, hcols)
+        eng = engine or engine_from_env()
+        int8 = resolve_accuracy(eng.accuracy, PACKED_BITS.get(hk, 0)) != ACCURACY_EXACT  # the engine's kernel
+        self.block_head: BlockHead | None = build_block_head(hk, hraw, hrows, hcols, int8)
         self._session: Any = None
         if self.block_head is not None:
             self.nbytes = self.block_head.nbytes
             return
-        eng = engine or engine_from_env()
         g = GraphBuilder("head")
         x = g.input("x", config.d_model)
         h = g.rms_norm(x, self.output_norm, config.rms_eps)  # [N, d]

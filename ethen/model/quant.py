@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["BYTES_PER_BLOCK", "DENSE_TYPES", "QUANT_TYPES", "Dense", "NBits", "Packed", "k_mins",
-           "nibble_halves", "pack", "row_bytes"]
+__all__ = ["BYTES_PER_BLOCK", "DENSE_TYPES", "PACKED_BITS", "QUANT_TYPES", "Dense", "NBits", "Packed",
+           "k_mins", "nibble_halves", "pack", "row_bytes"]
 
 U8 = NDArray[np.uint8]
 F32 = NDArray[np.float32]
@@ -50,6 +50,8 @@ BYTES_PER_BLOCK: dict[str, tuple[int, int]] = {
     "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20),
     "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
 QUANT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+#: the bits each block type is packed in (:func:`pack`)
+PACKED_BITS = {"Q8_0": 8, "Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_K": 8, "Q6_K": 8}
 DENSE_TYPES = ("F32", "F16", "BF16")
 
 

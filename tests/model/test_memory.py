@@ -65,6 +65,8 @@ def anon():
 store = open_weight_store(weights="quantized")
 import onnxruntime  # its own start-up memory is not the weights'
 onnxruntime.InferenceSession  # noqa
+from ethen.model.attend import warm
+warm()  # nor is numba's (~45 MiB with the attention kernel loaded)
 before = anon()
 (stack,) = load_layer_stacks([(0, int(sys.argv[1]) - 1)], store)
 stack.forward(np.ones((4, stack.config.d_model), dtype=np.float32), np.arange(4), stack.new_kv_cache())

@@ -108,17 +108,41 @@ def test_any_vocabulary_ranges_fill_the_whole(tiny_heads: dict[tuple[str, bool],
     assert np.array_equal(out, bh(h))
 
 
-def test_auto_runs_the_kernel_for_q8_0_only(tiny_heads: dict[tuple[str, bool], WeightStore],
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default: the kernel where it measured faster than the engine graph (Q8_0), the engine for
-    Q4_0 / Q4_1 / Q6_K (onnxruntime's path is faster there: 4-bit; Q6_K from 2 rows on)."""
+def test_auto_runs_the_kernel_for_q8_0_at_float32_compute_only(
+        tiny_heads: dict[tuple[str, bool], WeightStore], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default: the engine graph wherever the engine runs the head on its int8 kernel (``ETHEN_ACCURACY``
+    auto, the default, for 8-bit blocks: exact-int8; or fast), which measured faster than the kernels at 1-8
+    rows; the kernel for Q8_0 at ``exact`` accuracy (the engine's float32 compute over nibble halves is
+    slower there); the engine for Q4_0 / Q4_1 / Q6_K (onnxruntime's path is faster: 4-bit; Q6_K from 2
+    rows on)."""
     monkeypatch.delenv("ETHEN_HEAD")
     assert AUTO_TYPES == ("Q8_0",)
+    monkeypatch.delenv("ETHEN_ACCURACY", raising=False)
+    assert QuantEmbedAndHead(tiny_heads[("Q8_0", False)]).block_head is None  # auto: exact-int8 engine
+    monkeypatch.setenv("ETHEN_ACCURACY", "fast")
+    assert QuantEmbedAndHead(tiny_heads[("Q8_0", False)]).block_head is None
+    monkeypatch.setenv("ETHEN_ACCURACY", "exact")
     assert QuantEmbedAndHead(tiny_heads[("Q8_0", False)]).block_head is not None
     for kind in ("Q4_0", "Q4_1", "Q6_K"):
         assert QuantEmbedAndHead(tiny_heads[(kind, True)]).block_head is None
     monkeypatch.setenv("ETHEN_HEAD", "auto")
     assert QuantEmbedAndHead(tiny_heads[("Q8_0", True)]).block_head is not None
+    monkeypatch.setenv("ETHEN_ACCURACY", "exact-int8")
+    head = QuantEmbedAndHead(tiny_heads[("Q8_0", True)])
+    assert head.block_head is None
+    h = np.random.default_rng(4).standard_normal((3, head.config.d_model)).astype(np.float32)
+    want = _reference(tiny_heads[("Q8_0", True)], h)
+    np.testing.assert_allclose(head.logits(h), want, rtol=0, atol=2e-6 * float(np.abs(want).max()))
+
+
+def test_packed_bits_table_is_what_pack_writes() -> None:
+    from ethen.model.quant import BYTES_PER_BLOCK, PACKED_BITS, QUANT_TYPES, NBits, pack
+
+    assert set(PACKED_BITS) == set(QUANT_TYPES)
+    for kind, bits in PACKED_BITS.items():
+        block, nbytes = BYTES_PER_BLOCK[kind]
+        m = pack(kind, np.zeros((2, nbytes), np.uint8), 2, block)
+        assert isinstance(m, NBits) and m.bits == bits, kind
 
 
 def test_types_without_a_kernel_keep_the_engine_graph(tiny_models: dict[str, Tiny],
@@ -195,12 +219,15 @@ def test_split_head_over_the_block_kernel_equals_the_whole(store: WeightStore) -
         head.close()
 
 
-def test_greedy_text_on_the_banner_prompt_is_the_float32_paths(store: WeightStore,
+@pytest.mark.parametrize("mode", ["auto", "kernel"])
+def test_greedy_text_on_the_banner_prompt_is_the_float32_paths(store: WeightStore, mode: str,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("ETHEN_HEAD")  # the default
+    """The default head (SmolLM2's Q8_0 head on the engine's exact-int8 graph) and the block kernel."""
+    monkeypatch.setenv("ETHEN_HEAD", mode)
     params = SamplingParams(temperature=0.0, max_tokens=32)
     quant = load_model(store)
-    assert isinstance(quant.ends, QuantEmbedAndHead) and quant.ends.block_head is not None
+    assert isinstance(quant.ends, QuantEmbedAndHead)
+    assert (quant.ends.block_head is not None) == (mode == "kernel")
     got = generate_chat(quant, BANNER, params)
     monkeypatch.setenv("ETHEN_WEIGHTS", "float32")
     want = generate_chat(load_model(), BANNER, params)
