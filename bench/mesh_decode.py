@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/mesh_decode.py [--tokens 48] [--rounds 3]
     .venv/bin/python bench/mesh_decode.py --head-ab [--tokens 32] [--rounds 3]
+    .venv/bin/python bench/mesh_decode.py --lanes-ab 1,2 [--tokens 32] [--rounds 3]
 
 ``--head-ab``: the logits head's block kernel (``ETHEN_HEAD=kernel``: :mod:`ethen.model.qhead`) against the
 engine graph (``ETHEN_HEAD=engine``; what ``auto``, the default, runs for a Q8_0 head at the default
@@ -303,12 +304,56 @@ def head_ab(workers: dict[str, WorkerProcess], tokens: int, rounds: int) -> None
           f"after {' '.join(f'{x:.2f}' for x in load_after)} on {os.cpu_count()} CPUs")
 
 
+def lanes_ab(workers: dict[str, WorkerProcess], tokens: int, rounds: int, lanes: list[int]) -> None:
+    """Aggregate decode tok/s of 1 / 4 / 8 sessions through orchestrators with different ``round_lanes``
+    (same workers, alternated per round; medians)."""
+    load_before = os.getloadavg()
+    model = load_model()
+    ids = model.tokenizer.encode(model.chat_template.render(PROMPT, add_generation_prompt=True))
+    addrs = {n: w.address for n, w in workers.items()}
+    orchs = {n: Orchestrator.load(addrs, round_lanes=n) for n in lanes}
+    figs: dict[int, dict[int, list[float]]] = {n: {} for n in lanes}
+    try:
+        for o in orchs.values():
+            run_mesh(o, ids, SamplingParams(temperature=0.0, max_tokens=2))  # warm
+        for _ in range(rounds):
+            for n, o in orchs.items():
+                for s in (1, 4, 8):
+                    figs[n].setdefault(s, []).append(aggregate(o, ids, s, tokens))
+    finally:
+        for o in orchs.values():
+            o.close()
+    print(f"\nround lanes A/B, aggregate decode tok/s, medians of {rounds} alternated rounds "
+          f"({tokens} tokens)")
+    print(f"{'sessions':>9} " + " ".join(f"{f'{n} lane(s)':>12}" for n in lanes))
+    for s in (1, 4, 8):
+        print(f"{s:>9} " + " ".join(f"{median(figs[n][s]):12.1f}" for n in lanes))
+    for n in lanes:
+        print(f"{n} lane(s): 8 sessions = {median(figs[n][8]) / median(figs[n][1]):.2f}x one session")
+    load_after = os.getloadavg()
+    print(f"load average (1/5/15 min) before {' '.join(f'{x:.2f}' for x in load_before)}, "
+          f"after {' '.join(f'{x:.2f}' for x in load_after)} on {os.cpu_count()} CPUs")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=48, help="decode tokens per measured generation")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
     ap.add_argument("--head-ab", action="store_true", help="block-kernel head vs engine head, one run")
+    ap.add_argument("--data-plane", default="star", choices=("star", "chain"),
+                    help="the orchestrator's data plane (default star: one call per stage from it)")
+    ap.add_argument("--lanes-ab", default=None, metavar="1,2",
+                    help="aggregate decode of orchestrators with these round_lanes, alternated")
     args = ap.parse_args()
+    if args.lanes_ab:
+        print(f"starting {len(LAYOUT)} workers {LAYOUT} on 127.0.0.1 ...", flush=True)
+        ws = {n: spawn_worker(n, layers) for n, layers in LAYOUT.items()}
+        try:
+            lanes_ab(ws, args.tokens, args.rounds, [int(v) for v in args.lanes_ab.split(",")])
+        finally:
+            for w in ws.values():
+                w.stop()
+        return
     if args.head_ab:
         print(f"starting {len(LAYOUT)} workers {LAYOUT} on 127.0.0.1 ...", flush=True)
         ws = {n: spawn_worker(n, layers) for n, layers in LAYOUT.items()}
@@ -329,7 +374,8 @@ def main() -> None:
         long_ids = tok.encode(model.chat_template.render(LONG_PROMPT, add_generation_prompt=True))
         params = SamplingParams(temperature=0.0, max_tokens=args.tokens)
         prefill_params = SamplingParams(temperature=0.0, max_tokens=1)
-        with Orchestrator.load({n: w.address for n, w in workers.items()}) as orch:
+        addrs = {n: w.address for n, w in workers.items()}
+        with Orchestrator.load(addrs, data_plane=args.data_plane) as orch:
             route = orch.route_for(len(ids))
             stages = len(route.stages)
             print(f"pipeline route: {' -> '.join(f'{s.node_id} {s.first}-{s.last}' for s in route.stages)}")

@@ -8,6 +8,7 @@ transformers' GGUF loader in the same run when the parity extra is installed.
 .venv/bin/python bench/model_decode.py --vs-llama-cpp --tinyllama [--types Q4_K] [--repeats 3] [--ref REV]
     (TinyLlama-1.1B shape, Q4_K and Q8_0; ``--ref``: the same Ethen runs of commit REV, interleaved)
 OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/model_decode.py --head [--repeats 21]   (the logits head alone)
+.venv/bin/python bench/model_decode.py --devices [--model X.gguf] [--repeats 3]   (per device: cpu, cuda)
 
 ``--head`` times the orchestrator's head alone (final RMSNorm + the vocabulary matmul) for 1/2/4/8 rows,
 one thread, interleaved in one run: the numba block kernel (:mod:`ethen.model.qhead`, the default) against
@@ -187,8 +188,8 @@ def _llama_cpp(path: Path, threads: int, steps: int) -> tuple[float, float]:
     return float(out[0]), float(out[1])
 
 
-def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int) -> tuple[float, float, int, int, int,
-                                                                              int]:
+def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: str = "cpu") -> tuple[
+        float, float, int, int, int, int]:
     """(prefill tok/s, decode tok/s, packed layer bytes, the layers' bytes in the file, RssAnon growth of
     this process over the load and the runs, the KV cache's bytes)."""
     from ethen.model.engine import Engine
@@ -198,7 +199,7 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int) -> tuple[f
     store = open_weight_store(path, weights="quantized")
     anon0 = _rss_anon()
     stack = LayerStack(store.config, load_quant_layers([(0, store.config.n_layers - 1)], store,
-                                                       Engine("cpu", threads, accuracy))[0])
+                                                       Engine(device, threads, accuracy))[0])
     layers = [w for w in stack.layers if isinstance(w, QuantLayer)]
     x = np.random.default_rng(0).standard_normal((LONG_PREFILL, store.config.d_model)).astype(np.float32)
     kv = stack.new_kv_cache()
@@ -246,7 +247,8 @@ root = sys.argv[1]
 sys.path[:0] = [root, root + "/bench"]
 import ethen, model_decode
 assert ethen.__file__.startswith(root) and model_decode.__file__.startswith(root), (ethen.__file__, root)
-print(*model_decode._ethen_quant(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])))
+print(*model_decode._ethen_quant(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
+                                 *sys.argv[6:]))
 """
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -259,6 +261,39 @@ def _ethen_run(root: Path, path: Path, threads: int, steps: int, accuracy: int) 
     argv = [sys.executable, "-c", _ETHEN_PROBE, str(root), str(path), str(threads), str(steps), str(accuracy)]
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout.split()
     return tuple(float(v) for v in out)
+
+
+def devices(model: Path | None, steps: int, repeats: int) -> None:
+    """Per-device decode and prefill of the engine (``ethen worker --device``), the CPU first as the same
+    run's baseline; a device this machine lacks is printed as skipped, with the reason. Each figure is a
+    fresh process (layers only, the default accuracy, 1 thread), medians of ``repeats``."""
+    import subprocess
+    import sys
+
+    from ethen.model.engine import ACCURACY_AUTO, DEVICES, Engine, EngineError
+
+    path = model or find_gguf_path()
+    load0 = os.getloadavg()
+    print(f"model: {path.name}; {LONG_PREFILL}-token prefill, {steps} decode steps, medians of {repeats}, "
+          "layers only, ETHEN_ACCURACY=auto, 1 thread")
+    base: tuple[float, float] | None = None
+    for device in (d for d in DEVICES if d != "auto"):
+        try:
+            Engine(device, 1, ACCURACY_AUTO)
+        except EngineError as exc:
+            print(f"  {device}: skipped: {exc}")
+            continue
+        argv = [sys.executable, "-c", _ETHEN_PROBE, str(ROOT), str(path), "1", str(steps), str(ACCURACY_AUTO),
+                device]
+        runs = [tuple(float(v) for v in subprocess.run(argv, check=True, capture_output=True,
+                                                        text=True).stdout.split()) for _ in range(repeats)]
+        pre, dec = (statistics.median(r[i] for r in runs) for i in (0, 1))
+        vs = "" if base is None else f" ({pre / base[0]:.2f}x / {dec / base[1]:.2f}x the CPU's)"
+        base = base or (pre, dec)
+        print(f"  {device}: prefill {pre:.0f} tok/s, decode {dec:.1f} tok/s{vs}; runs "
+              f"{' '.join(f'{r[1]:.1f}' for r in runs)}")
+    print(f"load average (1/5/15 min) before {' '.join(f'{x:.2f}' for x in load0)}, after "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
 
 
 def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, Path] | None) -> None:
@@ -429,7 +464,12 @@ def main() -> None:
     ap.add_argument("--types", default=None, help="with --tinyllama: e.g. Q4_K (default: Q4_K,Q8_0)")
     ap.add_argument("--ref", default=None,
                     help="with --vs-llama-cpp: the same Ethen runs of this commit too (interleaved)")
+    ap.add_argument("--devices", action="store_true",
+                    help="the engine's decode / prefill per device (cpu; cuda where onnxruntime-gpu has one)")
     args = ap.parse_args()
+    if args.devices:
+        devices(args.model, args.steps, args.repeats)
+        return
     if args.head:
         head_bench(args.model, args.repeats)
         return
