@@ -3,6 +3,7 @@
     .venv/bin/python bench/mesh_decode.py [--tokens 48] [--rounds 3]
     .venv/bin/python bench/mesh_decode.py --head-ab [--tokens 32] [--rounds 3]
     .venv/bin/python bench/mesh_decode.py --lanes-ab 1,2 [--tokens 32] [--rounds 3]
+    .venv/bin/python bench/mesh_decode.py --threads-ab 1,2 [--tokens 32] [--rounds 4]
 
 ``--head-ab``: the logits head's block kernel (``ETHEN_HEAD=kernel``: :mod:`ethen.model.qhead`) against the
 engine graph (``ETHEN_HEAD=engine``; what ``auto``, the default, runs for a Q8_0 head at the default
@@ -335,6 +336,55 @@ def lanes_ab(workers: dict[str, WorkerProcess], tokens: int, rounds: int, lanes:
           f"after {' '.join(f'{x:.2f}' for x in load_after)} on {os.cpu_count()} CPUs")
 
 
+def threads_ab(tokens: int, rounds: int, counts: list[str]) -> None:
+    """Three workers per ``ETHEN_THREADS`` value (one orchestrator each, head on 2 threads), alternated per
+    round: one session's median step and aggregate decode of 1 / 4 / 8 sessions (medians)."""
+    load_before = os.getloadavg()
+    sets: dict[str, dict[str, WorkerProcess]] = {}
+    old = os.environ.get("ETHEN_THREADS")
+    try:
+        for t in counts:
+            os.environ["ETHEN_THREADS"] = t
+            sets[t] = {f"{n}-t{t}": spawn_worker(f"{n}-t{t}", layers) for n, layers in LAYOUT.items()}
+        if old is None:
+            os.environ.pop("ETHEN_THREADS")
+        else:
+            os.environ["ETHEN_THREADS"] = old
+        model = load_model()
+        ids = model.tokenizer.encode(model.chat_template.render(PROMPT, add_generation_prompt=True))
+        params = SamplingParams(temperature=0.0, max_tokens=tokens)
+        orchs = {t: Orchestrator.load({n: w.address for n, w in ws.items()}) for t, ws in sets.items()}
+        figs: dict[str, dict[str, list[float]]] = {t: {} for t in orchs}
+        try:
+            for o in orchs.values():
+                run_mesh(o, ids, SamplingParams(temperature=0.0, max_tokens=2))  # warm
+            for _ in range(rounds):
+                for t, o in orchs.items():
+                    f = figs[t]
+                    f.setdefault("mesh, one session (median step)", []).append(
+                        1 / median(run_mesh(o, ids, params)[1]))
+                    for n in (1, 4, 8):
+                        f.setdefault(f"mesh aggregate, {n} sessions", []).append(aggregate(o, ids, n, tokens))
+        finally:
+            for o in orchs.values():
+                o.close()
+    finally:
+        for ws in sets.values():
+            for w in ws.values():
+                w.stop()
+    print(f"\nworker ETHEN_THREADS A/B, tok/s, medians of {rounds} alternated rounds ({tokens} tokens)")
+    print(f"{'':36} " + " ".join(f"{f'{t} thread(s)':>12}" for t in counts))
+    for metric in figs[counts[0]]:
+        print(f"{metric:36} " + " ".join(f"{median(figs[t][metric]):12.1f}" for t in counts))
+    for t in counts:
+        one = median(figs[t]["mesh aggregate, 1 sessions"])
+        eight = median(figs[t]["mesh aggregate, 8 sessions"])
+        print(f"{t} thread(s): 8 sessions = {eight / one:.2f}x one session")
+    load_after = os.getloadavg()
+    print(f"load average (1/5/15 min) before {' '.join(f'{x:.2f}' for x in load_before)}, "
+          f"after {' '.join(f'{x:.2f}' for x in load_after)} on {os.cpu_count()} CPUs")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=48, help="decode tokens per measured generation")
@@ -344,7 +394,12 @@ def main() -> None:
                     help="the orchestrator's data plane (default star: one call per stage from it)")
     ap.add_argument("--lanes-ab", default=None, metavar="1,2",
                     help="aggregate decode of orchestrators with these round_lanes, alternated")
+    ap.add_argument("--threads-ab", default=None, metavar="1,2",
+                    help="three workers per ETHEN_THREADS value, alternated (one session, 1/4/8 sessions)")
     args = ap.parse_args()
+    if args.threads_ab:
+        threads_ab(args.tokens, args.rounds, args.threads_ab.split(","))
+        return
     if args.lanes_ab:
         print(f"starting {len(LAYOUT)} workers {LAYOUT} on 127.0.0.1 ...", flush=True)
         ws = {n: spawn_worker(n, layers) for n, layers in LAYOUT.items()}

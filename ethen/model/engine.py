@@ -25,7 +25,7 @@ Choices where the issue is silent:
 * Constant folding is disabled: it would turn the ``Cast`` of float16 weights / minimum terms into float32
   copies of them (the memory the issue removes).
 * Threads: ``threads`` intra-op threads per session (default :func:`default_threads`: ``$ETHEN_THREADS``,
-  else 1 - the mesh runs one process per core), without spinning (a shared machine).
+  else the process's cores up to 4), without spinning (a shared machine).
 * Devices: ``cpu``, ``cuda`` (onnxruntime-gpu's ``CUDAExecutionProvider``; a clear error when absent) or
   ``auto`` (cuda when available, else cpu).
 """
@@ -68,10 +68,25 @@ class EngineError(ModelError):
     """The engine cannot run as asked (e.g. ``--device cuda`` without onnxruntime-gpu or a GPU)."""
 
 
+#: the default thread count's cap (only 1 and 2 threads were measured: a 2-core VM)
+MAX_DEFAULT_THREADS = 4
+
+
 def default_threads() -> int:
+    """``$ETHEN_THREADS``, else the cores this process may run on, at most :data:`MAX_DEFAULT_THREADS`.
+    Why not 1: the 3-worker loopback mesh on 2 cores, the same workers at 1 and 2 threads interleaved
+    (``bench/mesh_decode.py --threads-ab``), decoded 8 sessions 1.21x and 4 sessions 1.12x faster at 2, one
+    session as fast (1.02x): a batched round's many-row matmuls split well over threads, and in a pipeline
+    only one or two stages compute at a time."""
     raw = os.environ.get("ETHEN_THREADS", "").strip()
+    if not raw:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # not Linux
+            cores = os.cpu_count() or 1
+        return max(1, min(MAX_DEFAULT_THREADS, cores))
     try:
-        n = int(raw) if raw else 1
+        n = int(raw)
     except ValueError:
         raise EngineError(f"ETHEN_THREADS = {raw!r}: must be a positive integer") from None
     if n < 1:
