@@ -226,6 +226,7 @@ def tinyllama_gguf(kind: str) -> Path:
     path = LLAMA_VENV.parent / f"tinyllama-shape-{kind}.gguf"
     if not path.is_file():
         print(f"writing {path} (one time, several minutes)...")
+        path.parent.mkdir(parents=True, exist_ok=True)
         spec = TinySpec(types=(kind,), embd_type=kind, n_layers=22, d_model=2048, n_heads=32, n_kv_heads=4,
                         d_ff=5632, context_length=2048, name=f"tinyllama-shape-{kind}")
         write_tiny_gguf(path, spec)
