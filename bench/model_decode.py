@@ -6,6 +6,7 @@ transformers' GGUF loader in the same run when the parity extra is installed.
 .venv/bin/python bench/model_decode.py [--steps 32] [--repeats 5] [--skip-cold] [--skip-tiny] [--model X.gguf]
 .venv/bin/python bench/model_decode.py --vs-llama-cpp [--model X.gguf]   (quantized engine vs llama.cpp)
 .venv/bin/python bench/model_decode.py --vs-llama-cpp --tinyllama [--types Q4_K] [--repeats 3] [--ref REV]
+    [--modes exact-int8,'exact-int8 + ETHEN_PREFILL=float32']
     (TinyLlama-1.1B shape, Q4_K and Q8_0; ``--ref``: the same Ethen runs of commit REV, interleaved)
 OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/model_decode.py --head [--repeats 21]   (the logits head alone)
 .venv/bin/python bench/model_decode.py --devices [--model X.gguf] [--repeats 3]   (per device: cpu, cuda)
@@ -40,6 +41,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -188,10 +190,11 @@ def _llama_cpp(path: Path, threads: int, steps: int) -> tuple[float, float]:
     return float(out[0]), float(out[1])
 
 
-def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: str = "cpu") -> tuple[
-        float, float, int, int, int, int]:
+def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: str = "cpu",
+                 long_prefill: str = "0") -> tuple[float, float, int, int, int, int]:
     """(prefill tok/s, decode tok/s, packed layer bytes, the layers' bytes in the file, RssAnon growth of
-    this process over the load and the runs, the KV cache's bytes)."""
+    this process over the load and the runs, the KV cache's bytes). ``long_prefill`` "1": the engine's
+    ``long_prefill`` (``ETHEN_PREFILL=float32``)."""
     from ethen.model.engine import Engine
     from ethen.model.model import LayerStack
     from ethen.model.qmodel import QuantLayer, load_quant_layers
@@ -199,7 +202,9 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
     store = open_weight_store(path, weights="quantized")
     anon0 = _rss_anon()
     stack = LayerStack(store.config, load_quant_layers([(0, store.config.n_layers - 1)], store,
-                                                       Engine(device, threads, accuracy))[0])
+                                                       Engine(device, threads, accuracy,
+                                                              **({"long_prefill": True} if long_prefill == "1"
+                                                                 else {})))[0])
     layers = [w for w in stack.layers if isinstance(w, QuantLayer)]
     x = np.random.default_rng(0).standard_normal((LONG_PREFILL, store.config.d_model)).astype(np.float32)
     kv = stack.new_kv_cache()
@@ -226,6 +231,7 @@ def tinyllama_gguf(kind: str) -> Path:
     path = LLAMA_VENV.parent / f"tinyllama-shape-{kind}.gguf"
     if not path.is_file():
         print(f"writing {path} (one time, several minutes)...")
+        path.parent.mkdir(parents=True, exist_ok=True)
         spec = TinySpec(types=(kind,), embd_type=kind, n_layers=22, d_model=2048, n_heads=32, n_kv_heads=4,
                         d_ff=5632, context_length=2048, name=f"tinyllama-shape-{kind}")
         write_tiny_gguf(path, spec)
@@ -253,12 +259,14 @@ print(*model_decode._ethen_quant(Path(sys.argv[2]), int(sys.argv[3]), int(sys.ar
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _ethen_run(root: Path, path: Path, threads: int, steps: int, accuracy: int) -> tuple[float, ...]:
+def _ethen_run(root: Path, path: Path, threads: int, steps: int, accuracy: int,
+               long_prefill: bool = False) -> tuple[float, ...]:
     """:func:`_ethen_quant` of the tree at ``root`` (this one or ``--ref``'s) in a fresh process."""
     import subprocess
     import sys
 
     argv = [sys.executable, "-c", _ETHEN_PROBE, str(root), str(path), str(threads), str(steps), str(accuracy)]
+    argv += ["cpu", "1"] if long_prefill else []
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout.split()
     return tuple(float(v) for v in out)
 
@@ -296,7 +304,8 @@ def devices(model: Path | None, steps: int, repeats: int) -> None:
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
 
 
-def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, Path] | None) -> None:
+def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, Path] | None,
+                 modes: Sequence[str] = ()) -> None:
     """Layers only on Ethen's side (the head stays the orchestrator's); llama.cpp runs the whole model. Each
     Ethen figure is a fresh process (its RssAnon growth is that process's load + runs); with ``ref``, the
     same runs of that commit's tree, interleaved; medians of ``repeats``."""
@@ -311,12 +320,15 @@ def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, P
         runs: dict[str, list[tuple[float, ...]]] = {}
         for _ in range(repeats):
             llama.append(_llama_cpp(path, threads, steps))
-            for name, acc in (("int8-act", ACCURACY_FAST), ("exact", ACCURACY_EXACT),
-                              ("exact-int8", ACCURACY_EXACT_INT8)):
+            for name, acc, long in (("int8-act", ACCURACY_FAST, False), ("exact", ACCURACY_EXACT, False),
+                                    ("exact-int8", ACCURACY_EXACT_INT8, False),
+                                    ("exact-int8 + ETHEN_PREFILL=float32", ACCURACY_EXACT_INT8, True)):
+                if modes and name not in modes:
+                    continue
                 for tag, root in roots.items():
                     if tag and acc == ACCURACY_EXACT_INT8:
-                        continue  # (a mode the --ref tree may not have)
-                    runs.setdefault(name + tag, []).append(_ethen_run(root, path, threads, steps, acc))
+                        continue  # (modes the --ref tree may not have)
+                    runs.setdefault(name + tag, []).append(_ethen_run(root, path, threads, steps, acc, long))
         lp, ld = _median2(llama)
         print(f"  llama.cpp {threads} thread(s): prefill {lp:.0f} tok/s, decode {ld:.1f} tok/s")
         for label, rs in runs.items():
@@ -464,6 +476,9 @@ def main() -> None:
     ap.add_argument("--types", default=None, help="with --tinyllama: e.g. Q4_K (default: Q4_K,Q8_0)")
     ap.add_argument("--ref", default=None,
                     help="with --vs-llama-cpp: the same Ethen runs of this commit too (interleaved)")
+    ap.add_argument("--modes", default=None,
+                    help="with --vs-llama-cpp: Ethen's modes to run, comma-separated (default all: int8-act, "
+                         "exact, exact-int8, 'exact-int8 + ETHEN_PREFILL=float32')")
     ap.add_argument("--devices", action="store_true",
                     help="the engine's decode / prefill per device (cpu; cuda where onnxruntime-gpu has one)")
     args = ap.parse_args()
@@ -485,7 +500,8 @@ def main() -> None:
                 ref = (args.ref, Path(tmp))
             kinds = args.types.split(",") if args.types else TINYLLAMA_TYPES
             for path in [tinyllama_gguf(k) for k in kinds] if args.tinyllama else [args.model]:
-                vs_llama_cpp(path, args.steps, args.repeats, ref)
+                vs_llama_cpp(path, args.steps, args.repeats, ref,
+                             args.modes.split(",") if args.modes else ())
         return
     print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}")
     if not args.skip_tiny:

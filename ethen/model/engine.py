@@ -46,8 +46,8 @@ from ethen.model.errors import ModelError
 from ethen.model.onnx_wire import BFLOAT16, DTYPES, Node, Tensor, model_bytes
 from ethen.model.quant import Dense, NBits, Packed, nibble_halves
 
-__all__ = ["ACCURACY_AUTO", "ACCURACY_EXACT", "ACCURACY_EXACT_INT8", "ACCURACY_FAST", "DEVICES", "Engine",
-           "EngineError", "GraphBuilder", "default_threads", "resolve_accuracy"]
+__all__ = ["ACCURACY_AUTO", "ACCURACY_EXACT", "ACCURACY_EXACT_INT8", "ACCURACY_FAST", "DEVICES",
+           "PREFILL_ROWS", "Engine", "EngineError", "GraphBuilder", "default_threads", "resolve_accuracy"]
 
 F32 = NDArray[np.float32]
 
@@ -60,6 +60,15 @@ ACCURACY_EXACT_INT8 = 16
 #: 2x its decode speed, no nibble halves), ``ACCURACY_EXACT`` for 4-bit blocks (where the int8 split runs a
 #: 512-row prefill 2x slower) and float weights; resolved per matrix in :meth:`GraphBuilder.linear`
 ACCURACY_AUTO = 32
+#: with ``Engine(long_prefill=True)`` (``ETHEN_PREFILL=float32``), steps of at least this many rows (a
+#: prefill) run a graph's long variant when it has one (:meth:`GraphBuilder.long_variant`): its 8-bit block
+#: matrices at exact-int8 go through onnxruntime's float32-compute 8-bit kernel, which dequantizes the matrix
+#: on each call (~100 ms for TinyLlama's gate|up, then one float32 GEMM) where the int8 split costs ~1.3 ms
+#: per row. Measured on one thread: the two cross at ~100-128 rows (TinyLlama's gate|up and down), the
+#: kernel is 2.1-2.5x faster at 512 rows, and its error is float32 compute's (2-3e-7 of max |y| against
+#: 5-10e-7). Not the default: the variant's session costs a copy of the 8-bit weights in anonymous memory
+#: (onnxruntime copies an external initializer that a second session also reads; docs/model.md)
+PREFILL_ROWS = 128
 DEVICES = ("auto", "cpu", "cuda")
 _OPSET = 21
 
@@ -114,6 +123,9 @@ class GraphBuilder:
         self.outputs: list[tuple[str, list[int | str]]] = []
         self._n = 0
         self.weight_bytes = 0  # bytes of the weights as this graph holds them
+        # the long variant: (first node, end node, the one node that replaces nodes[first:end]) per 8-bit
+        # exact-int8 matmul; None once a matmul the variant could not keep weight-free was added
+        self._long: list[tuple[int, int, Node]] | None = []
 
     def fresh(self, stem: str) -> str:
         self._n += 1
@@ -167,6 +179,7 @@ class GraphBuilder:
     def linear(self, x: str, w: Packed, accuracy: int) -> str:
         """``x [N, K] @ W.T`` -> ``[N, R]`` for ``W`` in its packed layout."""
         if isinstance(w, Dense):
+            self._long = None  # float weights: onnxruntime would pack a second float32 copy for the variant
             if w.kind == "F32":
                 return self.op("MatMul", [x, self.const(w.data_t)])  # [N, R]
             src = self.bf16_const(w.data_t.view(np.uint16)) if w.kind == "BF16" else self.const(w.data_t)
@@ -174,12 +187,19 @@ class GraphBuilder:
         nb = w.cols // w.block
         accuracy = resolve_accuracy(accuracy, w.bits)
         if accuracy == ACCURACY_EXACT_INT8:
+            first, weights = len(self.nodes), self._nbits_weights(w)
             rows = self.op("Reshape", [self.split3(x, w.cols, w.block), self.const(
                 np.array([-1, w.cols], np.int64), "shape", False)])  # [3N, K]
-            y3 = self.op("Reshape", [self._nbits(rows, w, ACCURACY_FAST), self.const(
+            y3 = self.op("Reshape", [self._nbits(rows, w, ACCURACY_FAST, weights), self.const(
                 np.array([3, -1, w.rows], np.int64), "shape", False)])  # [3, N, R]
             y = self.op("ReduceSum", [y3, self.const(np.array([0], np.int64), "ax", False)], keepdims=0)
+            if w.bits == 8 and self._long is not None:  # the long variant: one float32-compute matmul
+                one = self._nbits_node(x, w, ACCURACY_EXACT, weights, y)  # [N, R] as y
+                self._long.append((first, len(self.nodes), one))
+            elif w.bits != 8:
+                self._long = None  # 4 bits: the variant's float32 kernel would prepack a second copy
         else:
+            self._long = None
             # float32 compute over 8 bits: as two 4-bit halves over [x, x] (onnxruntime's 8-bit CPU kernel
             # at accuracy 0 dequantizes the whole matrix per call, 10-20x slower; see quant.nibble_halves)
             mat = nibble_halves(w) if w.bits == 8 and accuracy == ACCURACY_EXACT else w
@@ -226,13 +246,41 @@ class GraphBuilder:
             r = self.op("Sub", [r, q])
         return self.op("Concat", [*parts, r], axis=0)  # [3N, nb, block]
 
-    def _nbits(self, x: str, mat: NBits, accuracy: int) -> str:
-        """One ``MatMulNBits``: ``x [N, K] @ mat.T`` -> ``[N, R]``."""
-        ins = [x, self.const(mat.data), self.const(mat.scales)]
-        if mat.zero_points is not None:
-            ins.append(self.const(mat.zero_points))
-        return self.op("MatMulNBits", ins, domain="com.microsoft", K=mat.cols, N=mat.rows, bits=mat.bits,
-                       block_size=mat.block, accuracy_level=accuracy)  # [N, R]
+    def _nbits_weights(self, mat: NBits) -> list[str]:
+        """The initializers of ``mat``'s ``MatMulNBits``: data, scales[, zero points]."""
+        names = [self.const(mat.data), self.const(mat.scales)]
+        return names + ([self.const(mat.zero_points)] if mat.zero_points is not None else [])
+
+    def _nbits_node(self, x: str, mat: NBits, accuracy: int, weights: list[str], out: str) -> Node:
+        return Node("MatMulNBits", [x, *weights], [out], "com.microsoft",
+                    {"K": mat.cols, "N": mat.rows, "bits": mat.bits, "block_size": mat.block,
+                     "accuracy_level": accuracy})
+
+    def _nbits(self, x: str, mat: NBits, accuracy: int, weights: list[str] | None = None) -> str:
+        """One ``MatMulNBits``: ``x [N, K] @ mat.T`` -> ``[N, R]`` (over ``weights`` when given)."""
+        out = self.fresh("matmulnbits")
+        self.nodes.append(self._nbits_node(x, mat, accuracy, self._nbits_weights(mat) if weights is None
+                                           else weights, out))
+        return out  # [N, R]
+
+    def long_variant(self) -> GraphBuilder | None:
+        """This graph for steps of :data:`PREFILL_ROWS` rows or more: each 8-bit exact-int8 matmul (the
+        int8 split, 3 rows per row) replaced by one float32-compute ``MatMulNBits`` over the same weights
+        (onnxruntime prepacks nothing for it: +1.3 MiB of anonymous memory for a 22 MiB matrix in a session
+        of its own, but +25 MiB as a second session over the same weights). None when the graph has no such
+        matmul, or has one the variant would need a second prepacked copy of (4-bit blocks, float weights).
+        The variant shares this graph's initializers: build both sessions with :meth:`Engine.sessions`."""
+        if not self._long:
+            return None
+        out = GraphBuilder(f"{self.name}-long")
+        out.inits, out.inputs, out.outputs, out.weight_bytes = self.inits, self.inputs, self.outputs, 0
+        nodes, at = [], 0
+        for first, end, node in self._long:
+            nodes += [*self.nodes[at:first], node]
+            at = end
+        out.nodes = nodes + self.nodes[at:]
+        out._long = None
+        return out
 
     def model_bytes(self) -> bytes:
         return model_bytes(self.name, self.nodes, self.inits, self.inputs, self.outputs,
@@ -243,7 +291,7 @@ class Engine:
     """onnxruntime sessions on one device with one thread count (one engine per process)."""
 
     def __init__(self, device: str = "auto", threads: int | None = None,
-                 accuracy: int = ACCURACY_FAST) -> None:
+                 accuracy: int = ACCURACY_FAST, long_prefill: bool = False) -> None:
         import onnxruntime as ort
 
         if device not in DEVICES:
@@ -259,12 +307,15 @@ class Engine:
         if self.threads < 1:
             raise EngineError(f"threads = {threads!r}: must be >= 1")
         self.accuracy = accuracy
+        # build graphs' long variants (GraphBuilder.long_variant) for steps of PREFILL_ROWS rows or more
+        self.long_prefill = long_prefill
         self._ort = ort
         self.providers = (["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda"
                           else ["CPUExecutionProvider"])
 
     def __repr__(self) -> str:
-        return f"Engine(device={self.device!r}, threads={self.threads}, accuracy={self.accuracy})"
+        return (f"Engine(device={self.device!r}, threads={self.threads}, accuracy={self.accuracy}, "
+                f"long_prefill={self.long_prefill})")
 
     def session(self, graph: GraphBuilder, backing: Path | None = None) -> Any:
         """The graph's session. With ``backing`` (a file path), the graph's large initializers are written
@@ -273,6 +324,11 @@ class Engine:
         onnxruntime keeps its prepacked copy, and the file-backed pages come back from the file if read
         again. Measured, 20 SmolLM2 layers: RssAnon +75 MiB against +126 MiB with the weights in the model
         bytes, outputs bit for bit the same. Without a writable ``backing``: the weights go in the model."""
+        return self.sessions([graph], backing)[0]
+
+    def sessions(self, graphs: Sequence[GraphBuilder], backing: Path | None = None) -> list[Any]:
+        """One session per graph, the graphs sharing the first one's initializers (its variants:
+        :meth:`GraphBuilder.long_variant`), mapped once from ``backing`` as in :meth:`session`."""
         ort = self._ort
         so = ort.SessionOptions()
         so.intra_op_num_threads = self.threads
@@ -288,20 +344,21 @@ class Engine:
         mapped = None
         if backing is not None:
             try:
-                mapped = _map_initializers(graph, backing)
+                mapped = _map_initializers(graphs[0], backing)
             except OSError:
                 mapped = None  # e.g. a read-only cache: the weights stay in the model bytes
         if mapped is not None:
             so.add_external_initializers(list(mapped[1]), [ort.OrtValue.ortvalue_from_numpy(a)
                                                            for a in mapped[1].values()])
-        sess = ort.InferenceSession(graph.model_bytes(), so, providers=self.providers,
-                                    disabled_optimizers=["ConstantFolding"])
+        out = [ort.InferenceSession(g.model_bytes(), so, providers=self.providers,
+                                    disabled_optimizers=["ConstantFolding"]) for g in graphs]
         if mapped is not None:
             mm, arrays = mapped
             if hasattr(mmap, "MADV_DONTNEED"):
                 mm._mmap.madvise(mmap.MADV_DONTNEED)  # file-backed: safe to drop, re-read on access
-            sess.ethen_backing = (mm, arrays)  # alive as long as the session
-        return sess
+            for sess in out:
+                sess.ethen_backing = (mm, arrays)  # alive as long as the session
+        return out
 
 
 _NP_TYPES = {v: k for k, v in DTYPES.items()}  # (bfloat16, which numpy lacks, stays in the model bytes)

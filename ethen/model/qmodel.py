@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from ethen.model.engine import (
     ACCURACY_EXACT,
     ACCURACY_EXACT_INT8,
     ACCURACY_FAST,
+    PREFILL_ROWS,
     Engine,
     GraphBuilder,
     resolve_accuracy,
@@ -49,6 +51,10 @@ class QuantLayer:
     attn_out_ffn: Any  # x [N, d], att [N, qd] -> x [N, d]
     nbytes: int  # packed weight bytes
     file_nbytes: int  # bytes of this layer's tensors in the GGUF
+    # the same graphs for steps of PREFILL_ROWS rows or more, where a graph has a long variant
+    # (GraphBuilder.long_variant: 8-bit blocks at exact-int8); None: the graph above serves every step
+    attn_in_long: Any = None
+    attn_out_ffn_long: Any = None
 
 
 def _attend(qkv: F32, cos: F32, sin: F32, segments: Sequence[AttentionSegment], cfg: ModelConfig) -> F32:
@@ -77,9 +83,12 @@ def _attend(qkv: F32, cos: F32, sin: F32, segments: Sequence[AttentionSegment], 
 def quant_block(x: F32, w: QuantLayer, cos: F32, sin: F32, segments: Sequence[AttentionSegment],
                 cfg: ModelConfig) -> F32:
     """:func:`ethen.model.layers.block` over engine graphs; writes this step's K/V into the segments."""
-    qkv = w.attn_in.run(None, {"x": x})[0]  # [N, qd + 2 kvd]  RMSNorm + Q|K|V (+ biases)
+    long = x.shape[0] >= PREFILL_ROWS
+    attn_in = w.attn_in_long if long and w.attn_in_long is not None else w.attn_in
+    attn_out_ffn = w.attn_out_ffn_long if long and w.attn_out_ffn_long is not None else w.attn_out_ffn
+    qkv = attn_in.run(None, {"x": x})[0]  # [N, qd + 2 kvd]  RMSNorm + Q|K|V (+ biases)
     att = _attend(qkv, cos, sin, segments, cfg)  # [N, qd]
-    out: F32 = w.attn_out_ffn.run(None, {"x": x, "att": att})[0]  # [N, d]  x + o(att) + FFN(...)
+    out: F32 = attn_out_ffn.run(None, {"x": x, "att": att})[0]  # [N, d]  x + o(att) + FFN(...)
     return out
 
 
@@ -182,9 +191,17 @@ def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) 
     b.output("out", d)
     nbytes = a.weight_bytes + b.weight_bytes  # (before the sessions take the initializers' bytes)
     back = tensors.backing_dir
-    return QuantLayer(i, engine.session(a, back / f"{a.name}-acc{engine.accuracy}.bin"),
-                      engine.session(b, back / f"{b.name}-acc{engine.accuracy}.bin"), nbytes,
-                      tensors.nbytes(p))
+    a_short, *a_long = _sessions(engine, a, back / f"{a.name}-acc{engine.accuracy}.bin")
+    b_short, *b_long = _sessions(engine, b, back / f"{b.name}-acc{engine.accuracy}.bin")
+    return QuantLayer(i, a_short, b_short, nbytes, tensors.nbytes(p), a_long[0] if a_long else None,
+                      b_long[0] if b_long else None)
+
+
+def _sessions(engine: Engine, g: GraphBuilder, backing: Path) -> list[Any]:
+    """``g``'s session, then its long variant's when the engine asks for it and ``g`` has one (sharing
+    the mapped weights)."""
+    long = g.long_variant() if engine.long_prefill else None
+    return engine.sessions([g] if long is None else [g, long], backing)
 
 
 def engine_from_env(threads: int | None = None) -> Engine:
@@ -192,14 +209,19 @@ def engine_from_env(threads: int | None = None) -> Engine:
     exact-int8) ask for. exact: float32 compute, greedy text as the float32 path's; exact-int8: float32-grade
     products from the int8 kernel over 3 rows per row (:meth:`GraphBuilder.split3`); auto (the default):
     exact-int8 for 8-bit blocks, exact for the rest (``ACCURACY_AUTO``). ``threads`` default
-    :func:`~ethen.model.engine.default_threads`."""
+    :func:`~ethen.model.engine.default_threads`. ``$ETHEN_PREFILL`` (int8|float32, default int8): float32
+    runs steps of ``PREFILL_ROWS`` rows or more of exact-int8 8-bit matrices through onnxruntime's
+    float32-compute kernel (2.1-2.6x faster prefill, a copy of those weights in memory: ``PREFILL_ROWS``)."""
     device = os.environ.get("ETHEN_DEVICE", "").strip() or "auto"
+    prefill = os.environ.get("ETHEN_PREFILL", "").strip() or "int8"
+    if prefill not in ("int8", "float32"):
+        raise ModelInputError(f"ETHEN_PREFILL = {prefill!r}: must be 'int8' or 'float32'")
     acc = os.environ.get("ETHEN_ACCURACY", "").strip() or "auto"
     levels = {"auto": ACCURACY_AUTO, "exact": ACCURACY_EXACT, "fast": ACCURACY_FAST,
               "exact-int8": ACCURACY_EXACT_INT8}
     if acc not in levels:
         raise ModelInputError(f"ETHEN_ACCURACY = {acc!r}: must be 'auto', 'exact', 'fast' or 'exact-int8'")
-    return Engine(device, threads, levels[acc])
+    return Engine(device, threads, levels[acc], long_prefill=prefill == "float32")
 
 
 def load_quant_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
