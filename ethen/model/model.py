@@ -30,6 +30,7 @@ from ethen.model.config import ModelConfig
 from ethen.model.engine import Engine
 from ethen.model.errors import ModelInputError
 from ethen.model.gguf_loader import LayerWeights, WeightStore, open_weight_store, weights_mode
+from ethen.model.heap import trim_after
 from ethen.model.kv_cache import DEFAULT_INITIAL_CAPACITY, KVCache
 from ethen.model.layers import AttentionSegment, block, linear, rms_norm, rope_tables
 from ethen.model.qmodel import QuantEmbedAndHead, QuantLayer, load_quant_layers, quant_block
@@ -179,6 +180,7 @@ class LayerStack:
             x = step(x, w, cos, sin, segments, cfg)  # type: ignore[arg-type]
         for kv, t in zip(kvs, lens, strict=True):
             kv.commit(t)
+        trim_after(n)  # a prefill's freed buffers back to the OS (heap.py)
         return x
 
 

@@ -115,11 +115,12 @@ print(json.dumps({"growth": anon() - before, "kv": kv.nbytes}))
 def test_a_large_prefill_step_does_not_stay_in_the_workers_memory() -> None:
     """The engine's sessions run without onnxruntime's CPU arena (``Engine.session``): with it, the buffers
     of a 512-row prefill step stayed in a 20-layer worker (anonymous memory 740-850 MiB after it, against
-    ~100 MiB before; measured +640-750 MiB). Without it: +96-155 MiB, a part of it the KV cache's growth and
-    NumPy/malloc's retained blocks."""
+    ~100 MiB before; measured +640-750 MiB). Without it: +96-155 MiB, most of it glibc malloc's freed but
+    retained heap; a step of 128 rows or more ends with ``malloc_trim`` (``ethen.model.heap``): +29-31 MiB,
+    the KV cache's 30 MiB."""
     out = subprocess.run([sys.executable, "-c", PREFILL_PROBE], capture_output=True, text=True,
                          timeout=300, check=True, env={**os.environ, "ETHEN_WEIGHTS": "quantized"})
     got = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"RssAnon growth after a 512-row step: {got['growth'] / 2**20:.0f} MiB (KV cache "
           f"{got['kv'] / 2**20:.0f} MiB)")
-    assert got["growth"] <= got["kv"] + 256 * 2**20
+    assert got["growth"] <= got["kv"] + 48 * 2**20
