@@ -33,6 +33,7 @@ from ethen.model.engine import (
 )
 from ethen.model.errors import GGUFFormatError, ModelInputError, WeightsNotFoundError
 from ethen.model.gguf_loader import TensorInfo, WeightStore, unpermute_qk
+from ethen.model.heap import trim
 from ethen.model.layers import AttentionSegment, apply_rope, attention, rms_norm
 from ethen.model.qhead import BlockHead, build_block_head
 from ethen.model.quant import PACKED_BITS, Packed, pack
@@ -236,7 +237,9 @@ def load_quant_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
     eng = engine or engine_from_env()
     tensors = _Tensors(store)
     warm_in_background()  # the decode attention kernel, while the graphs compile
-    return [[_compile_layer(tensors, i, cfg, eng) for i in range(lo, hi + 1)] for lo, hi in pairs]
+    out = [[_compile_layer(tensors, i, cfg, eng) for i in range(lo, hi + 1)] for lo, hi in pairs]
+    trim()  # the packing's temporary arrays, freed, back to the OS
+    return out
 
 
 class QuantEmbedAndHead:
