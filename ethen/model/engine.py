@@ -32,7 +32,6 @@ Choices where the issue is silent:
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 from collections.abc import Sequence
@@ -43,7 +42,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ethen.model.errors import ModelError
-from ethen.model.onnx_wire import BFLOAT16, DTYPES, Node, Tensor, model_bytes
+from ethen.model.onnx_wire import BFLOAT16, Node, Tensor, model_bytes
 from ethen.model.quant import Dense, NBits, Packed, nibble_halves
 
 __all__ = ["ACCURACY_AUTO", "ACCURACY_EXACT", "ACCURACY_EXACT_INT8", "ACCURACY_FAST", "DEVICES",
@@ -60,14 +59,14 @@ ACCURACY_EXACT_INT8 = 16
 #: 2x its decode speed, no nibble halves), ``ACCURACY_EXACT`` for 4-bit blocks (where the int8 split runs a
 #: 512-row prefill 2x slower) and float weights; resolved per matrix in :meth:`GraphBuilder.linear`
 ACCURACY_AUTO = 32
-#: with ``Engine(long_prefill=True)`` (``ETHEN_PREFILL=float32``), steps of at least this many rows (a
-#: prefill) run a graph's long variant when it has one (:meth:`GraphBuilder.long_variant`): its 8-bit block
-#: matrices at exact-int8 go through onnxruntime's float32-compute 8-bit kernel, which dequantizes the matrix
-#: on each call (~100 ms for TinyLlama's gate|up, then one float32 GEMM) where the int8 split costs ~1.3 ms
-#: per row. Measured on one thread: the two cross at ~100-128 rows (TinyLlama's gate|up and down), the
-#: kernel is 2.1-2.5x faster at 512 rows, and its error is float32 compute's (2-3e-7 of max |y| against
-#: 5-10e-7). Not the default: the variant's session costs a copy of the 8-bit weights in anonymous memory
-#: (onnxruntime copies an external initializer that a second session also reads; docs/model.md)
+#: with ``Engine(long_prefill=True)`` (``ETHEN_PREFILL=float32``, the default of :func:`engine_from_env
+#: <ethen.model.qmodel.engine_from_env>`), steps of at least this many rows (a prefill) run a graph's long
+#: variant when it has one (:meth:`GraphBuilder.long_variant`): its 8-bit block matrices at exact-int8 go
+#: through onnxruntime's float32-compute 8-bit kernel, which dequantizes the matrix on each call (~100 ms for
+#: TinyLlama's gate|up, then one float32 GEMM) where the int8 split costs ~1.3 ms per row. Measured on one
+#: thread: the two cross at ~100-128 rows (TinyLlama's gate|up and down), the kernel is 2.1-2.5x faster at
+#: 512 rows, and its error is float32 compute's (2-3e-7 of max |y| against 5-10e-7). The variant reads the
+#: weights in place from the backing file (:meth:`Engine.session`): ~2 MiB more for 8 layers of 91 MiB
 PREFILL_ROWS = 128
 DEVICES = ("auto", "cpu", "cuda")
 _OPSET = 21
@@ -266,10 +265,10 @@ class GraphBuilder:
     def long_variant(self) -> GraphBuilder | None:
         """This graph for steps of :data:`PREFILL_ROWS` rows or more: each 8-bit exact-int8 matmul (the
         int8 split, 3 rows per row) replaced by one float32-compute ``MatMulNBits`` over the same weights
-        (onnxruntime prepacks nothing for it: +1.3 MiB of anonymous memory for a 22 MiB matrix in a session
-        of its own, but +25 MiB as a second session over the same weights). None when the graph has no such
-        matmul, or has one the variant would need a second prepacked copy of (4-bit blocks, float weights).
-        The variant shares this graph's initializers: build both sessions with :meth:`Engine.sessions`."""
+        (onnxruntime prepacks nothing for it and reads the backing file in place: +1.3 MiB of anonymous
+        memory for a 22 MiB matrix). None when the graph has no such matmul, or has one the variant would
+        need a second prepacked copy of (4-bit blocks, float weights). The variant shares this graph's
+        initializers: build both sessions with :meth:`Engine.sessions`."""
         if not self._long:
             return None
         out = GraphBuilder(f"{self.name}-long")
@@ -319,16 +318,18 @@ class Engine:
 
     def session(self, graph: GraphBuilder, backing: Path | None = None) -> Any:
         """The graph's session. With ``backing`` (a file path), the graph's large initializers are written
-        there once (the engine layout, about the GGUF's size), memory-mapped and given to onnxruntime as
-        external initializers, and their pages are dropped (``MADV_DONTNEED``) once the session is built:
-        onnxruntime keeps its prepacked copy, and the file-backed pages come back from the file if read
-        again. Measured, 20 SmolLM2 layers: RssAnon +75 MiB against +126 MiB with the weights in the model
-        bytes, outputs bit for bit the same. Without a writable ``backing``: the weights go in the model."""
+        there (the engine layout, about the GGUF's size) and the model refers to them as ONNX external data,
+        which onnxruntime memory-maps: what it prepacks it copies, what it reads in place stays file-backed
+        pages (the float32-compute 8-bit kernel's weights: +1.3 MiB of anonymous memory for a 22 MiB
+        matrix, against +23 MiB when the same bytes came as ``add_external_initializers`` values, which
+        onnxruntime copies). Measured, 20 SmolLM2 layers: RssAnon +75 MiB against +126 MiB with the weights
+        in the model bytes, outputs bit for bit the same. Without a writable ``backing``: the weights go in
+        the model."""
         return self.sessions([graph], backing)[0]
 
     def sessions(self, graphs: Sequence[GraphBuilder], backing: Path | None = None) -> list[Any]:
         """One session per graph, the graphs sharing the first one's initializers (its variants:
-        :meth:`GraphBuilder.long_variant`), mapped once from ``backing`` as in :meth:`session`."""
+        :meth:`GraphBuilder.long_variant`), written once to ``backing`` as in :meth:`session`."""
         ort = self._ort
         so = ort.SessionOptions()
         so.intra_op_num_threads = self.threads
@@ -341,38 +342,29 @@ class Engine:
         # the arena, decode and prefill times unchanged in the same run; ``tests/model/test_memory.py``).
         # Run options that shrink the arena after a large step only got it to 480-580 MiB.
         so.enable_cpu_mem_arena = False
-        mapped = None
         if backing is not None:
             try:
-                mapped = _map_initializers(graphs[0], backing)
+                written = _write_initializers(graphs[0], backing)
             except OSError:
-                mapped = None  # e.g. a read-only cache: the weights stay in the model bytes
-        if mapped is not None:
-            so.add_external_initializers(list(mapped[1]), [ort.OrtValue.ortvalue_from_numpy(a)
-                                                           for a in mapped[1].values()])
-        out = [ort.InferenceSession(g.model_bytes(), so, providers=self.providers,
-                                    disabled_optimizers=["ConstantFolding"]) for g in graphs]
-        if mapped is not None:
-            mm, arrays = mapped
-            if hasattr(mmap, "MADV_DONTNEED"):
-                mm._mmap.madvise(mmap.MADV_DONTNEED)  # file-backed: safe to drop, re-read on access
-            for sess in out:
-                sess.ethen_backing = (mm, arrays)  # alive as long as the session
-        return out
+                written = False  # e.g. a read-only cache: the weights stay in the model bytes
+            if written:  # the model comes as bytes: where its external data's relative names resolve
+                so.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                            str(backing.parent))
+        return [ort.InferenceSession(g.model_bytes(), so, providers=self.providers,
+                                     disabled_optimizers=["ConstantFolding"]) for g in graphs]
 
 
-_NP_TYPES = {v: k for k, v in DTYPES.items()}  # (bfloat16, which numpy lacks, stays in the model bytes)
 _ALIGN = 64
 _MIN_BYTES = 4096  # smaller initializers (norm weights, shapes) stay in the model
 
 
-def _map_initializers(graph: GraphBuilder, path: Path) -> tuple[Any, dict[str, NDArray[Any]]] | None:
+def _write_initializers(graph: GraphBuilder, path: Path) -> bool:
     """Write ``graph``'s large initializers to ``path`` (rewritten on every load, never trusted from an
-    earlier run: a new file replaces it atomically, and a session still mapping the old one keeps it), map
-    it read-only, mark them external; ``(memmap, name -> array view)``, None when none is large."""
-    big = [t for t in graph.inits if len(t.raw) >= _MIN_BYTES and t.data_type in _NP_TYPES]
-    if not big:  # e.g. a bfloat16 layer: nothing to map
-        return None
+    earlier run: a new file replaces it atomically, and a session still mapping the old one keeps it) and
+    make them its external data; False when none is large."""
+    big = [t for t in graph.inits if len(t.raw) >= _MIN_BYTES]
+    if not big:
+        return False
     offsets, size = [], 0
     for t in big:
         offsets.append(size)
@@ -385,10 +377,7 @@ def _map_initializers(graph: GraphBuilder, path: Path) -> tuple[Any, dict[str, N
             f.write(t.raw)
         f.truncate(size)
     os.replace(tmp, path)  # atomic: workers sharing layers may write the same file at once
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
-    arrays: dict[str, NDArray[Any]] = {}
     for t, off in zip(big, offsets, strict=True):
-        arrays[t.name] = np.ndarray(t.dims, dtype=np.dtype(_NP_TYPES[t.data_type]).newbyteorder("<"),
-                                    buffer=mm, offset=off)
-        t.raw, t.external = b"", True
-    return mm, arrays
+        t.external = (path.name, off, len(t.raw))
+        t.raw = b""
+    return True

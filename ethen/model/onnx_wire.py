@@ -43,7 +43,8 @@ class Tensor:
     dims: tuple[int, ...]
     data_type: int
     raw: bytes
-    external: bool = False  # the data comes with the session (``add_external_initializers``), not here
+    # (file name, offset, length) of the data in an external file (``Engine.session``'s backing), not here
+    external: tuple[str, int, int] | None = None
 
     @classmethod
     def of(cls, name: str, arr: NDArray[np.generic], data_type: int | None = None) -> Tensor:
@@ -95,8 +96,10 @@ def _node(n: Node) -> bytes:
 
 def _tensor(t: Tensor) -> bytes:
     head = b"".join(_int(1, d) for d in t.dims) + _int(2, t.data_type) + _str(8, t.name)
-    if t.external:  # external_data {location} + data_location EXTERNAL: the session supplies the values
-        return head + _bytes(13, _str(1, "location") + _str(2, "ethen-engine-layout")) + _int(14, 1)
+    if t.external is not None:  # external_data {location, offset, length} + data_location EXTERNAL
+        name, offset, length = t.external
+        entries = (("location", name), ("offset", str(offset)), ("length", str(length)))
+        return head + b"".join(_bytes(13, _str(1, k) + _str(2, v)) for k, v in entries) + _int(14, 1)
     return head + _bytes(9, t.raw)
 
 

@@ -272,8 +272,9 @@ def test_the_graph_bytes_are_the_model_onnx_helper_builds() -> None:
 
 
 def test_a_file_backed_session_gives_the_same_outputs(tmp_path: Path) -> None:
-    """``Engine.session(graph, backing)``: the large initializers go to the file (mapped, given as external
-    initializers), the small ones stay in the model; outputs are bit for bit those of the in-model graph."""
+    """``Engine.session(graph, backing)``: the large initializers go to the file (the model's ONNX external
+    data, which onnxruntime maps), the small ones stay in the model; outputs are bit for bit those of the
+    in-model graph."""
     rng = np.random.default_rng(5)
     x = rng.standard_normal((3, K)).astype(np.float32)
     norm = rng.standard_normal(K).astype(np.float32)
@@ -289,9 +290,10 @@ def test_a_file_backed_session_gives_the_same_outputs(tmp_path: Path) -> None:
         sess = Engine("cpu", 1, ACCURACY_EXACT).session(g, backing)
         outs.append(sess.run(["y"], {"x": x})[0])
         if backing is not None:
-            external = [t for t in g.inits if t.external]
+            external = [t for t in g.inits if t.external is not None]
             assert external and all(t.raw == b"" for t in external)  # the bytes are in the file only
-            assert not any(t.data_type == 16 for t in external)  # bfloat16 stays in the model
+            assert any(t.data_type == 16 for t in external)  # bfloat16 too
+            assert all(t.external is not None and t.external[0] == path.name for t in external)
             assert path.stat().st_size >= in_model - sum(len(t.raw) for t in g.inits) > 0
             assert not list(path.parent.glob("*.tmp"))
     np.testing.assert_array_equal(outs[0], outs[1])
