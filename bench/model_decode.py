@@ -203,6 +203,8 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
     anon0 = _rss_anon()
     stack = LayerStack(store.config, load_quant_layers([(0, store.config.n_layers - 1)], store,
                                                        Engine(device, threads, accuracy,
+                                                              # (only when asked: a --ref tree's Engine
+                                                              # may not take the argument)
                                                               **({"long_prefill": True} if long_prefill == "1"
                                                                  else {})))[0])
     layers = [w for w in stack.layers if isinstance(w, QuantLayer)]

@@ -192,17 +192,19 @@ def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) 
     b.output("out", d)
     nbytes = a.weight_bytes + b.weight_bytes  # (before the sessions take the initializers' bytes)
     back = tensors.backing_dir
-    a_short, *a_long = _sessions(engine, a, back / f"{a.name}-acc{engine.accuracy}.bin")
-    b_short, *b_long = _sessions(engine, b, back / f"{b.name}-acc{engine.accuracy}.bin")
-    return QuantLayer(i, a_short, b_short, nbytes, tensors.nbytes(p), a_long[0] if a_long else None,
-                      b_long[0] if b_long else None)
+    a_short, a_long = _sessions(engine, a, back / f"{a.name}-acc{engine.accuracy}.bin")
+    b_short, b_long = _sessions(engine, b, back / f"{b.name}-acc{engine.accuracy}.bin")
+    return QuantLayer(i, a_short, b_short, nbytes, tensors.nbytes(p), a_long, b_long)
 
 
-def _sessions(engine: Engine, g: GraphBuilder, backing: Path) -> list[Any]:
-    """``g``'s session, then its long variant's when the engine asks for it and ``g`` has one (sharing
-    the mapped weights)."""
+def _sessions(engine: Engine, g: GraphBuilder, backing: Path) -> tuple[Any, Any]:
+    """``g``'s session and its long variant's (None unless the engine asks for it and ``g`` has one),
+    sharing the weights' backing file."""
     long = g.long_variant() if engine.long_prefill else None
-    return engine.sessions([g] if long is None else [g, long], backing)
+    if long is None:
+        return engine.session(g, backing), None
+    short_s, long_s = engine.sessions([g, long], backing)
+    return short_s, long_s
 
 
 def engine_from_env(threads: int | None = None) -> Engine:
