@@ -22,8 +22,10 @@ Choices where the issue is silent:
   :data:`ACCURACY_EXACT_INT8` gets float32-grade products from the int8 kernel by running each row as 3 rows
   it quantizes without loss (:meth:`GraphBuilder.split3`); :data:`ACCURACY_AUTO` (what ``ETHEN_ACCURACY``
   defaults to) is exact-int8 for 8-bit blocks and exact for the rest.
-* Constant folding is disabled: it would turn the ``Cast`` of float16 weights / minimum terms into float32
-  copies of them (the memory the issue removes).
+* Constant folding is disabled, and optimization stops at onnxruntime's extended level (its last level
+  folds the ``Cast`` of float16 constants, e.g. Q4_1's minimum terms, into float32 copies: the memory the
+  issue removes), except for graphs with F16 weights, where that float32 copy is what makes them fast
+  (:meth:`Engine.session_options`).
 * Threads: ``threads`` intra-op threads per session (default :func:`default_threads`: ``$ETHEN_THREADS``,
   else the process's cores up to 4), without spinning (a shared machine).
 * Devices: ``cpu``, ``cuda`` (onnxruntime-gpu's ``CUDAExecutionProvider``; a clear error when absent) or
@@ -125,6 +127,8 @@ class GraphBuilder:
         # the long variant: (first node, end node, the one node that replaces nodes[first:end]) per 8-bit
         # exact-int8 matmul; None once a matmul the variant could not keep weight-free was added
         self._long: list[tuple[int, int, Node]] | None = []
+        # F16 weights: let onnxruntime fold their Cast into a float32 copy (:meth:`Engine.session_options`)
+        self.fold_f16 = False
 
     def fresh(self, stem: str) -> str:
         self._n += 1
@@ -182,6 +186,7 @@ class GraphBuilder:
             if w.kind == "F32":
                 return self.op("MatMul", [x, self.const(w.data_t)])  # [N, R]
             src = self.bf16_const(w.data_t.view(np.uint16)) if w.kind == "BF16" else self.const(w.data_t)
+            self.fold_f16 = self.fold_f16 or w.kind == "F16"
             return self.op("MatMul", [x, self.op("Cast", [src], to=1)])  # [K, R] float32 per call
         nb = w.cols // w.block
         accuracy = resolve_accuracy(accuracy, w.bits)
@@ -279,6 +284,7 @@ class GraphBuilder:
             at = end
         out.nodes = nodes + self.nodes[at:]
         out._long = None
+        out.fold_f16 = self.fold_f16
         return out
 
     def model_bytes(self) -> bytes:
@@ -331,6 +337,21 @@ class Engine:
         """One session per graph, the graphs sharing the first one's initializers (its variants:
         :meth:`GraphBuilder.long_variant`), written once to ``backing`` as in :meth:`session`."""
         ort = self._ort
+        so = self.session_options(graphs)
+        if backing is not None:
+            try:
+                written = _write_initializers(graphs[0], backing)
+            except OSError:
+                written = False  # e.g. a read-only cache: the weights stay in the model bytes
+            if written:  # the model comes as bytes: where its external data's relative names resolve
+                so.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                            str(backing.parent))
+        return [ort.InferenceSession(g.model_bytes(), so, providers=self.providers,
+                                     disabled_optimizers=["ConstantFolding"]) for g in graphs]
+
+    def session_options(self, graphs: Sequence[GraphBuilder]) -> Any:
+        """The ``onnxruntime.SessionOptions`` :meth:`sessions` builds ``graphs``' sessions with."""
+        ort = self._ort
         so = ort.SessionOptions()
         so.intra_op_num_threads = self.threads
         so.inter_op_num_threads = 1
@@ -342,16 +363,17 @@ class Engine:
         # the arena, decode and prefill times unchanged in the same run; ``tests/model/test_memory.py``).
         # Run options that shrink the arena after a large step only got it to 480-580 MiB.
         so.enable_cpu_mem_arena = False
-        if backing is not None:
-            try:
-                written = _write_initializers(graphs[0], backing)
-            except OSError:
-                written = False  # e.g. a read-only cache: the weights stay in the model bytes
-            if written:  # the model comes as bytes: where its external data's relative names resolve
-                so.add_session_config_entry("session.model_external_initializers_file_folder_path",
-                                            str(backing.parent))
-        return [ort.InferenceSession(g.model_bytes(), so, providers=self.providers,
-                                     disabled_optimizers=["ConstantFolding"]) for g in graphs]
+        # Optimization stops at the extended level: the last level folds each ``Cast`` of a float16
+        # constant into a float32 copy, which ``Gemm`` / ``MatMul`` then prepack. For Q4_1's min term that
+        # copy is waste: 8 layers (d_model 1024) of a tiny Q4_1 model, 1 thread, fresh processes, RssAnon
+        # 60.4 -> 49.6 MiB for 53.8 MiB of layers in the file (RSS 83.7 -> 78.2 MiB), decode steps 18.3 /
+        # 19.5 ms -> 16.2 / 19.8 ms (noise); 30 SmolLM2 layers 83 -> 71 MiB at load. F16 weights keep the
+        # fold (``fold_f16``): as a float32 copy (~2x the file: 350 MiB for 172 MiB) a step took 26-33 ms,
+        # with a Cast per call 194-208 ms. (BF16 casts per call at either level: 240 ms.)
+        fold = any(g.fold_f16 for g in graphs)
+        so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if fold
+                                       else ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED)
+        return so
 
 
 _ALIGN = 64

@@ -18,7 +18,7 @@ Q8_0   34: f16 d, 32 int8 (w = d q)                 36: 8-bit, u = q + 128   yes
 Q4_K   18 (144 / 256): 6-bit sc, m; f16 d, dmin     22.06: f32 d*sc, mins    yes (d * sc fits f32)
 Q5_K   22 (176 / 256)                               38.06: 8-bit (u = q)     yes
 Q6_K   26.25 (210 / 256): int8 sc per 16            40: 8-bit, block 16      yes (u = q + 96)
-F16    64                                           64 (cast per call)       yes
+F16    64                                           64 (float32 in memory)   yes
 BF16   64                                           64 (cast per call)       yes
 F32    128                                          128                      yes
 =====  ==========================================  =======================  ======================
@@ -29,6 +29,11 @@ weights), and Q5_K / Q6_K, which ``MatMulNBits`` cannot hold in 5 or 6 bits, tak
 blocks (nothing is requantized: every weight is the file's value, bit for bit, once scaled). At float32
 compute (``ACCURACY_EXACT``) the engine runs an 8-bit matrix as two 4-bit halves (:func:`nibble_halves`:
 41 bytes / 32 for Q8_0), onnxruntime's only fast float32 path.
+
+F16 weights run from the float32 copy onnxruntime folds their ``Cast`` into (2x the file in memory; a cast
+per call made decode 6-7x slower: :meth:`ethen.model.engine.Engine.session_options`). BF16 weights are cast
+per call (1x the file, file-backed; ~9x slower than F16: onnxruntime does not fold that cast, and a float32
+copy would double the memory of the models that need it most).
 """
 
 from __future__ import annotations

@@ -297,3 +297,23 @@ def test_a_file_backed_session_gives_the_same_outputs(tmp_path: Path) -> None:
             assert path.stat().st_size >= in_model - sum(len(t.raw) for t in g.inits) > 0
             assert not list(path.parent.glob("*.tmp"))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_only_graphs_with_f16_weights_let_onnxruntime_fold_casts_into_float32_copies(kind: str) -> None:
+    """``Engine.session_options``: onnxruntime's last optimization level folds the ``Cast`` of a float16
+    constant into a float32 copy. Wanted for F16 weights (a Cast per call made decode 6-7x slower), not for
+    Q4_1's float16 min term (a float32 copy, prepacked again: 12 MiB more for 30 SmolLM2 layers) nor for the
+    rest (BF16 is cast per call at every level). A long variant keeps its graph's choice."""
+    import onnxruntime as ort
+
+    g = GraphBuilder("one")
+    g.node("Identity", [g.linear(g.input("x", K), pack(kind, _raw(kind, np.random.default_rng(1)), R, K),
+                                 ACCURACY_AUTO)], ["y"])
+    g.output("y", R)
+    level = Engine("cpu", 1, ACCURACY_AUTO).session_options([g]).graph_optimization_level
+    levels = ort.GraphOptimizationLevel
+    assert level == (levels.ORT_ENABLE_ALL if kind == "F16" else levels.ORT_ENABLE_EXTENDED)
+    assert g.fold_f16 == (kind == "F16")
+    long = g.long_variant()
+    assert long is None or not long.fold_f16
