@@ -510,7 +510,7 @@ def up(
         # bench/up_load.py --ref, medians of 3; each load is ~1.5-2 CPU s, most of it on one core). When
         # loads took ~4 s of float32 cache work each, at once was slower (17.5 against 13.7 s).
         n = len(workers_spec)
-        _say(f"[2/4] workers: starting {n} at once ...")
+        _say(f"[2/4] workers: starting {n}{' at once' if n > 1 else ''} ...")
         with ThreadPoolExecutor(max_workers=n) as pool:  # leaving it waits for every spawn (stopped below)
             started = [pool.submit(supervisor.add, node, layers,
                                    extra_args=["--capacity-score", str(score), *model_args])
