@@ -100,6 +100,11 @@ class LayerStack:
         self.end: int = idx[-1]  # inclusive
         self._cos, self._sin = _rope(config.context_length, config.head_dim, config.rope_theta,
                                      config.rope_scaling_factor, config.rope_freq_factors)
+        # the engine-layout folders to release after a long step (heap.release_mapped): those of layers
+        # with long variants, which read the weights in place (a release costs ~13 ms of /proc/self/smaps
+        # and the pages other kernels read again, e.g. Q4_1's scales: +2.5 ms on SmolLM2's next step)
+        self._mapped = tuple(sorted({w.backing for w in layers if isinstance(w, QuantLayer) and w.backing
+                                     and (w.attn_in_long is not None or w.attn_out_ffn_long is not None)}))
 
     def __repr__(self) -> str:
         return f"LayerStack(layers={self.start}-{self.end})"
@@ -180,7 +185,7 @@ class LayerStack:
             x = step(x, w, cos, sin, segments, cfg)  # type: ignore[arg-type]
         for kv, t in zip(kvs, lens, strict=True):
             kv.commit(t)
-        trim_after(n)  # a prefill's freed buffers back to the OS (heap.py)
+        trim_after(n, self._mapped)  # a prefill's freed buffers and read pages back to the OS (heap.py)
         return x
 
 

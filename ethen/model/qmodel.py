@@ -33,7 +33,7 @@ from ethen.model.engine import (
 )
 from ethen.model.errors import GGUFFormatError, ModelInputError, WeightsNotFoundError
 from ethen.model.gguf_loader import TensorInfo, WeightStore, unpermute_qk
-from ethen.model.heap import trim
+from ethen.model.heap import release_mapped, trim
 from ethen.model.layers import AttentionSegment, apply_rope, attention, rms_norm
 from ethen.model.qhead import BlockHead, build_block_head
 from ethen.model.quant import PACKED_BITS, Packed, pack
@@ -56,6 +56,8 @@ class QuantLayer:
     # (GraphBuilder.long_variant: 8-bit blocks at exact-int8); None: the graph above serves every step
     attn_in_long: Any = None
     attn_out_ffn_long: Any = None
+    # the folder of the engine-layout files its sessions map (heap.release_mapped after long steps)
+    backing: Path | None = None
 
 
 def _attend(qkv: F32, cos: F32, sin: F32, segments: Sequence[AttentionSegment], cfg: ModelConfig) -> F32:
@@ -194,7 +196,7 @@ def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) 
     back = tensors.backing_dir
     a_short, a_long = _sessions(engine, a, back / f"{a.name}-acc{engine.accuracy}.bin")
     b_short, b_long = _sessions(engine, b, back / f"{b.name}-acc{engine.accuracy}.bin")
-    return QuantLayer(i, a_short, b_short, nbytes, tensors.nbytes(p), a_long, b_long)
+    return QuantLayer(i, a_short, b_short, nbytes, tensors.nbytes(p), a_long, b_long, back)
 
 
 def _sessions(engine: Engine, g: GraphBuilder, backing: Path) -> tuple[Any, Any]:
@@ -241,6 +243,7 @@ def load_quant_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
     warm_in_background()  # the decode attention kernel, while the graphs compile
     out = [[_compile_layer(tensors, i, cfg, eng) for i in range(lo, hi + 1)] for lo, hi in pairs]
     trim()  # the packing's temporary arrays, freed, back to the OS
+    release_mapped(tensors.backing_dir)  # the engine files' pages prepacking read (heap.release_mapped)
     return out
 
 
