@@ -40,14 +40,13 @@ TRIM_ROWS = 128
 
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    libc = _libc()
     try:
-        fn = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to do
+        fn = None if libc is None else libc.malloc_trim
+    except AttributeError:  # not glibc (musl, macOS): nothing to do
         return None
-    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    if fn is not None:
+        fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
     return fn
 
 
@@ -82,7 +81,7 @@ def _file_mappings(directory: Path) -> list[tuple[int, int, int, int]]:
                     found[-1][2 if head == "Rss:" else 3] = int(rest.split()[0]) * 1024
     except OSError:
         return []
-    return [(lo, hi, rss, anon) for lo, hi, rss, anon in found]
+    return [(m[0], m[1], m[2], m[3]) for m in found]
 
 
 def mapped_rss(directory: Path) -> int:
@@ -109,6 +108,7 @@ def release_mapped(directory: Path) -> int:
 
 @functools.cache
 def _libc() -> ctypes.CDLL | None:
+    """The C library (with ``madvise`` typed), or None where it cannot be found."""
     name = ctypes.util.find_library("c")
     if name is None:
         return None
