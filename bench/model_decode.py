@@ -201,12 +201,12 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
 
     store = open_weight_store(path, weights="quantized")
     anon0 = _rss_anon()
+    # (keywords only when asked: a --ref tree's Engine may not take them)
+    extra: dict[str, Any] = {"long_prefill": True} if long_prefill == "1" else {}
+    if os.environ.get("ETHEN_THREAD_POOL"):
+        extra["pool"] = os.environ["ETHEN_THREAD_POOL"]
     stack = LayerStack(store.config, load_quant_layers([(0, store.config.n_layers - 1)], store,
-                                                       Engine(device, threads, accuracy,
-                                                              # (only when asked: a --ref tree's Engine
-                                                              # may not take the argument)
-                                                              **({"long_prefill": True} if long_prefill == "1"
-                                                                 else {})))[0])
+                                                       Engine(device, threads, accuracy, **extra))[0])
     layers = [w for w in stack.layers if isinstance(w, QuantLayer)]
     x = np.random.default_rng(0).standard_normal((LONG_PREFILL, store.config.d_model)).astype(np.float32)
     kv = stack.new_kv_cache()
@@ -262,14 +262,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _ethen_run(root: Path, path: Path, threads: int, steps: int, accuracy: int,
-               long_prefill: bool = False) -> tuple[float, ...]:
-    """:func:`_ethen_quant` of the tree at ``root`` (this one or ``--ref``'s) in a fresh process."""
+               long_prefill: bool = False, pool: str = "") -> tuple[float, ...]:
+    """:func:`_ethen_quant` of the tree at ``root`` (this one or ``--ref``'s) in a fresh process; ``pool``
+    ``shared``: the engine's one process-wide thread pool (``ETHEN_THREAD_POOL``)."""
     import subprocess
     import sys
 
     argv = [sys.executable, "-c", _ETHEN_PROBE, str(root), str(path), str(threads), str(steps), str(accuracy)]
     argv += ["cpu", "1"] if long_prefill else []
-    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout.split()
+    env = {k: v for k, v in os.environ.items() if k != "ETHEN_THREAD_POOL"} | (
+        {"ETHEN_THREAD_POOL": pool} if pool else {})
+    out = subprocess.run(argv, check=True, capture_output=True, text=True, env=env).stdout.split()
     return tuple(float(v) for v in out)
 
 
@@ -327,10 +330,15 @@ def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, P
                                     ("exact-int8 + ETHEN_PREFILL=float32", ACCURACY_EXACT_INT8, True)):
                 if modes and name not in modes:
                     continue
-                for tag, root in roots.items():
-                    if tag and acc == ACCURACY_EXACT_INT8:
-                        continue  # (modes the --ref tree may not have)
-                    runs.setdefault(name + tag, []).append(_ethen_run(root, path, threads, steps, acc, long))
+                # with threads to share: also on one process-wide pool (ETHEN_THREAD_POOL=shared, `ethen
+                # worker`'s default), this tree only
+                for pool in ("", "shared") if threads > 1 else ("",):
+                    for tag, root in roots.items():
+                        if tag and (acc == ACCURACY_EXACT_INT8 or pool):
+                            continue  # (modes the --ref tree may not have)
+                        label = name + (" + shared pool" if pool else "") + tag
+                        runs.setdefault(label, []).append(_ethen_run(root, path, threads, steps, acc, long,
+                                                                     pool))
         lp, ld = _median2(llama)
         print(f"  llama.cpp {threads} thread(s): prefill {lp:.0f} tok/s, decode {ld:.1f} tok/s")
         for label, rs in runs.items():

@@ -26,8 +26,12 @@ Choices where the issue is silent:
   folds the ``Cast`` of float16 constants, e.g. Q4_1's minimum terms, into float32 copies: the memory the
   issue removes), except for graphs with F16 weights, where that float32 copy is what makes them fast
   (:meth:`Engine.session_options`).
-* Threads: ``threads`` intra-op threads per session (default :func:`default_threads`: ``$ETHEN_THREADS``,
-  else the process's cores up to 4), without spinning (a shared machine).
+* Threads: ``threads`` intra-op threads (default :func:`default_threads`: ``$ETHEN_THREADS``, else the
+  process's cores up to 4). ``pool`` (:data:`THREAD_POOLS`): ``session`` (the default) gives each session a
+  pool of its own whose threads sleep between parallel ops (right where processes share the cores: the
+  loopback mesh, a gateway); ``shared`` runs every session of the process on one pool whose threads spin
+  (what llama.cpp does; :func:`shared_pool`), for a process that has its cores to itself (``ethen
+  worker``'s default).
 * Devices: ``cpu``, ``cuda`` (onnxruntime-gpu's ``CUDAExecutionProvider``; a clear error when absent) or
   ``auto`` (cuda when available, else cpu).
 """
@@ -48,7 +52,8 @@ from ethen.model.onnx_wire import BFLOAT16, Node, Tensor, model_bytes
 from ethen.model.quant import Dense, NBits, Packed, nibble_halves
 
 __all__ = ["ACCURACY_AUTO", "ACCURACY_EXACT", "ACCURACY_EXACT_INT8", "ACCURACY_FAST", "DEVICES",
-           "PREFILL_ROWS", "Engine", "EngineError", "GraphBuilder", "default_threads", "resolve_accuracy"]
+           "PREFILL_ROWS", "THREAD_POOLS", "Engine", "EngineError", "GraphBuilder", "default_threads",
+           "resolve_accuracy", "shared_pool"]
 
 F32 = NDArray[np.float32]
 
@@ -71,6 +76,8 @@ ACCURACY_AUTO = 32
 #: weights in place from the backing file (:meth:`Engine.session`): ~2 MiB more for 8 layers of 91 MiB
 PREFILL_ROWS = 128
 DEVICES = ("auto", "cpu", "cuda")
+#: ``Engine(pool=...)``: a pool of threads per session, or one per process (:func:`shared_pool`)
+THREAD_POOLS = ("session", "shared")
 _OPSET = 21
 
 
@@ -292,11 +299,40 @@ class GraphBuilder:
                            [("", _OPSET), ("com.microsoft", 1)], ir_version=10)
 
 
+_pool_lock = threading.Lock()
+_pool_threads: int | None = None  # the size of the process's shared intra-op pool, once set
+
+
+def shared_pool(threads: int) -> bool:
+    """Whether sessions of ``threads`` intra-op threads can run on the process's one shared pool
+    (onnxruntime's global thread pools), which the first call sizes: a later call with another count gets
+    False (its engine keeps a pool per session). The pool's threads spin between the parallel ops of a run
+    and for a while (~50 ms here) after it ends, as llama.cpp's do: onnxruntime stops spinning at the end of
+    a run only for a session's own pool (``session.force_spinning_stop``), and a pool per session cannot
+    spin either, as 60 pools (SmolLM2's 30 layers, two graphs each) spinning in turn made a 1-row step 2x
+    slower. Measured on 2 cores, 2 threads, alternated fresh processes (``bench/model_decode.py
+    --vs-llama-cpp`` has the same-run figures): SmolLM2's 30 layers, 1 row 20.7-35.1 -> 14.7-17.4 ms, 8
+    rows 64.8-69.9 -> 52.0-56.5 ms, 128-row prefill 361-394 -> 280-359 ms; TinyLlama-shape Q4_K 1 row 110 ->
+    96 ms, 8 rows 492 -> 348 ms; and 4 threads in the process instead of 63, RssAnon after a few 4-row steps
+    +81 -> +69 MiB for the 30 layers (each pool thread kept its own scratch buffers)."""
+    global _pool_threads
+    from onnxruntime.capi import _pybind_state as ort_c
+
+    with _pool_lock:
+        if _pool_threads is None:
+            try:
+                ort_c.set_global_thread_pool_sizes(threads, 1)
+            except ort_c.Fail:  # the pools exist already (made by other code's session)
+                return False
+            _pool_threads = threads
+        return _pool_threads == threads
+
+
 class Engine:
     """onnxruntime sessions on one device with one thread count (one engine per process)."""
 
     def __init__(self, device: str = "auto", threads: int | None = None,
-                 accuracy: int = ACCURACY_FAST, long_prefill: bool = False) -> None:
+                 accuracy: int = ACCURACY_FAST, long_prefill: bool = False, pool: str = "session") -> None:
         import onnxruntime as ort
 
         if device not in DEVICES:
@@ -311,6 +347,10 @@ class Engine:
         self.threads = default_threads() if threads is None else int(threads)
         if self.threads < 1:
             raise EngineError(f"threads = {threads!r}: must be >= 1")
+        if pool not in THREAD_POOLS:
+            raise EngineError(f"thread pool {pool!r} is not one of {', '.join(THREAD_POOLS)}")
+        # "shared" when asked and the process's pool is (or can be made) this size, else "session"
+        self.pool = "shared" if pool == "shared" and shared_pool(self.threads) else "session"
         self.accuracy = accuracy
         # build graphs' long variants (GraphBuilder.long_variant) for steps of PREFILL_ROWS rows or more
         self.long_prefill = long_prefill
@@ -320,7 +360,7 @@ class Engine:
 
     def __repr__(self) -> str:
         return (f"Engine(device={self.device!r}, threads={self.threads}, accuracy={self.accuracy}, "
-                f"long_prefill={self.long_prefill})")
+                f"long_prefill={self.long_prefill}, pool={self.pool!r})")
 
     def session(self, graph: GraphBuilder, backing: Path | None = None) -> Any:
         """The graph's session. With ``backing`` (a file path), the graph's large initializers are written
@@ -353,11 +393,14 @@ class Engine:
         """The ``onnxruntime.SessionOptions`` :meth:`sessions` builds ``graphs``' sessions with."""
         ort = self._ort
         so = ort.SessionOptions()
-        so.intra_op_num_threads = self.threads
-        so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.log_severity_level = 3
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if self.pool == "shared":  # the process's one pool (shared_pool), sized and spinning as set there
+            so.use_per_session_threads = False
+        else:  # a pool of the session's own, its threads asleep between parallel ops (a shared machine)
+            so.intra_op_num_threads = self.threads
+            so.inter_op_num_threads = 1
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         # no CPU arena: its buffers grow to the largest step's shapes and stay (a 512-row prefill left a
         # 20-layer worker at 740-850 MiB of anonymous memory for the rest of its life; 213-252 MiB without
         # the arena, decode and prefill times unchanged in the same run; ``tests/model/test_memory.py``).

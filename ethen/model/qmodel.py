@@ -27,6 +27,7 @@ from ethen.model.engine import (
     ACCURACY_EXACT_INT8,
     ACCURACY_FAST,
     PREFILL_ROWS,
+    THREAD_POOLS,
     Engine,
     GraphBuilder,
     resolve_accuracy,
@@ -216,7 +217,9 @@ def engine_from_env(threads: int | None = None) -> Engine:
     exact-int8 for 8-bit blocks, exact for the rest (``ACCURACY_AUTO``). ``threads`` default
     :func:`~ethen.model.engine.default_threads`. ``$ETHEN_PREFILL`` (float32|int8, default float32):
     float32 runs steps of ``PREFILL_ROWS`` rows or more of exact-int8 8-bit matrices through onnxruntime's
-    float32-compute kernel (2.1-2.6x faster prefill, float32 compute's error); int8 keeps the split."""
+    float32-compute kernel (2.1-2.6x faster prefill, float32 compute's error); int8 keeps the split.
+    ``$ETHEN_THREAD_POOL`` (session|shared, default session; ``ethen worker`` defaults to shared):
+    :data:`~ethen.model.engine.THREAD_POOLS`."""
     device = os.environ.get("ETHEN_DEVICE", "").strip() or "auto"
     prefill = os.environ.get("ETHEN_PREFILL", "").strip() or "float32"
     if prefill not in ("int8", "float32"):
@@ -226,7 +229,10 @@ def engine_from_env(threads: int | None = None) -> Engine:
               "exact-int8": ACCURACY_EXACT_INT8}
     if acc not in levels:
         raise ModelInputError(f"ETHEN_ACCURACY = {acc!r}: must be 'auto', 'exact', 'fast' or 'exact-int8'")
-    return Engine(device, threads, levels[acc], long_prefill=prefill == "float32")
+    pool = os.environ.get("ETHEN_THREAD_POOL", "").strip() or "session"
+    if pool not in THREAD_POOLS:
+        raise ModelInputError(f"ETHEN_THREAD_POOL = {pool!r}: must be one of {', '.join(THREAD_POOLS)}")
+    return Engine(device, threads, levels[acc], long_prefill=prefill == "float32", pool=pool)
 
 
 def load_quant_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,

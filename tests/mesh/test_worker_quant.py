@@ -116,3 +116,67 @@ def test_device_cpu_serves_the_quantized_layers(root: Path) -> None:
         assert ".npy" not in maps  # the quantized engine, not the float32 cache
     finally:
         w.stop()
+
+
+def test_a_bad_thread_pool_is_refused_naming_the_value(root: Path) -> None:
+    path = write_tiny_gguf(root / "pool.gguf", TinySpec())
+    out = _worker_run(path, "--thread-pool", "spin")
+    assert out.returncode == 2 and "READY" not in out.stdout
+    assert "--thread-pool 'spin': must be one of session, shared" in out.stderr
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc/PID/task (Linux)")
+def test_a_shared_thread_pool_worker_keeps_one_pool_for_its_sessions(root: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--thread-pool shared``: one onnxruntime pool for the worker's graphs (3 threads: 2 more threads), not
+    one per graph (``session``, what :func:`spawn_worker` gives co-located workers); the same tokens."""
+    monkeypatch.setenv("ETHEN_THREADS", "3")
+    path = write_tiny_gguf(root / "pool.gguf", TinySpec(types=("Q4_0",), name="t-pool"))
+    store = open_weight_store(path)
+    ids = [1, 5, 9, 13]
+    counts, tokens = {}, {}
+    for pool in ("session", "shared"):
+        w = spawn_worker(pool, "0-2", extra_args=["--model", str(path), "--thread-pool", pool], timeout_s=120)
+        try:
+            orch = Orchestrator.load({w.node_id: w.address}, store).start()
+            try:
+                deadline = time.monotonic() + 20
+                while True:  # bounded: the first Health polls
+                    try:
+                        orch.route_for(len(ids))
+                        break
+                    except Exception:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.1)
+                tokens[pool] = tuple(orch.generate(ids, GREEDY).result().token_ids)
+                counts[pool] = _threads(w.process.pid)
+            finally:
+                orch.close()
+        finally:
+            w.stop()
+    assert tokens["shared"] == tokens["session"] and len(tokens["shared"]) >= 1
+    # 3 layers x 2 graphs, 2 pool threads each (session), against 2 pool threads in all (shared)
+    print(f"threads: {counts}")
+    assert counts["session"] - counts["shared"] >= 6, counts
+
+
+def test_a_worker_defaults_to_the_shared_pool_and_co_located_workers_to_their_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ethen.mesh.worker.cli import apply_thread_pool
+    from ethen.mesh.worker.launch import worker_env
+
+    monkeypatch.delenv("ETHEN_THREAD_POOL", raising=False)
+    assert worker_env()["ETHEN_THREAD_POOL"] == "session"  # spawn_worker's children share the machine
+    apply_thread_pool(None)  # `ethen worker` with neither the flag nor the variable: alone on its machine
+    assert os.environ["ETHEN_THREAD_POOL"] == "shared"
+    assert worker_env()["ETHEN_THREAD_POOL"] == "shared"  # what the caller set is kept
+    monkeypatch.setenv("ETHEN_THREAD_POOL", "session")
+    apply_thread_pool(None)
+    assert os.environ["ETHEN_THREAD_POOL"] == "session"
+    apply_thread_pool("shared")  # the flag wins
+    assert os.environ["ETHEN_THREAD_POOL"] == "shared"

@@ -38,14 +38,14 @@ import typer
 
 from ethen.mesh.worker.launch import orphaned
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER
-from ethen.model.engine import DEVICES
+from ethen.model.engine import DEVICES, THREAD_POOLS
 
 if TYPE_CHECKING:
     from ethen.mesh.auth import ClientCredentials, TokenAuth
     from ethen.mesh.worker.membership import JoinSpec
     from ethen.mesh.worker.server import WorkerConfig
 
-__all__ = ["apply_device", "one_blas_thread", "run_worker", "worker"]
+__all__ = ["apply_device", "apply_thread_pool", "one_blas_thread", "run_worker", "worker"]
 
 
 def one_blas_thread() -> None:
@@ -121,6 +121,18 @@ def apply_device(device: str | None) -> None:
         os.environ["ETHEN_WEIGHTS"] = "quantized"
 
 
+def apply_thread_pool(pool: str | None) -> None:
+    """``--thread-pool`` into ``$ETHEN_THREAD_POOL`` (this worker process's), which the engine reads
+    (:func:`~ethen.model.qmodel.engine_from_env`). Unset, a worker takes ``$ETHEN_THREAD_POOL``, else
+    ``shared``: a worker is meant to have its machine's cores to itself (one worker per host), where one
+    spinning pool per process decodes faster (:func:`~ethen.model.engine.shared_pool`). Workers that share
+    a machine (``ethen up``'s, :func:`~ethen.mesh.worker.launch.spawn_worker`) get ``session``."""
+    pool = pool if pool is not None else (os.environ.get("ETHEN_THREAD_POOL", "").strip() or "shared")
+    if pool not in THREAD_POOLS:
+        raise ValueError(f"--thread-pool {pool!r}: must be one of {', '.join(THREAD_POOLS)}")
+    os.environ["ETHEN_THREAD_POOL"] = pool
+
+
 def worker(
     node_id: str = typer.Option(..., "--node-id", help="This node's id, as the router names it."),
     layers: str = typer.Option(..., "--layers", help="Served fragments, e.g. '0-9,10-19' (inclusive)."),
@@ -155,6 +167,10 @@ def worker(
     device: str = typer.Option(
         None, "--device", help="Compute device: auto (cuda when onnxruntime-gpu sees a GPU, else cpu), "
         "cpu or cuda (the quantized engine; default: $ETHEN_DEVICE, else auto)."),
+    thread_pool: str = typer.Option(
+        None, "--thread-pool", help="shared: one spinning pool of threads for the process (for a worker "
+        "alone on its machine); session: a pool per session, asleep between ops (workers sharing cores). "
+        "Default: $ETHEN_THREAD_POOL, else shared."),
 ) -> None:
     """Serve fragments of the model's layers to the mesh over gRPC."""
     from ethen.mesh.worker.launch import die_with_parent
@@ -175,6 +191,7 @@ def worker(
         raise typer.BadParameter(str(exc)) from exc
     try:
         apply_device(device)
+        apply_thread_pool(thread_pool)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise typer.Exit(2) from None

@@ -5,7 +5,10 @@ waits for that line (``port=0`` lets the OS pick a free port, so parallel test r
 
 Children get ``OPENBLAS_NUM_THREADS=1`` (and the OMP/MKL equivalents) unless the caller set them: a decode
 step is a chain of small matmuls, and several processes each spinning a BLAS thread pool on a few shared
-cores ran 3x slower than single-threaded BLAS here (measured: 68 ms vs 21 ms per token under load).
+cores ran 3x slower than single-threaded BLAS here (measured: 68 ms vs 21 ms per token under load). For the
+same reason they get ``ETHEN_THREAD_POOL=session`` unless the caller set it: the engine's threads sleep
+between a step's parallel ops instead of spinning (``ethen worker``'s own default, ``shared``, is for a worker
+alone on its machine; :func:`ethen.model.engine.shared_pool`).
 
 Workers die with their parent, whatever signal killed it (``kill -9`` of ``ethen up`` must not leave three
 ~250 MB workers behind). :func:`spawn_worker` passes the parent's pid (``ETHEN_PARENT_PID``) and an open stdin
@@ -97,6 +100,7 @@ def worker_env() -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(var, "1")
+    env.setdefault("ETHEN_THREAD_POOL", "session")  # workers started here share this machine's cores
     return env
 
 

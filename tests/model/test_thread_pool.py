@@ -1,0 +1,70 @@
+"""``Engine(pool=...)`` / ``$ETHEN_THREAD_POOL`` (:func:`ethen.model.engine.shared_pool`): ``shared`` runs
+every session of the process on one onnxruntime pool (the process keeps a handful of threads instead of one
+pool per session), with the same outputs as a pool per session; a second size cannot share it; bad values are
+refused naming them. Fresh processes: the shared pool is process state."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from ethen.model.engine import Engine, EngineError
+from ethen.model.errors import ModelInputError
+from ethen.model.qmodel import engine_from_env
+
+PROBE = """
+import json, os, sys
+import numpy as np
+from ethen.model import load_layer_stacks, open_weight_store
+from ethen.model.engine import Engine
+from ethen.model.qmodel import engine_from_env, load_quant_layers
+from ethen.model.model import LayerStack
+
+store = open_weight_store(weights="quantized")
+eng = engine_from_env()
+stack = LayerStack(store.config, load_quant_layers([(0, 7)], store, eng)[0])
+kv = stack.new_kv_cache()
+x = np.random.default_rng(0).standard_normal((5, stack.config.d_model)).astype(np.float32)
+a = stack.forward(x[:4], np.arange(4), kv)  # a 4-row step
+b = stack.forward(x[4:], np.array([4]), kv)  # a decode step
+other = Engine("cpu", eng.threads + 1, eng.accuracy, pool="shared")  # another size: a pool per session
+print(json.dumps({"pool": eng.pool, "other": other.pool, "threads": len(os.listdir("/proc/self/task")),
+                  "out": np.concatenate([a, b]).tolist()}))
+"""
+
+
+def _probe(pool: str) -> dict[str, Any]:
+    env = {**os.environ, "ETHEN_THREADS": "2", "ETHEN_THREAD_POOL": pool, "ETHEN_WEIGHTS": "quantized"}
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300,
+                         check=True, env=env)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc/self/task (Linux)")
+def test_a_shared_pool_serves_every_session_with_the_same_outputs() -> None:
+    import numpy as np
+
+    own, shared = _probe("session"), _probe("shared")
+    assert own["pool"] == "session" and shared["pool"] == "shared"
+    assert shared["other"] == "session"  # the process's pool has 2 threads: a 3-thread engine cannot use it
+    # 8 layers x 2 graphs x (2 - 1) pool threads each, against one pool of 2 threads (+ the other engine's
+    # sessions, none built): numba, onnxruntime and the interpreter's own threads are common to both
+    assert own["threads"] - shared["threads"] >= 14, (own["threads"], shared["threads"])  # measured 21 vs 4
+    a, b = np.array(own["out"]), np.array(shared["out"])
+    assert a.shape == b.shape and np.isfinite(a).all()
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * float(np.abs(a).max()))
+
+
+def test_a_bad_thread_pool_is_refused_naming_the_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(EngineError, match="thread pool 'spin' is not one of session, shared"):
+        Engine("cpu", 1, pool="spin")
+    monkeypatch.setenv("ETHEN_THREAD_POOL", "spin")
+    with pytest.raises(ModelInputError, match="ETHEN_THREAD_POOL = 'spin': must be one of session, shared"):
+        engine_from_env()
+    monkeypatch.setenv("ETHEN_THREAD_POOL", "")
+    assert engine_from_env(1).pool == "session"  # the default: a pool per session
