@@ -31,13 +31,15 @@ Choices where the issue is silent:
   pool of its own whose threads sleep between parallel ops (right where processes share the cores: the
   loopback mesh, a gateway); ``shared`` runs every session of the process on one pool whose threads spin
   (what llama.cpp does; :func:`shared_pool`), for a process that has its cores to itself (``ethen
-  worker``'s default).
+  worker``'s default). Once a process has the shared pool, all its engines run on it (onnxruntime allows
+  nothing else), whatever ``pool`` and ``threads`` they ask.
 * Devices: ``cpu``, ``cuda`` (onnxruntime-gpu's ``CUDAExecutionProvider``; a clear error when absent) or
   ``auto`` (cuda when available, else cpu).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Sequence
@@ -53,7 +55,7 @@ from ethen.model.quant import Dense, NBits, Packed, nibble_halves
 
 __all__ = ["ACCURACY_AUTO", "ACCURACY_EXACT", "ACCURACY_EXACT_INT8", "ACCURACY_FAST", "DEVICES",
            "PREFILL_ROWS", "THREAD_POOLS", "Engine", "EngineError", "GraphBuilder", "default_threads",
-           "resolve_accuracy", "shared_pool"]
+           "process_pool", "resolve_accuracy", "shared_pool"]
 
 F32 = NDArray[np.float32]
 
@@ -303,29 +305,36 @@ _pool_lock = threading.Lock()
 _pool_threads: int | None = None  # the size of the process's shared intra-op pool, once set
 
 
-def shared_pool(threads: int) -> bool:
-    """Whether sessions of ``threads`` intra-op threads can run on the process's one shared pool
-    (onnxruntime's global thread pools), which the first call sizes: a later call with another count gets
-    False (its engine keeps a pool per session). The pool's threads spin between the parallel ops of a run
-    and for a while (~50 ms here) after it ends, as llama.cpp's do: onnxruntime stops spinning at the end of
-    a run only for a session's own pool (``session.force_spinning_stop``), and a pool per session cannot
-    spin either, as 60 pools (SmolLM2's 30 layers, two graphs each) spinning in turn made a 1-row step 2x
-    slower. Measured on 2 cores, 2 threads, alternated fresh processes (``bench/model_decode.py
-    --vs-llama-cpp`` has the same-run figures): SmolLM2's 30 layers, 1 row 20.7-35.1 -> 14.7-17.4 ms, 8
-    rows 64.8-69.9 -> 52.0-56.5 ms, 128-row prefill 361-394 -> 280-359 ms; TinyLlama-shape Q4_K 1 row 110 ->
-    96 ms, 8 rows 492 -> 348 ms; and 4 threads in the process instead of 63, RssAnon after a few 4-row steps
-    +81 -> +69 MiB for the 30 layers (each pool thread kept its own scratch buffers)."""
+def process_pool() -> int | None:
+    """The size of the process's shared pool (:func:`shared_pool`), None while it has none."""
+    return _pool_threads
+
+
+def shared_pool(threads: int) -> int:
+    """The size of the process's one shared pool of intra-op threads (onnxruntime's global thread pools),
+    which the first call makes ``threads`` big: a later call gets that size whatever it asks, since every
+    session of a process that has the pool must run on it (onnxruntime refuses a session a pool of its own
+    then: "use_per_session_threads must be false when using a global thread pool").
+
+    The pool's threads spin between the parallel ops of a run and for a while (~50 ms here) after it ends,
+    as llama.cpp's do: onnxruntime stops spinning at the end of a run only for a session's own pool
+    (``session.force_spinning_stop``), and a pool per session cannot spin either, as 60 pools (SmolLM2's 30
+    layers, two graphs each) spinning in turn made a 1-row step 2x slower. Measured on 2 cores, 2 threads,
+    alternated fresh processes (``bench/model_decode.py --vs-llama-cpp`` has the same-run figures):
+    SmolLM2's 30 layers, 1 row 20.7-35.1 -> 14.7-17.4 ms, 8 rows 64.8-69.9 -> 52.0-56.5 ms, 128-row prefill
+    361-394 -> 280-359 ms; TinyLlama-shape Q4_K 1 row 110 -> 96 ms, 8 rows 492 -> 348 ms; and 4 threads in
+    the process instead of 63, RssAnon after a few 4-row steps +81 -> +69 MiB for the 30 layers (each pool
+    thread kept its own scratch buffers)."""
     global _pool_threads
     from onnxruntime.capi import _pybind_state as ort_c
 
     with _pool_lock:
         if _pool_threads is None:
-            try:
+            # (Fail: the pools exist already, made by other code; their size is unknown here)
+            with contextlib.suppress(ort_c.Fail):
                 ort_c.set_global_thread_pool_sizes(threads, 1)
-            except ort_c.Fail:  # the pools exist already (made by other code's session)
-                return False
             _pool_threads = threads
-        return _pool_threads == threads
+        return _pool_threads
 
 
 class Engine:
@@ -349,8 +358,12 @@ class Engine:
             raise EngineError(f"threads = {threads!r}: must be >= 1")
         if pool not in THREAD_POOLS:
             raise EngineError(f"thread pool {pool!r} is not one of {', '.join(THREAD_POOLS)}")
-        # "shared" when asked and the process's pool is (or can be made) this size, else "session"
-        self.pool = "shared" if pool == "shared" and shared_pool(self.threads) else "session"
+        if pool == "shared" or process_pool() is not None:
+            # the process's pool (made here or by an earlier engine): once it exists, every session runs on
+            # it, with its size (shared_pool)
+            self.threads, self.pool = shared_pool(self.threads), "shared"
+        else:
+            self.pool = "session"
         self.accuracy = accuracy
         # build graphs' long variants (GraphBuilder.long_variant) for steps of PREFILL_ROWS rows or more
         self.long_prefill = long_prefill

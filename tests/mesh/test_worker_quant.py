@@ -170,7 +170,8 @@ def test_a_worker_defaults_to_the_shared_pool_and_co_located_workers_to_their_ow
     from ethen.mesh.worker.cli import apply_thread_pool
     from ethen.mesh.worker.launch import worker_env
 
-    monkeypatch.delenv("ETHEN_THREAD_POOL", raising=False)
+    monkeypatch.setenv("ETHEN_THREAD_POOL", "")  # (recorded: whatever apply_thread_pool sets is undone)
+    monkeypatch.delenv("ETHEN_THREAD_POOL")
     assert worker_env()["ETHEN_THREAD_POOL"] == "session"  # spawn_worker's children share the machine
     apply_thread_pool(None)  # `ethen worker` with neither the flag nor the variable: alone on its machine
     assert os.environ["ETHEN_THREAD_POOL"] == "shared"

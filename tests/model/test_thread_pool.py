@@ -32,8 +32,13 @@ kv = stack.new_kv_cache()
 x = np.random.default_rng(0).standard_normal((5, stack.config.d_model)).astype(np.float32)
 a = stack.forward(x[:4], np.arange(4), kv)  # a 4-row step
 b = stack.forward(x[4:], np.array([4]), kv)  # a decode step
-other = Engine("cpu", eng.threads + 1, eng.accuracy, pool="shared")  # another size: a pool per session
-print(json.dumps({"pool": eng.pool, "other": other.pool, "threads": len(os.listdir("/proc/self/task")),
+threads = len(os.listdir("/proc/self/task"))
+# another engine of the process, another size, a pool per session asked: with the shared pool, it runs there
+other = Engine("cpu", eng.threads + 1, eng.accuracy, pool="session")
+one = LayerStack(store.config, load_quant_layers([(0, 0)], store, other)[0])  # its sessions build and run
+y = one.forward(x[:1], np.arange(1), one.new_kv_cache())
+print(json.dumps({"pool": eng.pool, "other": [other.pool, other.threads, bool(np.isfinite(y).all())],
+                  "threads": threads,
                   "out": np.concatenate([a, b]).tolist()}))
 """
 
@@ -51,7 +56,9 @@ def test_a_shared_pool_serves_every_session_with_the_same_outputs() -> None:
 
     own, shared = _probe("session"), _probe("shared")
     assert own["pool"] == "session" and shared["pool"] == "shared"
-    assert shared["other"] == "session"  # the process's pool has 2 threads: a 3-thread engine cannot use it
+    # another engine of the process (3 threads, a pool per session asked): on the process's pool if it has
+    # one (onnxruntime allows no other then), with its 2 threads
+    assert own["other"] == ["session", 3, True] and shared["other"] == ["shared", 2, True]
     # 8 layers x 2 graphs x (2 - 1) pool threads each, against one pool of 2 threads (+ the other engine's
     # sessions, none built): numba, onnxruntime and the interpreter's own threads are common to both
     assert own["threads"] - shared["threads"] >= 14, (own["threads"], shared["threads"])  # measured 21 vs 4
