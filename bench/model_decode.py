@@ -270,8 +270,9 @@ def _ethen_run(root: Path, path: Path, threads: int, steps: int, accuracy: int,
 
     argv = [sys.executable, "-c", _ETHEN_PROBE, str(root), str(path), str(threads), str(steps), str(accuracy)]
     argv += ["cpu", "1"] if long_prefill else []
-    env = {k: v for k, v in os.environ.items() if k != "ETHEN_THREAD_POOL"} | (
-        {"ETHEN_THREAD_POOL": pool} if pool else {})
+    env = {k: v for k, v in os.environ.items() if k != "ETHEN_THREAD_POOL"}
+    if pool:  # as `ethen worker` runs it: NumPy's BLAS on one thread next to the spinning pool (unless set)
+        env |= {"ETHEN_THREAD_POOL": pool, "OPENBLAS_NUM_THREADS": env.get("OPENBLAS_NUM_THREADS", "1")}
     out = subprocess.run(argv, check=True, capture_output=True, text=True, env=env).stdout.split()
     return tuple(float(v) for v in out)
 
