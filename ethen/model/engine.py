@@ -408,7 +408,9 @@ class Engine:
         so = ort.SessionOptions()
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.log_severity_level = 3
-        if self.pool == "shared":  # the process's one pool (shared_pool), sized and spinning as set there
+        if self.pool == "shared" or process_pool() is not None:
+            # the process's one pool (shared_pool), sized and spinning as set there; also for an engine of
+            # a pool per session made before another engine made that pool (onnxruntime allows no other then)
             so.use_per_session_threads = False
         else:  # a pool of the session's own, its threads asleep between parallel ops (a shared machine)
             so.intra_op_num_threads = self.threads

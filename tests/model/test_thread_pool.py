@@ -37,7 +37,13 @@ threads = len(os.listdir("/proc/self/task"))
 other = Engine("cpu", eng.threads + 1, eng.accuracy, pool="session")
 one = LayerStack(store.config, load_quant_layers([(0, 0)], store, other)[0])  # its sessions build and run
 y = one.forward(x[:1], np.arange(1), one.new_kv_cache())
+# then an engine asks for the shared pool (made here if the process has none): the first engine's new
+# sessions, if it has a pool per session, must go on that pool too
+Engine("cpu", 2, eng.accuracy, pool="shared")
+late = LayerStack(store.config, load_quant_layers([(1, 1)], store, eng)[0])
+z = late.forward(x[:1], np.arange(1), late.new_kv_cache())
 print(json.dumps({"pool": eng.pool, "other": [other.pool, other.threads, bool(np.isfinite(y).all())],
+                  "late": bool(np.isfinite(z).all()),
                   "threads": threads,
                   "out": np.concatenate([a, b]).tolist()}))
 """
@@ -59,6 +65,7 @@ def test_a_shared_pool_serves_every_session_with_the_same_outputs() -> None:
     # another engine of the process (3 threads, a pool per session asked): on the process's pool if it has
     # one (onnxruntime allows no other then), with its 2 threads
     assert own["other"] == ["session", 3, True] and shared["other"] == ["shared", 2, True]
+    assert own["late"] and shared["late"]  # sessions built after the process got its shared pool
     # 8 layers x 2 graphs x (2 - 1) pool threads each, against one pool of 2 threads (+ the other engine's
     # sessions, none built): numba, onnxruntime and the interpreter's own threads are common to both
     assert own["threads"] - shared["threads"] >= 14, (own["threads"], shared["threads"])  # measured 21 vs 4
