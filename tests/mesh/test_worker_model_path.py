@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from ethen.mesh.orchestrator import Orchestrator
 from ethen.mesh.worker.launch import WorkerProcess, spawn_worker
 from ethen.model import SamplingParams, generate, load_model, model_step, open_weight_store
 from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
+from tests.mesh.routable import wait_routable
 
 SPECS = {
     "qwen2": TinySpec(arch="qwen2", types=("Q8_0", "Q4_K", "Q6_K"), output_type="Q5_K", n_kv_heads=1,
@@ -52,15 +52,7 @@ def test_real_workers_serve_the_given_gguf(cache: Path, name: str) -> None:
             workers.append(spawn_worker(node, layers, extra_args=["--model", str(path)], timeout_s=120))
         orch = Orchestrator.load({w.node_id: w.address for w in workers}, store).start()
         try:
-            deadline = time.monotonic() + 20
-            while True:  # bounded: the first Health polls
-                try:
-                    orch.route_for(len(ids))
-                    break
-                except Exception:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
+            wait_routable(orch, len(ids))  # bounded: the first Health polls
             got = orch.generate(ids, GREEDY).result().token_ids
         finally:
             orch.close()

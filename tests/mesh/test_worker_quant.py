@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from ethen.mesh.orchestrator import Orchestrator
 from ethen.mesh.worker.launch import WorkerProcess, spawn_worker
 from ethen.model import SamplingParams, generate, load_model, model_step, open_weight_store
 from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
+from tests.mesh.routable import wait_routable
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
@@ -51,15 +51,7 @@ def test_quantized_workers_give_the_single_process_greedy_tokens(root: Path, kin
             workers.append(spawn_worker(node, layers, extra_args=["--model", str(path)], timeout_s=120))
         orch = Orchestrator.load({w.node_id: w.address for w in workers}, store).start()
         try:
-            deadline = time.monotonic() + 20
-            while True:  # bounded: the first Health polls
-                try:
-                    orch.route_for(len(ids))
-                    break
-                except Exception:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
+            wait_routable(orch, len(ids))  # bounded: the first Health polls
             got = orch.generate(ids, GREEDY).result().token_ids
             for w in workers:  # no float32 layer file of the cache is mapped: the layers are the GGUF's
                 maps = Path(f"/proc/{w.process.pid}/maps").read_text()
@@ -144,15 +136,7 @@ def test_a_shared_thread_pool_worker_keeps_one_pool_for_its_sessions(root: Path,
         try:
             orch = Orchestrator.load({w.node_id: w.address}, store).start()
             try:
-                deadline = time.monotonic() + 20
-                while True:  # bounded: the first Health polls
-                    try:
-                        orch.route_for(len(ids))
-                        break
-                    except Exception:
-                        if time.monotonic() > deadline:
-                            raise
-                        time.sleep(0.1)
+                wait_routable(orch, len(ids))  # bounded: the first Health polls
                 tokens[pool] = tuple(orch.generate(ids, GREEDY).result().token_ids)
                 counts[pool] = _threads(w.process.pid)
             finally:
