@@ -5,6 +5,7 @@ transformers' GGUF loader in the same run when the parity extra is installed.
 
 .venv/bin/python bench/model_decode.py [--steps 32] [--repeats 5] [--skip-cold] [--skip-tiny] [--model X.gguf]
 .venv/bin/python bench/model_decode.py --vs-llama-cpp [--model X.gguf]   (quantized engine vs llama.cpp)
+.venv/bin/python bench/model_decode.py --answers [--model X.gguf]   (greedy answers: llama.cpp, each accuracy)
 .venv/bin/python bench/model_decode.py --vs-llama-cpp --tinyllama [--types Q4_K] [--repeats 3] [--ref REV]
     [--modes exact-int8,'exact-int8 + ETHEN_PREFILL=float32']
     (TinyLlama-1.1B shape, Q4_K and Q8_0; ``--ref``: the same Ethen runs of commit REV, interleaved)
@@ -357,6 +358,85 @@ def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, P
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
 
 
+#: greedy-answer prompts: `ethen up`'s banner prompt first, then the four of docs/model.md's numerics section
+ANSWER_PROMPTS = ("What is the capital of France?", "Write a short poem about the sea.",
+                  "Write a haiku about autumn.", "Count from 1 to 20.",
+                  "Explain what a GPU is in two sentences.")
+ANSWER_TOKENS = 64
+_ETHEN_GREEDY = """
+import json, sys
+root = sys.argv[1]
+sys.path[:0] = [root]
+from pathlib import Path
+import ethen
+assert ethen.__file__.startswith(root), (ethen.__file__, root)
+from ethen.model import SamplingParams, generate_stream, load_model, model_step, open_weight_store
+m = load_model(open_weight_store(Path(sys.argv[2])))
+out = []
+for text in json.loads(sys.argv[3]):
+    ids = m.tokenizer.encode(m.chat_template.render([{"role": "user", "content": text}],
+                                                    add_generation_prompt=True))
+    toks = [c.token_id for c in generate_stream(model_step(m), m.tokenizer, ids, SamplingParams(
+            temperature=0.0, max_tokens=int(sys.argv[4])), m.config.context_length) if c.token_id is not None]
+    out.append({"prompt": ids, "tokens": toks, "text": m.tokenizer.decode(toks)})
+print(json.dumps(out))
+"""
+_LLAMA_GREEDY = """
+import json, sys, llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_threads=1, n_ctx=1024, verbose=False)
+res = []
+for prompt in json.loads(sys.argv[2]):
+    out = []
+    for t in llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
+        if t == llm.token_eos() or len(out) == int(sys.argv[3]):
+            break
+        out.append(t)
+    res.append({"tokens": out, "text": llm.detokenize(out).decode("utf-8", "replace")})
+print(json.dumps(res))
+"""
+
+
+def _agree(a: Sequence[int], b: Sequence[int]) -> str:
+    """How a greedy token sequence compares with the reference: ``same``, or the first token that differs."""
+    if list(a) == list(b):
+        return "same"
+    return f"#{next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))}"
+
+
+def greedy_answers(path: Path, modes: Sequence[str] = ("exact", "exact-int8", "fast", "auto")) -> None:
+    """Greedy answers of llama.cpp and of Ethen under each ``ETHEN_ACCURACY`` to :data:`ANSWER_PROMPTS`, all
+    from the same prompt tokens (Ethen's tokenizer and chat template), whole models, 1 thread, each against
+    Ethen ``exact`` (float32 compute over the file's weights): the speed figures compare arithmetic as well
+    as engines, since llama.cpp multiplies int8-quantized activations, as ``fast`` does."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ETHEN_WEIGHTS": "quantized", "ETHEN_THREADS": "1", "ETHEN_THREAD_POOL": "session"}
+    answers: dict[str, list[dict[str, Any]]] = {}
+    for mode in modes:
+        argv = [sys.executable, "-c", _ETHEN_GREEDY, str(ROOT), str(path), json.dumps(ANSWER_PROMPTS),
+                str(ANSWER_TOKENS)]
+        out = subprocess.run(argv, check=True, capture_output=True, text=True,
+                             env=env | {"ETHEN_ACCURACY": mode})
+        answers[f"ethen {mode}"] = json.loads(out.stdout.splitlines()[-1])
+    prompts = [a["prompt"] for a in answers[f"ethen {modes[0]}"]]
+    py = LLAMA_VENV / "bin" / "python"
+    out = subprocess.run([str(py), "-c", _LLAMA_GREEDY, str(path), json.dumps(prompts), str(ANSWER_TOKENS)],
+                         check=True, capture_output=True, text=True)
+    answers["llama.cpp"] = json.loads(out.stdout.splitlines()[-1])
+    ref = answers.get("ethen exact", answers[f"ethen {modes[0]}"])
+    print(f"greedy answers ({ANSWER_TOKENS} tokens at most, 1 thread, the same prompt tokens), each against "
+          "Ethen exact: 'same', or the first token that differs")
+    print(f"  {'':17} " + " ".join(f"{p[:14]:>15}" for p in ANSWER_PROMPTS))
+    for name, a in answers.items():
+        print(f"  {name:17} " + " ".join(f"{_agree(x['tokens'], r['tokens']):>15}" for x, r in zip(a, ref,
+                                                                                            strict=True)))
+    print(f"  answers to {ANSWER_PROMPTS[0]!r}:")
+    for name, a in answers.items():
+        print(f"  {name:17} {a[0]['text'][:100]!r}")
+
+
 _FIRST_CALL = """
 import sys, time
 t0 = time.perf_counter()
@@ -490,11 +570,16 @@ def main() -> None:
     ap.add_argument("--modes", default=None,
                     help="with --vs-llama-cpp: Ethen's modes to run, comma-separated (default all: int8-act, "
                          "exact, exact-int8, 'exact-int8 + ETHEN_PREFILL=float32')")
+    ap.add_argument("--answers", action="store_true",
+                    help="only the greedy answers to five prompts: llama.cpp's and each ETHEN_ACCURACY's")
     ap.add_argument("--devices", action="store_true",
                     help="the engine's decode / prefill per device (cpu; cuda where onnxruntime-gpu has one)")
     args = ap.parse_args()
     if args.devices:
         devices(args.model, args.steps, args.repeats)
+        return
+    if args.answers:
+        greedy_answers(args.model or find_gguf_path())
         return
     if args.head:
         head_bench(args.model, args.repeats)
@@ -513,6 +598,8 @@ def main() -> None:
             for path in [tinyllama_gguf(k) for k in kinds] if args.tinyllama else [args.model]:
                 vs_llama_cpp(path, args.steps, args.repeats, ref,
                              args.modes.split(",") if args.modes else ())
+            if not args.tinyllama:  # (random weights: no answer to compare)
+                greedy_answers(args.model or find_gguf_path())
         return
     print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}")
     if not args.skip_tiny:
