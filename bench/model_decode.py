@@ -192,23 +192,42 @@ def _llama_cpp(path: Path, threads: int, steps: int) -> tuple[float, float]:
 
 
 def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: str = "cpu",
-                 long_prefill: str = "0") -> tuple[float, float, int, int, int, int]:
+                 long_prefill: str = "0", prepack: str = "1") -> tuple[float, ...]:
     """(prefill tok/s, decode tok/s, packed layer bytes, the layers' bytes in the file, RssAnon growth of
-    this process over the load and the runs, the KV cache's bytes). ``long_prefill`` "1": the engine's
-    ``long_prefill`` (``ETHEN_PREFILL=float32``)."""
+    this process over the load and the runs, the KV cache's bytes, RssAnon growth at load, the resident
+    pages of the engine layout's files after the runs). ``long_prefill`` "1": the engine's
+    ``long_prefill`` (``ETHEN_PREFILL=float32``). ``prepack`` "0": onnxruntime prepacks nothing
+    (``session.disable_prepacking``) and only the load is measured (no runs): the twin
+    :func:`_weights_resident` subtracts."""
     from ethen.model.engine import Engine
     from ethen.model.model import LayerStack
     from ethen.model.qmodel import QuantLayer, load_quant_layers
 
     store = open_weight_store(path, weights="quantized")
+    import onnxruntime  # (its library's own memory is not the weights')
+
+    onnxruntime.InferenceSession  # noqa: B018
     anon0 = _rss_anon()
     # (keywords only when asked: a --ref tree's Engine may not take them)
     extra: dict[str, Any] = {"long_prefill": True} if long_prefill == "1" else {}
     if os.environ.get("ETHEN_THREAD_POOL"):
         extra["pool"] = os.environ["ETHEN_THREAD_POOL"]
-    stack = LayerStack(store.config, load_quant_layers([(0, store.config.n_layers - 1)], store,
-                                                       Engine(device, threads, accuracy, **extra))[0])
+    engine = Engine(device, threads, accuracy, **extra)
+    if prepack == "0":
+        options = engine.session_options
+
+        def no_prepacking(graphs: Any) -> Any:
+            so = options(graphs)
+            so.add_session_config_entry("session.disable_prepacking", "1")
+            return so
+
+        engine.session_options = no_prepacking  # type: ignore[method-assign]
+    stack = LayerStack(store.config, load_quant_layers([(0, store.config.n_layers - 1)], store, engine)[0])
     layers = [w for w in stack.layers if isinstance(w, QuantLayer)]
+    loaded = _rss_anon() - anon0
+    packed, file = sum(w.nbytes for w in layers), sum(w.file_nbytes for w in layers)
+    if prepack == "0":
+        return 0.0, 0.0, packed, file, loaded, 0, loaded, _mapped_rss(store.directory / "engine")
     x = np.random.default_rng(0).standard_normal((LONG_PREFILL, store.config.d_model)).astype(np.float32)
     kv = stack.new_kv_cache()
     t0 = time.perf_counter()
@@ -221,7 +240,25 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
         stack.forward(x[16 + i:17 + i], np.array([16 + i]), kv)
     dec = steps / (time.perf_counter() - t0)
     grown = _rss_anon() - anon0
-    return pre, dec, sum(w.nbytes for w in layers), sum(w.file_nbytes for w in layers), grown, kv.nbytes
+    return pre, dec, packed, file, grown, kv.nbytes, loaded, _mapped_rss(store.directory / "engine")
+
+
+def _mapped_rss(folder: Path) -> int:
+    """Resident bytes of this process's mappings of files under ``folder`` (``/proc/self/smaps``): the
+    engine layout's pages kernels read in place (scales, minimums, zero points, 8-bit long variants)."""
+    total, inside = 0, False
+    prefix = str(folder.resolve()) + os.sep
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(maxsplit=5)
+                if "-" in head[0] and not head[0].endswith(":"):  # a mapping's header line
+                    inside = len(head) == 6 and head[5].strip().startswith(prefix)
+                elif inside and head[0] == "Rss:":
+                    total += int(head[1]) * 1024
+    except OSError:
+        return 0
+    return total
 
 
 TINYLLAMA_TYPES = ("Q4_K", "Q8_0")
@@ -263,19 +300,38 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _ethen_run(root: Path, path: Path, threads: int, steps: int, accuracy: int,
-               long_prefill: bool = False, pool: str = "") -> tuple[float, ...]:
+               long_prefill: bool = False, pool: str = "", prepack: bool = True) -> tuple[float, ...]:
     """:func:`_ethen_quant` of the tree at ``root`` (this one or ``--ref``'s) in a fresh process; ``pool``
-    ``shared``: the engine's one process-wide thread pool (``ETHEN_THREAD_POOL``)."""
+    ``shared``: the engine's one process-wide thread pool (``ETHEN_THREAD_POOL``); ``prepack`` False: the
+    load only, with onnxruntime prepacking nothing (this tree only)."""
     import subprocess
     import sys
 
     argv = [sys.executable, "-c", _ETHEN_PROBE, str(root), str(path), str(threads), str(steps), str(accuracy)]
-    argv += ["cpu", "1"] if long_prefill else []
+    if not prepack:
+        argv += ["cpu", "1" if long_prefill else "0", "0"]
+    elif long_prefill:
+        argv += ["cpu", "1"]
     env = {k: v for k, v in os.environ.items() if k != "ETHEN_THREAD_POOL"}
     if pool:  # as `ethen worker` runs it: NumPy's BLAS on one thread next to the spinning pool (unless set)
         env |= {"ETHEN_THREAD_POOL": pool, "OPENBLAS_NUM_THREADS": env.get("OPENBLAS_NUM_THREADS", "1")}
     out = subprocess.run(argv, check=True, capture_output=True, text=True, env=env).stdout.split()
     return tuple(float(v) for v in out)
+
+
+def _weights_resident(runs: Sequence[tuple[float, ...]], twin: tuple[float, ...]) -> str:
+    """The weights' resident memory of ``runs`` (:func:`_ethen_quant`'s figures), the issue's per-worker
+    measure: onnxruntime's prepacked copies (the RssAnon growth at load minus that of ``twin``, the same load
+    with prepacking off, so sessions, threads and libraries cancel) plus the engine layout's pages mapped
+    after the runs (what kernels read in place); and the rest of the process's growth, the KV cache apart."""
+    file = runs[0][3]
+    prepacked = statistics.median(r[6] for r in runs) - twin[6]
+    mapped = statistics.median(r[7] for r in runs)
+    rest = statistics.median(r[4] - r[5] for r in runs) - prepacked
+    weights = prepacked + mapped
+    return (f"resident weights {weights / 2**20:.0f} MiB = {weights / file:.3f}x the file (prepacked "
+            f"{prepacked / 2**20:.0f} MiB + mapped in place {mapped / 2**20:.0f} MiB), other anonymous "
+            f"growth {rest / 2**20:.0f} MiB = {rest / file:.2f}x")
 
 
 def devices(model: Path | None, steps: int, repeats: int) -> None:
@@ -325,6 +381,7 @@ def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, P
     for threads in (1, 2):
         llama: list[tuple[float, float]] = []
         runs: dict[str, list[tuple[float, ...]]] = {}
+        twins: dict[str, tuple[float, ...]] = {}
         for _ in range(repeats):
             llama.append(_llama_cpp(path, threads, steps))
             for name, acc, long in (("int8-act", ACCURACY_FAST, False), ("exact", ACCURACY_EXACT, False),
@@ -341,6 +398,8 @@ def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, P
                         label = name + (" + shared pool" if pool else "") + tag
                         runs.setdefault(label, []).append(_ethen_run(root, path, threads, steps, acc, long,
                                                                      pool))
+                        if not tag and label not in twins:  # its weights' memory (_weights_resident)
+                            twins[label] = _ethen_run(root, path, threads, steps, acc, long, pool, False)
         lp, ld = _median2(llama)
         print(f"  llama.cpp {threads} thread(s): prefill {lp:.0f} tok/s, decode {ld:.1f} tok/s")
         for label, rs in runs.items():
@@ -353,7 +412,8 @@ def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, P
                   f"{ed:.1f} tok/s ({ed / ld:.0%}{vs}; runs {' '.join(f'{r[1]:.1f}' for r in rs)}); layer "
                   f"weights {packed / 1e6:.1f} MB = {packed / file:.3f}x the file's {file / 1e6:.1f} MB; "
                   f"RssAnon +{grown / 2**20:.0f} MiB = {(grown - kvb) / file:.2f}x the file + the KV cache's "
-                  f"{kvb / 2**20:.0f} MiB (a fresh process: load, 512-row prefill, decode)")
+                  f"{kvb / 2**20:.0f} MiB (a fresh process: load, 512-row prefill, decode)"
+                  + (f"; {_weights_resident(rs, twins[label])}" if label in twins else ""))
     print(f"load average (1/5/15 min) before {' '.join(f'{x:.2f}' for x in load0)}, after "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
 
