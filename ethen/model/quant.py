@@ -4,31 +4,32 @@
 block ``block`` unsigned ``bits``-bit values ``u`` with a float32 scale ``s`` and an integer zero point
 ``z`` (default ``2^(bits-1)``): ``w = s * (u - z)``. Every GGUF type is written in that form, with the
 same integers the file holds; a type that also has a per-block *minimum* (``w = s * u + min``: Q4_1 and
-the K-quants' ``- dmin * m``) gets ``z = 0`` and a second, small term ``xsum @ mins`` where ``xsum [N,
-K / block]`` is the sum of x over each block (computed in the graph, :mod:`ethen.model.engine`): for Q4_1
-a float ``MatMul`` over the float16 minimums, for the K-quants a 4-bit ``MatMulNBits`` of ``K / 16`` columns
-(:func:`k_mins`: 6-bit ``m`` as two nibbles, scale ``-dmin``).
+the K-quants' ``- dmin * m``) gets a second, small term ``xsum @ mins`` where ``xsum [N, K / block]`` is
+the sum of x over each block (computed in the graph, :mod:`ethen.model.engine`): for Q4_1 a float ``Gemm``
+over float16 minimums (``m + 8 d`` at the default ``z``, or ``m`` with ``z = 0`` where a block's
+``m + 8 d`` is not a float16: :func:`_q4_1_shifted_mins`), for the K-quants (``z = 0``) a 4-bit
+``MatMulNBits`` of ``K / 16`` columns (:func:`k_mins`: 6-bit ``m`` as two nibbles, scale ``-dmin``).
 
-=====  ==========================================  =======================  ======================
-type   file (bytes / 32 weights)                   here (bytes / 32)        exact?
-=====  ==========================================  =======================  ======================
-Q4_0   18: f16 d, 16 B nibbles (w = d (q - 8))      20: 4-bit, f32 scale     yes (f16 -> f32)
-Q4_1   20: f16 d, f16 m, nibbles (w = d q + m)      22.5: + zp 0, f16 mins   yes
-Q8_0   34: f16 d, 32 int8 (w = d q)                 36: 8-bit, u = q + 128   yes
-Q4_K   18 (144 / 256): 6-bit sc, m; f16 d, dmin     22.06: f32 d*sc, mins    yes (d * sc fits f32)
-Q5_K   22 (176 / 256)                               38.06: 8-bit (u = q)     yes
-Q6_K   26.25 (210 / 256): int8 sc per 16            40: 8-bit, block 16      yes (u = q + 96)
-F16    64                                           64 (float32 in memory)   yes
-BF16   64                                           64 (cast per call)       yes
-F32    128                                          128                      yes
-=====  ==========================================  =======================  ======================
+=====  ==========================================  ===========================  =====================
+type   file (bytes / 32 weights)                   here (bytes / 32)            exact?
+=====  ==========================================  ===========================  =====================
+Q4_0   18: f16 d, 16 B nibbles (w = d (q - 8))     20: 4-bit, f32 scale         yes (f16 -> f32)
+Q4_1   20: f16 d, f16 m, nibbles (w = d q + m)     22: f16 m + 8 d (or m, z 0)  yes
+Q8_0   34: f16 d, 32 int8 (w = d q)                36: 8-bit, u = q + 128       yes
+Q4_K   18 (144 / 256): 6-bit sc, m; f16 d, dmin    22.06: f32 d*sc, mins        yes (d * sc fits f32)
+Q5_K   22 (176 / 256)                              38.06: 8-bit (u = q)         yes
+Q6_K   26.25 (210 / 256): int8 sc per 16           40: 8-bit, block 16          yes (u = q + 96)
+F16    64                                          64 (float32 in memory)       yes
+BF16   64                                          64 (cast per call)           yes
+F32    128                                         128                          yes
+=====  ==========================================  ===========================  =====================
 
-So Q4_0, Q4_1 and Q8_0 stay within 1.125x of the file; Q4_K takes 1.23x (its 6-bit sub-block scales
-become float32: ``MatMulNBits`` wants one float scale per block; the min term takes 12.5 bytes per 256
-weights), and Q5_K / Q6_K, which ``MatMulNBits`` cannot hold in 5 or 6 bits, take 1.5-1.7x as 8-bit
-blocks (nothing is requantized: every weight is the file's value, bit for bit, once scaled). At float32
-compute (``ACCURACY_EXACT``) the engine runs an 8-bit matrix as two 4-bit halves (:func:`nibble_halves`:
-41 bytes / 32 for Q8_0), onnxruntime's only fast float32 path.
+So Q4_0, Q4_1 and Q8_0 stay within 1.125x of the file (Q4_1 1.1x); Q4_K takes 1.23x (its 6-bit
+sub-block scales become float32: ``MatMulNBits`` wants one float scale per block; the min term takes 12.5
+bytes per 256 weights), and Q5_K / Q6_K, which ``MatMulNBits`` cannot hold in 5 or 6 bits, take 1.5-1.7x
+as 8-bit blocks (nothing is requantized: every weight is the file's value, bit for bit, once scaled). At
+float32 compute (``ACCURACY_EXACT``) the engine runs an 8-bit matrix as two 4-bit halves
+(:func:`nibble_halves`: 41 bytes / 32 for Q8_0), onnxruntime's only fast float32 path.
 
 F16 weights run from the float32 copy onnxruntime folds their ``Cast`` into (2x the file in memory; a cast
 per call made decode 6-7x slower: :meth:`ethen.model.engine.Engine.session_options`). BF16 weights are cast
@@ -121,6 +122,23 @@ def _zero_nibbles(rows: int, nb: int) -> U8:
     return np.zeros(rows * ((nb + 1) // 2), dtype=np.uint8)  # 4-bit zero points, all 0
 
 
+def _q4_1_shifted_mins(d: F32, mins: NDArray[np.float16]) -> NDArray[np.float16] | None:
+    """Q4_1's ``w = d q + m`` as ``d (q - 8) + (m + 8 d)``: ``m + 8 d`` per block ``[R, nb]`` when every one
+    is a float16 (so the minimum term keeps the file's 2 bytes per block), else None. Why: the 4-bit matrix
+    then runs at ``MatMulNBits``' default zero point (8), without a zero-point input of zeros, which made
+    onnxruntime's float32-compute kernel ~18 % slower (a [11264, 2048] matrix, 1 row: 3.61 against 3.04 ms)
+    and was read in place on every call. Exact: ``d (q - 8)`` is what the kernel computes for ``q`` at zero
+    point 8, and ``m + 8 d`` is checked to be representable (in SmolLM2's file all but 2 of 3.3 million
+    blocks are; a matrix with one that is not keeps zero points of 0 and ``m``). Numerically the product is
+    no worse: the two terms no longer cancel (``m`` is near ``-8 d`` when a block's weights are centred)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        exact = mins.astype(np.float64) + 8.0 * d.astype(np.float64)  # [R, nb] (d: a float16's value)
+        shifted = exact.astype(np.float16)
+    if not (np.isfinite(shifted).all() and (shifted.astype(np.float64) == exact).all()):
+        return None
+    return shifted
+
+
 def _k_scale_min(scales: U8) -> tuple[U8, U8]:
     """The K-quants' 12 bytes of packed 6-bit (scale, min) -> ``[n, 8]`` each (``gguf.quants.Q4_K``)."""
     n = scales.shape[0]
@@ -153,8 +171,13 @@ def pack(kind: str, raw: U8, rows: int, cols: int) -> Packed:
         qs = blk[:, :, 4:]
         vals = np.concatenate([qs & 15, qs >> 4], axis=2)  # [R, nb, 32]
         nb = blk.shape[1]
+        d = _f16(blk[:, :, 0:2])  # [R, nb]
         mins = np.ascontiguousarray(blk[:, :, 2:4]).view(np.float16)[..., 0]  # [R, nb]
-        return NBits(r, cols, 4, 32, _nibbles(vals), _f16(blk[:, :, 0:2]).reshape(-1), _zero_nibbles(r, nb),
+        shifted = _q4_1_shifted_mins(d, mins)
+        if shifted is not None:  # w = d (q - 8) + (m + 8 d): the default zero point, no zero-point input
+            return NBits(r, cols, 4, 32, _nibbles(vals), d.reshape(-1), None,
+                         mins_f16=np.ascontiguousarray(shifted.T))
+        return NBits(r, cols, 4, 32, _nibbles(vals), d.reshape(-1), _zero_nibbles(r, nb),
                      mins_f16=np.ascontiguousarray(mins.T))
     if kind == "Q8_0":
         blk = raw.reshape(r, -1, 34)

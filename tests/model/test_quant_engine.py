@@ -26,7 +26,7 @@ from ethen.model.tiny_gguf import _KQUANT_SCALES
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 #: packed bytes / file bytes per type (the table in ``ethen.model.quant``)
-RATIO = {"F32": 1.0, "F16": 1.0, "BF16": 1.0, "Q8_0": 36 / 34, "Q4_0": 20 / 18, "Q4_1": 22.5 / 20,
+RATIO = {"F32": 1.0, "F16": 1.0, "BF16": 1.0, "Q8_0": 36 / 34, "Q4_0": 20 / 18, "Q4_1": 22.5 / 20,  # (zp 0)
          "Q4_K": 22.0625 / 18, "Q5_K": 1.75, "Q6_K": 1.53}
 R, K = 96, 512
 
@@ -229,6 +229,52 @@ def test_the_k_quant_minimum_term_is_a_small_exact_4bit_matmul(kind: str) -> Non
     # weight j of a super-block meets xsum_j in column j and 16 xsum_j in column 8 + j
     np.testing.assert_array_equal(sc * q[..., :8] + sc * 16 * q[..., 8:], -dmin[..., None] * m)
     assert not _unpack4(mins.zero_points.reshape(R, -1)).any()  # type: ignore[union-attr]
+
+
+def _q4_1(d: np.ndarray, m: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Q4_1 bytes ``[R, nb * 20]`` of float16 ``d``, ``m`` ``[R, nb]`` and 4-bit ``q [R, nb, 32]`` (weight j
+    in byte j's low nibble, weight j + 16 in its high one: gguf's layout)."""
+    r, nb = d.shape
+    blk = np.zeros((r, nb, 20), np.uint8)
+    blk[:, :, 0:2] = d.astype(np.float16).view(np.uint8).reshape(r, nb, 2)
+    blk[:, :, 2:4] = m.astype(np.float16).view(np.uint8).reshape(r, nb, 2)
+    blk[:, :, 4:] = q[:, :, :16] | (q[:, :, 16:] << 4)
+    return blk.reshape(r, -1)
+
+
+def test_q4_1_runs_at_the_default_zero_point_when_every_shifted_minimum_is_a_float16() -> None:
+    """Q4_1's ``w = d q + m`` packs as ``d (q - 8) + (m + 8 d)``: ``MatMulNBits`` at its default zero point,
+    no zero-point input (onnxruntime's float32 kernel ran ~18 % slower with one), the minimum term over the
+    float16 ``m + 8 d``, when every block's ``m + 8 d`` is a float16; a matrix with one block where it is
+    not keeps zero points of 0 and the file's ``m``. Either way the products are the float64 ones."""
+    rng = np.random.default_rng(11)
+    nb = K // 32
+    d = rng.integers(16, 32, (R, nb)) / 1024.0  # few significant bits, so that m and m + 8 d are float16s
+    m = -8 * d + rng.integers(-64, 64, (R, nb)) / 4096.0
+    q = rng.integers(0, 16, (R, nb, 32)).astype(np.uint8)
+    x = rng.standard_normal((5, K)).astype(np.float32)
+    d_odd, m_odd = d.copy(), m.copy()
+    d_odd[3, 5], m_odd[3, 5] = 1 + 2.0**-10, 2.0**-13  # m + 8 d = 8 + 2^-7 + 2^-13: 17 significant bits
+    for dd, mm, shifted in ((d, m, True), (d_odd, m_odd, False)):
+        raw = _q4_1(dd, mm, q)
+        w = pack("Q4_1", raw, R, K)
+        assert isinstance(w, NBits) and w.mins_f16 is not None
+        if shifted:
+            assert w.zero_points is None
+            np.testing.assert_array_equal(w.mins_f16.T.astype(np.float64), mm + 8 * dd)
+            assert w.nbytes == R * nb * 22  # 16 bytes of nibbles, a float32 scale, a float16 minimum
+        else:
+            assert w.zero_points is not None and not _unpack4(w.zero_points.reshape(R, -1)).any()
+            np.testing.assert_array_equal(w.mins_f16.T.astype(np.float64), mm)
+        g = GraphBuilder("q4_1")
+        g.linear(g.input("x", K), w, ACCURACY_EXACT)
+        main = next(n for n in g.nodes if n.op_type == "MatMulNBits")
+        assert len(main.inputs) == (3 if shifted else 4)  # x, data, scales[, zero points]
+        w64 = np.asarray(dequantize(raw, GGMLQuantizationType.Q4_1), np.float64).reshape(R, K)
+        ref = x.astype(np.float64) @ w64.T
+        for acc in (ACCURACY_EXACT, ACCURACY_EXACT_INT8):
+            got = _run("Q4_1", raw, x, acc)
+            assert float(np.abs(got - ref).max()) <= 1e-5 * float(np.abs(ref).max()), (shifted, acc)
 
 
 def test_the_graph_bytes_are_the_model_onnx_helper_builds() -> None:
