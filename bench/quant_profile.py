@@ -14,6 +14,12 @@ thread, cache-warm, every variant interleaved in one run, ms medians:
 
 .venv/bin/python bench/quant_profile.py [--model X.gguf] [--layer 0] [--repeats 30]
 .venv/bin/python bench/quant_profile.py --stack [--accuracy fast|exact]
+.venv/bin/python bench/quant_profile.py --zero-points [--model X.gguf] [--repeats 15]
+
+``--zero-points``: a 4-bit ``MatMulNBits`` with a zero-point input (all 0, as Q4_1 had) against none (the
+default, 8; what Q4_1 packs as since 2026-12-07, :func:`ethen.model.quant._q4_1_shifted_mins`), the model's
+four matrix shapes with random blocks, 30 copies of each cycled per timing (the model's layers streamed
+as in decode, not one matrix warm in cache), 1 row, 1 thread, interleaved, microseconds per matmul.
 
 ``--stack``: all layers of the model, one thread, decode tok/s of 16 steps in a fresh process without and
 then in one after a 512-row prefill. It uses only APIs an older tree has too, so the same script measures
@@ -126,6 +132,42 @@ def _stack(model: Path, accuracy: str, repeats: int) -> None:
         print(f"  {k}: {statistics.median(v):.1f} (runs {' '.join(f'{r:.1f}' for r in v)})")
 
 
+def _zero_points(model: Path, repeats: int) -> None:
+    cfg = open_weight_store(model, weights="quantized").config
+    d, kv, ff = cfg.d_model, cfg.kv_dim, cfg.d_ff
+    shapes = {"qkv": (cfg.q_dim + 2 * kv, d), "o": (d, cfg.q_dim), "gate|up": (2 * ff, d), "down": (d, ff)}
+    rng, copies = np.random.default_rng(0), 30
+    print(f"{model.name}: 4-bit MatMulNBits, block 32, 1 row, 1 thread, {copies} copies cycled, us, medians "
+          f"of {repeats}")
+    total = {True: 0.0, False: 0.0}
+    for name, (rows, cols) in shapes.items():
+        sess: dict[bool, list[Any]] = {True: [], False: []}
+        nb = cols // 32
+        for _ in range(copies):
+            data = rng.integers(0, 256, (rows, nb, 16), dtype=np.uint8)
+            scales = rng.random(rows * nb).astype(np.float32) * 0.01
+            zeros = np.zeros(rows * ((nb + 1) // 2), np.uint8)
+            for with_zp in (True, False):
+                w = NBits(rows, cols, 4, 32, data, scales, zeros if with_zp else None)
+                sess[with_zp].append(_session(w, lambda g, x, w=w: _nbits(g, x, w, ACCURACY_EXACT),
+                                              ACCURACY_EXACT))
+        x = rng.standard_normal((1, cols)).astype(np.float32)
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(repeats):
+            for with_zp, ss in sess.items():
+                t0 = time.perf_counter()
+                for s in ss:
+                    s.run(None, {"x": x})
+                times[with_zp].append((time.perf_counter() - t0) / copies * 1e6)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        for k in total:
+            total[k] += med[k]
+        print(f"  {name:8} [{rows}, {cols}]: zero points {med[True]:7.1f}, none {med[False]:7.1f}  "
+              f"({med[True] / med[False]:.2f}x)")
+    print(f"  a layer's four: {total[True]:.0f} against {total[False]:.0f} "
+          f"({total[False] / total[True]:.2f}x the time)")
+
+
 def main() -> None:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -137,8 +179,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--stack", action="store_true", help="whole-model decode, without / after a prefill")
     ap.add_argument("--accuracy", choices=("fast", "exact"), default="fast")
+    ap.add_argument("--zero-points", action="store_true",
+                    help="4-bit MatMulNBits with a zero-point input (all 0) against none, the model's shapes")
     args = ap.parse_args()
     load0 = os.getloadavg()
+    if args.zero_points:
+        _zero_points(args.model, min(args.repeats, 15))
+        print(f"load average before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+        return
     if args.stack:
         _stack(args.model, args.accuracy, min(args.repeats, 3))
         print(f"load average before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
