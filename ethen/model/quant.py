@@ -126,11 +126,12 @@ def _q4_1_shifted_mins(d: F32, mins: NDArray[np.float16]) -> NDArray[np.float16]
     """Q4_1's ``w = d q + m`` as ``d (q - 8) + (m + 8 d)``: ``m + 8 d`` per block ``[R, nb]`` when every one
     is a float16 (so the minimum term keeps the file's 2 bytes per block), else None. Why: the 4-bit matrix
     then runs at ``MatMulNBits``' default zero point (8), without a zero-point input of zeros, which made
-    onnxruntime's float32-compute kernel ~18 % slower (a [11264, 2048] matrix, 1 row: 3.61 against 3.04 ms)
-    and was read in place on every call. Exact: ``d (q - 8)`` is what the kernel computes for ``q`` at zero
-    point 8, and ``m + 8 d`` is checked to be representable (in SmolLM2's file all but 2 of 3.3 million
-    blocks are; a matrix with one that is not keeps zero points of 0 and ``m``). Numerically the product is
-    no worse: the two terms no longer cancel (``m`` is near ``-8 d`` when a block's weights are centred)."""
+    onnxruntime's float32-compute kernel ~14 % slower (``bench/quant_profile.py --zero-points``: SmolLM2's
+    four matrices of a layer, streamed, 1 row, 769 against 669 us) and was read in place on every call.
+    Exact: ``d (q - 8)`` is what the kernel computes for ``q`` at zero point 8, and ``m + 8 d`` is checked to
+    be representable (in SmolLM2's file all but 2 of 3.3 million blocks are; a matrix with one that is not
+    keeps zero points of 0 and ``m``). Numerically the product is no worse: the two terms no longer cancel
+    (``m`` is near ``-8 d`` when a block's weights are centred)."""
     with np.errstate(over="ignore", invalid="ignore"):
         exact = mins.astype(np.float64) + 8.0 * d.astype(np.float64)  # [R, nb] (d: a float16's value)
         shifted = exact.astype(np.float16)

@@ -26,7 +26,7 @@ from ethen.model.tiny_gguf import _KQUANT_SCALES
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 #: packed bytes / file bytes per type (the table in ``ethen.model.quant``)
-RATIO = {"F32": 1.0, "F16": 1.0, "BF16": 1.0, "Q8_0": 36 / 34, "Q4_0": 20 / 18, "Q4_1": 22.5 / 20,  # (zp 0)
+RATIO = {"F32": 1.0, "F16": 1.0, "BF16": 1.0, "Q8_0": 36 / 34, "Q4_0": 20 / 18, "Q4_1": 22.5 / 20,
          "Q4_K": 22.0625 / 18, "Q5_K": 1.75, "Q6_K": 1.53}
 R, K = 96, 512
 
@@ -69,7 +69,11 @@ def test_every_type_multiplies_like_its_float64_dequantization(kind: str) -> Non
     assert float(np.abs(_run(kind, raw, x, ACCURACY_EXACT_INT8) - ref).max()) <= 1e-5 * scale, kind
     fast = _run(kind, raw, x, ACCURACY_FAST)
     assert float(np.abs(fast - ref).max()) <= 2e-2 * scale, kind
-    assert pack(kind, raw, R, K).nbytes == pytest.approx(RATIO[kind] * raw.nbytes, rel=0.01)
+    w = pack(kind, raw, R, K)
+    # (Q4_1 without zero points, 22 bytes per 32, when every block's m + 8 d is a float16: rare in gguf's
+    # random blocks here, the rule in SmolLM2's file; test_q4_1_runs_at_the_default_zero_point_...)
+    ratio = 22 / 20 if isinstance(w, NBits) and kind == "Q4_1" and w.zero_points is None else RATIO[kind]
+    assert w.nbytes == pytest.approx(ratio * raw.nbytes, rel=0.01)
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"])
