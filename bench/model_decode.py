@@ -199,7 +199,9 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
     ``long_prefill`` (``ETHEN_PREFILL=float32``). ``prepack`` "0": onnxruntime prepacks nothing
     (``session.disable_prepacking``) and only the load is measured (no runs): the twin
     :func:`_weights_resident` subtracts."""
+    from ethen.model.attend import warm
     from ethen.model.engine import Engine
+    from ethen.model.heap import mapped_rss
     from ethen.model.model import LayerStack
     from ethen.model.qmodel import QuantLayer, load_quant_layers
 
@@ -208,6 +210,7 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
 
     onnxruntime.InferenceSession  # noqa: B018
     anon0 = _rss_anon()
+    warm()  # numba's runtime now, not on the load's background thread: in both runs' "loaded" alike
     # (keywords only when asked: a --ref tree's Engine may not take them)
     extra: dict[str, Any] = {"long_prefill": True} if long_prefill == "1" else {}
     if os.environ.get("ETHEN_THREAD_POOL"):
@@ -227,7 +230,7 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
     loaded = _rss_anon() - anon0
     packed, file = sum(w.nbytes for w in layers), sum(w.file_nbytes for w in layers)
     if prepack == "0":
-        return 0.0, 0.0, packed, file, loaded, 0, loaded, _mapped_rss(store.directory / "engine")
+        return 0.0, 0.0, packed, file, loaded, 0, loaded, mapped_rss(store.directory / "engine")
     x = np.random.default_rng(0).standard_normal((LONG_PREFILL, store.config.d_model)).astype(np.float32)
     kv = stack.new_kv_cache()
     t0 = time.perf_counter()
@@ -240,25 +243,8 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
         stack.forward(x[16 + i:17 + i], np.array([16 + i]), kv)
     dec = steps / (time.perf_counter() - t0)
     grown = _rss_anon() - anon0
-    return pre, dec, packed, file, grown, kv.nbytes, loaded, _mapped_rss(store.directory / "engine")
+    return pre, dec, packed, file, grown, kv.nbytes, loaded, mapped_rss(store.directory / "engine")
 
-
-def _mapped_rss(folder: Path) -> int:
-    """Resident bytes of this process's mappings of files under ``folder`` (``/proc/self/smaps``): the
-    engine layout's pages kernels read in place (scales, minimums, zero points, 8-bit long variants)."""
-    total, inside = 0, False
-    prefix = str(folder.resolve()) + os.sep
-    try:
-        with open("/proc/self/smaps") as f:
-            for line in f:
-                head = line.split(maxsplit=5)
-                if "-" in head[0] and not head[0].endswith(":"):  # a mapping's header line
-                    inside = len(head) == 6 and head[5].strip().startswith(prefix)
-                elif inside and head[0] == "Rss:":
-                    total += int(head[1]) * 1024
-    except OSError:
-        return 0
-    return total
 
 
 TINYLLAMA_TYPES = ("Q4_K", "Q8_0")
