@@ -176,7 +176,8 @@ print(pre, steps / (time.perf_counter() - t0))
 """
 
 
-def _llama_cpp(path: Path, threads: int, steps: int) -> tuple[float, float]:
+def _llama_python() -> Path:
+    """The llama-cpp-python venv's interpreter, built on first use (a source build, cached)."""
     import subprocess
     import sys
 
@@ -186,7 +187,13 @@ def _llama_cpp(path: Path, threads: int, steps: int) -> tuple[float, float]:
         subprocess.run([sys.executable, "-m", "venv", str(LLAMA_VENV)], check=True)
         subprocess.run([str(LLAMA_VENV / "bin" / "pip"), "install", "llama-cpp-python"], check=True,
                        env={**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": "1"})
-    argv = [str(py), "-c", _LLAMA_PROBE, str(path), str(threads), str(steps), str(LONG_PREFILL)]
+    return py
+
+
+def _llama_cpp(path: Path, threads: int, steps: int) -> tuple[float, float]:
+    import subprocess
+
+    argv = [str(_llama_python()), "-c", _LLAMA_PROBE, str(path), str(threads), str(steps), str(LONG_PREFILL)]
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout.split()
     return float(out[0]), float(out[1])
 
@@ -467,9 +474,8 @@ def greedy_answers(path: Path, modes: Sequence[str] = ("exact", "exact-int8", "f
                              env=env | {"ETHEN_ACCURACY": mode})
         answers[f"ethen {mode}"] = json.loads(out.stdout.splitlines()[-1])
     prompts = [a["prompt"] for a in answers[f"ethen {modes[0]}"]]
-    py = LLAMA_VENV / "bin" / "python"
-    out = subprocess.run([str(py), "-c", _LLAMA_GREEDY, str(path), json.dumps(prompts), str(ANSWER_TOKENS)],
-                         check=True, capture_output=True, text=True)
+    argv = [str(_llama_python()), "-c", _LLAMA_GREEDY, str(path), json.dumps(prompts), str(ANSWER_TOKENS)]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True)
     answers["llama.cpp"] = json.loads(out.stdout.splitlines()[-1])
     ref = answers.get("ethen exact", answers[f"ethen {modes[0]}"])
     print(f"greedy answers ({ANSWER_TOKENS} tokens at most, 1 thread, the same prompt tokens), each against "
