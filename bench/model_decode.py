@@ -112,7 +112,8 @@ def _tiny_rows(steps: int, repeats: int) -> list[tuple[str, str, float, float, f
     print(f"tiny models (d_model 256, 4 layers, {len(ids)}-token prompt), median of {repeats}:")
     print(f"  {'arch':6} {'type':5} {'cold load':>9} {'prefill tok/s':>14} {'decode tok/s':>13}"
           + ("  transformers: prefill / decode tok/s" if hf_rows else ""))
-    for (arch, kind, cold, pre, dec, _), hf in zip(rows, hf_rows or [None] * len(rows), strict=True):
+    hfs: list[tuple[float, float] | None] = list(hf_rows) if hf_rows else [None] * len(rows)
+    for (arch, kind, cold, pre, dec, _), hf in zip(rows, hfs, strict=True):
         extra = f"  {hf[0]:>8.0f} / {hf[1]:.0f}" if hf else ""
         print(f"  {arch:6} {kind:5} {cold:8.2f}s {pre:14.0f} {dec:13.1f}{extra}")
     return rows
@@ -202,7 +203,9 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
                  long_prefill: str = "0", prepack: str = "1") -> tuple[float, ...]:
     """(prefill tok/s, decode tok/s, packed layer bytes, the layers' bytes in the file, RssAnon growth of
     this process over the load and the runs, the KV cache's bytes, RssAnon growth at load, the resident
-    pages of the engine layout's files after the runs). ``long_prefill`` "1": the engine's
+    pages of the engine layout's files after the runs, the GGUF's resident pages after the runs (what Q8_0
+    kernel layers read in place: :mod:`ethen.model.klayer`), the bytes those layers hold (their float32
+    scales)). ``long_prefill`` "1": the engine's
     ``long_prefill`` (``ETHEN_PREFILL=float32``). ``prepack`` "0": onnxruntime prepacks nothing
     (``session.disable_prepacking``) and only the load is measured (no runs): the twin
     :func:`_weights_resident` subtracts."""
@@ -236,8 +239,12 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
     layers = [w for w in stack.layers if isinstance(w, QuantLayer)]
     loaded = _rss_anon() - anon0
     packed, file = sum(w.nbytes for w in layers), sum(w.file_nbytes for w in layers)
+    held = 0
+    for w in layers:
+        kernel = getattr(w, "kernel", None)  # (a --ref tree's layers may have none)
+        held += kernel.held_nbytes if kernel is not None else 0
     if prepack == "0":
-        return 0.0, 0.0, packed, file, loaded, 0, loaded, mapped_rss(store.directory / "engine")
+        return 0.0, 0.0, packed, file, loaded, 0, loaded, mapped_rss(store.directory / "engine"), 0, held
     x = np.random.default_rng(0).standard_normal((LONG_PREFILL, store.config.d_model)).astype(np.float32)
     kv = stack.new_kv_cache()
     t0 = time.perf_counter()
@@ -250,7 +257,8 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
         stack.forward(x[16 + i:17 + i], np.array([16 + i]), kv)
     dec = steps / (time.perf_counter() - t0)
     grown = _rss_anon() - anon0
-    return pre, dec, packed, file, grown, kv.nbytes, loaded, mapped_rss(store.directory / "engine")
+    return (pre, dec, packed, file, grown, kv.nbytes, loaded, mapped_rss(store.directory / "engine"),
+            mapped_rss(path) if held else 0, held)
 
 
 
@@ -293,10 +301,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _ethen_run(root: Path, path: Path, threads: int, steps: int, accuracy: int,
-               long_prefill: bool = False, pool: str = "", prepack: bool = True) -> tuple[float, ...]:
+               long_prefill: bool = False, pool: str = "", prepack: bool = True,
+               env: dict[str, str] | None = None) -> tuple[float, ...]:
     """:func:`_ethen_quant` of the tree at ``root`` (this one or ``--ref``'s) in a fresh process; ``pool``
     ``shared``: the engine's one process-wide thread pool (``ETHEN_THREAD_POOL``); ``prepack`` False: the
-    load only, with onnxruntime prepacking nothing (this tree only)."""
+    load only, with onnxruntime prepacking nothing (this tree only); ``env``: more variables for it (e.g.
+    ``ETHEN_LAYER_KERNEL=on``)."""
     import subprocess
     import sys
 
@@ -305,7 +315,8 @@ def _ethen_run(root: Path, path: Path, threads: int, steps: int, accuracy: int,
         argv += ["cpu", "1" if long_prefill else "0", "0"]
     elif long_prefill:
         argv += ["cpu", "1"]
-    env = {k: v for k, v in os.environ.items() if k != "ETHEN_THREAD_POOL"}
+    own = ("ETHEN_THREAD_POOL", "ETHEN_LAYER_KERNEL")  # (set per mode below)
+    env = {k: v for k, v in os.environ.items() if k not in own} | (env or {})
     if pool:  # as `ethen worker` runs it: NumPy's BLAS on one thread next to the spinning pool (unless set)
         env |= {"ETHEN_THREAD_POOL": pool, "OPENBLAS_NUM_THREADS": env.get("OPENBLAS_NUM_THREADS", "1")}
     out = subprocess.run(argv, check=True, capture_output=True, text=True, env=env).stdout.split()
@@ -320,11 +331,17 @@ def _weights_resident(runs: Sequence[tuple[float, ...]], twin: tuple[float, ...]
     file = runs[0][3]
     prepacked = statistics.median(r[6] for r in runs) - twin[6]
     mapped = statistics.median(r[7] for r in runs)
-    rest = statistics.median(r[4] - r[5] for r in runs) - prepacked
-    weights = prepacked + mapped
+    # Q8_0 kernel layers: the GGUF's pages they read in place and their float32 scales (anonymous, so in
+    # both loads' growth alike: added here, taken out of the rest)
+    gguf = statistics.median(r[8] if len(r) > 8 else 0 for r in runs)
+    held = statistics.median(r[9] if len(r) > 9 else 0 for r in runs)
+    rest = statistics.median(r[4] - r[5] for r in runs) - prepacked - held
+    weights = prepacked + mapped + gguf + held
+    kernels = (f" + the GGUF's pages read in place {gguf / 2**20:.0f} MiB + kernel scales "
+               f"{held / 2**20:.0f} MiB" if held else "")
     return (f"resident weights {weights / 2**20:.0f} MiB = {weights / file:.3f}x the file (prepacked "
-            f"{prepacked / 2**20:.0f} MiB + mapped in place {mapped / 2**20:.0f} MiB), other anonymous "
-            f"growth {rest / 2**20:.0f} MiB = {rest / file:.2f}x")
+            f"{prepacked / 2**20:.0f} MiB + mapped in place {mapped / 2**20:.0f} MiB{kernels}), other "
+            f"anonymous growth {rest / 2**20:.0f} MiB = {rest / file:.2f}x")
 
 
 def devices(model: Path | None, steps: int, repeats: int) -> None:
@@ -365,7 +382,7 @@ def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, P
     """Layers only on Ethen's side (the head stays the orchestrator's); llama.cpp runs the whole model. Each
     Ethen figure is a fresh process (its RssAnon growth is that process's load + runs); with ``ref``, the
     same runs of that commit's tree, interleaved; medians of ``repeats``."""
-    from ethen.model.engine import ACCURACY_EXACT, ACCURACY_EXACT_INT8, ACCURACY_FAST
+    from ethen.model.engine import ACCURACY_AUTO, ACCURACY_EXACT, ACCURACY_EXACT_INT8, ACCURACY_FAST
 
     path = model or find_gguf_path()
     roots = {"": ROOT} | ({f" @{ref[0]}": ref[1]} if ref else {})
@@ -377,22 +394,26 @@ def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, P
         twins: dict[str, tuple[float, ...]] = {}
         for _ in range(repeats):
             llama.append(_llama_cpp(path, threads, steps))
-            for name, acc, long in (("int8-act", ACCURACY_FAST, False), ("exact", ACCURACY_EXACT, False),
-                                    ("exact-int8", ACCURACY_EXACT_INT8, False),
-                                    ("exact-int8 + ETHEN_PREFILL=float32", ACCURACY_EXACT_INT8, True)):
+            on, pre = {"ETHEN_LAYER_KERNEL": "on"}, "exact-int8 + ETHEN_PREFILL=float32"
+            for name, acc, long, env in (("auto", ACCURACY_AUTO, True, {}),
+                                         ("auto + ETHEN_LAYER_KERNEL=on", ACCURACY_AUTO, True, on),
+                                         ("int8-act", ACCURACY_FAST, False, {}),
+                                         ("exact", ACCURACY_EXACT, False, {}),
+                                         ("exact-int8", ACCURACY_EXACT_INT8, False, {}),
+                                         (pre, ACCURACY_EXACT_INT8, True, {})):
                 if modes and name not in modes:
                     continue
                 # with threads to share: also on one process-wide pool (ETHEN_THREAD_POOL=shared, `ethen
                 # worker`'s default), this tree only
                 for pool in ("", "shared") if threads > 1 else ("",):
                     for tag, root in roots.items():
-                        if tag and (acc == ACCURACY_EXACT_INT8 or pool):
+                        if tag and (acc == ACCURACY_EXACT_INT8 or pool or env):
                             continue  # (modes the --ref tree may not have)
                         label = name + (" + shared pool" if pool else "") + tag
                         runs.setdefault(label, []).append(_ethen_run(root, path, threads, steps, acc, long,
-                                                                     pool))
+                                                                     pool, env=env))
                         if not tag and label not in twins:  # its weights' memory (_weights_resident)
-                            twins[label] = _ethen_run(root, path, threads, steps, acc, long, pool, False)
+                            twins[label] = _ethen_run(root, path, threads, steps, acc, long, pool, False, env)
         lp, ld = _median2(llama)
         print(f"  llama.cpp {threads} thread(s): prefill {lp:.0f} tok/s, decode {ld:.1f} tok/s")
         for label, rs in runs.items():
@@ -620,8 +641,9 @@ def main() -> None:
     ap.add_argument("--ref", default=None,
                     help="with --vs-llama-cpp: the same Ethen runs of this commit too (interleaved)")
     ap.add_argument("--modes", default=None,
-                    help="with --vs-llama-cpp: Ethen's modes to run, comma-separated (default all: int8-act, "
-                         "exact, exact-int8, 'exact-int8 + ETHEN_PREFILL=float32')")
+                    help="with --vs-llama-cpp: Ethen's modes to run, comma-separated (default all: auto, "
+                         "'auto + ETHEN_LAYER_KERNEL=on', int8-act, exact, exact-int8, "
+                         "'exact-int8 + ETHEN_PREFILL=float32')")
     ap.add_argument("--answers", action="store_true",
                     help="only the greedy answers to five prompts: llama.cpp's and each ETHEN_ACCURACY's")
     ap.add_argument("--devices", action="store_true",

@@ -63,8 +63,9 @@ def trim_after(rows: int, mapped: Iterable[Path] = ()) -> bool:
 
 def _file_mappings(directory: Path) -> list[tuple[int, int, int, int]]:
     """``(start, end, Rss bytes, Anonymous bytes)`` of this process's mappings of files under
-    ``directory`` (``/proc/self/smaps``); empty where there is no such file."""
-    prefix = os.path.join(os.path.realpath(directory), "")
+    ``directory`` (or of the file ``directory`` itself) (``/proc/self/smaps``); empty where there is none."""
+    real = os.path.realpath(directory)
+    prefix = os.path.join(real, "")
     found: list[list[int]] = []
     mine = False  # the mapping whose fields follow is of a file under ``directory``
     try:
@@ -74,7 +75,8 @@ def _file_mappings(directory: Path) -> list[tuple[int, int, int, int]]:
                 if not head.endswith(":"):  # a mapping: start-end perms offset dev inode [path]
                     fields = rest.split(maxsplit=4)
                     # (a file replaced since it was mapped reads "path (deleted)": it matches too)
-                    mine = len(fields) == 5 and fields[4].startswith(prefix)
+                    mine = len(fields) == 5 and (fields[4].startswith(prefix)
+                                                 or fields[4].rstrip().removesuffix(" (deleted)") == real)
                     if mine:
                         found.append([int(v, 16) for v in head.split("-")] + [0, 0])
                 elif mine and head in ("Rss:", "Anonymous:"):
@@ -85,7 +87,7 @@ def _file_mappings(directory: Path) -> list[tuple[int, int, int, int]]:
 
 
 def mapped_rss(directory: Path) -> int:
-    """Resident bytes of this process's mappings of files under ``directory``."""
+    """Resident bytes of this process's mappings of files under ``directory`` (or of that file)."""
     return sum(rss for _lo, _hi, rss, _anon in _file_mappings(directory))
 
 

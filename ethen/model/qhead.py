@@ -105,15 +105,17 @@ def _kernels() -> dict[str, tuple[Any, ...]]:
         nb = d // 32
         x = np.empty(32, np.float32)
         for v in range(a, b):
+            qv, sv = q[v], sc[v]  # 1-D views: ~6 % faster than 2-D indexing (the layers' kernels, klayer)
             for r in range(n):
+                hr = h[r]
                 x[:] = 0
                 for blk in range(nb):
                     base = blk * 34 + 2
                     c = blk * 32
-                    s = sc[v, blk]
+                    s = sv[blk]
                     for j in range(32):
-                        w = s * np.float32(q[v, base + j])  # exact: 11-bit d times 8-bit q
-                        x[j] += w * h[r, c + j]
+                        w = s * np.float32(qv[base + j])  # exact: 11-bit d times 8-bit q
+                        x[j] += w * hr[c + j]
                 t = np.float32(0)
                 for j in range(32):
                     t += x[j]
@@ -126,18 +128,20 @@ def _kernels() -> dict[str, tuple[Any, ...]]:
         x = np.empty(32, np.float32)
         y = np.empty(32, np.float32)
         for v in range(a, b):
+            qv, sv = q[v], sc[v]
             for r in range(0, n, 2):
                 r1 = min(r + 1, n - 1)
+                h0, h1 = h[r], h[r1]
                 x[:] = 0
                 y[:] = 0
                 for blk in range(nb):
                     base = blk * 34 + 2
                     c = blk * 32
-                    s = sc[v, blk]
+                    s = sv[blk]
                     for j in range(32):
-                        w = s * np.float32(q[v, base + j])
-                        x[j] += w * h[r, c + j]
-                        y[j] += w * h[r1, c + j]
+                        w = s * np.float32(qv[base + j])
+                        x[j] += w * h0[c + j]
+                        y[j] += w * h1[c + j]
                 t0 = np.float32(0)
                 t1 = np.float32(0)
                 for j in range(32):
@@ -155,8 +159,10 @@ def _kernels() -> dict[str, tuple[Any, ...]]:
         z = np.empty(32, np.float32)
         u = np.empty(32, np.float32)
         for v in range(a, b):
+            qv, sv = q[v], sc[v]
             for r in range(0, n, 4):
                 r1, r2, r3 = min(r + 1, n - 1), min(r + 2, n - 1), min(r + 3, n - 1)
+                h0, h1, h2, h3 = h[r], h[r1], h[r2], h[r3]
                 x[:] = 0
                 y[:] = 0
                 z[:] = 0
@@ -164,13 +170,13 @@ def _kernels() -> dict[str, tuple[Any, ...]]:
                 for blk in range(nb):
                     base = blk * 34 + 2
                     c = blk * 32
-                    s = sc[v, blk]
+                    s = sv[blk]
                     for j in range(32):
-                        w = s * np.float32(q[v, base + j])
-                        x[j] += w * h[r, c + j]
-                        y[j] += w * h[r1, c + j]
-                        z[j] += w * h[r2, c + j]
-                        u[j] += w * h[r3, c + j]
+                        w = s * np.float32(qv[base + j])
+                        x[j] += w * h0[c + j]
+                        y[j] += w * h1[c + j]
+                        z[j] += w * h2[c + j]
+                        u[j] += w * h3[c + j]
                 t0 = np.float32(0)
                 t1 = np.float32(0)
                 t2 = np.float32(0)

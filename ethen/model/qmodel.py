@@ -35,6 +35,7 @@ from ethen.model.engine import (
 from ethen.model.errors import GGUFFormatError, ModelInputError, WeightsNotFoundError
 from ethen.model.gguf_loader import TensorInfo, WeightStore, unpermute_qk
 from ethen.model.heap import release_mapped, trim
+from ethen.model.klayer import KERNEL_ROWS, MATRICES, KernelLayer, build_kernel_layer, layer_kernel_mode
 from ethen.model.layers import AttentionSegment, apply_rope, attention, rms_norm
 from ethen.model.qhead import BlockHead, build_block_head
 from ethen.model.quant import PACKED_BITS, Packed, pack
@@ -59,6 +60,9 @@ class QuantLayer:
     attn_out_ffn_long: Any = None
     # the folder of the engine-layout files its sessions map (heap.release_mapped after long steps)
     backing: Path | None = None
+    # Q8_0 layers (klayer): steps of up to KERNEL_ROWS rows run these block kernels over the mapped GGUF;
+    # the graphs above are then the float32-compute variants, for longer steps
+    kernel: KernelLayer | None = None
 
 
 def _attend(qkv: F32, cos: F32, sin: F32, segments: Sequence[AttentionSegment], cfg: ModelConfig) -> F32:
@@ -86,7 +90,11 @@ def _attend(qkv: F32, cos: F32, sin: F32, segments: Sequence[AttentionSegment], 
 
 def quant_block(x: F32, w: QuantLayer, cos: F32, sin: F32, segments: Sequence[AttentionSegment],
                 cfg: ModelConfig) -> F32:
-    """:func:`ethen.model.layers.block` over engine graphs; writes this step's K/V into the segments."""
+    """:func:`ethen.model.layers.block` over engine graphs (or a Q8_0 layer's block kernels, for steps of up
+    to :data:`~ethen.model.klayer.KERNEL_ROWS` rows); writes this step's K/V into the segments."""
+    if w.kernel is not None and x.shape[0] <= KERNEL_ROWS:
+        qkv_k = w.kernel.attn_in(x)  # [N, qd + 2 kvd]
+        return w.kernel.attn_out_ffn(x, _attend(qkv_k, cos, sin, segments, cfg))  # [N, d]
     long = x.shape[0] >= PREFILL_ROWS
     attn_in = w.attn_in_long if long and w.attn_in_long is not None else w.attn_in
     attn_out_ffn = w.attn_out_ffn_long if long and w.attn_out_ffn_long is not None else w.attn_out_ffn
@@ -155,34 +163,61 @@ def _concat(g: GraphBuilder, x: str, mats: Sequence[Packed], accuracy: int) -> s
     return outs[0] if len(outs) == 1 else g.op("Concat", outs, axis=1)
 
 
-def _norm_qkv(g: GraphBuilder, x: str, tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) -> None:
+def _qkv_bias(tensors: _Tensors, i: int, cfg: ModelConfig) -> F32 | None:
+    """Layer ``i``'s Q|K|V biases ``[qd + 2 kvd]`` (Q/K un-permuted like their rows), None without."""
+    if not cfg.attn_bias:
+        return None
+    p = f"blk.{i}."
+    bq, bk = tensors.f32(p + "attn_q.bias"), tensors.f32(p + "attn_k.bias")
+    if cfg.qk_permuted:
+        bq, bk = unpermute_qk(bq, cfg.n_heads), unpermute_qk(bk, cfg.n_kv_heads)
+    return np.concatenate([bq, bk, tensors.f32(p + "attn_v.bias")])
+
+
+def _norm_qkv(g: GraphBuilder, x: str, tensors: _Tensors, i: int, cfg: ModelConfig, accuracy: int) -> None:
     """Layer ``i``'s RMSNorm and Q|K|V (+ biases) of ``x``, as ``g``'s output ``qkv [N, qd + 2 kvd]``."""
     p = f"blk.{i}."
     normed = g.rms_norm(x, tensors.f32(p + "attn_norm.weight"), cfg.rms_eps)  # [N, d]
     permuted = cfg.qk_permuted
     qkv_m = _packed_rows(tensors, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
                          [cfg.n_heads if permuted else None, cfg.n_kv_heads if permuted else None, None])
-    qkv = _concat(g, normed, qkv_m, engine.accuracy)  # [N, qd + 2 kvd]
-    if cfg.attn_bias:
-        bq, bk = tensors.f32(p + "attn_q.bias"), tensors.f32(p + "attn_k.bias")
-        if permuted:
-            bq, bk = unpermute_qk(bq, cfg.n_heads), unpermute_qk(bk, cfg.n_kv_heads)
-        qkv = g.op("Add", [qkv, g.const(np.concatenate([bq, bk, tensors.f32(p + "attn_v.bias")]), "b")])
+    qkv = _concat(g, normed, qkv_m, accuracy)  # [N, qd + 2 kvd]
+    bias = _qkv_bias(tensors, i, cfg)
+    if bias is not None:
+        qkv = g.op("Add", [qkv, g.const(bias, "b")])
     g.node("Identity", [qkv], ["qkv"])
     g.output("qkv", cfg.q_dim + 2 * cfg.kv_dim)
+
+
+def _kernel_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) -> KernelLayer | None:
+    """Layer ``i``'s block kernels (:mod:`ethen.model.klayer`) where asked and they apply:
+    ``$ETHEN_LAYER_KERNEL=on``, a CPU engine asked for float32-grade products at float32 prefill (accuracy
+    ``auto`` or ``exact``, ``long_prefill``), and seven Q8_0 matrices; else None."""
+    if layer_kernel_mode() != "on" or engine.device != "cpu" or not engine.long_prefill \
+            or engine.accuracy not in (ACCURACY_AUTO, ACCURACY_EXACT):
+        return None
+    p = f"blk.{i}."
+    qh, kh = (cfg.n_heads, cfg.n_kv_heads) if cfg.qk_permuted else (None, None)
+    return build_kernel_layer({n: tensors.get(p + n + ".weight") for n in MATRICES},
+                              tensors.f32(p + "attn_norm.weight"), tensors.f32(p + "ffn_norm.weight"),
+                              cfg.rms_eps, qh, kh, _qkv_bias(tensors, i, cfg), engine.threads)
 
 
 def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) -> QuantLayer:
     p = f"blk.{i}."
     d, f = cfg.d_model, cfg.d_ff
+    kernel = _kernel_layer(tensors, i, cfg, engine)
+    # a kernel layer's graphs serve its long steps only: built at exact-int8, whose long variant (below)
+    # reads the 8-bit blocks in place at float32 compute
+    acc = engine.accuracy if kernel is None else ACCURACY_EXACT_INT8
     a = GraphBuilder(f"layer{i}-attn-in")
-    _norm_qkv(a, a.input("x", d), tensors, i, cfg, engine)  # [N, d] -> qkv [N, qd + 2 kvd]
+    _norm_qkv(a, a.input("x", d), tensors, i, cfg, acc)  # [N, d] -> qkv [N, qd + 2 kvd]
     b = GraphBuilder(f"layer{i}-attn-out-ffn")
     xb, att = b.input("x", d), b.input("att", cfg.q_dim)
-    o = _concat(b, att, _packed_rows(tensors, [p + "attn_output.weight"], [None]), engine.accuracy)  # [N, d]
+    o = _concat(b, att, _packed_rows(tensors, [p + "attn_output.weight"], [None]), acc)  # [N, d]
     m, x2 = b.add_rms_norm(o, xb, tensors.f32(p + "ffn_norm.weight"), cfg.rms_eps)  # [N, d] x2
     gu = _packed_rows(tensors, [p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None])
-    both = _concat(b, m, gu, engine.accuracy)  # [N, 2F]
+    both = _concat(b, m, gu, acc)  # [N, 2F]
 
     def cols(lo: int, hi: int) -> str:  # both[:, lo:hi]
         ends = [b.const(np.array([v], np.int64), "s", False) for v in (lo, hi, 1)]
@@ -190,11 +225,17 @@ def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) 
 
     gate, up = cols(0, f), cols(f, 2 * f)  # [N, F] x2
     hdn = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate])]), up])  # [N, F] SiLU(gate) * up
-    down = _concat(b, hdn, _packed_rows(tensors, [p + "ffn_down.weight"], [None]), engine.accuracy)
+    down = _concat(b, hdn, _packed_rows(tensors, [p + "ffn_down.weight"], [None]), acc)
     b.node("Add", [x2, down], ["out"])
     b.output("out", d)
     nbytes = a.weight_bytes + b.weight_bytes  # (before the sessions take the initializers' bytes)
     back = tensors.backing_dir
+    if kernel is not None:
+        a_long, b_long = a.long_variant(), b.long_variant()
+        if a_long is not None and b_long is not None:  # (always, for seven Q8_0 matrices)
+            return QuantLayer(i, engine.session(a_long, back / f"{a.name}-kernel.bin"),
+                              engine.session(b_long, back / f"{b.name}-kernel.bin"), kernel.nbytes,
+                              tensors.nbytes(p), backing=back, kernel=kernel)
     a_short, a_long = _sessions(engine, a, back / f"{a.name}-acc{engine.accuracy}.bin")
     b_short, b_long = _sessions(engine, b, back / f"{b.name}-acc{engine.accuracy}.bin")
     return QuantLayer(i, a_short, b_short, nbytes, tensors.nbytes(p), a_long, b_long, back)

@@ -61,6 +61,18 @@ def test_release_mapped_drops_the_pages_of_files_under_a_folder_and_they_read_ba
 
 
 @linux_only
+def test_mapped_rss_of_one_file_counts_that_file_alone(tmp_path: Path) -> None:
+    """What Q8_0 kernel layers read in place is the GGUF itself (``bench/model_decode.py`` counts it)."""
+    data = np.arange(1 << 20, dtype=np.float32)  # 4 MiB
+    data.tofile(tmp_path / "m.gguf")
+    data.tofile(tmp_path / "m.gguf2")  # a name the first one's is a prefix of
+    a = np.memmap(tmp_path / "m.gguf", dtype=np.float32, mode="r")
+    b = np.memmap(tmp_path / "m.gguf2", dtype=np.float32, mode="r")
+    assert float(a.sum()) == float(b.sum())  # every page read
+    assert 0.9 * data.nbytes <= mapped_rss(tmp_path / "m.gguf") <= 1.1 * data.nbytes
+    assert mapped_rss(tmp_path) >= 1.8 * data.nbytes  # (the folder: both)
+
+
 def test_a_mapping_with_private_copies_of_written_pages_is_left_alone(tmp_path: Path) -> None:
     """``MADV_DONTNEED`` would discard a copy-on-write mapping's written pages: such a mapping is skipped."""
     np.arange(1 << 18, dtype=np.float32).tofile(tmp_path / "c.bin")
