@@ -48,6 +48,7 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
     ("ethen.model.gguf_loader", "tokenizers"): _WEIGHTS,
     ("ethen.model.qmodel", "gguf"): _WEIGHTS,
     ("ethen.model.qhead", "numba"): _WEIGHTS,
+    ("ethen.model.klayer", "numba"): _WEIGHTS,
     ("ethen.model.attend", "numba"): _WEIGHTS,
     ("ethen.model.tiny_gguf", "gguf"): _WEIGHTS,
     ("ethen.admin.observe_data", "ethen.gateway.providers.mesh"): _MESH_STACK,

@@ -1,28 +1,32 @@
-"""Decode steps of Q8_0 layers on block kernels that read the GGUF in place (no onnxruntime copy).
+"""Decode steps of Q8_0 layers on numba block kernels (no onnxruntime copy), opt-in.
 
 Why: onnxruntime's 8-bit ``MatMulNBits`` runs float32-grade products only on its int8 kernel
 (``exact-int8``, three rows per row), whose prepacked layout takes 40 bytes per 34-byte Q8_0 block (1.18x
 the file: over the issue's 1.15x), and its float32-compute 8-bit kernel dequantizes the whole matrix on
-every call. :class:`~ethen.model.qhead.BlockHead`'s Q8_0 kernel (``w = d q`` exact in float32, float32
-lane accumulators; the logits head's) reads the file's int8 quants where they lie and keeps only the block
-scales as float32 (4 bytes per block: 38 / 34 = 1.12x the file), at exact-int8's decode speed.
-``bench/quant_profile.py --q8-kernel`` (random Q8_0 blocks in TinyLlama-1.1B's shapes, 22 layers streamed,
-1 row, 1 thread, one run): int8 activations 7.28 G weights/s, exact-int8 4.87, this kernel 5.00, max error
-over max ``|y|`` against float64 6.0e-3 / 6.5e-7 / 1.6e-7.
+every call. Here each matrix is the file's int8 quants, copied once into an aligned ``[R, K]`` array, and its
+float16 block scales as float32 ``[R, K / 32]``: 36 bytes per 34-byte block (1.06x), nothing else. The
+kernels are :mod:`ethen.model.qhead`'s Q8_0 arithmetic (``w = d q`` exact in float32, 32 float32 lane
+accumulators per output, summed at the end) over that layout: ``bench/quant_profile.py --q8-kernel``
+(random Q8_0 blocks in TinyLlama-1.1B's shapes, 22 layers streamed, 1 row, 1 thread, one run): int8
+activations 7.28 G weights/s, exact-int8 4.87, this kernel 5.00; max error over max ``|y|`` against float64
+6.0e-3 / 6.5e-7 / 1.6e-7. Over TinyLlama-shape Q8_0's real blocks (a probe, one run): 6.83 G weights/s from
+the aligned copy against 6.40 reading the GGUF's 34-byte blocks in place.
 
 So :func:`build_kernel_layer` gives a layer whose seven matrices are all Q8_0 a :class:`KernelLayer`:
 steps of up to :data:`KERNEL_ROWS` rows (decode, batched decode rounds) run it; longer steps run the
 layer's float32-compute graphs over the engine layout read in place
 (:meth:`~ethen.model.engine.GraphBuilder.long_variant`, which prepack nothing), whose pages are released
-after each such step (:func:`ethen.model.heap.trim_after`). Nothing is prepacked for such a layer.
+after each such step (:class:`ethen.model.model.LayerStack`).
 
-``$ETHEN_LAYER_KERNEL`` (:data:`LAYER_KERNEL_MODES`): ``auto`` (the default) uses the kernels wherever they
-apply (:func:`ethen.model.qmodel.load_quant_layers` decides: a CPU engine at ``auto`` or ``exact`` accuracy
-with ``ETHEN_PREFILL=float32``); ``off`` keeps the engine graphs for every step (as before).
+``$ETHEN_LAYER_KERNEL`` (:data:`LAYER_KERNEL_MODES`): ``off`` (the default) keeps the engine graphs for
+every step; ``on`` uses the kernels wherever they apply (:func:`ethen.model.qmodel.load_quant_layers`
+decides: a CPU engine at ``auto`` or ``exact`` accuracy with ``ETHEN_PREFILL=float32``). Opt-in because a
+whole decode step measured slower than the default's exact-int8 graphs (docs/model.md).
 
 Threads: one call is one thread (numba ``nogil``); with ``threads`` > 1, a matrix of at least
 :data:`SPLIT_WEIGHTS` weights is split by rows over a process-wide pool (the calling thread takes the first
-share).
+share). numba is imported in :func:`_kernels` (the first kernel layer a process builds), ``cache=True`` as
+:mod:`ethen.model.qhead`'s.
 """
 
 from __future__ import annotations
@@ -39,10 +43,9 @@ from numpy.typing import NDArray
 from ethen.model.errors import ModelInputError
 from ethen.model.gguf_loader import unpermute_qk
 from ethen.model.layers import rms_norm
-from ethen.model.qhead import BlockHead
 
-__all__ = ["KERNEL_ROWS", "LAYER_KERNEL_MODES", "SPLIT_WEIGHTS", "KernelLayer", "build_kernel_layer",
-           "layer_kernel_mode"]
+__all__ = ["KERNEL_ROWS", "LAYER_KERNEL_MODES", "SPLIT_WEIGHTS", "KernelLayer", "Q8Matrix",
+           "build_kernel_layer", "layer_kernel_mode"]
 
 F32 = NDArray[np.float32]
 U8 = NDArray[np.uint8]
@@ -73,6 +76,108 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ethen-klayer")
 
 
+@functools.cache
+def _kernels() -> tuple[Any, Any]:
+    """The compiled kernels ``(1 row, 4 rows)``: ``out[r, v] = h[r] . (d q)[v]`` for ``v`` in ``[a, b)``,
+    ``q`` int8 ``[R, K]``, ``d`` float32 ``[R, K / 32]``, ``h`` float32 ``[N, K]``, ``out`` ``[N, R]``. Each
+    row's arithmetic is the same in both (a batched round equals its rows alone, bit for bit).
+
+    These are :mod:`ethen.model.qhead`'s Q8_0 kernels over another layout (32-byte blocks of quants, the
+    scales apart, instead of the file's 34-byte blocks). One kernel for both layouts, with the block's byte
+    stride read at run time, lost LLVM's vectorization: TinyLlama's gate matrix took 11 ms instead of ~1.7."""
+    import numba
+
+    jit = numba.njit(nogil=True, cache=True, fastmath=True, boundscheck=False)
+
+    @jit
+    def one(q: Any, d: Any, h: Any, out: Any, a: int, b: int) -> None:
+        n, k = h.shape
+        x = np.empty(32, np.float32)
+        for v in range(a, b):
+            qv, dv = q[v], d[v]  # 1-D views: faster than 2-D indexing
+            for r in range(n):
+                hr = h[r]
+                x[:] = 0
+                for blk in range(k // 32):
+                    c, s = blk * 32, dv[blk]
+                    for j in range(32):
+                        x[j] += (s * np.float32(qv[c + j])) * hr[c + j]  # d q exact in float32
+                t = np.float32(0)
+                for j in range(32):
+                    t += x[j]
+                out[r, v] = t
+
+    @jit
+    def four(q: Any, d: Any, h: Any, out: Any, a: int, b: int) -> None:
+        n, k = h.shape
+        x0 = np.empty(32, np.float32)
+        x1 = np.empty(32, np.float32)
+        x2 = np.empty(32, np.float32)
+        x3 = np.empty(32, np.float32)
+        for v in range(a, b):
+            qv, dv = q[v], d[v]
+            for r in range(0, n - 3, 4):
+                h0, h1, h2, h3 = h[r], h[r + 1], h[r + 2], h[r + 3]
+                x0[:] = 0
+                x1[:] = 0
+                x2[:] = 0
+                x3[:] = 0
+                for blk in range(k // 32):
+                    c, s = blk * 32, dv[blk]
+                    for j in range(32):
+                        w = s * np.float32(qv[c + j])
+                        x0[j] += w * h0[c + j]
+                        x1[j] += w * h1[c + j]
+                        x2[j] += w * h2[c + j]
+                        x3[j] += w * h3[c + j]
+                t0 = np.float32(0)
+                t1 = np.float32(0)
+                t2 = np.float32(0)
+                t3 = np.float32(0)
+                for j in range(32):
+                    t0 += x0[j]
+                    t1 += x1[j]
+                    t2 += x2[j]
+                    t3 += x3[j]
+                out[r, v] = t0
+                out[r + 1, v] = t1
+                out[r + 2, v] = t2
+                out[r + 3, v] = t3
+
+    return one, four
+
+
+class Q8Matrix:
+    """``W [R, K]`` of Q8_0 blocks as int8 quants ``[R, K]`` (copied once from the file's 34-byte blocks,
+    aligned) and float32 block scales ``[R, K / 32]``: 36 bytes per block."""
+
+    def __init__(self, raw: U8, rows: int, cols: int) -> None:
+        nb = cols // 32
+        arr = np.asarray(raw).view(np.ndarray)  # the mapped bytes
+        if arr.dtype != np.uint8 or arr.shape != (rows, nb * 34) or cols % 32:
+            raise ValueError(f"Q8_0 bytes must be uint8 [{rows}, {nb * 34}] with cols a multiple of 32, got "
+                             f"{arr.dtype} {list(arr.shape)}, cols {cols}")
+        blocks = arr.reshape(rows, nb, 34)  # a view: float16 d, then 32 int8 q
+        self.rows, self.cols = rows, cols
+        quants = np.ascontiguousarray(blocks[:, :, 2:]).view(np.int8)  # [R, nb, 32] a copy, aligned
+        self.quants: NDArray[np.int8] = quants.reshape(rows, cols)
+        self.scales: F32 = np.ascontiguousarray(blocks[:, :, :2]).view(np.float16)[..., 0].astype(np.float32)
+        self._one, self._four = _kernels()
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.quants.nbytes + self.scales.nbytes)
+
+    def matmul_into(self, h: F32, out: F32, start: int, stop: int) -> None:
+        """``out[:, start:stop] = h @ W[start:stop].T`` (``h`` float32 C-contiguous ``[N, K]``, ``out``
+        float32 C-contiguous ``[N, R]``); releases the GIL."""
+        n4 = h.shape[0] // 4 * 4
+        if n4:
+            self._four(self.quants, self.scales, h[:n4], out[:n4], start, stop)
+        if n4 < h.shape[0]:
+            self._one(self.quants, self.scales, h[n4:], out[n4:], start, stop)
+
+
 @dataclass(frozen=True, slots=True)
 class KernelLayer:
     """One layer's norms and its seven Q8_0 matrices as block kernels over the mapped GGUF."""
@@ -80,7 +185,7 @@ class KernelLayer:
     attn_norm: F32  # [d]
     ffn_norm: F32  # [d]
     eps: np.float32
-    mats: tuple[BlockHead, ...]  # MATRICES' order: q, k, v, o, gate, up, down
+    mats: tuple[Q8Matrix, ...]  # MATRICES' order: q, k, v, o, gate, up, down
     q_rows: NDArray[np.intp] | None  # un-permutes Q's output columns (llama's Q/K row order), or None
     k_rows: NDArray[np.intp] | None
     bias: F32 | None  # [qd + 2 kvd] Q/K/V biases (qwen2), un-permuted
@@ -88,16 +193,15 @@ class KernelLayer:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the decode step keeps resident: the matrices' pages of the file (read in place) and the
-        float32 scales (Q8_0: 38 bytes per 34-byte block, 1.12x)."""
-        return sum(int(m.quants.nbytes) for m in self.mats) + self.held_nbytes
+        """Bytes of the seven matrices (int8 quants and float32 scales: 36 per 34-byte block, 1.06x)."""
+        return sum(m.nbytes for m in self.mats)
 
     @property
     def held_nbytes(self) -> int:
-        """Bytes this layer holds in memory of its own (the float32 scales; the quants are file pages)."""
-        return sum(m.nbytes for m in self.mats)
+        """Bytes this layer holds in anonymous memory: all of :attr:`nbytes` (nothing is read in place)."""
+        return self.nbytes
 
-    def _mm(self, m: BlockHead, h: F32) -> F32:
+    def _mm(self, m: Q8Matrix, h: F32) -> F32:
         """``h [N, K] @ W.T`` -> ``[N, R]``, split by rows over the threads when ``W`` is large."""
         out: F32 = np.empty((h.shape[0], m.rows), dtype=np.float32)
         parts = min(self.threads, m.rows // 64) if m.rows * m.cols >= SPLIT_WEIGHTS else 1
@@ -143,7 +247,7 @@ def build_kernel_layer(raws: dict[str, tuple[str, U8, int, int]], attn_norm: F32
     ``k_heads``: un-permute Q / K (llama's row order) by that many heads."""
     if any(raws[n][0] != "Q8_0" or raws[n][3] % 32 for n in MATRICES):
         return None
-    mats = tuple(BlockHead("Q8_0", raws[n][1], raws[n][2], raws[n][3]) for n in MATRICES)
+    mats = tuple(Q8Matrix(raws[n][1], raws[n][2], raws[n][3]) for n in MATRICES)
 
     def order(rows: int, heads: int | None) -> NDArray[np.intp] | None:
         if heads is None:

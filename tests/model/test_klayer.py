@@ -165,7 +165,7 @@ print(json.dumps({"loaded": loaded, "file": file, "nbytes": stack.nbytes}))
 def test_kernel_layers_hold_no_prepacked_copy(tmp_path: Path) -> None:
     """Issue 24's memory target for Q8_0: onnxruntime's int8 layout of the blocks (``ETHEN_LAYER_KERNEL=off``,
     the default) is prepacked into anonymous memory at 40 bytes per 34-byte block; the kernel layers hold
-    the float32 scales alone (4 bytes per block) and read the quants in place."""
+    the int8 quants and float32 scales (36 bytes per block), and onnxruntime prepacks nothing."""
     spec = TinySpec(types=("Q8_0",), embd_type="Q8_0", n_layers=4, d_model=1024, n_heads=8, n_kv_heads=2,
                     d_ff=2816, name="q8-memory")
     path = write_tiny_gguf(tmp_path / "q8.gguf", spec)
@@ -177,6 +177,6 @@ def test_kernel_layers_hold_no_prepacked_copy(tmp_path: Path) -> None:
         got[mode] = json.loads(out.stdout.strip().splitlines()[-1])
     file = got["on"]["file"]
     print({k: {f: round(v / file, 3) for f, v in g.items()} for k, g in got.items()})
-    assert got["on"]["nbytes"] <= 1.15 * file  # the blocks read in place + float32 scales: 38 / 34
-    assert got["on"]["loaded"] <= 0.35 * file
-    assert got["off"]["loaded"] >= 0.9 * file  # (the int8 layout, prepacked)
+    assert got["on"]["nbytes"] <= 1.07 * file  # int8 quants + float32 scales: 36 / 34
+    assert got["on"]["loaded"] <= 1.2 * file  # those, and the sessions' own state
+    assert got["on"]["loaded"] + 0.1 * file <= got["off"]["loaded"]  # (the int8 layout, prepacked: 40 / 34)
