@@ -203,8 +203,8 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
                  long_prefill: str = "0", prepack: str = "1") -> tuple[float, ...]:
     """(prefill tok/s, decode tok/s, packed layer bytes, the layers' bytes in the file, RssAnon growth of
     this process over the load and the runs, the KV cache's bytes, RssAnon growth at load, the resident
-    pages of the engine layout's files after the runs, the GGUF's resident pages after the runs (what Q8_0
-    kernel layers read in place: :mod:`ethen.model.klayer`), the bytes those layers hold (their float32
+    pages of the engine layout's files after the runs, the GGUF's resident pages after the runs (held by
+    Q8_0 kernel layers, if any, :mod:`ethen.model.klayer`), the bytes those layers hold (their quants and
     scales)). ``long_prefill`` "1": the engine's
     ``long_prefill`` (``ETHEN_PREFILL=float32``). ``prepack`` "0": onnxruntime prepacks nothing
     (``session.disable_prepacking``) and only the load is measured (no runs): the twin
@@ -242,7 +242,7 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
     held = 0
     for w in layers:
         kernel = getattr(w, "kernel", None)  # (a --ref tree's layers may have none)
-        held += kernel.held_nbytes if kernel is not None else 0
+        held += kernel.nbytes if kernel is not None else 0
     if prepack == "0":
         return 0.0, 0.0, packed, file, loaded, 0, loaded, mapped_rss(store.directory / "engine"), 0, held
     x = np.random.default_rng(0).standard_normal((LONG_PREFILL, store.config.d_model)).astype(np.float32)
@@ -331,13 +331,13 @@ def _weights_resident(runs: Sequence[tuple[float, ...]], twin: tuple[float, ...]
     file = runs[0][3]
     prepacked = statistics.median(r[6] for r in runs) - twin[6]
     mapped = statistics.median(r[7] for r in runs)
-    # Q8_0 kernel layers: the GGUF's pages they read in place and their float32 scales (anonymous, so in
-    # both loads' growth alike: added here, taken out of the rest)
+    # Q8_0 kernel layers: the GGUF's pages still mapped and their own arrays (anonymous, so in both loads'
+    # growth alike: added here, taken out of the rest)
     gguf = statistics.median(r[8] if len(r) > 8 else 0 for r in runs)
     held = statistics.median(r[9] if len(r) > 9 else 0 for r in runs)
     rest = statistics.median(r[4] - r[5] for r in runs) - prepacked - held
     weights = prepacked + mapped + gguf + held
-    kernels = (f" + the GGUF's pages read in place {gguf / 2**20:.0f} MiB + kernel scales "
+    kernels = (f" + the GGUF's pages mapped {gguf / 2**20:.0f} MiB + kernel layers' arrays "
                f"{held / 2**20:.0f} MiB" if held else "")
     return (f"resident weights {weights / 2**20:.0f} MiB = {weights / file:.3f}x the file (prepacked "
             f"{prepacked / 2**20:.0f} MiB + mapped in place {mapped / 2**20:.0f} MiB{kernels}), other "

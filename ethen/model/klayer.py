@@ -180,7 +180,7 @@ class Q8Matrix:
 
 @dataclass(frozen=True, slots=True)
 class KernelLayer:
-    """One layer's norms and its seven Q8_0 matrices as block kernels over the mapped GGUF."""
+    """One layer's norms and its seven Q8_0 matrices (:class:`Q8Matrix`), run by the block kernels."""
 
     attn_norm: F32  # [d]
     ffn_norm: F32  # [d]
@@ -193,13 +193,9 @@ class KernelLayer:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the seven matrices (int8 quants and float32 scales: 36 per 34-byte block, 1.06x)."""
+        """Bytes of the seven matrices, all in anonymous memory (int8 quants and float32 scales: 36 per
+        34-byte block, 1.06x)."""
         return sum(m.nbytes for m in self.mats)
-
-    @property
-    def held_nbytes(self) -> int:
-        """Bytes this layer holds in anonymous memory: all of :attr:`nbytes` (nothing is read in place)."""
-        return self.nbytes
 
     def _mm(self, m: Q8Matrix, h: F32) -> F32:
         """``h [N, K] @ W.T`` -> ``[N, R]``, split by rows over the threads when ``W`` is large."""

@@ -108,7 +108,7 @@ class LayerStack:
                                      and (w.attn_in_long is not None or w.attn_out_ffn_long is not None
                                           or w.kernel is not None)}))
         # Q8_0 kernel layers (klayer): steps over KERNEL_ROWS rows read their engine layout too, released
-        # after any such step (a decode step reads the GGUF instead)
+        # after any such step (a decode step reads the kernels' own copy instead)
         self._kernel_mapped = tuple(sorted({w.backing for w in layers if isinstance(w, QuantLayer)
                                             and w.backing and w.kernel is not None}))
 

@@ -60,8 +60,8 @@ class QuantLayer:
     attn_out_ffn_long: Any = None
     # the folder of the engine-layout files its sessions map (heap.release_mapped after long steps)
     backing: Path | None = None
-    # Q8_0 layers (klayer): steps of up to KERNEL_ROWS rows run these block kernels over the mapped GGUF;
-    # the graphs above are then the float32-compute variants, for longer steps
+    # Q8_0 layers with ETHEN_LAYER_KERNEL=on (klayer): steps of up to KERNEL_ROWS rows run these block
+    # kernels; the graphs above are then the float32-compute variants, for longer steps
     kernel: KernelLayer | None = None
 
 

@@ -141,6 +141,7 @@ import numpy as np
 import onnxruntime
 from ethen.model import load_layer_stacks, open_weight_store
 from ethen.model.attend import warm
+from ethen.model.klayer import _kernels as layer_kernels
 from ethen.model.qhead import _kernels
 
 def anon():
@@ -151,7 +152,8 @@ def anon():
 store = open_weight_store(Path(sys.argv[1]), cache_root=Path(sys.argv[2]), weights="quantized")
 onnxruntime.InferenceSession  # noqa: B018  (its own start-up memory is not the weights')
 warm()
-_kernels()  # nor is numba's runtime
+_kernels()  # nor is numba's runtime, or a JIT compile (a fresh clone has no numba cache yet)
+layer_kernels()
 before = anon()
 (stack,) = load_layer_stacks([(0, store.config.n_layers - 1)], store)
 loaded = anon() - before
