@@ -26,9 +26,11 @@ as in decode, not one matrix warm in cache), 1 row, 1 thread, interleaved, micro
 (40 bytes per Q8_0 block: 1.18x the file) for decode? Random Q8_0 blocks in the model's seven matrix shapes
 (``--layers`` layers of them, so the weights stream from DRAM as in decode), 1 row, 1 thread, interleaved,
 ms per pass over all layers and G weights/s: ``MatMulNBits`` 8-bit at int8 activations (``fast``: what
-llama.cpp computes with), at ``exact-int8`` (three rows), and the kernel ``w = d q``, ``acc[j] += w x[j]``
-over the file's int8 quants with float32 scales (1.12x the file; :mod:`ethen.model.qhead`'s Q8_0 form, one
-and two rows of ``W`` per pass). Max error over ``max |y|`` against float64 is printed per variant.
+llama.cpp computes with), at ``exact-int8`` (three rows), and the kernel ``ETHEN_LAYER_KERNEL=on`` runs
+(:class:`ethen.model.klayer.Q8Matrix`: ``w = d q``, ``acc[j] += w x[j]`` over int8 quants copied from the
+blocks and float32 scales, 1.06x the file). Max error over ``max |y|`` against float64 is printed per
+variant. (Its first version timed a copy of the kernel, and a 2-rows-of-``W`` variant: 4.95 G weights/s
+against 5.00.)
 
 ``--stack``: all layers of the model, one thread, decode tok/s of 16 steps in a fresh process without and
 then in one after a 512-row prefill. It uses only APIs an older tree has too, so the same script measures
@@ -49,6 +51,7 @@ import numpy as np
 
 from ethen.model import open_weight_store
 from ethen.model.engine import ACCURACY_EXACT, ACCURACY_EXACT_INT8, ACCURACY_FAST, Engine, GraphBuilder
+from ethen.model.klayer import Q8Matrix
 from ethen.model.qmodel import _packed_rows, _Tensors
 from ethen.model.quant import NBits
 
@@ -177,79 +180,45 @@ def _zero_points(model: Path, repeats: int) -> None:
           f"({total[False] / total[True]:.2f}x the time)")
 
 
-def _q8_kernels() -> dict[str, Any]:
-    """numba float32 kernels ``y = W x`` over int8 quants ``q [R, K]`` and float32 scales ``d [R, K / 32]``:
-    one row of ``W`` per pass, or two sharing each load of ``x``."""
-    import numba
-
-    jit = numba.njit(nogil=True, fastmath=True, boundscheck=False, cache=False)
-
-    @jit
-    def one(q: Any, d: Any, x: Any, y: Any) -> None:
-        rows, cols = q.shape
-        acc = np.empty(32, np.float32)
-        for r in range(rows):
-            acc[:] = 0
-            for b in range(cols // 32):
-                s, c = d[r, b], b * 32
-                for j in range(32):
-                    acc[j] += (s * np.float32(q[r, c + j])) * x[c + j]  # w = d q exact in float32
-            y[r] = acc.sum()
-
-    @jit
-    def two(q: Any, d: Any, x: Any, y: Any) -> None:
-        rows, cols = q.shape
-        a0 = np.empty(32, np.float32)
-        a1 = np.empty(32, np.float32)
-        for r in range(0, rows, 2):
-            a0[:] = 0
-            a1[:] = 0
-            for b in range(cols // 32):
-                s0, s1, c = d[r, b], d[r + 1, b], b * 32
-                for j in range(32):
-                    xj = x[c + j]
-                    a0[j] += (s0 * np.float32(q[r, c + j])) * xj
-                    a1[j] += (s1 * np.float32(q[r + 1, c + j])) * xj
-            y[r] = a0.sum()
-            y[r + 1] = a1.sum()
-
-    return {"kernel, 1 row of W": one, "kernel, 2 rows of W": two}
-
-
 def _q8_kernel(model: Path, layers: int, repeats: int) -> None:
     cfg = open_weight_store(model, weights="quantized").config
     d, kv, ff = cfg.d_model, cfg.kv_dim, cfg.d_ff
     shapes = [(cfg.q_dim, d), (kv, d), (kv, d), (d, cfg.q_dim), (ff, d), (ff, d), (d, ff)]  # [R, K] each
     rng = np.random.default_rng(0)
-    mats: list[tuple[Any, Any, Any]] = []  # (int8 q [R, K], float32 d [R, K / 32], ``NBits``)
+    mats: list[tuple[Any, Any, Any, Q8Matrix]] = []  # (int8 q [R, K], float32 d [R, K / 32], NBits, kernel)
     for _ in range(layers):
         for rows, cols in shapes:
+            nb = cols // 32
             q = rng.integers(-128, 128, (rows, cols), dtype=np.int8)
-            sc = (rng.random((rows, cols // 32)) * 0.01).astype(np.float16).astype(np.float32)
-            data = (q.view(np.uint8) ^ np.uint8(128)).reshape(rows, cols // 32, 32)  # zero point 128
-            mats.append((q, sc, NBits(rows, cols, 8, 32, data, sc.reshape(-1), None)))
+            sc16 = (rng.random((rows, nb)) * 0.01).astype(np.float16)
+            sc = sc16.astype(np.float32)
+            data = (q.view(np.uint8) ^ np.uint8(128)).reshape(rows, nb, 32)  # zero point 128
+            blocks = np.empty((rows, nb, 34), np.uint8)  # the file's Q8_0 blocks: float16 d, 32 int8 q
+            blocks[:, :, :2] = sc16.view(np.uint8).reshape(rows, nb, 2)
+            blocks[:, :, 2:] = q.view(np.uint8).reshape(rows, nb, 32)
+            mats.append((q, sc, NBits(rows, cols, 8, 32, data, sc.reshape(-1), None),
+                         Q8Matrix(blocks.reshape(rows, nb * 34), rows, cols)))
     n_weights = sum(r * c for r, c in shapes) * layers
     xs = {c: rng.standard_normal((1, c)).astype(np.float32) for _, c in shapes}
-    ys = [np.empty(m[0].shape[0], np.float32) for m in mats]
+    ys = [np.empty((1, m[0].shape[0]), np.float32) for m in mats]
     graphs = {"MatMulNBits, int8 activations": (ACCURACY_FAST,
                                                 lambda g, x, w: _nbits(g, x, w, ACCURACY_FAST)),
               "MatMulNBits, exact-int8": (ACCURACY_EXACT_INT8,
                                           lambda g, x, w: g.linear(x, w, ACCURACY_EXACT_INT8))}
-    sess = {k: [_session(w, lambda g, x, w=w, b=b: b(g, x, w), acc) for _, _, w in mats]
+    sess = {k: [_session(w, lambda g, x, w=w, b=b: b(g, x, w), acc) for _, _, w, _ in mats]
             for k, (acc, b) in graphs.items()}
-    kernels = _q8_kernels()
 
     def run_graph(k: str) -> list[Any]:
         return [s.run(None, {"x": xs[m[0].shape[1]]})[0][0] for s, m in zip(sess[k], mats, strict=True)]
 
-    def run_kernel(k: str) -> list[Any]:
-        for (q, sc, _), y in zip(mats, ys, strict=True):
-            kernels[k](q, sc, xs[q.shape[1]][0], y)
-        return ys
+    def run_kernel() -> list[Any]:
+        for (_, _, _, km), y in zip(mats, ys, strict=True):
+            km.matmul_into(xs[km.cols], y, 0, km.rows)
+        return [y[0] for y in ys]
 
     runs: dict[str, Any] = {k: (lambda k=k: run_graph(k)) for k in sess}
-    runs |= {k: (lambda k=k: run_kernel(k)) for k in kernels}
-    q, sc, _ = mats[4]
+    runs["kernel (klayer.Q8Matrix)"] = run_kernel
+    q, sc, _, _ = mats[4]
     ref = (sc.astype(np.float64).repeat(32, axis=1) * q) @ xs[q.shape[1]][0].astype(np.float64)
     errs = {k: float(np.abs(f()[4] - ref).max() / np.abs(ref).max()) for k, f in runs.items()}
     times: dict[str, list[float]] = {k: [] for k in runs}

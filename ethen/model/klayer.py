@@ -8,9 +8,9 @@ float16 block scales as float32 ``[R, K / 32]``: 36 bytes per 34-byte block (1.0
 kernels are :mod:`ethen.model.qhead`'s Q8_0 arithmetic (``w = d q`` exact in float32, 32 float32 lane
 accumulators per output, summed at the end) over that layout: ``bench/quant_profile.py --q8-kernel``
 (random Q8_0 blocks in TinyLlama-1.1B's shapes, 22 layers streamed, 1 row, 1 thread, one run): int8
-activations 7.28 G weights/s, exact-int8 4.87, this kernel 5.00; max error over max ``|y|`` against float64
-6.0e-3 / 6.5e-7 / 1.6e-7. Over TinyLlama-shape Q8_0's real blocks (a probe, one run): 6.83 G weights/s from
-the aligned copy against 6.40 reading the GGUF's 34-byte blocks in place.
+activations 8.84 G weights/s, exact-int8 6.63, :class:`Q8Matrix` 6.77; max error over max ``|y|`` against
+float64 6.0e-3 / 6.5e-7 / 2.5e-7. Over TinyLlama-shape Q8_0's real blocks (a probe, one run): 6.83 G
+weights/s from the aligned copy against 6.40 reading the GGUF's 34-byte blocks in place.
 
 So :func:`build_kernel_layer` gives a layer whose seven matrices are all Q8_0 a :class:`KernelLayer`:
 steps of up to :data:`KERNEL_ROWS` rows (decode, batched decode rounds) run it; longer steps run the
