@@ -18,6 +18,11 @@ Mesh (nodes, layers, health, the route chosen now and its cost), from ``/api/adm
 Axes: spend from $0 to just above the data (all-zero data, free models: $0-0.01), success rate and circuit
 state 0-100%. Wide tables (the Mesh tab's) sit in a card and scroll inside it, never the page.
 
+``GET /`` redirects to ``/ui`` (307; only when there is a dashboard: other unknown paths, and ``/`` without
+one, stay the gateway's JSON 404). The request log's table fits the window (long cells wrap; the numbers,
+tokens and cost among them, never do), a clicked row's request opens scrolled into view, and the charts take
+their card's full width (redrawn to it when the window is resized).
+
 ``POST /ui/login`` is throttled per client address (``ethen.admin.sessions.LoginThrottle``: 5 failures in a
 row, then 429 with ``Retry-After`` for 1 s, doubling per further failure up to 60 s; a success resets).
 
@@ -120,7 +125,8 @@ def favicon_route() -> Route:
 
 
 def ui_routes(auth: AdminAuth | None) -> list[Route]:
-    """``/ui`` (login form or app), ``/ui/login``, ``/ui/logout``, the static files (read once, at build)."""
+    """``/ui`` (login form or app), ``/ui/login``, ``/ui/logout``, the static files (read once, at build), and
+    ``GET /``: a 307 to ``/ui`` (an operator opening the gateway's address finds the dashboard)."""
     if auth is None:
         return []
     app_page, login_page = _asset("index.html").decode(), _asset("login.html").decode()
@@ -186,6 +192,10 @@ def ui_routes(auth: AdminAuth | None) -> list[Route]:
         body, media = assets[request.url.path.rsplit("/", 1)[1]]
         return Response(body, 200, cached, media_type=f"{media}; charset=utf-8")
 
-    return [Route("/ui", index, methods=["GET"]), Route("/ui/login", login, methods=["POST"]),
+    async def root(request: Request) -> Response:
+        return Response(None, 307, {**headers, "location": "/ui"})
+
+    return [Route("/", root, methods=["GET"]), Route("/ui", index, methods=["GET"]),
+            Route("/ui/login", login, methods=["POST"]),
             Route("/ui/logout", logout, methods=["POST"])] + [
             Route(f"/ui/{name}", asset, methods=["GET"]) for name in assets]

@@ -5,8 +5,10 @@ request and its receipt, the spend charts (pixels of the series colour on the ca
 created, the key used, then revoked. Issue 23: the axes scale to the data (spend: free models are not drawn on
 $0-100; success at most 100%), the Mesh tab's tables fit their cards in a 1,400 px window (and scroll inside
 them in a narrower one) under a header as wide as the page, the Health and Mesh tabs do not overlap, and the
-pages have an icon (``/favicon.ico``). Screenshots of each page, at 1,400 px wide, go to
-``$ETHEN_TEST_ARTIFACTS/dashboard`` (else the test's tmp_path; the folder is printed).
+pages have an icon (``/favicon.ico``). Issue 42: ``/`` leads to the dashboard, the request table fits a
+1,400 px window, a clicked request opens in view, and the charts fill their cards. Screenshots of each page,
+at 1,400 px wide, go to ``$ETHEN_TEST_ARTIFACTS/dashboard`` (else the test's tmp_path; the folder is
+printed).
 
 Skips, with the reason, without Chromium or the ``playwright`` package."""
 
@@ -345,6 +347,182 @@ def test_mesh_page_in_chromium(tmp_path: Path, browser: Any) -> None:
         for w in workers.values():
             w.stop()
     assert {"8-mesh.png", "8-mesh-900px.png", "8-health.png"} <= {p.name for p in shots.glob("*.png")}
+
+
+# Issue 42 (13): the request table at 1,400 px, its tokens and cost cells, and the page's overflow
+_REQUEST_TABLE = """() => {
+  const box = (e) => e.getBoundingClientRect();
+  const table = document.getElementById("req-rows").closest("table");
+  const rows = [...document.querySelectorAll("#req-rows tr")];
+  const cells = (i) => rows.map((r) => box(r.cells[i]));
+  const edge = (bs) => ({ left: Math.min(...bs.map((b) => b.left)),
+                          right: Math.max(...bs.map((b) => b.right)) });
+  const head = [...table.tHead.rows[0].cells].map((c) => c.textContent);
+  const main = document.querySelector("main");
+  return { window: window.innerWidth, page: document.documentElement.scrollWidth,
+           main_scrolls: main.scrollWidth > main.clientWidth, rows: rows.length,
+           box_scrolls: table.parentElement.scrollWidth > table.parentElement.clientWidth,
+           table: { left: box(table).left, right: box(table).right, width: box(table).width },
+           tokens: edge(cells(head.indexOf("tokens"))), cost: edge(cells(head.indexOf("cost $"))),
+           clipped: rows.some((r) => [...r.cells].some((c) => c.scrollWidth > c.clientWidth + 1)),
+           ids_whole: rows.every((r) => r.cells[1].firstChild.title === r.cells[1].textContent) };
+}"""
+
+# where the request's detail is on the screen (its title's top and the panel's box) after a row's click
+_DETAIL_BOX = """() => {
+  const t = document.getElementById("d-title").getBoundingClientRect();
+  const d = document.getElementById("detail").getBoundingClientRect();
+  return { title_top: t.top, title_bottom: t.bottom, top: d.top, height: window.innerHeight,
+           scrolled: window.scrollY };
+}"""
+
+_DETAIL_IN_VIEW = """() => { const r = document.getElementById("d-title").getBoundingClientRect();
+  return r.top >= 0 && r.bottom <= window.innerHeight; }"""
+
+# each drawn chart's width (uPlot's root) against its container's
+_CHART_WIDTHS = """(ids) => ids.map((id) => {
+  const c = document.getElementById(id);
+  const u = c.querySelector(".uplot");
+  return { id, container: c.clientWidth, chart: u ? u.getBoundingClientRect().width : null,
+           canvas: u ? u.querySelector("canvas").getBoundingClientRect().width : null };
+})"""
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def _assert_charts_fill(page: Any, ids: list[str]) -> None:
+    for c in page.evaluate(_CHART_WIDTHS, ids):
+        assert c["chart"] is not None, c
+        assert 0.9 * c["container"] <= c["chart"] <= c["container"] + 0.5, c  # was 760 px of 1,368
+        assert c["canvas"] >= 0.9 * c["container"], c
+
+
+def _listed(rejections: list[dict[str, Any]]) -> list[str]:
+    return [f"{j['candidate']}: {', '.join(j['reasons'])}" for j in rejections]
+
+
+def _wait_rows(url: str, n: int) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 15
+    while True:  # bounded: the request log's writer lags by a batch
+        rows: list[dict[str, Any]] = httpx.get(
+            f"{url}/api/admin/v1/requests", params={"limit": 100},
+            headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()["data"]
+        if len(rows) >= n or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
+
+
+def test_request_log_fits_the_window_and_opens_in_view(tmp_path: Path, browser: Any) -> None:
+    """Issue 42 (13): at 1,400 px the request table was 1,543 px wide (tokens and cost out of the window);
+    clicking a row opened its request below the 50-row table without scrolling (nothing visible changed);
+    the charts took 760 px of the page. Now: the table fits (long cells wrap, the numbers do not), tokens and
+    cost are in the window, the clicked request's page is scrolled into view, the rejected candidates are
+    listed (a tool request: the candidate without tools), and each chart fills its card, also after the window
+    is resized. Screenshots: ``11-*.png``."""
+    shots = _artifacts(tmp_path)
+    with live_store(f"sqlite:///{tmp_path / 'l.db'}", {"up-beta-small": Behavior(fail_status=500)}) as lv:
+        url = lv.gateway.url
+        key = new_project_key(lv, "acme-production-eu-west", budget_usd=5.0)
+        auth = {"authorization": f"Bearer {key}"}
+        sent = 0
+        with httpx.Client(base_url=lv.base_url, headers=auth, timeout=15) as client:
+            def chat(rid: str | None, **body: Any) -> int:
+                nonlocal sent
+                sent += 1
+                r = client.post("/chat/completions", headers={"x-request-id": rid} if rid else {},
+                                json={"messages": USER, "max_tokens": 5, **body})
+                return r.status_code
+            # the gateway's own ids (32 hex digits), fallbacks (served by beta/beta-tools (fallback)),
+            # refusals (422 no_smart_route_candidate), upstream failures then an open circuit (502, 503)
+            for i in range(52):
+                model = ("ethen/auto", "beta-small", "ethen/auto", "alpha-large")[i % 4]
+                assert chat(None, model=model, **({"max_tokens": 10**6} if i % 8 == 2 else {})) in (
+                    200, 422, 502, 503)
+            assert chat("ui-tools", model="ethen/auto", tools=TOOLS) == 200  # beta-small: no_tool_support
+            assert chat("ui-refused", model="ethen/auto", max_tokens=10**6) == 422
+        rows = _wait_rows(url, sent)
+        assert len(rows) == sent
+        tools, refused = (httpx.get(f"{url}/api/admin/v1/requests/{rid}",
+                                    headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()["receipt"]
+                          for rid in ("ui-tools", "ui-refused"))
+        assert tools["rejected"][0]["candidate"] == "beta/beta-small", tools
+        assert "no_tool_support" in tools["rejected"][0]["reasons"], tools
+
+        ctx = browser.new_context(viewport=VIEWPORT)
+        ctx.set_default_timeout(15_000)
+        page = ctx.new_page()
+        page.goto(f"{url}/")  # the gateway's address: the dashboard's sign-in form
+        assert page.url == f"{url}/ui"
+        page.fill("#admin-key", ADMIN_KEY)
+        page.click("button[type=submit]")
+        page.wait_for_selector("#req-rows tr >> text=ui-refused")
+        sync_api.expect(page.locator("#req-rows tr")).to_have_count(50)
+
+        # 1,400 px: the table fits the window, its tokens and cost cells inside it, nothing scrolls sideways
+        at = page.evaluate(_REQUEST_TABLE)
+        page.screenshot(path=str(shots / "11-requests-1400px.png"))
+        assert at["rows"] == 50, at
+        assert at["table"]["right"] <= at["window"] and at["table"]["width"] <= at["window"], at
+        for col in ("tokens", "cost"):
+            assert at[col]["left"] >= 0 and at[col]["right"] <= at["window"], (col, at)
+        assert at["page"] <= at["window"] and at["main_scrolls"] is False and at["clipped"] is False, at
+        assert at["ids_whole"], at  # an id cut to its column is whole on hover (and on its page)
+
+        # a click on a row: its request's page is on the screen (it opens below the 50 rows)
+        page.click("#req-rows tr >> text=ui-tools")
+        page.wait_for_selector("#d-title >> text=Request ui-tools")
+        page.wait_for_function(_DETAIL_IN_VIEW, timeout=5_000)
+        box = page.evaluate(_DETAIL_BOX)
+        assert box["title_top"] >= 0 and box["title_bottom"] <= box["height"] and box["scrolled"] > 0, box
+        page.screenshot(path=str(shots / "11-request-opened.png"))
+        rejected = page.locator("#d-rejected li").all_text_contents()
+        assert rejected == _listed(tools["rejected"]), rejected  # beta/beta-small: no_tool_support, ...
+
+        # the refused request: each rejected candidate the log keeps, with its reasons
+        page.evaluate("window.scrollTo(0, 0)")
+        page.click("#req-rows tr >> text=ui-refused")
+        page.wait_for_selector("#d-title >> text=Request ui-refused")
+        page.wait_for_function(_DETAIL_IN_VIEW, timeout=5_000)
+        shown = page.locator("#d-rejected li").all_text_contents()
+        if refused is None:  # a log keeping no receipt for a refusal: the page says so, not an empty heading
+            assert shown == ["not logged for this request"], shown
+        else:  # every candidate was rejected, each listed with its reasons
+            assert len(refused["rejected"]) == 4 and shown == _listed(refused["rejected"]), (shown, refused)
+        page.screenshot(path=str(shots / "11-refused-opened.png"))
+
+        # the charts: each as wide as its card (spend; candidates), and again after a resize
+        page.click("nav button[data-tab=spend]")
+        page.wait_for_selector("#chart-project canvas")
+        page.wait_for_selector("#chart-model canvas")
+        _assert_charts_fill(page, ["chart-project", "chart-model"])
+        page.screenshot(path=str(shots / "11-spend-1400px.png"), full_page=True)
+        page.click("nav button[data-tab=providers]")
+        page.wait_for_selector("#chart-success canvas")
+        page.wait_for_selector("#chart-circuit canvas")
+        _assert_charts_fill(page, ["chart-success", "chart-p50", "chart-p95", "chart-circuit"])
+        page.screenshot(path=str(shots / "11-candidates-1400px.png"), full_page=True)
+        page.set_viewport_size({"width": 1000, "height": 900})
+        page.wait_for_function("""() => { const c = document.getElementById("chart-success");
+          return c.querySelector(".uplot").getBoundingClientRect().width <= c.clientWidth; }""")
+        _assert_charts_fill(page, ["chart-success", "chart-p50", "chart-p95", "chart-circuit"])
+        page.click("nav button[data-tab=spend]")
+        page.wait_for_selector("#chart-project canvas")
+        _assert_charts_fill(page, ["chart-project", "chart-model"])
+
+        # a laptop's 1,280 px: the request table still fits; 900 px: it scrolls in its box, not the page
+        page.click("nav button[data-tab=requests]")
+        page.set_viewport_size({"width": 1280, "height": 900})
+        at = page.evaluate(_REQUEST_TABLE)
+        page.screenshot(path=str(shots / "11-requests-1280px.png"))
+        assert at["table"]["right"] <= at["window"] == 1280 and at["page"] <= at["window"], at
+        for col in ("tokens", "cost"):
+            assert at[col]["left"] >= 0 and at[col]["right"] <= at["window"], (col, at)
+        page.set_viewport_size({"width": 900, "height": 900})
+        at = page.evaluate(_REQUEST_TABLE)
+        assert at["page"] <= at["window"] == 900 and at["main_scrolls"] is False and at["box_scrolls"], at
+        ctx.close()
+    assert {"11-requests-1400px.png", "11-request-opened.png", "11-spend-1400px.png",
+            "11-candidates-1400px.png", "11-requests-1280px.png"} <= {p.name for p in shots.glob("*.png")}
 
 
 # the page's width, the header bar's, and per Mesh tab card: its box and each table's (left, right, width,

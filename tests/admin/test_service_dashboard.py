@@ -212,3 +212,28 @@ def test_session_expiry_and_secure_cookie_off_loopback() -> None:
     assert auth.session(_request("127.0.0.1", f"{COOKIE}={sid}")) is None
     assert not secure_cookie(_request("127.0.0.1")) and not secure_cookie(_request("::1"))
     assert secure_cookie(_request("10.1.2.3")) and secure_cookie(_request("192.168.0.9"))
+
+
+def test_root_redirects_browsers_to_the_dashboard(tmp_path: Path) -> None:
+    """Issue 42 (13): ``GET /`` was a JSON 404, so an operator opening the gateway's address found nothing;
+    with a dashboard it redirects to ``/ui`` (the login form, then the app). Other unknown paths stay JSON
+    404s, other methods on ``/`` JSON 405s, and a gateway without a dashboard keeps ``/`` a 404."""
+    with live_store(f"sqlite:///{tmp_path / 'root.db'}", {}) as lv:
+        url = lv.gateway.url
+        for method in ("GET", "HEAD"):
+            r = httpx.request(method, f"{url}/")
+            assert r.status_code == 307 and r.headers["location"] == "/ui", (method, r.status_code, r.headers)
+        followed = httpx.get(f"{url}/", follow_redirects=True)
+        assert followed.status_code == 200 and str(followed.url) == f"{url}/ui"
+        assert 'name="admin_key"' in followed.text  # the sign-in form
+        signed_in = httpx.post(f"{url}/ui/login", data={"admin_key": ADMIN_KEY}).cookies
+        with httpx.Client(cookies=signed_in, follow_redirects=True) as browser:  # signed in: the app
+            app = browser.get(f"{url}/")
+        assert app.status_code == 200 and 'id="req-rows"' in app.text
+        unknown = httpx.get(f"{url}/nope")
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
+        post = httpx.post(f"{url}/", json={})
+        assert post.status_code == 405 and post.json()["error"]["code"] == "method_not_allowed"
+    with live() as lv:  # no admin key, no dashboard: nothing to send a browser to
+        r = httpx.get(f"{lv.gateway.url}/")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"

@@ -57,11 +57,12 @@ async function loadRequests(fresh) {
       const status = el("td", r.status + (r.outcome !== "ok" ? " " + (r.error_code || r.outcome) : ""),
                         r.outcome === "ok" ? "ok" : "err");
       const served = r.selected_model ? r.selected_provider + "/" + r.selected_model : "-";
-      const tr = row([r.at.replace("T", " ").slice(0, 23), r.request_id, status, r.project || "-",
-        r.requested_model || "-", served + (r.fallback_used ? " (fallback)" : ""), r.attempts.length,
-        num(r.latency_ms, 1), r.prompt_tokens === null ? "-" : r.prompt_tokens + "/" + r.completion_tokens,
-        num(r.cost_usd, 6)], "row");
-      tr.addEventListener("click", () => showRequest(r.request_id));
+      const id = el("td", null, "id"); id.appendChild(el("span", r.request_id)).title = r.request_id;  // cut
+      const tr = row([el("td", r.at.replace("T", " ").slice(0, 23), "at"), id, status, r.project || "-",
+        r.requested_model || "-", served + (r.fallback_used ? " (fallback)" : ""), el("td", r.attempts.length, "n"),
+        el("td", num(r.latency_ms, 1), "n"), el("td", r.prompt_tokens === null ? "-" : r.prompt_tokens + "/" +
+        r.completion_tokens, "n"), el("td", num(r.cost_usd, 6), "n")], r.request_id === shown ? "row sel" : "row");
+      tr.addEventListener("click", () => showRequest(r.request_id, tr));
       body.appendChild(tr);
     }
     cursor = page.next_cursor;
@@ -77,9 +78,14 @@ function hedgeSummary(h) {
   return ` · hedge fired${after}, won by ${h.winner}, cancelled ${(h.cancelled || []).join(", ") || "none"}`;
 }
 
-async function showRequest(id) {
+// a request's page: below the table, scrolled into view (issue 42: it opened out of sight, below 50 rows)
+let shown = null;
+async function showRequest(id, tr) {
   const r = await api("/requests/" + encodeURIComponent(id));
   const rc = r.receipt || {};
+  shown = id;
+  for (const other of document.querySelectorAll("#req-rows tr.sel")) other.classList.remove("sel");
+  if (tr) tr.classList.add("sel");
   $("detail").hidden = false;
   $("d-title").textContent = "Request " + r.request_id;
   $("d-summary").textContent = `${r.at} · ${r.endpoint}${r.stream ? " (stream)" : ""} · status ${r.status} ` +
@@ -92,10 +98,30 @@ async function showRequest(id) {
   $("d-attempts").replaceChildren(...r.attempts.map((a, i) => row([i + 1, a.candidate, a.outcome,
     a.code || "", a.status || "", num(a.latency_ms, 1)],
     a.outcome === "ok" ? "ok" : a.outcome === "cancelled" ? "" : "err")));
-  $("d-rejected").replaceChildren(...(rc.rejected || []).map((j) =>
-    el("li", (j.candidate || "") + ": " + (j.reasons || []).join(", "))));
+  // a served request's, and a refused one's when the log keeps its receipt (issue 42)
+  const rejected = rc.rejected || [];
+  $("d-rejected").replaceChildren(...(rejected.length ? rejected.map((j) =>
+    el("li", (j.candidate || "") + ": " + (j.reasons || []).join(", ")))
+    : [el("li", r.receipt ? "none" : "not logged for this request", "muted")]));
   $("d-receipt").textContent = JSON.stringify(rc, null, 2);
+  $("detail").scrollIntoView({ block: "start" });
 }
+
+// a chart is as wide as its container (the page's width); redrawn to it when the window is resized
+function chartWidth(target) {
+  return Math.max(320, target.clientWidth || document.querySelector("main").clientWidth - 32);
+}
+function fitCharts(list) {
+  for (const u of list) {
+    const w = u.root.parentElement.clientWidth;  // 0 in a hidden tab: drawn again when it is shown
+    if (w && Math.abs(w - u.width) > 1) u.setSize({ width: w, height: u.height });
+  }
+}
+let fitting = 0;
+window.addEventListener("resize", () => {
+  clearTimeout(fitting);
+  fitting = setTimeout(() => fitCharts(charts), 100);
+});
 
 const COLORS = ["#2f6fde", "#e8590c", "#2b8a3e", "#c2255c", "#7048e8", "#0b7285", "#a61e4d", "#5c940d"];
 let charts = [];
@@ -121,7 +147,7 @@ function drawSpend(target, rows, keyOf, what) {
   const ys = names.map(() => new Array(n).fill(0));
   priced.forEach((r, i) => { ys[names.indexOf(keyOf(r))][Math.floor((times[i] - start) / step)] += r.cost_usd; });
   const series = [{}, ...names.map((label, i) => ({ label, stroke: COLORS[i % COLORS.length], width: 2 }))];
-  const opts = { width: 760, height: 220, title: `spend per ${what} ($ per ${step} s)`, series,
+  const opts = { width: chartWidth(target), height: 220, title: `spend per ${what} ($ per ${step} s)`, series,
     scales: { y: { range: spendRange } },
     axes: [{}, { size: 100, values: (u, vals) => vals.map((v) => "$" + Number(v.toPrecision(3))) }] };
   charts.push(new uPlot(opts, [xs, ...ys], target));
@@ -268,6 +294,7 @@ async function loadHealth() {
 function tab(name) {
   for (const b of document.querySelectorAll("nav button")) b.classList.toggle("on", b.dataset.tab === name);
   for (const s of document.querySelectorAll("section")) s.classList.toggle("on", s.id === name);
+  fitCharts(charts);  // resized while hidden: the card's width now, before the data is read again
   if (name === "spend") loadSpend();
   if (name === "health") loadHealth();
   if (name === "keys") loadProjects();
@@ -280,6 +307,7 @@ $("policy-form").addEventListener("submit", setPolicy);
 $("k-project").addEventListener("change", loadKeys);
 $("apply").addEventListener("click", () => loadRequests(true));
 $("more").addEventListener("click", () => loadRequests(false));
+$("d-back").addEventListener("click", () => $("requests").scrollIntoView({ block: "start" }));
 for (const b of document.querySelectorAll("nav button")) b.addEventListener("click", () => tab(b.dataset.tab));
 setInterval(() => {
   if ($("auto").checked && $("requests").classList.contains("on")) loadRequests(true);

@@ -18,7 +18,7 @@ function obsLine(target, title, d, names, ys, fmt, stepped, unit) {
     ...(stepped ? { paths: uPlot.paths.stepped({ align: 1 }) } : {}) }))];
   const scales = { x: { time: true, range: [d.since, d.until] } };
   if (unit) scales.y = { range: () => [0, 1] };
-  const opts = { width: 760, height: 200, title, series, scales,
+  const opts = { width: chartWidth(target), height: 200, title, series, scales,
     axes: [{}, { size: 70, values: (u, vals) => vals.map(fmt) }] };
   obsCharts.push(new uPlot(opts, [xs, ...ys], target));
 }
@@ -158,9 +158,14 @@ async function loadMesh() {
 const OBS_TABS = { providers: loadObserve, canaries: loadCanaries, mesh: loadMesh };
 for (const b of document.querySelectorAll("nav button")) {
   const load = OBS_TABS[b.dataset.tab];
-  if (load) b.addEventListener("click", load);
+  if (load) b.addEventListener("click", () => { fitCharts(obsCharts); load(); });
 }
 $("o-level").addEventListener("change", drawObserve);
+let obsFitting = 0;
+window.addEventListener("resize", () => {  // the charts keep their card's full width (app.js's fitCharts)
+  clearTimeout(obsFitting);
+  obsFitting = setTimeout(() => fitCharts(obsCharts), 100);
+});
 $("o-window").addEventListener("change", loadObserve);
 // canaries and mesh every 5 s; the candidates' charts (a scan of the window's log rows) every 30 s
 let obsTick = 0;
