@@ -450,8 +450,8 @@ def up(
     layout: Path = typer.Option(  # noqa: B008
         None, "--layout", help="Mesh layout TOML (default: 3 workers derived from the model's layer count)."),
     config: Path = typer.Option(  # noqa: B008
-        None, "--config", help="Gateway TOML merged in: its providers/routes/api_keys/canaries appended, other "
-        "sections as given, \\[server] ignored (examples/cloud-tools.toml: tool-capable cloud routes)."
+        None, "--config", help="Gateway TOML merged in: its providers/routes/api_keys/canaries appended, "
+        "other sections as given, \\[server] ignored (examples/cloud-tools.toml: tool-capable cloud routes)."
     ),
     log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
     log_format: str = typer.Option("text", "--log-format", envvar="ETHEN_LOG_FORMAT",
