@@ -120,3 +120,35 @@ def test_every_named_command_exists(doc: Path) -> None:
                     unknown_sub or (subs is None and not takes_args)):
                 wrong.append(f"ethen {name} {word}")
     assert not wrong, f"{doc.relative_to(ROOT)} names commands that do not exist: {sorted(set(wrong))}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped (not ``-``, ``_``), spaces to ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_every_relative_link_resolves(doc: Path) -> None:
+    """``[text](other.md#anchor)`` between the docs: the file exists and has a heading with that anchor."""
+    text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue  # http(s), mailto
+        path, _, anchor = target.partition("#")
+        dest = (doc.parent / path).resolve() if path else doc
+        if not dest.exists():
+            broken.append(target)
+        elif anchor and dest.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", dest.read_text(encoding="utf-8"),
+                                                       flags=re.S), flags=re.M)
+            if anchor not in {_slug(h) for h in headings}:
+                broken.append(target)
+    assert not broken, f"{doc.relative_to(ROOT)} has links that do not resolve: {broken}"
+
+
+def test_slugs_are_githubs() -> None:
+    assert _slug("Response cache (issue 27)") == "response-cache-issue-27"
+    assert _slug("Against llama.cpp") == "against-llamacpp"
+    heading = "The mesh in a gateway config (`kind = \"mesh\"`)"
+    assert _slug(heading) == "the-mesh-in-a-gateway-config-kind--mesh"
