@@ -26,8 +26,8 @@ __all__ = ["gateway"]
 
 def gateway(
     config: Path = typer.Option(None, "--config", "-c", help="Gateway TOML config file."),  # noqa: B008
-    host: str | None = typer.Option(None, "--host", help="Bind address (default: [server].host)."),
-    port: int | None = typer.Option(None, "--port", help="Port (default: [server].port)."),
+    host: str | None = typer.Option(None, "--host", help="Bind address (default: \\[server].host)."),
+    port: int | None = typer.Option(None, "--port", help="Port (default: \\[server].port)."),
     log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
     log_format: str = typer.Option("text", "--log-format", envvar="ETHEN_LOG_FORMAT",
                                    help="text, or json (one JSON object per line)."),
@@ -36,7 +36,7 @@ def gateway(
     fd: int | None = typer.Option(None, "--fd", hidden=True, help="Serve this inherited listening socket."),
     worker_index: int | None = typer.Option(None, "--worker-index", hidden=True),
 ) -> None:
-    """Serve the OpenAI-compatible gateway (``/api/gateway/v1``) with ethen/* smart routing."""
+    """Serve the OpenAI-compatible gateway (/api/gateway/v1) with ethen/* smart routing."""
     from ethen.gateway.accounting.auth import KEY_PREFIX
     from ethen.gateway.accounting.auth import hash_key as digest
 

@@ -21,8 +21,10 @@ printed. Ctrl-C (or SIGTERM) stops the gateway, then every worker it started (SI
 
 ``--config FILE`` merges a user gateway config into the generated one: its ``[[providers]]``, ``[[routes]]``,
 ``[[api_keys]]`` and ``[[canaries]]`` are appended after the mesh's (so cloud providers join the pool and
-``ethen/*`` aliases choose among them and the mesh), and its ``[policy]`` / ``[store]`` are used as given;
-its ``[server]`` is ignored (``--host`` / ``--port`` decide). The merged file is validated like any config.
+``ethen/*`` aliases choose among them and the mesh), and every other section is used as given (``[policy]``,
+``[store]``, ``[model_map]``, ``[cache]``, ``[[hedges]]``, ``[[shadows]]``, ``[compat]``, ...); its
+``[server]`` is ignored (``--host`` / ``--port`` decide). The merged file is validated like any config
+(``examples/cloud-tools.toml``: tool-capable cloud routes for agents).
 
 Supervision: the workers run under a :class:`~ethen.mesh.worker.supervisor.Supervisor`. A worker that dies
 is restarted on the same address (so the written config stays true and the orchestrator's Health polling
@@ -448,7 +450,8 @@ def up(
     layout: Path = typer.Option(  # noqa: B008
         None, "--layout", help="Mesh layout TOML (default: 3 workers derived from the model's layer count)."),
     config: Path = typer.Option(  # noqa: B008
-        None, "--config", help="Gateway TOML whose providers/routes/keys/canaries/policy/store are merged in."
+        None, "--config", help="Gateway TOML merged in: its providers/routes/api_keys/canaries appended, "
+        "other sections as given, \\[server] ignored (examples/cloud-tools.toml: tool-capable cloud routes)."
     ),
     log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
     log_format: str = typer.Option("text", "--log-format", envvar="ETHEN_LOG_FORMAT",

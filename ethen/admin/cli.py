@@ -50,11 +50,11 @@ DB_ENV = "ETHEN_DATABASE_URL"
 keys_app = typer.Typer(help="API keys of projects (shown once at creation).", no_args_is_help=True)
 projects_app = typer.Typer(help="Projects: policy and window budget.", no_args_is_help=True)
 
-_DB = typer.Option(None, "--db", help=f"Database URL (default: ${DB_ENV}, else [store] of --config, "
+_DB = typer.Option(None, "--db", help=f"Database URL (default: ${DB_ENV}, else \\[store] of --config, "
                                       "else the store of `ethen up`).")
-_CONFIG = typer.Option(None, "--config", "-c", help="Gateway TOML config (its [store] section).")
+_CONFIG = typer.Option(None, "--config", "-c", help="Gateway TOML config (its \\[store] section).")
 DEFAULT_PROJECT = "default"
-_RPM_HELP = "Requests per rate-limit window ([rate_limits] window_s, 60 s)"
+_RPM_HELP = "Requests per rate-limit window (\\[rate_limits] window_s, 60 s)"
 _TPM_HELP = "Tokens per rate-limit window"
 
 
@@ -321,7 +321,7 @@ def usage_command(
 
 
 def certify_command(
-    target: str = typer.Argument(..., help="PROVIDER/MODEL as in the config's [[routes]]."),
+    target: str = typer.Argument(..., help="PROVIDER/MODEL as in the config's \\[\\[routes]]."),
     config: Path | None = typer.Option(  # noqa: B008
         None, "--config", "-c", help="Gateway TOML config (providers, routes; default: `ethen up`'s)."
     ),
