@@ -273,21 +273,21 @@ def mesh_route(store: Any) -> dict[str, Any]:
             "prices": {"input_per_mtok": 0.0, "output_per_mtok": 0.0}}
 
 
-def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
+def gateway_document(host: str, port: int, key: str | None, workers: dict[str, str],
                      user: dict[str, Any] | None = None, *, admin_key_sha256: str | None = None,
                      model_path: str | None = None, token_file: str | None = None,
                      route: dict[str, Any] | None = None, join: str | None = None,
                      tls: tuple[str, str] | None = None) -> dict[str, Any]:
     """The gateway config ``ethen up`` serves (a TOML document as a dict): the mesh over ``workers``, the
-    local key, and the optional user config's providers, routes, keys, canaries, policy and store. With
+    config key ``key`` (``None``: no config key, the key is a store key of project ``default``), and the
+    optional user config merged in (:func:`~ethen.gateway.config.overlay.merge_overlay`). With
     ``admin_key_sha256``: the embedded store (unless the user config has a ``[store]``) with that admin key
     (unless the user's ``[store]`` sets one). ``route``: the mesh's route (:func:`mesh_route`; default:
     ``smollm2-135m-instruct``). ``join``: the mesh provider's registry address (workers on other machines
     join there), ``tls``: its certificate and key (PEM paths)."""
     from ethen.gateway.accounting.auth import hash_key
+    from ethen.gateway.config import merge_overlay
 
-    user = dict(user or {})
-    user.pop("server", None)
     doc: dict[str, Any] = {
         "server": {"host": host, "port": port},
         "providers": [{"id": "mesh", "kind": "mesh", "workers": workers, "start_timeout_s": 60.0,
@@ -296,22 +296,9 @@ def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
                        **({} if join is None else {"join": join}),
                        **({} if tls is None else {"tls_cert": tls[0], "tls_key": tls[1]})}],
         "routes": [route or {"model": MODEL, "provider": "mesh"}],
-        "api_keys": [{"name": "local", "sha256": hash_key(key)}],
+        "api_keys": [] if key is None else [{"name": "local", "sha256": hash_key(key)}],
     }
-    for section in ("providers", "routes", "api_keys", "canaries"):
-        extra = user.pop(section, [])
-        merged = [*doc.get(section, []), *(extra if isinstance(extra, list) else [extra])]
-        if merged:
-            doc[section] = merged
-    if admin_key_sha256 is not None:
-        store = user.pop("store", None)
-        if store is None:
-            store = {"url_env": DB_ENV} if os.environ.get(DB_ENV) else {"url": default_store_url()}
-        if isinstance(store, dict):  # anything else: validation names it
-            store = {**store, "admin_key_sha256": store.get("admin_key_sha256", admin_key_sha256)}
-        doc["store"] = store
-    doc.update(user)  # policy, store, and anything unknown (which validation then names)
-    return doc
+    return merge_overlay(doc, user, admin_key_sha256)
 
 
 def check_join(join: str | None, tls_cert: Path | None, tls_key: Path | None) -> tuple[str, str] | None:
@@ -443,7 +430,7 @@ def _command_start() -> float:
 
 
 def up(
-    port: int = typer.Option(8080, "--port", help="Gateway port (0: a free port)."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="Gateway port (0: a free port)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Gateway bind address."),
     layout: Path = typer.Option(  # noqa: B008
         None, "--layout", help="Mesh layout TOML (default: 3 workers derived from the model's layer count)."),
@@ -466,6 +453,41 @@ def up(
     level = log_level.upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise typer.BadParameter(f"--log-level = {log_level!r}: use debug, info, warning or error")
+    user = _check_overlay(config, host, port, model) if config is not None else None  # before anything runs
+    from ethen.up_state import InstanceRunning, lock_instance
+
+    try:
+        lock = lock_instance(data_dir())  # never overwrite the config of a running `ethen up`
+    except InstanceRunning as exc:
+        _say(f"error: {exc}")
+        raise typer.Exit(1) from None
+    try:
+        _up_locked(t0, level, port, host, layout, user, log_level, log_format, model, join, tls_cert, tls_key)
+    finally:
+        os.close(lock)
+
+
+def _check_overlay(config: Path, host: str, port: int, model: Path | None) -> dict[str, Any]:
+    """The ``--config`` overlay, read and validated merged into a stand-in of the generated config (exit 2
+    naming the file, the key and the value): before any file is written or any process starts."""
+    from ethen.gateway.config import parse_overlay, stand_in_document
+    from ethen.gateway.errors import GatewayConfigError
+
+    user = _read_user_config(config)
+    base = stand_in_document(host, port)
+    if model is not None:  # a GGUF of another model: its routes name it (checked again with its real name)
+        base["providers"][0]["model_path"] = str(model.resolve())
+    try:
+        parse_overlay(user, source=f"--config {config}", base=base)
+    except GatewayConfigError as exc:
+        _say(f"error: {exc.message}")
+        raise typer.Exit(2) from None
+    return user
+
+
+def _up_locked(t0: float, level: str, port: int, host: str, layout: Path | None, user: dict[str, Any] | None,
+               log_level: str, log_format: str, model: Path | None, join: str | None, tls_cert: Path | None,
+               tls_key: Path | None) -> None:
     try:
         port = check_port(host, port)  # before anything slow
     except OSError as exc:
@@ -483,10 +505,9 @@ def up(
     from ethen.model.errors import ModelError  # after one_blas_thread: it imports NumPy
     workers_spec = load_layout(layout)
     tls = check_join(join, tls_cert, tls_key)
-    user = _read_user_config(config) if config is not None else None
-    key, key_source = api_key()
     user_admin = isinstance((user or {}).get("store"), dict) and "admin_key_sha256" in (user or {})["store"]
     admin = None if user_admin else admin_key()
+    key, key_source, store_key = _project_key(host, port, user, admin)
     signal.signal(signal.SIGTERM, _on_sigterm)
     from ethen.mesh.worker.supervisor import Supervisor
 
@@ -503,8 +524,32 @@ def up(
             except typer.BadParameter as exc:
                 _say(f"error: {exc.message}")
                 raise typer.Exit(2) from None
-        model_args = [] if model is None else ["--model", str(model.resolve())]
+        from ethen.app import PREFIX, create_app
+        from ethen.gateway.accounting.auth import hash_key
+        from ethen.gateway.api.serve import serve
+        from ethen.gateway.catalog import Catalog
+        from ethen.gateway.config import parse_config, skip_providers_without_keys
+        from ethen.gateway.errors import GatewayConfigError
+        from ethen.up_banner import banner
+
+        model_path = None if model is None else str(model.resolve())
         token_file = str(mesh_token_file().resolve())
+        route = None if model is None else mesh_route(store)
+
+        def document(workers: dict[str, str]) -> dict[str, Any]:
+            return gateway_document(host, port, None if store_key else key, workers, user,
+                                    admin_key_sha256=hash_key(admin[0]) if admin else None,
+                                    model_path=model_path, token_file=token_file, route=route, join=join,
+                                    tls=tls)
+
+        try:  # the whole config, with the workers' real node ids, before any of them starts
+            parse_config(document({node: "127.0.0.1:1" for node, _, _ in workers_spec}),
+                         source="the config of `ethen up`" if user is None else
+                         "the config of `ethen up` with --config (its entries after the mesh's)")
+        except GatewayConfigError as exc:
+            _say(f"error: {exc.message}")
+            raise typer.Exit(2) from None
+        model_args = [] if model is None else ["--model", model_path or ""]
         model_args += ["--token-file", token_file]
         # the workers start at once: ready in 4.4 s against 6.1 s one after the other (2-core VM, quantized,
         # bench/up_load.py --ref, medians of 3; each load is ~1.5-2 CPU s, most of it on one core). When
@@ -520,27 +565,15 @@ def up(
                 _say(f"[2/4] worker {i}/{n}: {node} layers {layers} ...")
                 _say(f"      ready on {w.address} (pid {w.pid})")
         supervisor.start()  # from now on a worker that dies is restarted on its address
-        from ethen.app import PREFIX, create_app
-        from ethen.gateway.accounting.auth import hash_key
-        from ethen.gateway.api.serve import serve
-        from ethen.gateway.catalog import Catalog
-        from ethen.gateway.config import load_config, skip_providers_without_keys
-        from ethen.gateway.errors import GatewayConfigError
-        from ethen.up_banner import banner
-
-        doc = gateway_document(host, port, key, supervisor.addresses, user,
-                               admin_key_sha256=hash_key(admin[0]) if admin else None,
-                               model_path=None if model is None else str(model.resolve()),
-                               token_file=token_file, route=None if model is None else mesh_route(store),
-                               join=join, tls=tls)
-        path = write_config(doc, up_config_path())
-        _say(f"[3/4] gateway config: {path}")
+        doc = document(supervisor.addresses)
         try:
-            cfg = skip_providers_without_keys(load_config(path))
+            cfg = skip_providers_without_keys(parse_config(doc, source=str(up_config_path())))
             app = create_app(cfg, catalog=Catalog.load())
         except GatewayConfigError as exc:
             _say(f"error: {exc.message}")
             raise typer.Exit(2) from None
+        path = write_config(doc, up_config_path())  # validated: only now the file is replaced
+        _say(f"[3/4] gateway config: {path}")
         _say("[4/4] gateway: starting its providers (the mesh loads its head, polls the workers, routes) ...")
         text = banner(f"http://{host}:{port}{PREFIX}", key, key_source, admin, path, len(workers_spec),
                       join=None if join is None else (join, token_file, tls is not None),
@@ -564,3 +597,35 @@ def up(
         _say("stopping ...")
         supervisor.stop(timeout=3.0)
         _say("stopped.")
+
+
+def _project_key(host: str, port: int, user: dict[str, Any] | None,
+                 admin: tuple[str, str] | None) -> tuple[str, str, bool]:
+    """(API key, where it came from, whether it is a store key): :func:`ethen.up_state.project_key` in the
+    store this config serves (exit 1 naming the store's error: unreachable, ...)."""
+    from ethen.gateway.accounting.auth import KEY_PREFIX
+    from ethen.gateway.config import parse_config, store_url
+    from ethen.gateway.errors import GatewayConfigError
+    from ethen.up_state import API_KEY_ENV, StoreError, project_key
+
+    env = os.environ.get(API_KEY_ENV)
+    if env and not env.startswith(KEY_PREFIX):
+        _say(f"error: {API_KEY_ENV} must start with {KEY_PREFIX!r}")
+        raise typer.Exit(2)
+    from ethen.gateway.accounting.auth import hash_key
+
+    try:
+        cfg = parse_config(gateway_document(host, port, None, {"gpu": "127.0.0.1:1"}, user,
+                                            admin_key_sha256=hash_key(admin[0]) if admin else None))
+        url = store_url(cfg)
+    except GatewayConfigError as exc:
+        _say(f"error: {exc.message}")
+        raise typer.Exit(2) from None
+    if url is None:  # not reached: ethen up always has a store
+        key, source = api_key()
+        return key, source, False
+    try:
+        return project_key(url, data_dir() / "api_key")
+    except StoreError as exc:
+        _say(f"error: the store of `ethen up`: {exc.message}")
+        raise typer.Exit(1) from None

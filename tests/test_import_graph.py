@@ -89,6 +89,7 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
     ("ethen.up", "ethen.model.errors"): _UP,
     ("ethen.up", "ethen.model.gguf_loader"): _UP,
     ("ethen.up", "ethen.up_banner"): _UP,
+    ("ethen.up", "ethen.up_state"): _UP,
     ("ethen.up", "rich"): _UP,
     ("ethen.up", "tomli_w"): _UP,
 }

@@ -55,10 +55,10 @@ def _wait_gone(pids: list[int], seconds: float) -> list[int]:
 
 
 class Up:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *args: str, **env_extra: str) -> None:
         self.data = tmp / "data"
-        env = _env(self.data, ETHEN_UP_T0=str(time.time() - T0_AGO))
-        self.proc = subprocess.Popen([sys.executable, "-m", "ethen", "up", "--port", "0"],
+        env = _env(self.data, ETHEN_UP_T0=str(time.time() - T0_AGO), **env_extra)
+        self.proc = subprocess.Popen([sys.executable, "-m", "ethen", "up", "--port", "0", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.lines: list[str] = []
         self.worker_pids: list[int] = []
