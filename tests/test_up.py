@@ -159,7 +159,7 @@ def test_keys_create_without_flags_makes_a_key_the_gateway_accepts(up: Up) -> No
     assert r.status_code == 200, r.text
     usage = up.ethen("usage", "--project", "default")
     assert usage.returncode == 0, usage.stderr
-    rows = json.loads(usage.stdout)["data"]
+    rows = [row for row in json.loads(usage.stdout)["data"] if row["key_id"] == key.split("_")[1]]
     assert [(row["project"], row["provider"], row["requests"]) for row in rows] == [("default", "mesh", 1)]
 
 
