@@ -7,22 +7,31 @@
    by :func:`default_layout`; ``--layout FILE`` replaces it, refused before any worker starts when it does
    not fit the model, :func:`check_layout`);
 3. a gateway config with one ``kind = "mesh"`` provider listing those workers' addresses, written to
-   ``<data dir>/up-gateway.toml`` (rewritten on every run: worker ports are picked by the OS);
+   ``<data dir>/up-gateway.toml`` once validated (rewritten on every run: worker ports are picked by the OS;
+   never while another ``ethen up`` runs on that data directory, :mod:`ethen.up_state`);
 4. the gateway from that file, by the same code path as ``ethen gateway --config FILE`` (``load_config`` ->
    ``create_app`` -> the provider factory; the lifespan start-up loads the mesh orchestrator: embeddings +
    head, Health polling, a first route), serving ``smollm2-135m-instruct`` (so ``ethen/auto`` routes to it)
    on ``--port`` (default 8080). With ``--model X.gguf`` the route is named after the file's model
    (:func:`mesh_route`).
 
-It prints the URL with a curl and an openai-SDK example once the server accepts connections. The API key
-comes from ``ETHEN_API_KEY`` when set; otherwise one is generated on first run and stored (mode 600) in the
-local data directory (``$ETHEN_DATA_DIR``, else ``$XDG_DATA_HOME/ethen``, else ``~/.local/share/ethen``), and
-printed. Ctrl-C (or SIGTERM) stops the gateway, then every worker it started (SIGTERM, SIGKILL after 3 s).
+It prints the URL with a curl and an openai-SDK example once the server accepts connections (the example
+prints who served the answer, the mesh or any provider ``--config`` adds), and the dashboard's URL (``/ui``,
+signed in with the printed admin key). The API key comes from ``ETHEN_API_KEY`` when set; otherwise it is a
+key of project ``default`` in the store, generated on first run and stored (mode 600) in the local data
+directory (``$ETHEN_DATA_DIR``, else ``$XDG_DATA_HOME/ethen``, else ``~/.local/share/ethen``), and printed:
+its requests show in ``ethen usage`` and the dashboard under that project
+(:func:`ethen.up_state.project_key`).
+Ctrl-C (or SIGTERM) stops the gateway, then every worker it started (SIGTERM, SIGKILL after 3 s).
 
 ``--config FILE`` merges a user gateway config into the generated one: its ``[[providers]]``, ``[[routes]]``,
 ``[[api_keys]]`` and ``[[canaries]]`` are appended after the mesh's (so cloud providers join the pool and
 ``ethen/*`` aliases choose among them and the mesh), and its ``[policy]`` / ``[store]`` are used as given;
-its ``[server]`` is ignored (``--host`` / ``--port`` decide). The merged file is validated like any config.
+its ``[server]`` is ignored (``--host`` / ``--port`` decide); the merge rule is
+:func:`ethen.gateway.config.overlay.merge_overlay`. Everything is validated before anything runs or is
+written: the flags (``--port`` 0-65535), the overlay merged into a stand-in of the generated config, then
+the whole config with the workers' node ids; a bad one exits 2 naming the file, the key and the value, and
+leaves ``up-gateway.toml`` as it was.
 
 Supervision: the workers run under a :class:`~ethen.mesh.worker.supervisor.Supervisor`. A worker that dies
 is restarted on the same address (so the written config stays true and the orchestrator's Health polling
@@ -36,7 +45,7 @@ as printed. A registry other hosts reach needs ``--tls-cert`` / ``--tls-key``; t
 mesh provider's own config rules before anything loads (:func:`check_join`).
 
 Choices where the issue is silent:
-- The port is checked first (bind with ``SO_REUSEADDR`` as uvicorn does, then close): a taken port fails in
+- The port is checked early (bind with ``SO_REUSEADDR`` as uvicorn does, then close): a taken port fails in
   well under a second with the port in the message, before the model and workers load. ``--port 0`` picks a
   free port at that check (the banner prints it).
 - Embedded store: without a ``[store]`` in ``--config``, the gateway gets one: ``$ETHEN_DATABASE_URL`` when
@@ -66,7 +75,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import signal
 import socket
 import sys
@@ -79,13 +87,21 @@ from typing import Any
 
 import typer
 
-from ethen.mesh.errors import MeshError
 from ethen.paths import data_dir, default_store_url, up_config_path
+from ethen.up_layout import DEFAULT_LAYOUT, MODEL, check_layout, default_layout, load_layout
+from ethen.up_state import (
+    API_KEY_ENV,
+    InstanceRunning,
+    UpStateError,
+    admin_key,
+    lock_instance,
+    mesh_token_file,
+    project_key,
+)
 
 __all__ = [
     "DEFAULT_LAYOUT",
     "admin_key",
-    "api_key",
     "check_join",
     "check_layout",
     "check_port",
@@ -102,65 +118,13 @@ _IMPORTED_AT = time.time()  # ~ the process start: ``ethen up``'s modules load f
 T0_ENV = "ETHEN_UP_T0"
 DB_ENV = "ETHEN_DATABASE_URL"
 
-DEFAULT_LAYOUT: tuple[tuple[str, str, float], ...] = (
-    ("gpu", "0-9", 10.0),
-    ("mini", "0-9,10-19", 6.0),
-    ("laptop", "10-19,20-29", 3.0),
-)
-MODEL = "smollm2-135m-instruct"
-
-
-def _secret(env_var: str, filename: str, prefix: str) -> tuple[str, str]:
-    """(key, where it came from): ``$env_var``, the key stored in the data directory, or a new one stored
-    now (mode 600)."""
-    from ethen.gateway.accounting.auth import KEY_PREFIX
-
-    env = os.environ.get(env_var)
-    if env:
-        if not env.startswith(KEY_PREFIX):
-            raise typer.BadParameter(f"{env_var} must start with {KEY_PREFIX!r}")
-        return env, env_var
-    path = data_dir() / filename
-    if path.is_file():
-        key = path.read_text(encoding="utf-8").strip()
-        if key.startswith(KEY_PREFIX):
-            return key, str(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    key = f"{prefix}-{secrets.token_urlsafe(32)}"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(key + "\n")
-    return key, f"{path} (generated now)"
-
-
-def api_key() -> tuple[str, str]:
-    """(key, where it came from): ``ETHEN_API_KEY``, the stored key, or a new one stored now."""
-    from ethen.gateway.accounting.auth import KEY_PREFIX
-
-    return _secret("ETHEN_API_KEY", "api_key", KEY_PREFIX)
-
-
-def admin_key() -> tuple[str, str]:
-    """(admin key, where it came from): ``ETHEN_ADMIN_KEY``, the stored one, or a new one stored now."""
-    return _secret("ETHEN_ADMIN_KEY", "admin_key", "ethen-admin")
-
-
-def mesh_token_file() -> Path:
-    """The mesh token of ``ethen up`` (``<data dir>/mesh_token``, mode 600, generated on first run): its
-    workers require it on every gRPC call and its gateway config sends it, so another local user cannot drive
-    the workers (see :mod:`ethen.mesh.auth`)."""
-    path = data_dir() / "mesh_token"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(secrets.token_urlsafe(32) + "\n")
-    return path
-
 
 def check_port(host: str, port: int) -> int:
     """Bind ``host:port`` (``SO_REUSEADDR``, as uvicorn does) and close: the port the gateway will get.
-    ``port`` 0 returns a free port. Raises ``OSError`` with a message naming the address."""
+    ``port`` 0 returns a free port. Raises ``OSError`` with a message naming the address (or the port, when
+    it is not one: 0-65535)."""
+    if not 0 <= port <= 65535:
+        raise OSError(f"--port {port}: a port is a number from 0 to 65535 (0: a free one)")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -176,82 +140,6 @@ def check_port(host: str, port: int) -> int:
             if port == 0:
                 port = int(sock.getsockname()[1])
     return port
-
-
-def default_layout(n_layers: int) -> list[tuple[str, str, float]]:
-    """The default workers for a model of ``n_layers`` blocks (issue 24): the layers split into three
-    contiguous parts as equal as possible (the first ones one layer longer), gpu serves the first part, mini
-    the first two, laptop the last two (each part a fragment), as :data:`DEFAULT_LAYOUT` does for 30 layers.
-    With 2 layers: gpu layer 0 and mini layers 0 and 1 (laptop would repeat a part); 1 layer: gpu alone."""
-    if n_layers < 1:
-        raise ValueError(f"a model needs at least one layer, got {n_layers}")
-    sizes = [n_layers // 3 + (1 if i < n_layers % 3 else 0) for i in range(3)]
-    parts: list[str] = []
-    start = 0
-    for size in sizes:
-        if size:
-            parts.append(f"{start}-{start + size - 1}")
-            start += size
-    out = [("gpu", parts[0], 10.0)]
-    if len(parts) >= 2:
-        out.append(("mini", ",".join(parts[:2]), 6.0))
-    if len(parts) == 3:
-        out.append(("laptop", ",".join(parts[1:]), 3.0))
-    return out
-
-
-def check_layout(workers: list[tuple[str, str, float]], n_layers: int, source: str,
-                 partial: bool = False) -> None:
-    """Refuse (``typer.BadParameter``, naming the model's layer count) a layout that does not fit a model
-    of ``n_layers`` blocks: a fragment past its last layer, or (unless ``partial``: workers may join)
-    fragments from which no chain of whole fragments covers layers 0..n-1."""
-    from ethen.mesh.orchestrator.planning import plan_route
-    from ethen.mesh.routing import NodeState, RouteWeights
-    from ethen.mesh.worker.server import parse_fragments
-
-    states = []
-    for node, layers, score in workers:
-        frags = parse_fragments(layers)
-        if frags[-1][1] >= n_layers:
-            raise typer.BadParameter(f"{source}: worker {node!r} layers {layers!r} go past the model's last "
-                                     f"layer: the model has {n_layers} layers (0-{n_layers - 1})")
-        states.append(NodeState(node, 1.0, 0.0, score, tuple(frags)))
-    if partial:
-        return
-    try:
-        plan_route(states, n_layers, 1, RouteWeights(), MODEL)
-    except MeshError as exc:
-        raise typer.BadParameter(f"{source}: no chain of whole fragments of these workers covers layers "
-                                 f"0-{n_layers - 1} (the model has {n_layers} layers): {exc}") from None
-
-
-def load_layout(path: Path | None) -> list[tuple[str, str, float]]:
-    """Workers of a layout TOML file (``[[workers]] node_id, layers, capacity_score``), or the defaults
-    (for 30 layers; ``ethen up`` derives them from the model, :func:`default_layout`)."""
-    if path is None:
-        return list(DEFAULT_LAYOUT)
-    from ethen.mesh.worker.server import parse_fragments
-
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise typer.BadParameter(f"--layout {path}: {exc}") from None
-    workers = doc.get("workers")
-    if not isinstance(workers, list) or not workers:
-        raise typer.BadParameter(f"--layout {path}: needs at least one [[workers]] table")
-    out: list[tuple[str, str, float]] = []
-    for i, w in enumerate(workers):
-        node, layers, score = w.get("node_id"), w.get("layers"), w.get("capacity_score", 1.0)
-        if not isinstance(node, str) or not node or not isinstance(layers, str):
-            raise typer.BadParameter(f"--layout {path}: workers[{i}] needs node_id and layers strings")
-        try:
-            parse_fragments(layers)
-        except ValueError as exc:
-            raise typer.BadParameter(f"--layout {path}: workers[{i}].{exc}") from None
-        if isinstance(score, bool) or not isinstance(score, int | float):
-            raise typer.BadParameter(f"--layout {path}: workers[{i}].capacity_score must be a number")
-        out.append((node, layers, float(score)))
-    return out
 
 
 def mesh_route(store: Any) -> dict[str, Any]:
@@ -454,8 +342,6 @@ def up(
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise typer.BadParameter(f"--log-level = {log_level!r}: use debug, info, warning or error")
     user = _check_overlay(config, host, port, model) if config is not None else None  # before anything runs
-    from ethen.up_state import InstanceRunning, lock_instance
-
     try:
         lock = lock_instance(data_dir())  # never overwrite the config of a running `ethen up`
     except InstanceRunning as exc:
@@ -603,17 +489,14 @@ def _project_key(host: str, port: int, user: dict[str, Any] | None,
                  admin: tuple[str, str] | None) -> tuple[str, str, bool]:
     """(API key, where it came from, whether it is a store key): :func:`ethen.up_state.project_key` in the
     store this config serves (exit 1 naming the store's error: unreachable, ...)."""
-    from ethen.gateway.accounting.auth import KEY_PREFIX
+    from ethen.gateway.accounting.auth import KEY_PREFIX, hash_key
     from ethen.gateway.config import parse_config, store_url
     from ethen.gateway.errors import GatewayConfigError
-    from ethen.up_state import API_KEY_ENV, StoreError, project_key
 
     env = os.environ.get(API_KEY_ENV)
     if env and not env.startswith(KEY_PREFIX):
         _say(f"error: {API_KEY_ENV} must start with {KEY_PREFIX!r}")
         raise typer.Exit(2)
-    from ethen.gateway.accounting.auth import hash_key
-
     try:
         cfg = parse_config(gateway_document(host, port, None, {"gpu": "127.0.0.1:1"}, user,
                                             admin_key_sha256=hash_key(admin[0]) if admin else None))
@@ -621,11 +504,11 @@ def _project_key(host: str, port: int, user: dict[str, Any] | None,
     except GatewayConfigError as exc:
         _say(f"error: {exc.message}")
         raise typer.Exit(2) from None
-    if url is None:  # not reached: ethen up always has a store
-        key, source = api_key()
-        return key, source, False
+    if url is None:  # not reached: with no [store] of its own, the config of `ethen up` has the embedded one
+        _say("error: the config of `ethen up` has no [store]: its API key lives in the store")
+        raise typer.Exit(2)
     try:
         return project_key(url, data_dir() / "api_key")
-    except StoreError as exc:
-        _say(f"error: the store of `ethen up`: {exc.message}")
+    except UpStateError as exc:
+        _say(f"error: the store of `ethen up`: {exc}")
         raise typer.Exit(1) from None

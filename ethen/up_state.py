@@ -23,18 +23,30 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import secrets
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ethen.store import Store, StoreConflictError, StoreError, StoreNotFoundError, parse_key
+import typer
+
+from ethen.paths import data_dir
+
+if TYPE_CHECKING:
+    from ethen.store import Store
 
 __all__ = [
-    "API_KEY_ENV", "DEFAULT_PROJECT", "InstanceRunning", "StoreError", "lock_instance", "project_key",
+    "API_KEY_ENV", "DEFAULT_PROJECT", "InstanceRunning", "UpStateError", "admin_key", "lock_instance",
+    "mesh_token_file", "project_key",
 ]
 
 API_KEY_ENV = "ETHEN_API_KEY"
 DEFAULT_PROJECT = "default"
 KEY_NAME = "ethen up"
 LOCK_FILE = "up.lock"
+
+
+class UpStateError(Exception):
+    """The store of ``ethen up`` failed (unreachable, ...): the message names why."""
 
 
 class InstanceRunning(Exception):
@@ -65,6 +77,47 @@ def lock_instance(directory: Path) -> int:
     return fd
 
 
+def _secret(env_var: str, filename: str, prefix: str) -> tuple[str, str]:
+    """(key, where it came from): ``$env_var``, the key stored in the data directory, or a new one stored
+    now (mode 600)."""
+    from ethen.gateway.accounting.auth import KEY_PREFIX
+
+    env = os.environ.get(env_var)
+    if env:
+        if not env.startswith(KEY_PREFIX):
+            raise typer.BadParameter(f"{env_var} must start with {KEY_PREFIX!r}")
+        return env, env_var
+    path = data_dir() / filename
+    if path.is_file():
+        key = path.read_text(encoding="utf-8").strip()
+        if key.startswith(KEY_PREFIX):
+            return key, str(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = f"{prefix}-{secrets.token_urlsafe(32)}"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(key + "\n")
+    return key, f"{path} (generated now)"
+
+
+def admin_key() -> tuple[str, str]:
+    """(admin key, where it came from): ``ETHEN_ADMIN_KEY``, the stored one, or a new one stored now."""
+    return _secret("ETHEN_ADMIN_KEY", "admin_key", "ethen-admin")
+
+
+def mesh_token_file() -> Path:
+    """The mesh token of ``ethen up`` (``<data dir>/mesh_token``, mode 600, generated on first run): its
+    workers require it on every gRPC call and its gateway config sends it, so another local user cannot drive
+    the workers (see :mod:`ethen.mesh.auth`)."""
+    path = data_dir() / "mesh_token"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
 def _write_key(path: Path, key: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -73,6 +126,8 @@ def _write_key(path: Path, key: str) -> None:
 
 
 async def _project_key(store: Store, env: str | None, path: Path) -> tuple[str, str, bool]:
+    from ethen.store import StoreConflictError, StoreNotFoundError, parse_key
+
     if env:
         principal = await store.authenticate(env) if parse_key(env) is not None else None
         if principal is None:
@@ -96,8 +151,10 @@ async def _project_key(store: Store, env: str | None, path: Path) -> tuple[str, 
 def project_key(store_url: str, path: Path) -> tuple[str, str, bool]:
     """``ethen up``'s API key in the store at ``store_url``: (key, where it came from, whether it is a store
     key). See the module: ``$ETHEN_API_KEY``, else the key in ``path`` while the store knows it, else a new
-    key of project ``default`` written to ``path`` (mode 600). Raises ``StoreError`` (the store is
+    key of project ``default`` written to ``path`` (mode 600). Raises :class:`UpStateError` (the store is
     unreachable, ...)."""
+
+    from ethen.store import Store, StoreError
 
     async def run() -> tuple[str, str, bool]:
         store = await Store.open(store_url)
@@ -106,4 +163,7 @@ def project_key(store_url: str, path: Path) -> tuple[str, str, bool]:
         finally:
             await store.aclose()
 
-    return asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    except StoreError as exc:
+        raise UpStateError(exc.message) from None

@@ -42,17 +42,25 @@ api_key_env = "ALPHA_KEY"
 model = "alpha-fast"
 provider = "alpha"
 upstream_model = "up-alpha-fast"
-info = {{ context_window = 128000, max_output_tokens = 8000, quality = 1.0, latency_ms = 50.0,
-         ttft_ms = 20.0 }}
 prices = {{ input_per_mtok = 0.0, output_per_mtok = 0.0 }}
+[routes.info]
+context_window = 128000
+max_output_tokens = 8000
+quality = 1.0
+latency_ms = 50.0
+ttft_ms = 20.0
 
 [[routes]]
 model = "alpha-shadow"
 provider = "alpha"
 upstream_model = "up-alpha-shadow"
-info = {{ context_window = 128000, max_output_tokens = 8000, quality = 0.2, latency_ms = 900.0,
-         ttft_ms = 500.0 }}
 prices = {{ input_per_mtok = 5.0, output_per_mtok = 5.0 }}
+[routes.info]
+context_window = 128000
+max_output_tokens = 8000
+quality = 0.2
+latency_ms = 900.0
+ttft_ms = 500.0
 
 [[shadows]]
 alias = "ethen/auto"
