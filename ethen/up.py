@@ -7,24 +7,32 @@
    by :func:`default_layout`; ``--layout FILE`` replaces it, refused before any worker starts when it does
    not fit the model, :func:`check_layout`);
 3. a gateway config with one ``kind = "mesh"`` provider listing those workers' addresses, written to
-   ``<data dir>/up-gateway.toml`` (rewritten on every run: worker ports are picked by the OS);
+   ``<data dir>/up-gateway.toml`` once validated (rewritten on every run: worker ports are picked by the OS;
+   never while another ``ethen up`` runs on that data directory, :mod:`ethen.up_state`);
 4. the gateway from that file, by the same code path as ``ethen gateway --config FILE`` (``load_config`` ->
    ``create_app`` -> the provider factory; the lifespan start-up loads the mesh orchestrator: embeddings +
    head, Health polling, a first route), serving ``smollm2-135m-instruct`` (so ``ethen/auto`` routes to it)
    on ``--port`` (default 8080). With ``--model X.gguf`` the route is named after the file's model
    (:func:`mesh_route`).
 
-It prints the URL with a curl and an openai-SDK example once the server accepts connections. The API key
-comes from ``ETHEN_API_KEY`` when set; otherwise one is generated on first run and stored (mode 600) in the
-local data directory (``$ETHEN_DATA_DIR``, else ``$XDG_DATA_HOME/ethen``, else ``~/.local/share/ethen``), and
-printed. Ctrl-C (or SIGTERM) stops the gateway, then every worker it started (SIGTERM, SIGKILL after 3 s).
+It prints the URL with a curl and an openai-SDK example once the server accepts connections (the example
+prints who served the answer, the mesh or any provider ``--config`` adds), and the dashboard's URL (``/ui``,
+signed in with the printed admin key). The API key comes from ``ETHEN_API_KEY`` when set; otherwise it is a
+key of project ``default`` in the store, generated on first run and stored (mode 600) in the local data
+directory (``$ETHEN_DATA_DIR``, else ``$XDG_DATA_HOME/ethen``, else ``~/.local/share/ethen``), and printed:
+its requests show in ``ethen usage`` and the dashboard under that project
+(:func:`ethen.up_state.project_key`).
+Ctrl-C (or SIGTERM) stops the gateway, then every worker it started (SIGTERM, SIGKILL after 3 s).
 
 ``--config FILE`` merges a user gateway config into the generated one: its ``[[providers]]``, ``[[routes]]``,
 ``[[api_keys]]`` and ``[[canaries]]`` are appended after the mesh's (so cloud providers join the pool and
 ``ethen/*`` aliases choose among them and the mesh), and every other section is used as given (``[policy]``,
 ``[store]``, ``[model_map]``, ``[cache]``, ``[[hedges]]``, ``[[shadows]]``, ``[compat]``, ...); its
-``[server]`` is ignored (``--host`` / ``--port`` decide). The merged file is validated like any config
-(``examples/cloud-tools.toml``: tool-capable cloud routes for agents).
+``[server]`` is ignored (``--host`` / ``--port`` decide); the merge rule is
+:func:`ethen.gateway.config.overlay.merge_overlay` (``examples/cloud-tools.toml``: tool-capable cloud routes
+for agents). Everything is validated before anything runs or is written: the flags (``--port`` 0-65535), the
+overlay merged into a stand-in of the generated config, then the whole config with the workers' node ids; a
+bad one exits 2 naming the file, the key and the value, and leaves ``up-gateway.toml`` as it was.
 
 Supervision: the workers run under a :class:`~ethen.mesh.worker.supervisor.Supervisor`. A worker that dies
 is restarted on the same address (so the written config stays true and the orchestrator's Health polling
@@ -38,7 +46,7 @@ as printed. A registry other hosts reach needs ``--tls-cert`` / ``--tls-key``; t
 mesh provider's own config rules before anything loads (:func:`check_join`).
 
 Choices where the issue is silent:
-- The port is checked first (bind with ``SO_REUSEADDR`` as uvicorn does, then close): a taken port fails in
+- The port is checked early (bind with ``SO_REUSEADDR`` as uvicorn does, then close): a taken port fails in
   well under a second with the port in the message, before the model and workers load. ``--port 0`` picks a
   free port at that check (the banner prints it).
 - Embedded store: without a ``[store]`` in ``--config``, the gateway gets one: ``$ETHEN_DATABASE_URL`` when
@@ -68,7 +76,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import signal
 import socket
 import sys
@@ -81,13 +88,21 @@ from typing import Any
 
 import typer
 
-from ethen.mesh.errors import MeshError
 from ethen.paths import data_dir, default_store_url, up_config_path
+from ethen.up_layout import DEFAULT_LAYOUT, MODEL, check_layout, default_layout, load_layout
+from ethen.up_state import (
+    API_KEY_ENV,
+    InstanceRunning,
+    UpStateError,
+    admin_key,
+    lock_instance,
+    mesh_token_file,
+    project_key,
+)
 
 __all__ = [
     "DEFAULT_LAYOUT",
     "admin_key",
-    "api_key",
     "check_join",
     "check_layout",
     "check_port",
@@ -104,65 +119,13 @@ _IMPORTED_AT = time.time()  # ~ the process start: ``ethen up``'s modules load f
 T0_ENV = "ETHEN_UP_T0"
 DB_ENV = "ETHEN_DATABASE_URL"
 
-DEFAULT_LAYOUT: tuple[tuple[str, str, float], ...] = (
-    ("gpu", "0-9", 10.0),
-    ("mini", "0-9,10-19", 6.0),
-    ("laptop", "10-19,20-29", 3.0),
-)
-MODEL = "smollm2-135m-instruct"
-
-
-def _secret(env_var: str, filename: str, prefix: str) -> tuple[str, str]:
-    """(key, where it came from): ``$env_var``, the key stored in the data directory, or a new one stored
-    now (mode 600)."""
-    from ethen.gateway.accounting.auth import KEY_PREFIX
-
-    env = os.environ.get(env_var)
-    if env:
-        if not env.startswith(KEY_PREFIX):
-            raise typer.BadParameter(f"{env_var} must start with {KEY_PREFIX!r}")
-        return env, env_var
-    path = data_dir() / filename
-    if path.is_file():
-        key = path.read_text(encoding="utf-8").strip()
-        if key.startswith(KEY_PREFIX):
-            return key, str(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    key = f"{prefix}-{secrets.token_urlsafe(32)}"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(key + "\n")
-    return key, f"{path} (generated now)"
-
-
-def api_key() -> tuple[str, str]:
-    """(key, where it came from): ``ETHEN_API_KEY``, the stored key, or a new one stored now."""
-    from ethen.gateway.accounting.auth import KEY_PREFIX
-
-    return _secret("ETHEN_API_KEY", "api_key", KEY_PREFIX)
-
-
-def admin_key() -> tuple[str, str]:
-    """(admin key, where it came from): ``ETHEN_ADMIN_KEY``, the stored one, or a new one stored now."""
-    return _secret("ETHEN_ADMIN_KEY", "admin_key", "ethen-admin")
-
-
-def mesh_token_file() -> Path:
-    """The mesh token of ``ethen up`` (``<data dir>/mesh_token``, mode 600, generated on first run): its
-    workers require it on every gRPC call and its gateway config sends it, so another local user cannot drive
-    the workers (see :mod:`ethen.mesh.auth`)."""
-    path = data_dir() / "mesh_token"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(secrets.token_urlsafe(32) + "\n")
-    return path
-
 
 def check_port(host: str, port: int) -> int:
     """Bind ``host:port`` (``SO_REUSEADDR``, as uvicorn does) and close: the port the gateway will get.
-    ``port`` 0 returns a free port. Raises ``OSError`` with a message naming the address."""
+    ``port`` 0 returns a free port. Raises ``OSError`` with a message naming the address (or the port, when
+    it is not one: 0-65535)."""
+    if not 0 <= port <= 65535:
+        raise OSError(f"--port {port}: a port is a number from 0 to 65535 (0: a free one)")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -178,82 +141,6 @@ def check_port(host: str, port: int) -> int:
             if port == 0:
                 port = int(sock.getsockname()[1])
     return port
-
-
-def default_layout(n_layers: int) -> list[tuple[str, str, float]]:
-    """The default workers for a model of ``n_layers`` blocks (issue 24): the layers split into three
-    contiguous parts as equal as possible (the first ones one layer longer), gpu serves the first part, mini
-    the first two, laptop the last two (each part a fragment), as :data:`DEFAULT_LAYOUT` does for 30 layers.
-    With 2 layers: gpu layer 0 and mini layers 0 and 1 (laptop would repeat a part); 1 layer: gpu alone."""
-    if n_layers < 1:
-        raise ValueError(f"a model needs at least one layer, got {n_layers}")
-    sizes = [n_layers // 3 + (1 if i < n_layers % 3 else 0) for i in range(3)]
-    parts: list[str] = []
-    start = 0
-    for size in sizes:
-        if size:
-            parts.append(f"{start}-{start + size - 1}")
-            start += size
-    out = [("gpu", parts[0], 10.0)]
-    if len(parts) >= 2:
-        out.append(("mini", ",".join(parts[:2]), 6.0))
-    if len(parts) == 3:
-        out.append(("laptop", ",".join(parts[1:]), 3.0))
-    return out
-
-
-def check_layout(workers: list[tuple[str, str, float]], n_layers: int, source: str,
-                 partial: bool = False) -> None:
-    """Refuse (``typer.BadParameter``, naming the model's layer count) a layout that does not fit a model
-    of ``n_layers`` blocks: a fragment past its last layer, or (unless ``partial``: workers may join)
-    fragments from which no chain of whole fragments covers layers 0..n-1."""
-    from ethen.mesh.orchestrator.planning import plan_route
-    from ethen.mesh.routing import NodeState, RouteWeights
-    from ethen.mesh.worker.server import parse_fragments
-
-    states = []
-    for node, layers, score in workers:
-        frags = parse_fragments(layers)
-        if frags[-1][1] >= n_layers:
-            raise typer.BadParameter(f"{source}: worker {node!r} layers {layers!r} go past the model's last "
-                                     f"layer: the model has {n_layers} layers (0-{n_layers - 1})")
-        states.append(NodeState(node, 1.0, 0.0, score, tuple(frags)))
-    if partial:
-        return
-    try:
-        plan_route(states, n_layers, 1, RouteWeights(), MODEL)
-    except MeshError as exc:
-        raise typer.BadParameter(f"{source}: no chain of whole fragments of these workers covers layers "
-                                 f"0-{n_layers - 1} (the model has {n_layers} layers): {exc}") from None
-
-
-def load_layout(path: Path | None) -> list[tuple[str, str, float]]:
-    """Workers of a layout TOML file (``[[workers]] node_id, layers, capacity_score``), or the defaults
-    (for 30 layers; ``ethen up`` derives them from the model, :func:`default_layout`)."""
-    if path is None:
-        return list(DEFAULT_LAYOUT)
-    from ethen.mesh.worker.server import parse_fragments
-
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise typer.BadParameter(f"--layout {path}: {exc}") from None
-    workers = doc.get("workers")
-    if not isinstance(workers, list) or not workers:
-        raise typer.BadParameter(f"--layout {path}: needs at least one [[workers]] table")
-    out: list[tuple[str, str, float]] = []
-    for i, w in enumerate(workers):
-        node, layers, score = w.get("node_id"), w.get("layers"), w.get("capacity_score", 1.0)
-        if not isinstance(node, str) or not node or not isinstance(layers, str):
-            raise typer.BadParameter(f"--layout {path}: workers[{i}] needs node_id and layers strings")
-        try:
-            parse_fragments(layers)
-        except ValueError as exc:
-            raise typer.BadParameter(f"--layout {path}: workers[{i}].{exc}") from None
-        if isinstance(score, bool) or not isinstance(score, int | float):
-            raise typer.BadParameter(f"--layout {path}: workers[{i}].capacity_score must be a number")
-        out.append((node, layers, float(score)))
-    return out
 
 
 def mesh_route(store: Any) -> dict[str, Any]:
@@ -275,21 +162,21 @@ def mesh_route(store: Any) -> dict[str, Any]:
             "prices": {"input_per_mtok": 0.0, "output_per_mtok": 0.0}}
 
 
-def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
+def gateway_document(host: str, port: int, key: str | None, workers: dict[str, str],
                      user: dict[str, Any] | None = None, *, admin_key_sha256: str | None = None,
                      model_path: str | None = None, token_file: str | None = None,
                      route: dict[str, Any] | None = None, join: str | None = None,
                      tls: tuple[str, str] | None = None) -> dict[str, Any]:
     """The gateway config ``ethen up`` serves (a TOML document as a dict): the mesh over ``workers``, the
-    local key, and the optional user config's providers, routes, keys, canaries, policy and store. With
+    config key ``key`` (``None``: no config key, the key is a store key of project ``default``), and the
+    optional user config merged in (:func:`~ethen.gateway.config.overlay.merge_overlay`). With
     ``admin_key_sha256``: the embedded store (unless the user config has a ``[store]``) with that admin key
     (unless the user's ``[store]`` sets one). ``route``: the mesh's route (:func:`mesh_route`; default:
     ``smollm2-135m-instruct``). ``join``: the mesh provider's registry address (workers on other machines
     join there), ``tls``: its certificate and key (PEM paths)."""
     from ethen.gateway.accounting.auth import hash_key
+    from ethen.gateway.config import merge_overlay
 
-    user = dict(user or {})
-    user.pop("server", None)
     doc: dict[str, Any] = {
         "server": {"host": host, "port": port},
         "providers": [{"id": "mesh", "kind": "mesh", "workers": workers, "start_timeout_s": 60.0,
@@ -298,22 +185,9 @@ def gateway_document(host: str, port: int, key: str, workers: dict[str, str],
                        **({} if join is None else {"join": join}),
                        **({} if tls is None else {"tls_cert": tls[0], "tls_key": tls[1]})}],
         "routes": [route or {"model": MODEL, "provider": "mesh"}],
-        "api_keys": [{"name": "local", "sha256": hash_key(key)}],
+        "api_keys": [] if key is None else [{"name": "local", "sha256": hash_key(key)}],
     }
-    for section in ("providers", "routes", "api_keys", "canaries"):
-        extra = user.pop(section, [])
-        merged = [*doc.get(section, []), *(extra if isinstance(extra, list) else [extra])]
-        if merged:
-            doc[section] = merged
-    if admin_key_sha256 is not None:
-        store = user.pop("store", None)
-        if store is None:
-            store = {"url_env": DB_ENV} if os.environ.get(DB_ENV) else {"url": default_store_url()}
-        if isinstance(store, dict):  # anything else: validation names it
-            store = {**store, "admin_key_sha256": store.get("admin_key_sha256", admin_key_sha256)}
-        doc["store"] = store
-    doc.update(user)  # policy, store, and anything unknown (which validation then names)
-    return doc
+    return merge_overlay(doc, user, admin_key_sha256)
 
 
 def check_join(join: str | None, tls_cert: Path | None, tls_key: Path | None) -> tuple[str, str] | None:
@@ -445,7 +319,7 @@ def _command_start() -> float:
 
 
 def up(
-    port: int = typer.Option(8080, "--port", help="Gateway port (0: a free port)."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="Gateway port (0: a free port)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Gateway bind address."),
     layout: Path = typer.Option(  # noqa: B008
         None, "--layout", help="Mesh layout TOML (default: 3 workers derived from the model's layer count)."),
@@ -469,6 +343,39 @@ def up(
     level = log_level.upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise typer.BadParameter(f"--log-level = {log_level!r}: use debug, info, warning or error")
+    user = _check_overlay(config, host, port, model) if config is not None else None  # before anything runs
+    try:
+        lock = lock_instance(data_dir())  # never overwrite the config of a running `ethen up`
+    except InstanceRunning as exc:
+        _say(f"error: {exc}")
+        raise typer.Exit(1) from None
+    try:
+        _up_locked(t0, level, port, host, layout, user, log_level, log_format, model, join, tls_cert, tls_key)
+    finally:
+        os.close(lock)
+
+
+def _check_overlay(config: Path, host: str, port: int, model: Path | None) -> dict[str, Any]:
+    """The ``--config`` overlay, read and validated merged into a stand-in of the generated config (exit 2
+    naming the file, the key and the value): before any file is written or any process starts."""
+    from ethen.gateway.config import parse_overlay, stand_in_document
+    from ethen.gateway.errors import GatewayConfigError
+
+    user = _read_user_config(config)
+    base = stand_in_document(host, port)
+    if model is not None:  # a GGUF of another model: its routes name it (checked again with its real name)
+        base["providers"][0]["model_path"] = str(model.resolve())
+    try:
+        parse_overlay(user, source=f"--config {config}", base=base)
+    except GatewayConfigError as exc:
+        _say(f"error: {exc.message}")
+        raise typer.Exit(2) from None
+    return user
+
+
+def _up_locked(t0: float, level: str, port: int, host: str, layout: Path | None, user: dict[str, Any] | None,
+               log_level: str, log_format: str, model: Path | None, join: str | None, tls_cert: Path | None,
+               tls_key: Path | None) -> None:
     try:
         port = check_port(host, port)  # before anything slow
     except OSError as exc:
@@ -486,10 +393,9 @@ def up(
     from ethen.model.errors import ModelError  # after one_blas_thread: it imports NumPy
     workers_spec = load_layout(layout)
     tls = check_join(join, tls_cert, tls_key)
-    user = _read_user_config(config) if config is not None else None
-    key, key_source = api_key()
     user_admin = isinstance((user or {}).get("store"), dict) and "admin_key_sha256" in (user or {})["store"]
     admin = None if user_admin else admin_key()
+    key, key_source, store_key = _project_key(host, port, user, admin)
     signal.signal(signal.SIGTERM, _on_sigterm)
     from ethen.mesh.worker.supervisor import Supervisor
 
@@ -506,8 +412,32 @@ def up(
             except typer.BadParameter as exc:
                 _say(f"error: {exc.message}")
                 raise typer.Exit(2) from None
-        model_args = [] if model is None else ["--model", str(model.resolve())]
+        from ethen.app import PREFIX, create_app
+        from ethen.gateway.accounting.auth import hash_key
+        from ethen.gateway.api.serve import serve
+        from ethen.gateway.catalog import Catalog
+        from ethen.gateway.config import parse_config, skip_providers_without_keys
+        from ethen.gateway.errors import GatewayConfigError
+        from ethen.up_banner import banner
+
+        model_path = None if model is None else str(model.resolve())
         token_file = str(mesh_token_file().resolve())
+        route = None if model is None else mesh_route(store)
+
+        def document(workers: dict[str, str]) -> dict[str, Any]:
+            return gateway_document(host, port, None if store_key else key, workers, user,
+                                    admin_key_sha256=hash_key(admin[0]) if admin else None,
+                                    model_path=model_path, token_file=token_file, route=route, join=join,
+                                    tls=tls)
+
+        try:  # the whole config, with the workers' real node ids, before any of them starts
+            parse_config(document({node: "127.0.0.1:1" for node, _, _ in workers_spec}),
+                         source="the config of `ethen up`" if user is None else
+                         "the config of `ethen up` with --config (its entries after the mesh's)")
+        except GatewayConfigError as exc:
+            _say(f"error: {exc.message}")
+            raise typer.Exit(2) from None
+        model_args = [] if model is None else ["--model", model_path or ""]
         model_args += ["--token-file", token_file]
         # the workers start at once: ready in 4.4 s against 6.1 s one after the other (2-core VM, quantized,
         # bench/up_load.py --ref, medians of 3; each load is ~1.5-2 CPU s, most of it on one core). When
@@ -523,27 +453,15 @@ def up(
                 _say(f"[2/4] worker {i}/{n}: {node} layers {layers} ...")
                 _say(f"      ready on {w.address} (pid {w.pid})")
         supervisor.start()  # from now on a worker that dies is restarted on its address
-        from ethen.app import PREFIX, create_app
-        from ethen.gateway.accounting.auth import hash_key
-        from ethen.gateway.api.serve import serve
-        from ethen.gateway.catalog import Catalog
-        from ethen.gateway.config import load_config, skip_providers_without_keys
-        from ethen.gateway.errors import GatewayConfigError
-        from ethen.up_banner import banner
-
-        doc = gateway_document(host, port, key, supervisor.addresses, user,
-                               admin_key_sha256=hash_key(admin[0]) if admin else None,
-                               model_path=None if model is None else str(model.resolve()),
-                               token_file=token_file, route=None if model is None else mesh_route(store),
-                               join=join, tls=tls)
-        path = write_config(doc, up_config_path())
-        _say(f"[3/4] gateway config: {path}")
+        doc = document(supervisor.addresses)
         try:
-            cfg = skip_providers_without_keys(load_config(path))
+            cfg = skip_providers_without_keys(parse_config(doc, source=str(up_config_path())))
             app = create_app(cfg, catalog=Catalog.load())
         except GatewayConfigError as exc:
             _say(f"error: {exc.message}")
             raise typer.Exit(2) from None
+        path = write_config(doc, up_config_path())  # validated: only now the file is replaced
+        _say(f"[3/4] gateway config: {path}")
         _say("[4/4] gateway: starting its providers (the mesh loads its head, polls the workers, routes) ...")
         text = banner(f"http://{host}:{port}{PREFIX}", key, key_source, admin, path, len(workers_spec),
                       join=None if join is None else (join, token_file, tls is not None),
@@ -567,3 +485,32 @@ def up(
         _say("stopping ...")
         supervisor.stop(timeout=3.0)
         _say("stopped.")
+
+
+def _project_key(host: str, port: int, user: dict[str, Any] | None,
+                 admin: tuple[str, str] | None) -> tuple[str, str, bool]:
+    """(API key, where it came from, whether it is a store key): :func:`ethen.up_state.project_key` in the
+    store this config serves (exit 1 naming the store's error: unreachable, ...)."""
+    from ethen.gateway.accounting.auth import KEY_PREFIX, hash_key
+    from ethen.gateway.config import parse_config, store_url
+    from ethen.gateway.errors import GatewayConfigError
+
+    env = os.environ.get(API_KEY_ENV)
+    if env and not env.startswith(KEY_PREFIX):
+        _say(f"error: {API_KEY_ENV} must start with {KEY_PREFIX!r}")
+        raise typer.Exit(2)
+    try:
+        cfg = parse_config(gateway_document(host, port, None, {"gpu": "127.0.0.1:1"}, user,
+                                            admin_key_sha256=hash_key(admin[0]) if admin else None))
+        url = store_url(cfg)
+    except GatewayConfigError as exc:
+        _say(f"error: {exc.message}")
+        raise typer.Exit(2) from None
+    if url is None:  # not reached: with no [store] of its own, the config of `ethen up` has the embedded one
+        _say("error: the config of `ethen up` has no [store]: its API key lives in the store")
+        raise typer.Exit(2)
+    try:
+        return project_key(url, data_dir() / "api_key")
+    except UpStateError as exc:
+        _say(f"error: the store of `ethen up`: {exc}")
+        raise typer.Exit(1) from None

@@ -29,11 +29,14 @@ def banner(url: str, key: str, key_source: str, admin: tuple[str, str] | None, c
     ethen = _ethen_command()
     data = os.environ.get("ETHEN_DATA_DIR")
     prefix = f"ETHEN_DATA_DIR={shlex.quote(data)} " if data else ""
+    root = url.rsplit("/api/", 1)[0]
     if admin is not None:
-        admin_text = f"""Admin key ({admin[1]}), for {url.rsplit('/api/', 1)[0]}/api/admin/v1 only:
-  {admin[0]}"""
+        admin_text = f"""Admin key ({admin[1]}), for {root}/api/admin/v1 and the dashboard only:
+  {admin[0]}
+Dashboard: {root}/ui  (sign in with the admin key above)"""
     else:
-        admin_text = "Admin API: /api/admin/v1 with the admin key of your [store]"
+        admin_text = f"""Admin API: {root}/api/admin/v1 with the admin key of your [store]
+Dashboard: {root}/ui  (sign in with the admin key of your [store])"""
     return f"""
 Ethen is up: {url}
 API key ({key_source}):
@@ -51,7 +54,10 @@ client = OpenAI(base_url="{url}", api_key="{key}")
 r = client.chat.completions.create(model="ethen/auto", temperature=0, max_tokens=32,
                                    messages=[{{"role": "user", "content": {question}}}])
 print(r.choices[0].message.content)
-print(r.model_extra["ethen"]["routing"]["mesh"]["route"]["nodes"])
+routing = r.model_extra["ethen"]["routing"]  # who served it (any provider), the mesh's nodes if it did
+nodes = ((routing.get("mesh") or {{}}).get("route") or {{}}).get("nodes")
+print("served by", routing["selected_provider"] + "/" + routing["selected_model"],
+      *(["over", nodes] if nodes else []))
 PY
 
 Projects, keys, budgets: `ethen projects|keys|usage|certify` act on this gateway's store, no flags needed.

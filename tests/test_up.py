@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,10 +56,10 @@ def _wait_gone(pids: list[int], seconds: float) -> list[int]:
 
 
 class Up:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *args: str, **env_extra: str) -> None:
         self.data = tmp / "data"
-        env = _env(self.data, ETHEN_UP_T0=str(time.time() - T0_AGO))
-        self.proc = subprocess.Popen([sys.executable, "-m", "ethen", "up", "--port", "0"],
+        env = _env(self.data, ETHEN_UP_T0=str(time.time() - T0_AGO), **env_extra)
+        self.proc = subprocess.Popen([sys.executable, "-m", "ethen", "up", "--port", "0", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.lines: list[str] = []
         self.worker_pids: list[int] = []
@@ -159,7 +160,7 @@ def test_keys_create_without_flags_makes_a_key_the_gateway_accepts(up: Up) -> No
     assert r.status_code == 200, r.text
     usage = up.ethen("usage", "--project", "default")
     assert usage.returncode == 0, usage.stderr
-    rows = json.loads(usage.stdout)["data"]
+    rows = [row for row in json.loads(usage.stdout)["data"] if row["key_id"] == key.split("_")[1]]
     assert [(row["project"], row["provider"], row["requests"]) for row in rows] == [("default", "mesh", 1)]
 
 
@@ -274,6 +275,28 @@ def _shim(path: Path, body: str) -> None:
     path.chmod(0o755)
 
 
+def _project_version() -> str:
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"])
+
+
+def _site(tmp: Path, *dists: tuple[str, str, str | None]) -> dict[str, str]:
+    """An environment whose interpreter sees these distributions first: (name, version, editable source
+    directory or ``None``) dist-info directories in a directory put first on ``PYTHONPATH``."""
+    site = tmp / "site"
+    for name, version, source in dists:
+        info = site / f"{name}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        if source is not None:
+            (info / "direct_url.json").write_text(json.dumps({"dir_info": {"editable": True},
+                                                              "url": Path(source).resolve().as_uri()}))
+    return {"PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
+#: an ethen of another version than pyproject.toml's: `bash run.sh up` must install
+_NOT_INSTALLED = ("ethen", "0.0.0", str(ROOT))
+
+
 def test_run_sh_up_installs_without_dev_extras_shows_progress_and_exports_the_start(tmp_path: Path) -> None:
     """``bash run.sh up`` against a venv whose ``python -m pip`` records its arguments instead of reaching
     the network (the real interpreter runs everything else, and the real ``ethen up`` starts)."""
@@ -296,10 +319,12 @@ exec {sys.executable} -m ethen "$@"
         port = taken.getsockname()[1]
         before = time.time()
         out = subprocess.run(["bash", str(ROOT / "run.sh"), "up", "--port", str(port)], capture_output=True,
-                             text=True, timeout=120, env=_env(tmp_path / "data", ETHEN_VENV=str(venv)))
+                             text=True, timeout=120, env=_env(tmp_path / "data", ETHEN_VENV=str(venv),
+                                                              **_site(tmp_path, _NOT_INSTALLED)))
     calls = log.read_text().splitlines()
     pips = [c for c in calls if c.startswith("pip ")]
     assert pips and not any("[dev]" in c or "dev" in c.split() for c in pips), pips
+    assert not any("--upgrade" in c.split() for c in pips), pips  # issue 42 item 14: never upgrades pip
     assert any(c.endswith(" -e . openai>=1.30") for c in pips), pips  # the package alone, and the SDK
     assert all("-q" not in c.split() for c in pips), pips
     (run,) = [c for c in calls if c.startswith("ethen ")]
@@ -310,7 +335,7 @@ exec {sys.executable} -m ethen "$@"
     pip_log = venv / "pip-up.log"
     assert f"(pip's output: {pip_log})" in out.stderr, out.stderr
     assert "Collecting some-package" not in out.stdout + out.stderr
-    assert pip_log.read_text().count("Collecting some-package") == 3
+    assert pip_log.read_text().count("Collecting some-package") == 2
     setup = out.stderr.split("starting ethen up ...")[0].strip().splitlines()
     assert [ln[:11] for ln in setup] == [f"[setup {i}/4]" for i in range(1, 5)], setup
     assert out.returncode == 1 and f"port {port}" in out.stderr  # the real ethen up, failing fast
@@ -329,10 +354,57 @@ exec {sys.executable} "$@"
 """)
     _shim(venv / "bin" / "ethen", f'echo "ethen $*" >> {log}\n')
     out = subprocess.run(["bash", str(ROOT / "run.sh"), "up"], capture_output=True, text=True, timeout=120,
-                         env=_env(tmp_path / "data", ETHEN_VENV=str(venv)))
+                         env=_env(tmp_path / "data", ETHEN_VENV=str(venv), **_site(tmp_path, _NOT_INSTALLED)))
     assert out.returncode == 7, out.stderr
     assert "error: `pip install -e . openai>=1.30` failed (exit 7)" in out.stderr, out.stderr
     assert "ERROR: No matching distribution found for openai>=1.30" in out.stderr  # the log's tail
     assert "[setup 3/4]" not in out.stderr
     assert not any(c.startswith("ethen ") for c in log.read_text().splitlines())  # ethen up never ran
     assert "ERROR: No matching distribution" in (venv / "pip-up.log").read_text()
+
+
+def _run_sh_up(tmp_path: Path, *dists: tuple[str, str, str | None]) -> tuple[list[str], str]:
+    """``bash run.sh up --port <taken>`` with a venv whose ``python -m pip`` records its arguments (and the
+    real interpreter, seeing ``dists`` first, for the rest): (the pip calls, stderr)."""
+    venv, log = tmp_path / "venv", tmp_path / "calls.log"
+    (venv / "bin").mkdir(parents=True)
+    log.touch()
+    _shim(venv / "bin" / "python", f"""if [ "$1 $2" = "-m pip" ]; then
+    echo "pip ${{*:3}}" >> {log}; exit 0
+fi
+exec {sys.executable} "$@"
+""")
+    _shim(venv / "bin" / "ethen", f'exec {sys.executable} -m ethen "$@"\n')
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(["bash", str(ROOT / "run.sh"), "up", "--port", str(port)], capture_output=True,
+                             text=True, timeout=120, env=_env(tmp_path / "data", ETHEN_VENV=str(venv),
+                                                              **_site(tmp_path, *dists)))
+    assert out.returncode == 1 and f"port {port}" in out.stderr, out.stderr  # ethen up ran, failing fast
+    return log.read_text().splitlines(), out.stderr
+
+
+def test_run_sh_up_on_an_installed_env_installs_nothing(tmp_path: Path) -> None:
+    """Issue 42 item 14: ethen in editable mode from this checkout at pyproject.toml's version, and every
+    requirement met (the real interpreter's packages): no pip at all, so no network."""
+    pips, err = _run_sh_up(tmp_path, ("ethen", _project_version(), str(ROOT)))
+    assert pips == [], pips
+    assert "nothing to install" in err and "[setup 1/4]" not in err, err
+
+
+@pytest.mark.parametrize("dist", [
+    ("ethen", "0.0.0", str(ROOT)),  # pyproject.toml's version changed since the install
+    ("ethen", _project_version(), "/elsewhere/ethen"),  # installed from another checkout
+    ("ethen", _project_version(), None),  # not an editable install
+    ("openai", "1.0.0", None),  # below the pin (openai>=1.30)
+    ("numpy", "1.0.0", None),  # below pyproject.toml's numpy>=1.26
+])
+def test_run_sh_up_installs_when_something_is_missing(tmp_path: Path,
+                                                     dist: tuple[str, str, str | None]) -> None:
+    dists = [dist] if dist[0] == "ethen" else [("ethen", _project_version(), str(ROOT)), dist]
+    pips, err = _run_sh_up(tmp_path, *dists)
+    expected = "pip install --disable-pip-version-check -e . openai>=1.30"
+    assert [p for p in pips if "-e ." in p] == [expected], pips
+    assert "[setup 4/4] installed" in err, err

@@ -3,8 +3,12 @@
 gateway's admin API (:mod:`ethen.admin.shadows`): a promotion is installed in that gateway process.
 
 The gateway: ``--url``, else ``$ETHEN_GATEWAY_URL``, else the ``[server]`` address of ``--config FILE``,
-else ``http://127.0.0.1:8080`` (``ethen up``'s default). The admin key: ``--admin-key``, else
-``$ETHEN_ADMIN_KEY``, else ``<data dir>/admin_key`` (the one ``ethen up`` wrote).
+else ``http://127.0.0.1:8080`` (``ethen up``'s default). ``--config`` may also be an ``ethen up --config``
+overlay (a partial config: no ``[[api_keys]]``, ...): it is checked merged as ``ethen up`` merges it
+(:func:`load_any_config`), and the gateway is then the running ``ethen up``'s (the ``[server]`` of the
+config it wrote, ``<data dir>/up-gateway.toml``), since ``ethen up`` ignores an overlay's ``[server]``.
+The admin key: ``--admin-key``, else ``$ETHEN_ADMIN_KEY``, else ``<data dir>/admin_key`` (the one ``ethen
+up`` wrote).
 
 ``promote --config FILE`` also appends the canary to that file as a ``[[canaries]]`` table (text appended,
 the rest of the file untouched, the result validated first), so it survives a restart; a file that already
@@ -24,11 +28,11 @@ from typing import Any
 import httpx
 import typer
 
-from ethen.gateway.config import load_config, parse_config
+from ethen.gateway.config import GatewayConfig, load_config, parse_config, parse_overlay, read_overlay
 from ethen.gateway.errors import GatewayError
-from ethen.paths import data_dir
+from ethen.paths import data_dir, up_config_path
 
-__all__ = ["append_canary", "check_config", "shadows_app", "table"]
+__all__ = ["append_canary", "check_config", "load_any_config", "shadows_app", "table"]
 
 URL_ENV = "ETHEN_GATEWAY_URL"
 ADMIN_ENV = "ETHEN_ADMIN_KEY"
@@ -52,10 +56,34 @@ def _fail(msg: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def load_any_config(path: Path) -> tuple[GatewayConfig, bool]:
+    """``path`` as a whole gateway config, else as an ``ethen up --config`` overlay (merged as ``ethen up``
+    merges it, :func:`~ethen.gateway.config.overlay.parse_overlay`): (the config, whether it is an overlay).
+    ``GatewayError``: the whole config's error when the file is neither."""
+    try:
+        return load_config(path), False
+    except GatewayError as exc:
+        try:
+            return parse_overlay(read_overlay(path), source=str(path)), True
+        except GatewayError:
+            raise exc from None
+
+
+def _up_server(default: str) -> str:
+    """The address of the running ``ethen up`` (the ``[server]`` of the config it wrote), else ``default``."""
+    try:
+        srv = load_config(up_config_path()).server
+    except GatewayError:
+        return default
+    host = "127.0.0.1" if srv.host in ("0.0.0.0", "::", "") else srv.host
+    return f"http://{host}:{srv.port}"
+
+
 def _base(url: str | None, config: Path | None) -> str:
+    overlay = False
     if config is not None:  # a config without [store] / [[shadows]] cannot serve shadows: say so here
         try:
-            cfg = load_config(config)
+            cfg, overlay = load_any_config(config)
         except GatewayError as exc:
             raise _fail(exc.message) from None
         if cfg.store is None or not cfg.shadows:
@@ -66,6 +94,8 @@ def _base(url: str | None, config: Path | None) -> str:
         return url.rstrip("/")
     if os.environ.get(URL_ENV):
         return os.environ[URL_ENV].rstrip("/")
+    if overlay:  # its [server] is ignored by `ethen up`: the gateway is the one `ethen up` runs
+        return _up_server(DEFAULT_URL)
     if config is not None:
         srv = cfg.server
         host = "127.0.0.1" if srv.host in ("0.0.0.0", "::", "") else srv.host
@@ -178,7 +208,8 @@ def append_canary(path: Path, canary: dict[str, Any]) -> None:
     new = old + ("" if old.endswith("\n") or not old else "\n") + _canary_text(
         canary["alias"], canary["candidate"], canary["percent"], canary["min_success_rate"],
         canary["min_samples"])
-    parse_config(tomllib.loads(new), source=str(path))  # still a valid config
+    _, overlay = load_any_config(path)  # a whole config, or an `ethen up` overlay (else its error)
+    (parse_overlay if overlay else parse_config)(tomllib.loads(new), source=str(path))  # and it still is
     path.write_text(new, encoding="utf-8")
 
 

@@ -73,7 +73,9 @@ from .build import *  # noqa: F403
 from .build import __all__ as _build_all
 from .load import *  # noqa: F403
 from .load import __all__ as _load_all
+from .overlay import *  # noqa: F403
+from .overlay import __all__ as _overlay_all
 from .schema import *  # noqa: F403
 from .schema import __all__ as _schema_all
 
-__all__ = [*_schema_all, *_load_all, *_build_all]
+__all__ = [*_schema_all, *_load_all, *_build_all, *_overlay_all]
