@@ -11,8 +11,9 @@ and one database. Budgets, keys and project policy stay exact through the databa
   Redis stream (``<key_prefix>:telemetry``, capped at ~20,000 entries), batched: the request path only
   appends to a list; a background task sends what gathered every 50 ms in one ``XADD``. Each instance reads
   the stream (a blocking ``XREAD`` on its own connection) and records the other instances' outcomes into its
-  own store, converted to its own clock. So the spec's failing gate (0 successes over >= 3 recent samples)
-  that trips on one instance trips on all of them within ~0.1 s, the circuits
+  own store, converted to its own clock. So the spec's failing gate (0 successes over >= 3 recent samples,
+  or a candidate's last 3 outcomes failed: runs are counted by finish time, so records arriving late from
+  other instances land in place) that trips on one instance trips on all of them within ~0.1 s, the circuits
   (:mod:`ethen.gateway.circuit`, which follow the telemetry) open and close everywhere (a success recorded
   anywhere lifts the gate everywhere), and canary acceptance (computed from the telemetry snapshot)
   counts every instance's samples. An instance that starts reads the last telemetry window (300 s) from
