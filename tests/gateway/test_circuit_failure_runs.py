@@ -173,8 +173,8 @@ def test_gate_streak_and_circuits_match_the_oracle(
     for model in ("x", "y"):
         outcomes = kept([(float(at), ok) for m, at, ok in arrival if m == model], now)
         st_ = snap.get("p", model)
-        fails_after_last_ok = len(outcomes) - 1 - max((i for i, (_, ok) in enumerate(outcomes) if ok), default=-1)
-        assert st_.samples == len(outcomes) and st_.streak == fails_after_last_ok
+        last_ok = max((i for i, (_, ok) in enumerate(outcomes) if ok), default=-1)
+        assert st_.samples == len(outcomes) and st_.streak == len(outcomes) - 1 - last_ok
         assert st_.terms[5] == oracle_failing(outcomes)
         assert (f"p/{model}" in board.circuits) == oracle_failing(outcomes)
         provider_n += len(outcomes)
@@ -229,3 +229,25 @@ def test_after_any_outage_a_successful_trial_restores_the_pre_outage_stats(
     assert board.circuits == {}
     st_ = store.snapshot(clock.t).get("p", "m")
     assert (st_.samples, st_.successes) == (len(history) + 1, sum(history) + 1)
+
+
+def test_another_instance_drops_the_same_run_even_when_the_trial_lands_before_the_bound() -> None:
+    """[shared]: the forget is handed on with both bounds (``on_forget``). On another instance the trial's
+    own success, its time rounded (0.1 ms) and converted to that clock, may land at or before ``before``:
+    had it worked the outage's start out again from its own successes, it would have dropped nothing."""
+    a, b = TelemetryStore(), TelemetryStore()
+    history = [(float(t), True) for t in range(1, 6)] + [(float(t), False) for t in range(6, 9)]
+    for store in (a, b):
+        for at, ok in history:
+            store.record_remote(rec("m", at, ok))
+
+    def hand_on(provider: str, model: str, before: float, since: float | None) -> None:  # the bus, inline
+        b.forget_remote(provider, model, before, since)
+
+    a.on_forget = hand_on
+    a.record(rec("m", 10.0, True))
+    b.record_remote(rec("m", 10.0 - 2e-9, True))  # the trial, as b got it
+    assert a.forget_failures("p", "m", 10.0 - 1e-9) == 3
+    for store in (a, b):
+        st_ = store.snapshot(11.0).get("p", "m")
+        assert (st_.samples, st_.successes, st_.streak) == (6, 6, 0)

@@ -90,7 +90,7 @@ class TelemetryStore:
         self._cached_until = float("inf")
         #: called with each locally made record / forget (the shared telemetry bus); never for remote ones
         self.on_record: Callable[[AttemptRecord], None] | None = None
-        self.on_forget: Callable[[str, str, float], None] | None = None
+        self.on_forget: Callable[[str, str, float, float | None], None] | None = None
 
     def record(self, rec: AttemptRecord) -> None:
         """Keep an outcome of this process (and hand it to ``on_record``)."""
@@ -120,19 +120,25 @@ class TelemetryStore:
         ``before`` and after its last success that finished at or before ``before`` (all of them when there
         is none); returns how many were dropped. Failures before that success are not the outage's: they
         keep counting, so the provider ranks as it did before the outage, not better. Handed to
-        ``on_forget`` (other instances drop theirs too, by the same rule over their copy of the records)."""
+        ``on_forget`` with both bounds (other instances drop the failures between them: they do not work
+        the start out again, since a success from the trial itself, its time rounded and converted to their
+        clock, could land at or before ``before`` there)."""
+        ring = self._records.get((provider, model), ())
+        since = max((rec.at for rec in ring if rec.success and rec.at <= before), default=None)
         if self.on_forget is not None:
-            self.on_forget(provider, model, before)
-        return self.forget_remote(provider, model, before)
+            self.on_forget(provider, model, before, since)
+        return self.forget_remote(provider, model, before, since)
 
-    def forget_remote(self, provider: str, model: str, before: float) -> int:
-        """:meth:`forget_failures` as decided by another instance (``before`` on this process's clock)."""
+    def forget_remote(self, provider: str, model: str, before: float, since: float | None = None) -> int:
+        """Drop the failed records of (provider, model) that finished after ``since`` (``None``: any time)
+        and at or before ``before``: :meth:`forget_failures` as decided by another instance (both on this
+        process's clock)."""
         key = (provider, model)
         ring = self._records.get(key)
         if ring is None:
             return 0
-        since = max((rec.at for rec in ring if rec.success and rec.at <= before), default=float("-inf"))
-        kept = [rec for rec in ring if rec.success or not since < rec.at <= before]
+        after = float("-inf") if since is None else since
+        kept = [rec for rec in ring if rec.success or not after < rec.at <= before]
         dropped = len(ring) - len(kept)
         if dropped:
             ring.clear()
