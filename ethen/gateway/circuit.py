@@ -1,6 +1,7 @@
 """Circuit breakers over the telemetry's failing gates, so a recovered provider is routed to again in seconds.
 
-The spec's gate (0 successes over >= 3 recent samples, per provider and per provider/model; see
+The spec's gate (0 successes over >= 3 recent samples, per provider and per provider/model; and per
+provider/model a run of 3 failures after its last success, whatever came before: issue 42; see
 ``ethen.gateway.routing.telemetry``) would exclude a provider for the whole 300 s telemetry window, with no
 request left to show that it recovered. :class:`CircuitBoard` mirrors the gates of each telemetry snapshot
 (:meth:`CircuitBoard.sync`): one circuit per tripped gate key, a provider id (``provider_failing``) or a
@@ -46,11 +47,16 @@ from types import MappingProxyType
 from typing import Any
 
 from ethen.gateway.routing import EMPTY_CIRCUITS, CircuitView, TelemetrySnapshot
+from ethen.gateway.routing.policy import FAILING_MIN_SAMPLES, FAILING_STREAK
 
 __all__ = ["CircuitBoard", "Prober"]
 
 log = logging.getLogger("ethen.gateway.circuit")
 _HISTORY = 1000  # transitions kept for the dashboard's circuit-state-over-time chart
+_WHY = {  # the gates (ethen.gateway.routing.telemetry), as the open log line states them
+    "provider_failing": f"0 successes over >= {FAILING_MIN_SAMPLES} recent samples",
+    "candidate_failing": f"its last {FAILING_STREAK} recent outcomes failed",
+}
 
 
 @dataclass(slots=True)
@@ -108,9 +114,8 @@ class CircuitBoard:
             self.history.append((now, key, True))
             opened = True
             log.warning(
-                "circuit open: %s excluded from routing (%s: 0 successes over >= 3 recent samples); "
-                "first trial in %.1f s",
-                key, reason, self.cooldown_s,
+                "circuit open: %s excluded from routing (%s: %s); first trial in %.1f s",
+                key, reason, _WHY[reason], self.cooldown_s,
             )  # fmt: skip
         for key in self._keys - want:
             c = self.circuits.pop(key)

@@ -11,8 +11,9 @@ and one database. Budgets, keys and project policy stay exact through the databa
   Redis stream (``<key_prefix>:telemetry``, capped at ~20,000 entries), batched: the request path only
   appends to a list; a background task sends what gathered every 50 ms in one ``XADD``. Each instance reads
   the stream (a blocking ``XREAD`` on its own connection) and records the other instances' outcomes into its
-  own store, converted to its own clock. So the spec's failing gate (0 successes over >= 3 recent samples)
-  that trips on one instance trips on all of them within ~0.1 s, the circuits
+  own store, converted to its own clock. So the spec's failing gate (0 successes over >= 3 recent samples,
+  or a candidate's last 3 outcomes failed: runs are counted by finish time, so records arriving late from
+  other instances land in place) that trips on one instance trips on all of them within ~0.1 s, the circuits
   (:mod:`ethen.gateway.circuit`, which follow the telemetry) open and close everywhere (a success recorded
   anywhere lifts the gate everywhere), and canary acceptance (computed from the telemetry snapshot)
   counts every instance's samples. An instance that starts reads the last telemetry window (300 s) from
@@ -103,8 +104,12 @@ class TelemetryBus:
             rec.fallback, rec.stream, rec.stream_completed,
         ])  # fmt: skip
 
-    def publish_forget(self, provider: str, model: str, before: float) -> None:
-        self._queue(["f", provider, model, round(_wall(before, time.monotonic(), time.time()), 4)])
+    def publish_forget(self, provider: str, model: str, before: float, since: float | None) -> None:
+        """Queue a "forget the outage's failures": those that finished after ``since`` (the last success
+        before the outage; ``None``: none) and at or before ``before``."""
+        mono, wall = time.monotonic(), time.time()
+        start = None if since is None else round(_wall(since, mono, wall), 4)
+        self._queue(["f", provider, model, round(_wall(before, mono, wall), 4), start])
 
     def _queue(self, item: list[Any]) -> None:
         if len(self._pending) >= self.max_pending:  # Redis slow or away: keep the newest
@@ -198,8 +203,10 @@ class TelemetryBus:
                         completion_tokens=it[9], cost_usd=it[10], fallback=bool(it[11]), stream=bool(it[12]),
                         stream_completed=it[13],
                     ))  # fmt: skip
-                elif it[0] == "f":
-                    self.store.forget_remote(str(it[1]), str(it[2]), at)
+                elif it[0] == "f":  # an entry of an older version has no start: every failure before
+                    start = it[4] if len(it) > 4 else None
+                    since = None if start is None else now_mono - max(0.0, now_wall - float(start))
+                    self.store.forget_remote(str(it[1]), str(it[2]), at, since)
                 self.received += 1
         except (KeyError, IndexError, TypeError, ValueError):
             if not self._bad_logged:  # another version of the gateway, or something else writing the stream

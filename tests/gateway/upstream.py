@@ -344,12 +344,13 @@ def make_upstream_app(script: Script) -> Starlette:
 
 
 class ServerThread:
-    """A real uvicorn server for ``app`` on 127.0.0.1:<ephemeral port>, in a daemon thread."""
+    """A real uvicorn server for ``app`` on 127.0.0.1:<ephemeral port>, in a daemon thread. ``port``: that
+    port instead (an upstream brought back where it was after its server was stopped)."""
 
-    def __init__(self, app: Any, *, log_level: str = "critical") -> None:
+    def __init__(self, app: Any, *, log_level: str = "critical", port: int = 0) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind(("127.0.0.1", port))
         self.port: int = self.sock.getsockname()[1]
         config = uvicorn.Config(
             app, log_level=log_level, access_log=False, lifespan="on", timeout_keep_alive=30

@@ -10,10 +10,15 @@ those that finished within the last ``window_seconds`` (300 s). At most ``max_ke
 are kept; the least recently written pair is dropped past that. So memory is O(max_keys * max_outcomes). The
 store is reset on restart (it is operational evidence, never billing).
 
+Each key's stats carry its run of failures (``CandidateStats.streak``: the failures that finished after its
+most recent success in the window, by finish time), which the candidate gate reads (3 in a row trip it,
+whatever came before: ``ethen.gateway.routing.telemetry``).
+
 A circuit that closes after a successful trial (``ethen.gateway.circuit``) calls :meth:`forget_failures`: the
-failures recorded before the trial describe an outage that is over, so they stop counting (a circuit breaker
-resets its counts when it closes). Without that, the smoothed reliability would keep a recovered provider
-ranked below its alternatives for the rest of the window: the lock-out the gate no longer imposes.
+failures recorded since the last success before the trial describe an outage that is over, so they stop
+counting (a circuit breaker resets its counts when it closes). Without that, the smoothed reliability would
+keep a recovered provider ranked below its alternatives for the rest of the window: the lock-out the gate no
+longer imposes. Failures older than that success stay: the provider ranks as before the outage.
 
 Several instances (``ethen.gateway.shared``): :meth:`TelemetryStore.record` and
 :meth:`TelemetryStore.forget_failures` also hand what they did to ``on_record`` / ``on_forget`` when set (the
@@ -85,7 +90,7 @@ class TelemetryStore:
         self._cached_until = float("inf")
         #: called with each locally made record / forget (the shared telemetry bus); never for remote ones
         self.on_record: Callable[[AttemptRecord], None] | None = None
-        self.on_forget: Callable[[str, str, float], None] | None = None
+        self.on_forget: Callable[[str, str, float, float | None], None] | None = None
 
     def record(self, rec: AttemptRecord) -> None:
         """Keep an outcome of this process (and hand it to ``on_record``)."""
@@ -111,19 +116,29 @@ class TelemetryStore:
         self._dirty.add(key)
 
     def forget_failures(self, provider: str, model: str, before: float) -> int:
-        """Drop the failed records of (provider, model) that finished at or before ``before``; returns how
-        many were dropped. Handed to ``on_forget`` (other instances drop theirs too)."""
+        """Drop the outage's failures of (provider, model): the failed records that finished at or before
+        ``before`` and after its last success that finished at or before ``before`` (all of them when there
+        is none); returns how many were dropped. Failures before that success are not the outage's: they
+        keep counting, so the provider ranks as it did before the outage, not better. Handed to
+        ``on_forget`` with both bounds (other instances drop the failures between them: they do not work
+        the start out again, since a success from the trial itself, its time rounded and converted to their
+        clock, could land at or before ``before`` there)."""
+        ring = self._records.get((provider, model), ())
+        since = max((rec.at for rec in ring if rec.success and rec.at <= before), default=None)
         if self.on_forget is not None:
-            self.on_forget(provider, model, before)
-        return self.forget_remote(provider, model, before)
+            self.on_forget(provider, model, before, since)
+        return self.forget_remote(provider, model, before, since)
 
-    def forget_remote(self, provider: str, model: str, before: float) -> int:
-        """:meth:`forget_failures` as decided by another instance (``before`` on this process's clock)."""
+    def forget_remote(self, provider: str, model: str, before: float, since: float | None = None) -> int:
+        """Drop the failed records of (provider, model) that finished after ``since`` (``None``: any time)
+        and at or before ``before``: :meth:`forget_failures` as decided by another instance (both on this
+        process's clock)."""
         key = (provider, model)
         ring = self._records.get(key)
         if ring is None:
             return 0
-        kept = [rec for rec in ring if rec.success or rec.at > before]
+        after = float("-inf") if since is None else since
+        kept = [rec for rec in ring if rec.success or not after < rec.at <= before]
         dropped = len(ring) - len(kept)
         if dropped:
             ring.clear()
@@ -147,6 +162,8 @@ class TelemetryStore:
         samples = successes = ttft_n = 0
         lat_sum = ttft_sum = 0.0
         oldest = nxt = float("inf")
+        last_ok = horizon  # finish time of the most recent counted success (the run of failures starts after)
+        failed_at: list[float] = []
         for rec in self._records.get(key, ()):
             at = rec.at
             if at > now:
@@ -157,8 +174,12 @@ class TelemetryStore:
             if at < oldest:
                 oldest = at
             samples += 1
-            if rec.success:
+            if not rec.success:
+                failed_at.append(at)
+            else:
                 successes += 1
+                if at > last_ok:
+                    last_ok = at
                 lat_sum += rec.latency_ms
                 if rec.ttft_ms is not None:
                     ttft_sum += rec.ttft_ms
@@ -169,6 +190,8 @@ class TelemetryStore:
                 successes=successes,
                 latency_ms_mean=lat_sum / successes if successes else None,
                 ttft_ms_mean=ttft_sum / ttft_n if ttft_n else None,
+                # by finish time, not ring order (other instances' records arrive late)
+                streak=sum(1 for at in failed_at if at > last_ok) if successes else len(failed_at),
             )
         else:
             self._stats.pop(key, None)

@@ -1,12 +1,13 @@
 """Half-open circuits as the core sees them: which telemetry-excluded candidates may get a trial request.
 
 The failing gate (:mod:`.telemetry`: 0 successes over >= 3 recent samples, per provider and per
-provider/model) excludes a candidate for as long as its failures stay in the window (300 s). The shell keeps
-a *circuit* per gate key (``ethen.gateway.circuit``): a provider id (``"alpha"``, for ``provider_failing``)
-or a candidate id (``"alpha/m"``, for ``candidate_failing``; provider ids never hold ``/``, so the two never
-collide). A circuit is open while its gate trips; after a cool-down it is *half-open*: one trial may go
-through. The shell passes the half-open keys and each open circuit's next trial time in a
-:class:`CircuitView` on the :class:`~ethen.gateway.routing.RoutingContext`; the core decides with them:
+provider/model; per provider/model also a run of 3 failures after its last success) excludes a candidate
+for as long as its failures stay in the window (300 s). The shell keeps a *circuit* per gate key
+(``ethen.gateway.circuit``): a provider id (``"alpha"``, for ``provider_failing``) or a candidate id
+(``"alpha/m"``, for ``candidate_failing``; provider ids never hold ``/``, so the two never collide).
+A circuit is open while its gate trips; after a cool-down it is *half-open*: one trial may go through. The
+shell passes the half-open keys and each open circuit's next trial time in a :class:`CircuitView` on the
+:class:`~ethen.gateway.routing.RoutingContext`; the core decides with them:
 
 * a rejected candidate is *blocked only by telemetry* when every reason it has is ``provider_failing`` or
   ``candidate_failing`` (it would have been served had the provider been healthy); its blocking circuits

@@ -108,6 +108,6 @@ def check_candidate(
         out.append(r.OVER_PROJECT_BUDGET)
     if cand.provider in failing:
         out.append(r.PROVIDER_FAILING)
-    if stats.samples >= FAILING_MIN_SAMPLES and stats.successes == 0:
+    if stats.terms[5]:  # telemetry.is_failing: 0 successes over >= 3 samples, or the last 3 outcomes failed
         out.append(r.CANDIDATE_FAILING)
     return tuple(out)

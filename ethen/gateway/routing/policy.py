@@ -45,6 +45,7 @@ __all__ = [
     "COST_REF_USD_PER_MTOK",
     "DEFAULT_MAX_OUTPUT_TOKENS",
     "FAILING_MIN_SAMPLES",
+    "FAILING_STREAK",
     "LATENCY_REF_MS",
     "LATENCY_TARGETS",
     "POLICY_VERSION",
@@ -68,6 +69,9 @@ CONTEXT_MIN_TOKENS: Final = 4096
 CONTEXT_MAX_TOKENS: Final = 1_048_576
 #: A provider (or candidate) with 0 successes over at least this many recent samples is excluded.
 FAILING_MIN_SAMPLES: Final = 3
+#: A candidate whose last this-many recent outcomes all failed is excluded too, whatever came before them
+#: (issue 42: earlier successes no longer keep a provider that went down out of its circuit).
+FAILING_STREAK: Final = 3
 
 _LOG_CTX_MIN: Final = math.log(CONTEXT_MIN_TOKENS)
 _LOG_CTX_SPAN: Final = math.log(CONTEXT_MAX_TOKENS) - _LOG_CTX_MIN

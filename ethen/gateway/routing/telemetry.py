@@ -20,6 +20,16 @@ samples is excluded (reason ``provider_failing``), for every one of its candidat
 we also exclude a single candidate with 0 successes over at least 3 of its own samples
 (``candidate_failing``): a model that always fails at one provider must not stay primary just because the
 provider's other models work.
+
+Run of failures (issue 42): a candidate whose :data:`~.policy.FAILING_STREAK` (3) most recent outcomes all
+failed is excluded too (``candidate_failing``), whatever came before them. Before, a provider that had been
+serving and then went down kept its earlier successes in the window, so the gate never tripped, no circuit
+opened, nothing probed it, and its smoothed reliability (e.g. 10 successes + 17 failures: 19/37) ranked it
+below its alternative for the rest of the 300 s window. ``CandidateStats.streak`` is that run: the failures
+that finished after the candidate's most recent success in the window (all of its samples when it has none,
+so "0 successes over >= 3 samples" is the special case of a run of 3 with nothing before it). The
+provider-wide gate keeps its rule: the snapshot has no order across a provider's models, and each model's own
+run already opens that model's circuit.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-from .policy import FAILING_MIN_SAMPLES
+from .policy import FAILING_MIN_SAMPLES, FAILING_STREAK
 
 __all__ = [
     "EMPTY_STATS",
@@ -40,6 +50,7 @@ __all__ = [
     "CandidateStats",
     "TelemetrySnapshot",
     "blend",
+    "is_failing",
     "smoothed_success",
 ]
 
@@ -55,6 +66,12 @@ def smoothed_success(samples: int, successes: int) -> float:
     """Beta-posterior mean success rate."""
     a, b = RELIABILITY_PRIOR
     return (successes + a) / (samples + a + b)
+
+
+def is_failing(samples: int, successes: int, streak: int) -> bool:
+    """The candidate gate: 0 successes over >= FAILING_MIN_SAMPLES recent samples, or a run of
+    >= FAILING_STREAK failures after the most recent success (``streak``)."""
+    return (successes == 0 and samples >= FAILING_MIN_SAMPLES) or streak >= FAILING_STREAK
 
 
 def _blend_terms(observed_mean: float | None, n: int) -> tuple[float, float]:
@@ -82,28 +99,35 @@ class CandidateStats:
     key's stats only when that key gets a new outcome) instead of once per candidate per request:
     ``(latency_a, latency_b, ttft_a, ttft_b, reliability, failing)``, where the blended latency is
     ``prior * latency_a + latency_b`` (:func:`blend`, factored into one multiply-add), ``reliability`` is
-    :func:`smoothed_success` and ``failing`` is "0 successes over >= FAILING_MIN_SAMPLES samples".
+    :func:`smoothed_success` and ``failing`` is "0 successes over >= FAILING_MIN_SAMPLES samples, or the
+    last FAILING_STREAK outcomes failed" (``streak``: the failures after the most recent success).
     """
 
     samples: int = 0
     successes: int = 0
     latency_ms_mean: float | None = None
     ttft_ms_mean: float | None = None
+    streak: int = 0
     terms: tuple[float, float, float, float, float, bool] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (0 <= self.successes <= self.samples):
             raise ValueError(f"need 0 <= successes <= samples, got {self.successes}/{self.samples}")
+        if not (0 <= self.streak <= self.samples - self.successes):
+            failures = self.samples - self.successes
+            raise ValueError(f"need 0 <= streak <= failures, got {self.streak} of {failures}")
         n = self.successes
         la, lb = _blend_terms(self.latency_ms_mean, n)
         ta, tb = _blend_terms(self.ttft_ms_mean, n)
-        failing = self.samples >= FAILING_MIN_SAMPLES and n == 0
+        failing = is_failing(self.samples, n, self.streak)
         object.__setattr__(self, "terms", (la, lb, ta, tb, smoothed_success(self.samples, n), failing))
 
     def without_gate(self) -> CandidateStats:
         """The same stats with the failing flag off (``terms[5]``): scoring a half-open circuit's trial
         candidate (:mod:`.circuits`), whose reliability still counts."""
-        out = CandidateStats(self.samples, self.successes, self.latency_ms_mean, self.ttft_ms_mean)
+        out = CandidateStats(
+            self.samples, self.successes, self.latency_ms_mean, self.ttft_ms_mean, self.streak
+        )
         object.__setattr__(out, "terms", (*self.terms[:5], False))
         return out
 
@@ -130,7 +154,8 @@ class TelemetrySnapshot:
     max_outcomes: int = RECENT_MAX_OUTCOMES
     provider_totals: Mapping[str, tuple[int, int]] = field(init=False, compare=False, repr=False)
     failing_providers: frozenset[str] = field(init=False, compare=False, repr=False)
-    #: (provider, model) keys with 0 successes over >= 3 samples of their own (``candidate_failing``)
+    #: (provider, model) keys with 0 successes over >= 3 samples of their own, or whose last 3 outcomes
+    #: failed (``candidate_failing``, :func:`is_failing`)
     failing_candidates: frozenset[tuple[str, str]] = field(init=False, compare=False, repr=False)
     #: provider -> health component (Beta-smoothed success rate over all its models); absent -> prior mean
     provider_health: Mapping[str, float] = field(init=False, compare=False, repr=False)

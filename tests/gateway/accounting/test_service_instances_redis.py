@@ -141,6 +141,41 @@ def test_failures_trials_and_canary_samples_reach_every_instance_within_a_second
                 wait_for(lambda p=p: not excluded(p), 1.0)  # type: ignore[misc]
 
 
+def test_a_run_of_failures_after_successes_opens_and_a_trial_closes_on_every_instance(tmp_path: Path) -> None:
+    """Issue 42 item 1 with [shared]: a provider that had served (5 successes, through A) then fails 3 times
+    (through A) is excluded on B too (the run of failures is counted over every instance's records), and
+    A's successful trial drops the outage's failures on B as well (the shared "forget"): B, whose own circuit
+    never trials, routes to it again and ranks it as before the outage (reliability over 6 successes, the 3
+    failures gone)."""
+    url = redis_url_or_skip()
+    beta = Behavior()
+    script = Script(behaviors={"up-beta-small": beta})
+    with ServerThread(make_upstream_app(script)) as up:
+        sh = shared_cfg(url)
+        cfgs = []
+        for name, circuit in (("a", {"probe": False, "cooldown_s": 1.0, "max_cooldown_s": 1.0}),
+                              ("b", NO_TRIALS)):  # fmt: skip
+            cfgs.append(tmp_path / f"{name}.toml")
+            write_toml(config_dict(up.url, shared=sh, circuit=circuit), cfgs[-1])
+        with instances(cfgs, tmp_path) as (a, b):
+            for _ in range(5):
+                assert post(a, "/chat/completions", model="beta-small").status_code == 200
+            beta.fail_status = 500
+            for _ in range(3):
+                assert post(a, "/chat/completions", model="beta-small").status_code == 502
+            wait_for(lambda: excluded(b), 1.0)  # before: never (5 successes in the window)
+            beta.fail_status = None
+            wait_for(lambda: post(a, "/chat/completions", model="beta-small").status_code == 200, 5.0)
+
+            def reliability(port: int) -> float | None:
+                r = post(port, "/routing/explain", model="beta-small")
+                if r.status_code != 200:
+                    return None
+                return float(r.json()["receipt"]["score_components"]["reliability"])
+
+            wait_for(lambda: reliability(b) == round((6 + 9) / (6 + 10), 4), 1.0)  # Beta(9, 1) over 6/6
+
+
 def test_rpm_limit_is_exact_across_three_instances(tmp_path: Path) -> None:
     url = redis_url_or_skip()
     script = Script()

@@ -137,14 +137,15 @@ def serviceable(cand: Candidate, body: Mapping[str, Any], ctx: RoutingContext, i
 
 def blocking_circuits(cand: Candidate, ctx: RoutingContext) -> tuple[str, ...]:
     """The failing gates that exclude ``cand``, as circuit keys: its provider (0 successes over >= 3 samples
-    summed over the provider's models) and its own ``provider/model`` (0 over >= 3 of its own)."""
+    summed over the provider's models) and its own ``provider/model`` (0 over >= 3 of its own, or a run of
+    >= 3 failures after its last success: ``streak``)."""
     out: list[str] = []
     prov_n = sum(s.samples for (p, _m), s in ctx.telemetry.stats.items() if p == cand.provider)
     prov_s = sum(s.successes for (p, _m), s in ctx.telemetry.stats.items() if p == cand.provider)
     if prov_n >= 3 and prov_s == 0:
         out.append(cand.provider)
     own = ctx.telemetry.stats.get((cand.provider, cand.model))
-    if own is not None and own.samples >= 3 and own.successes == 0:
+    if own is not None and ((own.samples >= 3 and own.successes == 0) or own.streak >= 3):
         out.append(f"{cand.provider}/{cand.model}")
     return tuple(out)
 

@@ -114,7 +114,8 @@ def telemetries(draw: st.DrawFn, pool: tuple[Candidate, ...]) -> TelemetrySnapsh
             s = draw(st.integers(0, n))
             latency = draw(st.one_of(st.none(), st.floats(1, 10000)))
             ttft = draw(st.one_of(st.none(), st.floats(1, 5000)))
-            stats[(c.provider, c.model)] = CandidateStats(n, s, latency, ttft)
+            streak = draw(st.integers(0, n - s))  # failures after the last success (issue 42's gate)
+            stats[(c.provider, c.model)] = CandidateStats(n, s, latency, ttft, streak)
     return TelemetrySnapshot(stats)
 
 
@@ -227,12 +228,17 @@ def test_decision_matches_oracle(scenario: tuple[dict[str, Any], RoutingContext]
 
 @st.composite
 def outage_scenarios(draw: st.DrawFn) -> tuple[dict[str, Any], RoutingContext]:
-    """Like :func:`scenarios`, but most candidates fail (0/3..0/6) and the circuits are always drawn: the
-    half-open admission rule and the 503 outage path, which random telemetry rarely reaches."""
+    """Like :func:`scenarios`, but most candidates fail (0/3..0/6, or a run of 3-4 failures after earlier
+    successes) and the circuits are always drawn: the half-open admission rule and the 503 outage path,
+    which random telemetry rarely reaches."""
     pool = draw(pools())
     body = draw(bodies(pool))
+    down = st.one_of(
+        st.integers(3, 6).map(lambda n: CandidateStats(n, 0)),
+        st.integers(3, 4).map(lambda k: CandidateStats(10 + k, 10, streak=k)),
+    )
     stats = {
-        c.key: CandidateStats(draw(st.integers(3, 6)), 0) if draw(st.integers(0, 3)) else CandidateStats(4, 4)
+        c.key: draw(down) if draw(st.integers(0, 3)) else CandidateStats(4, 4)
         for c in pool
         if draw(st.integers(0, 5))
     }
