@@ -113,7 +113,7 @@ class JsonFormatter(logging.Formatter):
         }
         for k, v in record.__dict__.items():
             if k not in _STANDARD and not k.startswith("_") and k not in out:
-                out[k] = _jsonable(v)
+                out[k] = _jsonable(_clean(v))  # extras are set after the record factory ran
         if record.exc_info:
             out["exception"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False)

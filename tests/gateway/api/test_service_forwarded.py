@@ -150,12 +150,13 @@ def test_every_record_is_redacted_args_and_traceback_included(caplog: pytest.Log
         log.info("GET %s %d", "/a?key=SECRET-A", 200)
         log.info("GET /b?token=SECRET-B")
         log.info("%(path)s", {"path": "/c?api_key=SECRET-C"})
+        log.info("with an extra", extra={"url": "/e?secret=SECRET-E"})
         try:
             raise ValueError("https://upstream.example/v1/x?key=SECRET-D failed")
         except ValueError:
             log.exception("upstream call failed")
     text = "\n".join(caplog.text.splitlines() + [JsonFormatter().format(r) for r in caplog.records])
-    for secret in ("SECRET-A", "SECRET-B", "SECRET-C", "SECRET-D"):
+    for secret in ("SECRET-A", "SECRET-B", "SECRET-C", "SECRET-D", "SECRET-E"):
         assert secret not in text, text
     assert "/a?key=[REDACTED] 200" in caplog.text
 
