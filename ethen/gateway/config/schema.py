@@ -67,8 +67,9 @@ class ServerConfig(_Strict):
     request), its body within ``body_timeout_s`` of the headers' end (else 408), and beyond
     ``max_connections`` open connections a request gets 503. Per client address (issue 23):
     ``max_connections_per_client`` open connections (default half of ``max_connections``: one address never
-    takes them all) and ``max_pending_headers_per_client`` (32) sockets still sending their headers a second
-    after they began; past either, a socket is refused or the address's oldest slow one closed (429).
+    takes them all; while k >= 2 addresses hold connections, each at most ``max_connections // (k + 1)``, the
+    fair share of issue 42) and ``max_pending_headers_per_client`` (32) sockets still sending their headers
+    a second after they began; past either, a socket is refused or the address's oldest slow one closed (429).
 
     ``trusted_proxies`` (issue 42): IP addresses or CIDR networks of reverse proxies whose
     ``X-Forwarded-For`` / ``X-Forwarded-Proto`` headers are believed (the client address then used by the
