@@ -7,7 +7,9 @@ server closes at its next 0.5 s tick (up to 2,000 opens a second), while a norma
 requests on a fresh connection each: from another address, and from the trickler's own address. Both must
 be served >= 95% of the time. Smaller caps check the rules: a socket past ``max_connections_per_client`` is
 refused at once (429 ``too_many_connections``) without taking from the global budget, and past
-``max_pending_headers_per_client`` slow sockets the oldest is closed.
+``max_pending_headers_per_client`` slow sockets the oldest is closed. The fair share (issue 42 item 8): two
+addresses trickling at once, and three arriving one after another, leave room for a normal client on another
+address (before: 4 of 72 and 5 of 76 of its requests were served, the rest 503).
 """
 
 from __future__ import annotations
