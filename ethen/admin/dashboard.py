@@ -47,7 +47,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ethen.admin.sessions import COOKIE, AdminAuth, LoginThrottle, secure_cookie
-from ethen.gateway.api.serve import client_key
+from ethen.gateway.api.connections import client_key
 
 if TYPE_CHECKING:
     from ethen.gateway.state import Gateway

@@ -110,7 +110,8 @@ def _namespace(tool: Mapping[str, Any], tw: str, flat: Flat) -> None:
             raise _bad(mw, f"'{mw}' must be an object.", "invalid_type")
         if member.get("type") != "function":
             raise _bad(f"{mw}.type", f"Tool type {member.get('type')!r:.40} inside a namespace is not "
-                       "supported by this gateway (only 'function').", "unsupported_value")
+                       "supported by this gateway (only 'function').",
+                       "unsupported_value" if isinstance(member.get("type"), str) else "invalid_type")
         flat.functions.append((mw, member, ns, desc if isinstance(desc, str) and desc else None))
         if isinstance(member.get("name"), str):
             flat.names.grouped[qualify(ns, member["name"])] = (ns, member["name"])
@@ -125,6 +126,8 @@ def flatten(tools: list[Any], drop_hosted: bool) -> Flat:
         if not isinstance(tool, Mapping):
             raise _bad(tw, f"'{tw}' must be an object, got {type(tool).__name__}.", "invalid_type")
         kind = tool.get("type")
+        if not isinstance(kind, str):  # before any set lookup: a list or object is unhashable (issue 42)
+            raise _unsupported(kind, tw)
         if kind == "function":
             flat.functions.append((tw, tool, None, None))
         elif kind == "namespace":

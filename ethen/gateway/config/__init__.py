@@ -2,8 +2,10 @@
 
 Layout (see ``examples/gateway.toml``)::
 
-    [server]            host, port, header_timeout_s (10), body_timeout_s (60), max_connections (1000):
-                        slow-client limits (see ethen.gateway.api.serve)
+    [server]            host, port, header_timeout_s (10), body_timeout_s (60), max_connections (1000),
+                        max_connections_per_client, max_pending_headers_per_client (32): slow-client limits
+                        and the per-address fair share; trusted_proxies ([]: IPs / CIDRs whose
+                        X-Forwarded-For is believed) (see ethen.gateway.api.connections)
     [[providers]]       id, kind ("openai_compat" | "anthropic" | "gemini" | "azure_openai"), base_url
                         (or api_base / endpoint), api_key_env, api_version (azure_openai), headers,
                         max_connections, [providers.timeouts] connect_s / first_byte_s / total_s

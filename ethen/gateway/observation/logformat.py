@@ -9,6 +9,14 @@ points at :class:`JsonFormatter` before the server is built.
 The choice is also put in ``$ETHEN_LOG_FORMAT``, so the processes ``ethen gateway --workers N`` starts log the
 same way. Nothing logged carries a secret: the gateway logs request ids, candidates and error codes, never a
 message body or a key (``tests/gateway/observation/test_service_logformat.py`` scans every record for them).
+
+Query-string secrets (issue 42: ``?api_key=...`` was written verbatim by uvicorn's debug access log): every
+record, whatever its logger, has the value of each query parameter whose name looks like a secret (it
+contains ``key``, ``token``, ``secret``, ``passw``, ``auth``, ``signature``, ``session`` or ``credential``:
+``api_key``, ``key``, ``access_token``, ``X-Amz-Signature``...) replaced by ``[REDACTED]`` in its message,
+its string arguments and its traceback text (:func:`redact_query`). It is done where records are made (a
+``logging`` record factory installed by :func:`install_redaction`, from :func:`configure_logging` and from
+:func:`ethen.gateway.api.serve.serve`), so no handler or formatter, uvicorn's included, sees the secret.
 """
 
 from __future__ import annotations
@@ -16,12 +24,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from uvicorn.config import LOGGING_CONFIG  # the dict uvicorn.Config applies by default
 
-__all__ = ["FORMATS", "LOG_FORMAT_ENV", "JsonFormatter", "configure_logging"]
+__all__ = ["FORMATS", "LOG_FORMAT_ENV", "REDACTED", "JsonFormatter", "configure_logging", "install_redaction",
+           "redact_query"]
 
 FORMATS = ("text", "json")
 LOG_FORMAT_ENV = "ETHEN_LOG_FORMAT"
@@ -30,6 +41,51 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
     "message", "asctime", "color_message", "taskName",
 }
+
+
+REDACTED = "[REDACTED]"
+_SECRET_PARAM = re.compile(
+    r"([?&;][^=&;?#\s\"'<>]*?(?:key|token|secret|passw|auth|signature|session|credential)[^=&;?#\s\"'<>]*=)"
+    r"[^&;#\s\"'<>]*", re.IGNORECASE)
+
+
+def redact_query(text: str) -> str:
+    """``text`` with the value of every secret-looking query parameter replaced (module docstring)."""
+    if "=" not in text:
+        return text
+    return _SECRET_PARAM.sub(lambda m: m.group(1) + REDACTED, text)
+
+
+def _clean(v: Any) -> Any:
+    return redact_query(v) if isinstance(v, str) else v
+
+
+_PLAIN = logging.Formatter()
+
+
+def _redacting(base: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
+    def make(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = base(*args, **kwargs)
+        if isinstance(record.msg, str):
+            record.msg = redact_query(record.msg)
+        a = record.args
+        if isinstance(a, tuple):
+            record.args = tuple(_clean(x) for x in a)
+        elif isinstance(a, Mapping):
+            record.args = {k: _clean(x) for k, x in a.items()}
+        if record.exc_info and record.exc_info[0] is not None and not record.exc_text:
+            record.exc_text = redact_query(_PLAIN.formatException(record.exc_info))
+        return record
+
+    make.ethen_redacting = True  # type: ignore[attr-defined]
+    return make
+
+
+def install_redaction() -> None:
+    """Redact query secrets in every log record made from now on (module docstring); idempotent."""
+    current = logging.getLogRecordFactory()
+    if not getattr(current, "ethen_redacting", False):
+        logging.setLogRecordFactory(_redacting(current))
 
 
 def _jsonable(v: Any) -> Any:
@@ -57,15 +113,16 @@ class JsonFormatter(logging.Formatter):
         }
         for k, v in record.__dict__.items():
             if k not in _STANDARD and not k.startswith("_") and k not in out:
-                out[k] = _jsonable(v)
+                out[k] = _jsonable(_clean(v))  # extras are set after the record factory ran
         if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
+            out["exception"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False)
 
 
 def configure_logging(level: str, fmt: str) -> None:
     """The root handler on stderr at ``level`` in ``fmt`` (``text`` or ``json``; checked by the caller)."""
     os.environ[LOG_FORMAT_ENV] = fmt  # --workers children inherit it
+    install_redaction()
     if fmt != "json":
         logging.basicConfig(level=level, format=TEXT_FORMAT)
         return

@@ -7,7 +7,9 @@ server closes at its next 0.5 s tick (up to 2,000 opens a second), while a norma
 requests on a fresh connection each: from another address, and from the trickler's own address. Both must
 be served >= 95% of the time. Smaller caps check the rules: a socket past ``max_connections_per_client`` is
 refused at once (429 ``too_many_connections``) without taking from the global budget, and past
-``max_pending_headers_per_client`` slow sockets the oldest is closed.
+``max_pending_headers_per_client`` slow sockets the oldest is closed. The fair share (issue 42 item 8): two
+addresses trickling at once, and three arriving one after another, leave room for a normal client on another
+address (before: 4 of 72 and 5 of 76 of its requests were served, the rest 503).
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from hypothesis import given
+from hypothesis import strategies as st
 
+from ethen.gateway.api.connections import connection_share
 from tests.gateway.api.test_service_slow_clients import gateway
 from tests.gateway.service_harness import CLIENT_KEY
 
@@ -206,3 +211,78 @@ def test_an_address_is_an_ipv4_address_or_an_ipv6_slash_64() -> None:
     assert client_key(("2001:db8:1:2::1", 5000, 0, 0)) == "2001:db8:1:2::/64"
     assert client_key(("2001:db8:1:3::1", 5000, 0, 0)) != client_key(("2001:db8:1:2::1", 5000, 0, 0))
     assert client_key("") is None and client_key(None) is None  # a Unix socket: not counted
+
+
+# --- the fair share (issue 42 item 8) ----------------------------------------------------------------------
+
+SHARE_MAX_CONNECTIONS = 60  # per address: 30 alone, 60 // 3 = 20 with two addresses, 60 // 4 = 15 with three
+SHARE_SLOTS = 100  # trickling slots per address: each address would hold its whole cap
+
+
+Stats = dict[str, int]
+
+
+def _tricklers_while_serving(port: int, tricklers: list[tuple[str, float]], client: str, *,
+                             client_after_s: float, for_s: float) -> tuple[list[int | str], list[Stats]]:
+    """``tricklers``: (source address, start delay); each trickles SHARE_SLOTS sockets until ``for_s``; the
+    normal client on ``client`` makes sequential requests from ``client_after_s`` on."""
+    stats = [{"opens": 0, "connect_errors": 0, "answered_429": 0, "reset": 0} for _ in tricklers]
+    statuses: list[int | str] = []
+    stop = threading.Event()
+    normal = threading.Thread(target=_normal_client, args=(port, client, stop, statuses))
+
+    async def one(source: str, delay: float, until: float, counts: Stats) -> None:
+        await asyncio.sleep(delay)
+        await asyncio.gather(*(_trickle_slot(port, source, until, counts) for _ in range(SHARE_SLOTS)))
+
+    async def all_of_them() -> None:
+        until = time.monotonic() + for_s
+        pairs = zip(tricklers, stats, strict=True)
+        await asyncio.gather(*(one(src, delay, until, counts) for (src, delay), counts in pairs))
+
+    starter = threading.Timer(client_after_s, normal.start)
+    starter.start()
+    try:
+        asyncio.run(all_of_them())
+    finally:
+        starter.join()
+        stop.set()
+        normal.join(30)
+    return statuses, stats
+
+
+def test_two_trickling_addresses_leave_a_share_for_a_third(tmp_path: Path) -> None:
+    """Before: each trickler held half of max_connections (30 + 30 = all 60) and the third address got 503."""
+    with gateway(tmp_path, max_connections=SHARE_MAX_CONNECTIONS) as (port, _):
+        tricklers = [("127.0.0.2", 0.0), ("127.0.0.3", 0.0)]
+        statuses, stats = _tricklers_while_serving(port, tricklers, "127.0.0.4", client_after_s=3.0,
+                                                   for_s=13.0)
+    _assert_served(statuses, stats)
+    assert all(s["opens"] >= SHARE_SLOTS for s in stats), stats
+
+
+def test_tricklers_arriving_one_after_another_are_brought_down_to_their_share(tmp_path: Path) -> None:
+    """The first trickler takes 30 alone; as a second and a third arrive, the ones above their share lose
+    header-phase sockets to them, so the three hold 15 each at most and a fourth address finds room (without
+    that: 30 + 20 + 10 = all 60, and the fourth address got 503)."""
+    tricklers = [("127.0.0.2", 0.0), ("127.0.0.3", 2.0), ("127.0.0.4", 4.0)]
+    with gateway(tmp_path, max_connections=SHARE_MAX_CONNECTIONS) as (port, _):
+        statuses, stats = _tricklers_while_serving(port, tricklers, "127.0.0.5", client_after_s=6.5,
+                                                   for_s=17.0)
+    _assert_served(statuses, stats)
+    assert stats[0]["answered_429"] + stats[0]["reset"] > 0, stats  # the first one was brought down
+
+
+def test_the_fair_share_keeps_one_share_free_and_shrinks_as_addresses_arrive() -> None:
+    @given(st.integers(1, 1_000_000), st.integers(1, 1_000_000), st.integers(1, 5000))
+    def check(total: int, per_client: int, active: int) -> None:
+        per_client = min(per_client, total)
+        share = connection_share(total, per_client, active)
+        assert 1 <= share <= per_client
+        if active == 1:
+            assert share == per_client
+        elif total >= active + 1:  # a budget that can give everyone one connection and keep one free
+            assert active * share + share <= total  # the active addresses leave a newcomer a full share
+        assert connection_share(total, per_client, active + 1) <= share  # never grows as addresses arrive
+
+    check()

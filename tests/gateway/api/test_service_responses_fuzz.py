@@ -49,7 +49,7 @@ def _bodies() -> list[dict[str, Any]]:
             out.append({**base, "input": [{**item, "content": [{**item["content"][0], key: w}]}]})
     out += [
         *({**base, "tools": [{"type": "function", "name": "f", key: w}]}
-          for key in ("parameters", "description", "strict", "name") for w in WRONG),
+          for key in ("type", "parameters", "description", "strict", "name") for w in WRONG),
         *({**base, "tools": [{**NAMESPACE, key: w}]}
           for key in ("name", "description", "tools") for w in WRONG),
         *({**base, "tools": [{**NAMESPACE, "tools": [{"type": "function", "name": "f", key: w}]}]}

@@ -36,14 +36,20 @@ BODY = {"model": "ethen/cheap", "messages": [{"role": "user", "content": "hi"}]}
 
 
 @contextmanager
-def gateway(tmp_path: Path, **server: Any) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+def gateway(tmp_path: Path, *, cli: tuple[str, ...] = (), sections: dict[str, Any] | None = None,
+            **server: Any) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """A real ``ethen gateway --config`` process on 127.0.0.1 with ``[server]`` keys ``server``, extra config
+    ``sections`` and extra command-line arguments ``cli`` (``--log-level debug``); its log is on its
+    stdout."""
     with ServerThread(make_upstream_app(Script())) as up:
         port = free_port()
         data = config_dict(up.url)
         data["server"] = {"host": "127.0.0.1", "port": port, **server}
+        data.update(sections or {})
         cfg = tmp_path / "gateway.toml"
         write_toml(data, cfg)
-        proc = subprocess.Popen([*ethen_cmd(), "gateway", "--config", str(cfg)], env={**os.environ, **ENV},
+        env = {**os.environ, **ENV, "ETHEN_DATA_DIR": str(tmp_path / "data")}
+        proc = subprocess.Popen([*ethen_cmd(), "gateway", "--config", str(cfg), *cli], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 120  # a start-up bound
