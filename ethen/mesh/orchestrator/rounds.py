@@ -121,7 +121,8 @@ class DecodeRounds:
                  progress_timeout_s: float | None = DEFAULT_PROGRESS_TIMEOUT_S,
                  observe: Observe | None = None, stagger: bool = True,
                  chain: ChainReceiver | None = None,
-                 observe_step: Callable[[str, float], None] | None = None) -> None:
+                 observe_step: Callable[[str, float], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
         self.clients = clients
@@ -130,6 +131,7 @@ class DecodeRounds:
         self.stagger = stagger and lanes > 1
         self.chain = chain  # the receiver of chained steps (data_plane = "chain"), else None: star
         self.observe_step = observe_step  # (node, worker ms) of each chained stage: the telemetry's samples
+        self.clock = clock  # when a call left (NodeError.sent_at: busy or stuck, admission.stalled)
         self._head = head
         self.sizes: Counter[int] = Counter()  # sessions per round -> rounds run (diagnostics)
         self.waited_s = 0.0  # time lanes spent waiting for their slot on a worker (diagnostics)
@@ -205,7 +207,7 @@ class DecodeRounds:
         timeout = call_timeout(self.progress_timeout_s, 1, client.forward_timeout_s)  # one row per item
         if self.stagger:
             self._wait_slot(node)
-        t0 = time.perf_counter()
+        t0, sent = time.perf_counter(), self.clock()
         out: list[ForwardResult | NodeError]
         if len(items) > 1:
             out = client.forward_many(items, timeout_s=timeout)
@@ -213,7 +215,10 @@ class DecodeRounds:
             try:
                 out = [client.forward(*items[0], timeout_s=timeout)]
             except NodeError as exc:
-                return [exc]
+                out = [exc]
+        for r in out:
+            if isinstance(r, NodeError):
+                r.sent_at = sent
         ok = [r for r in out if isinstance(r, ForwardResult)]
         if ok:
             self._computed(node, max(r.compute_ms for r in ok), max(r.batch_size for r in ok))
