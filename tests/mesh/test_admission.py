@@ -77,11 +77,12 @@ def test_retry_after_is_whole_seconds_between_1_and_60(waiting: int, flight: int
 
 
 def test_liveness_is_judged_by_progress() -> None:
-    # a Health poll that timed out: busy while a call finished within the grace, dead otherwise
-    assert busy_not_dead(10.0, True, 6.0, 5.0)
-    assert not busy_not_dead(10.0, True, 4.9, 5.0)  # no progress for longer than the grace: stuck / cut off
-    assert not busy_not_dead(10.0, False, 9.9, 5.0)  # refused (not a timeout): dead at once
-    assert not busy_not_dead(10.0, True, None, 5.0)  # never made progress
+    # a Health poll that timed out: busy while calls are in flight and one finished within the grace
+    assert busy_not_dead(10.0, True, 3, 6.0, 5.0)
+    assert not busy_not_dead(10.0, True, 3, 4.9, 5.0)  # no progress for longer than the grace: stuck
+    assert not busy_not_dead(10.0, True, 0, 9.9, 5.0)  # nothing in flight: idle and cut off
+    assert not busy_not_dead(10.0, False, 3, 9.9, 5.0)  # refused (not a timeout): dead at once
+    assert not busy_not_dead(10.0, True, 3, None, 5.0)  # never made progress
     # a stage call that timed out: stuck only if no call to its worker finished since it was sent
     assert not stalled(3.0, 3.5) and stalled(3.0, 2.9) and stalled(3.0, None) and stalled(None, 9.0)
 
@@ -123,6 +124,7 @@ def test_the_gate_lets_slots_go_in_arrival_order_and_reports_the_calls_ahead() -
 class _HealthClient:
     def __init__(self) -> None:
         self.error: Exception | None = None
+        self.in_flight = 2  # stage calls of the orchestrator waiting on it
 
     def health(self) -> mesh_pb2.HealthResponse:
         if self.error is not None:
@@ -162,6 +164,16 @@ def test_a_refused_health_poll_is_death_at_once_even_with_progress() -> None:
     monitor.observe_call("n", 1, 20.0, 15.0)
     client.error = REFUSED  # kill -9: the port is closed
     now[0] = 100.1
+    monitor.poll("n")
+    assert [s.alive for s in monitor.states()] == [False]
+
+
+def test_a_timed_out_poll_with_nothing_in_flight_is_death_at_once() -> None:
+    monitor, client, now = _monitor(grace_s=5.0)
+    monitor.observe_call("n", 1, 20.0, 15.0)  # it served a moment ago, then was cut off while idle
+    client.in_flight = 0
+    client.error = TIMEOUT
+    now[0] = 100.3
     monitor.poll("n")
     assert [s.alive for s in monitor.states()] == [False]
 

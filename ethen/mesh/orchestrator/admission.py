@@ -18,11 +18,12 @@ streams already answered broke. Meanwhile its Health polls (0.5 s) waited behind
   falls back to its next candidate). A worker's ``RESOURCE_EXHAUSTED`` (its session or memory cap) before
   the first token is the same refusal when no other route avoids that worker.
 - **Liveness by progress** (:func:`busy_not_dead`, :func:`stalled`): a stage call to a worker that finished
-  is progress. A Health poll that *timed out* on a worker with progress within ``grace_s``
-  (``progress_timeout_s``) leaves it alive (busy); a refused connection is death at once, as before. A stage
-  call that timed out is a stuck worker only if no call to that worker finished since it was sent; else the
-  worker is busy: it is not backed off, and the session refuses (before its first token) or replays that
-  stage on the same worker (after it).
+  is progress. A Health poll that *timed out* on a worker with stage calls of this orchestrator in flight
+  and progress within ``grace_s`` (``progress_timeout_s``) leaves it alive (busy); a refused connection is
+  death at once, and so is a timeout on a worker with nothing in flight (cut off: a partition is still
+  seen within 0.75 s). A stage call that timed out is a stuck worker only if no call to that worker
+  finished since it was sent; else the worker is busy: it is not backed off, and the session refuses
+  (before its first token) or replays that stage on the same worker (after it).
 
 :class:`NodeGate` is the shell (a lock and a condition); the rules are pure functions (``now`` is an
 argument).
@@ -65,10 +66,12 @@ def retry_after_s(waiting: int, in_flight: int, slots: int, call_s: float | None
     return int(min(_MAX_RETRY_AFTER_S, max(1, math.ceil(est))))
 
 
-def busy_not_dead(now: float, timed_out: bool, last_progress: float | None, grace_s: float) -> bool:
+def busy_not_dead(now: float, timed_out: bool, in_flight: int, last_progress: float | None,
+                  grace_s: float) -> bool:
     """A Health poll failed: whether the worker still counts as alive (busy): the poll timed out (not a
-    refused connection) and a stage call to it finished within ``grace_s``."""
-    return timed_out and last_progress is not None and now - last_progress <= grace_s
+    refused connection), stage calls to it are in flight (``in_flight``) and one finished within
+    ``grace_s``."""
+    return timed_out and in_flight > 0 and last_progress is not None and now - last_progress <= grace_s
 
 
 def stalled(sent_at: float | None, last_progress: float | None) -> bool:

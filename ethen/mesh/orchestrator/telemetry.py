@@ -36,9 +36,10 @@ at INFO as stopping, not dead, and its polls failing afterwards (it closed its p
 
 Liveness by progress (issue 42, :mod:`~ethen.mesh.orchestrator.admission`): each stage call that finishes
 is progress (:meth:`HealthMonitor.observe_call` / :meth:`HealthMonitor.observe_step`). A Health poll that
-*timed out* on a worker with progress within ``grace_s`` (the orchestrator's ``progress_timeout_s``) keeps
-its last good state (alive: busy, not dead; no log line); a poll the worker refused (connection refused,
-``UNAVAILABLE``) is death at once, as is a timeout without recent progress (cut off, stuck).
+*timed out* on a worker with stage calls in flight and progress within ``grace_s`` (the orchestrator's
+``progress_timeout_s``) keeps its last good state (alive: busy, not dead; no log line); a poll the worker
+refused (connection refused, ``UNAVAILABLE``) is death at once, as is a timeout without calls in flight or
+recent progress (cut off, stuck).
 
 Model check (issue 24): with :meth:`HealthMonitor.expect_model` (the orchestrator's own GGUF fingerprint,
 :func:`ethen.mesh.model_id.model_fingerprint`), a worker whose Health ``model_sha256`` differs serves another
@@ -158,7 +159,8 @@ class HealthMonitor:
             with self._lock:
                 good = self._last_good.get(node_id)
                 busy = (self.grace_s is not None and good is not None and
-                        busy_not_dead(now, exc.timed_out, self._progress.get(node_id), self.grace_s))
+                        busy_not_dead(now, exc.timed_out, client.in_flight, self._progress.get(node_id),
+                                      self.grace_s))
             if busy:  # it made progress just now: slow to answer, not dead (its last good state stands)
                 assert good is not None
                 health = NodeHealth(node_id, now, good.reply, rtt_ms=good.rtt_ms)
