@@ -37,7 +37,14 @@ from ethen.mesh.orchestrator import (
     plan_route,
     recompose,
 )
-from ethen.mesh.orchestrator.admission import busy_not_dead, queued_timeout, retry_after_s, stalled, units
+from ethen.mesh.orchestrator.admission import (
+    busy_not_dead,
+    queued_timeout,
+    retry_after_s,
+    round_timeout,
+    stalled,
+    units,
+)
 from ethen.mesh.orchestrator.client import ForwardResult
 from ethen.mesh.proto import mesh_pb2
 
@@ -54,6 +61,9 @@ def test_units_and_the_deadline_of_a_call_that_joins_a_queue() -> None:
     assert queued_timeout(5.0, 40, (300,), 60.0) == 20.0  # 1 unit + the 3 of the call in flight ahead
     assert queued_timeout(5.0, 2048, (2048,), 60.0) == 60.0  # never past forward_timeout_s
     assert queued_timeout(None, 40, (300,), 60.0) == 60.0  # no progress deadline: the cap alone
+    # a decode round's call: a unit per batch of 16 steps the worker computes one after the other
+    assert [round_timeout(5.0, b, 60.0) for b in (1, 16, 17, 64, 400)] == [5.0, 5.0, 10.0, 20.0, 60.0]
+    assert round_timeout(None, 64, 60.0) == 60.0
 
 
 @given(st.floats(0.1, 30.0), st.integers(1, 4096), st.lists(st.integers(1, 4096), max_size=4),

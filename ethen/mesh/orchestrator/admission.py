@@ -10,7 +10,8 @@ streams already answered broke. Meanwhile its Health polls (0.5 s) waited behind
   this orchestrator sends one worker take one of ``slots`` (2) first, in arrival order; the gRPC deadline
   of a call starts when it leaves, and covers the queue it joins there (:func:`queued_timeout`: its own
   128-row units plus those of the calls already in flight to that worker). Decode steps are not gated (one
-  row, batched in rounds; the worker gives them a turn between prefill slices).
+  row, batched in rounds; the worker gives them a turn between prefill slices); a round's call of B sessions
+  gets a unit per batch of 16 the worker computes them in (:func:`round_timeout`).
 - **Refused before the first byte**: a call that gets no slot within its budget (``admission_timeout_s``
   before the session's first token; ``forward_timeout_s`` for a replay later) ends the wait; before the
   first token the session raises :class:`~ethen.mesh.orchestrator.errors.MeshSaturated` with a
@@ -37,9 +38,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from ethen.mesh.worker.limits import PREFILL_CHUNK_TOKENS
+from ethen.mesh.worker.limits import MAX_DECODE_BATCH, PREFILL_CHUNK_TOKENS
 
-__all__ = ["GATE_SLOTS", "NodeGate", "busy_not_dead", "queued_timeout", "retry_after_s", "stalled", "units"]
+__all__ = ["GATE_SLOTS", "NodeGate", "busy_not_dead", "queued_timeout", "retry_after_s", "round_timeout",
+           "stalled", "units"]
 
 GATE_SLOTS = 2  # multi-row calls in flight to one worker from one orchestrator
 _MAX_RETRY_AFTER_S = 60
@@ -56,6 +58,15 @@ def queued_timeout(progress_timeout_s: float | None, rows: int, ahead: Iterable[
     if progress_timeout_s is None:
         return cap_s
     return min(cap_s, progress_timeout_s * (units(rows) + sum(units(r) for r in ahead)))
+
+
+def round_timeout(progress_timeout_s: float | None, items: int, cap_s: float) -> float:
+    """The deadline of a decode round's call carrying ``items`` sessions' steps: a worker computes them
+    :data:`~ethen.mesh.worker.limits.MAX_DECODE_BATCH` at a time, one after the other, so each such batch is
+    a unit of ``progress_timeout_s`` (capped by ``cap_s``)."""
+    if progress_timeout_s is None:
+        return cap_s
+    return min(cap_s, progress_timeout_s * max(1, math.ceil(items / MAX_DECODE_BATCH)))
 
 
 def retry_after_s(waiting: int, in_flight: int, slots: int, call_s: float | None) -> int:

@@ -40,9 +40,11 @@ call gets a gRPC deadline of :func:`call_timeout`, ``progress_timeout_s`` per st
 the call's rows (the unit a worker computes at once), capped by the client's ``forward_timeout_s``. A call
 that passes it fails with ``DEADLINE_EXCEEDED`` (:class:`~ethen.mesh.orchestrator.errors.NodeUnavailable`),
 and the session fails over and replays as for a dead node, so no step waits longer than the deadline for a
-stuck node. Health polls do not decide this (a stuck device may still answer them). The deadline counts the
-worker's queue time too, so it must exceed a chunk's time on a busy worker (default 5 s; a 128-token chunk
-of 10 layers takes well under a second here).
+stuck node. Health polls do not decide this (a stuck device may still answer them). Issue 42
+(:mod:`~ethen.mesh.orchestrator.admission`): a round's call of B sessions gets a unit per batch of 16 steps
+the worker computes (:func:`~ethen.mesh.orchestrator.admission.round_timeout`), a multi-row call also the
+units of the calls already in flight to its worker (it waits for a slot first), and a call that timed out
+while other calls to its worker finished is a busy worker, not a stuck one (no failover, no back-off).
 
 **Chain** (``chain`` set: ``data_plane = "chain"``): a round's sessions sharing a route go as one
 ``ChainRequest`` worker to worker (:mod:`~ethen.mesh.orchestrator.chain`) instead of one call per stage from
@@ -72,6 +74,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from ethen.mesh.orchestrator.admission import round_timeout
 from ethen.mesh.orchestrator.chain import ChainReceiver, ChainStep
 from ethen.mesh.orchestrator.client import ForwardResult, WorkerClient
 from ethen.mesh.orchestrator.errors import ChainLost, NodeError, NodeUnavailable, from_status
@@ -204,7 +207,7 @@ class DecodeRounds:
         ``ForwardBatch``), else one ``ForwardBatch``. With staggered lanes the call first waits for its
         slot on the worker (see the module docstring)."""
         client = self.clients[node]
-        timeout = call_timeout(self.progress_timeout_s, 1, client.forward_timeout_s)  # one row per item
+        timeout = round_timeout(self.progress_timeout_s, len(items), client.forward_timeout_s)
         if self.stagger:
             self._wait_slot(node)
         t0, sent = time.perf_counter(), self.clock()
@@ -236,7 +239,7 @@ class DecodeRounds:
             groups.setdefault(tuple((st.node_id, st.first, st.last) for st in s.route.stages), []).append(i)
         first_client = next(iter(self.clients.values()), None)
         cap = first_client.forward_timeout_s if first_client is not None else 60.0
-        timeout = call_timeout(self.progress_timeout_s, 1, cap)
+        timeout = round_timeout(self.progress_timeout_s, max(len(m) for m in groups.values()), cap)
         sent: list[tuple[tuple[tuple[str, int, int], ...], list[int], ChainStep]] = []
         wall, t0 = time.time(), time.perf_counter()
         for stages, members in groups.items():
