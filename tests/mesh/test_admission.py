@@ -23,7 +23,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ethen.gateway.errors import MeshSaturatedError, UpstreamConnectionError, http_status
+from ethen.gateway.config import parse_config
+from ethen.gateway.errors import GatewayConfigError, MeshSaturatedError, UpstreamConnectionError, http_status
+from ethen.gateway.providers import build_providers
 from ethen.gateway.providers.mesh import upstream_error
 from ethen.mesh import NodeState, RouteWeights
 from ethen.mesh.orchestrator import (
@@ -47,6 +49,7 @@ from ethen.mesh.orchestrator.admission import (
 )
 from ethen.mesh.orchestrator.client import ForwardResult
 from ethen.mesh.proto import mesh_pb2
+from tests.mesh.test_progress_deadline import _any_route, _config
 
 W = RouteWeights()
 D = 4  # hidden size of the scripted workers
@@ -317,3 +320,20 @@ def test_the_gateway_answers_a_saturated_mesh_503_mesh_saturated_with_retry_afte
     assert err.to_dict()["error"]["retry_after_s"] == err.retry_after_s == 7
     other = upstream_error(MeshSaturated.__mro__[1]("no route"), "mesh")  # any other mesh error
     assert isinstance(other, UpstreamConnectionError) and not isinstance(other, MeshSaturatedError)
+
+
+# ---- the mesh provider's admission_timeout_s key ---------------------------------------------------------
+
+
+def test_admission_timeout_s_in_the_mesh_provider_config_reaches_its_sessions() -> None:
+    assert parse_config(_config()).providers[0].admission_timeout_s == 30.0  # type: ignore[union-attr]
+    with pytest.raises(GatewayConfigError, match=r"providers\[0\]\.admission_timeout_s = 0\.0: .*greater"):
+        parse_config(_config(admission_timeout_s=0))
+    provider: Any = build_providers(parse_config(_config(admission_timeout_s=2.5, start_timeout_s=0)))["mesh"]
+    orch = provider._loader()  # embeddings + head load; the worker address answers nothing
+    try:
+        session = orch.open_session(4, route=_any_route(orch))
+        assert orch.admission_timeout_s == session.admission_timeout_s == 2.5
+        assert orch.monitor.grace_s == orch.progress_timeout_s == 5.0  # busy, not dead: judged by progress
+    finally:
+        orch.close()
