@@ -170,6 +170,9 @@ class UpstreamError(GatewayError):
     default_type = "api_error"
     retryable: bool = True
     error_class: str = "upstream_error"
+    #: whether the failure is evidence against the provider's health (telemetry gates, circuits): not for a
+    #: request-caused 4xx nor for a provider that is only full (:class:`MeshSaturatedError`)
+    health_evidence: bool = True
 
     def __init__(self, message: str, provider: str = "", upstream_status: int | None = None) -> None:
         super().__init__(message)
@@ -235,6 +238,7 @@ class UpstreamBadRequestError(UpstreamError):
     default_type = "invalid_request_error"
     retryable = False
     error_class = "bad_request"
+    health_evidence = False
 
 
 class UpstreamContentFilterError(UpstreamBadRequestError):
@@ -243,6 +247,25 @@ class UpstreamContentFilterError(UpstreamBadRequestError):
 
     default_code = "content_filter"
     error_class = "content_filter"
+
+
+class MeshSaturatedError(UpstreamError):
+    """The mesh cannot take the request in time (its workers' queues or session caps are full): refused before
+    the first byte (issue 42). Retryable (the next candidate of the fallback chain is tried); alone, 503 with
+    ``Retry-After: retry_after_s``. Not evidence against the mesh's health (it works, it is full)."""
+
+    default_code = "mesh_saturated"
+    error_class = "saturated"
+    health_evidence = False
+
+    def __init__(self, message: str, provider: str = "", retry_after_s: int = 1) -> None:
+        super().__init__(message, provider)
+        self.retry_after_s = max(1, int(retry_after_s))
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        body["error"]["retry_after_s"] = self.retry_after_s
+        return body
 
 
 class FallbackExhaustedError(GatewayError):
@@ -269,12 +292,14 @@ HTTP_STATUS.update(
         UpstreamTimeoutError: 504,
         UpstreamRateLimitError: 429,
         UpstreamBadRequestError: 400,
+        MeshSaturatedError: 503,
         FallbackExhaustedError: 502,
     }
 )
 __all__ += [
     "AuthenticationError",
     "FallbackExhaustedError",
+    "MeshSaturatedError",
     "RequestTooLargeError",
     "UpstreamBadRequestError",
     "UpstreamConnectionError",

@@ -15,8 +15,8 @@
   (latency, TTFT, success, error class, tokens, cost from the candidate's prices, fallback, stream
   completion).
   A request-caused 4xx is *not* recorded as a provider failure: three bad client requests must not exclude a
-  healthy provider. A client that disconnects mid-stream is recorded as a success with
-  ``stream_completed=False``.
+  healthy provider; nor is a full mesh's refusal (``mesh_saturated``: ``UpstreamError.health_evidence``). A
+  client that disconnects mid-stream is recorded as a success with ``stream_completed=False``.
 - Gateway-only fields are stripped before the body goes upstream: ``metadata.routing`` (the rest of
   ``metadata`` is kept; ``metadata`` is dropped when nothing is left) and ``providerOptions``.
 - Circuits (:mod:`ethen.gateway.circuit`): a decision whose chain is half-open trials (``Decision.trials``)
@@ -46,7 +46,6 @@ from ethen.gateway.circuit import CircuitBoard, Prober
 from ethen.gateway.errors import (
     FallbackExhaustedError,
     NoHealthyCandidateError,
-    UpstreamBadRequestError,
     UpstreamError,
     UpstreamInvalidResponseError,
 )
@@ -193,8 +192,8 @@ class Executor:
             self.metrics.fallbacks.labels(cand.provider).inc()
         if error is not None:
             self.metrics.upstream_errors.labels(cand.provider, error.error_class).inc()
-            if isinstance(error, UpstreamBadRequestError):
-                if trial:  # request-caused: not evidence about the provider; the trial slot is free again
+            if not error.health_evidence:  # request-caused, or a full mesh (mesh_saturated)
+                if trial:  # not evidence about the provider's health; the trial slot is free again
                     self.circuits.resolve(trial, None)
                 return
         at = time.monotonic()

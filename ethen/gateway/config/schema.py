@@ -205,6 +205,8 @@ class MeshProviderConfig(_Strict):
     health_interval_s: float = Field(default=0.25, gt=0, le=1.0)
     forward_timeout_s: float = Field(default=60.0, gt=0)
     progress_timeout_s: float = Field(default=5.0, gt=0)  # per 128 rows of a stage call (stuck nodes)
+    # a request's wait for worker slots before its first token; past it: 503 mesh_saturated (issue 42)
+    admission_timeout_s: float = Field(default=30.0, gt=0)
     start_timeout_s: float = Field(default=30.0, ge=0)
     # a joined worker not announced for this long leaves the membership (ethen.mesh.orchestrator.members)
     member_expiry_s: float = Field(default=10.0, ge=0.5, le=3600)
@@ -225,8 +227,8 @@ class MeshProviderConfig(_Strict):
     chain_listen: Annotated[str, AfterValidator(_address)] = "127.0.0.1:0"
     chain_advertise: Annotated[str, AfterValidator(_address)] | None = None
 
-    @field_validator("health_interval_s", "forward_timeout_s", "progress_timeout_s", "start_timeout_s",
-                     "member_expiry_s", mode="before")
+    @field_validator("health_interval_s", "forward_timeout_s", "progress_timeout_s", "admission_timeout_s",
+                     "start_timeout_s", "member_expiry_s", mode="before")
     @classmethod
     def _num(cls, v: Any) -> Any:
         return _float(v)

@@ -23,7 +23,14 @@ filter does not send such requests here.
 Error mapping: no route / no live replica (``NoRouteAvailable``, ``RoutingFailure``, ``DegradedRoute``) and
 node failures that failover could not absorb become ``UpstreamConnectionError`` before the first chunk
 (retryable: the gateway may fall back to another provider) or ``UpstreamStreamError`` once chunks were
-sent; bad sampling fields become ``UpstreamBadRequestError``.
+sent; bad sampling fields become ``UpstreamBadRequestError``. A full mesh (``MeshSaturated``: no worker slot
+within ``admission_timeout_s``, or a worker's ``RESOURCE_EXHAUSTED`` with no route around it) becomes
+``MeshSaturatedError`` (retryable; alone, 503 ``mesh_saturated`` with ``Retry-After``).
+
+First byte (issue 42): a stream's first chunk (the role) is handed to the gateway only once the generation's
+first token is computed (:meth:`_MeshStream.prime`: the prompt's prefill), so everything that can refuse a
+request (routing, admission, a full or busy worker) happens before any byte reaches the client, where the
+gateway can still fall back or answer a clean error; the role chunk then goes out with the first token.
 
 Life cycle: built either around a running orchestrator (``MeshProvider(orch)``: the caller owns it) or from
 a ``kind = "mesh"`` config entry (:meth:`MeshProvider.from_config`: the provider owns it). An owned
@@ -73,6 +80,7 @@ from typing import TYPE_CHECKING, Any
 from ethen.gateway.api.sse import dumps
 from ethen.gateway.errors import (
     GatewayConfigError,
+    MeshSaturatedError,
     UpstreamBadRequestError,
     UpstreamConnectionError,
     UpstreamStreamError,
@@ -94,7 +102,7 @@ from ethen.gateway.providers.mesh_request import (
 )
 from ethen.mesh.auth import ClientCredentials, CredentialsError, TokenAuth, read_tokens, server_credentials
 from ethen.mesh.errors import MeshError
-from ethen.mesh.orchestrator import HealthReply, MeshGeneration, Orchestrator, plan_route
+from ethen.mesh.orchestrator import HealthReply, MeshGeneration, MeshSaturated, Orchestrator, plan_route
 from ethen.mesh.orchestrator.registry import JoinPoint, open_join_point
 from ethen.mesh.orchestrator.shared_members import MemberBackend, SharedMembers
 from ethen.mesh.orchestrator.store_members import StoreMembers
@@ -117,6 +125,13 @@ startup_log = logging.getLogger("ethen.gateway.startup")
 
 #: a Health poll older than this does not count as an answer (the poll thread polls every <= 1 s)
 _STALE_S = 5.0
+
+
+def upstream_error(exc: MeshError, provider: str) -> UpstreamConnectionError | MeshSaturatedError:
+    """The gateway error of a mesh error raised before the first byte (both retryable: fallback)."""
+    if isinstance(exc, MeshSaturated):
+        return MeshSaturatedError(f"mesh: {exc}", provider, exc.retry_after_s)
+    return UpstreamConnectionError(f"mesh: {exc}", provider)
 
 
 class MeshProvider(Provider):
@@ -175,7 +190,7 @@ class MeshProvider(Provider):
                 workers, store, weights=weights, fallback_model=p.fallback_model,
                 model_name=served_model_id(store),
                 health_interval_s=p.health_interval_s, forward_timeout_s=p.forward_timeout_s,
-                progress_timeout_s=p.progress_timeout_s,
+                progress_timeout_s=p.progress_timeout_s, admission_timeout_s=p.admission_timeout_s,
                 credentials=credentials, data_plane=p.data_plane, chain_listen=p.chain_listen,
                 chain_advertise=p.chain_advertise, chain_tls=tls,
             ).start()
@@ -324,7 +339,7 @@ class MeshProvider(Provider):
         except ModelError as exc:
             raise UpstreamBadRequestError(str(exc), self.name) from None
         except MeshError as exc:
-            raise UpstreamConnectionError(f"mesh: {exc}", self.name) from None
+            raise upstream_error(exc, self.name) from None
         return gen, prompt
 
     def _receipt(self, gen: MeshGeneration) -> dict[str, Any]:
@@ -343,7 +358,7 @@ class MeshProvider(Provider):
         except ModelError as exc:
             raise UpstreamBadRequestError(str(exc), self.name) from None
         except MeshError as exc:
-            raise UpstreamConnectionError(f"mesh: {exc}", self.name) from None
+            raise upstream_error(exc, self.name) from None
         finally:
             self._count_end(gen, nodes)
         usage = Usage(len(prompt), len(result.token_ids))
@@ -364,7 +379,13 @@ class MeshProvider(Provider):
 
     async def stream(self, call: UpstreamCall) -> ProviderStream:
         gen, prompt = await self._start(call)
-        return _MeshStream(self, gen, len(prompt), call.upstream_model)
+        stream = _MeshStream(self, gen, len(prompt), call.upstream_model)
+        try:
+            await stream.prime()  # the prefill: a refusal now is still before the first byte
+        except BaseException:
+            await stream.aclose()
+            raise
+        return stream
 
 
 class _MeshStream(ProviderStream):
@@ -378,6 +399,7 @@ class _MeshStream(ProviderStream):
         self._chunks: AsyncIterator[GenerationChunk] = gen.__aiter__()
         self._sent_role = False
         self._finished = False
+        self._first: GenerationChunk | None = None  # the first token's chunk, read by prime()
         self._nodes: tuple[str, ...] | None = provider._count_start(gen)  # None once counted at the end
         self.usage = None
         self.completed = False
@@ -394,6 +416,22 @@ class _MeshStream(ProviderStream):
             self._provider._count_end(self._gen, self._nodes)
             self._nodes = None
 
+    async def prime(self) -> None:
+        """Run the generation to its first token (kept for :meth:`__anext__`); a failure here raises the
+        retryable error of :func:`upstream_error` (or ``UpstreamBadRequestError``): no byte was sent yet."""
+        try:
+            self._first = await self._chunks.__anext__()
+        except StopAsyncIteration:
+            self._ended()
+            raise UpstreamConnectionError("mesh: the generation ended without a token", self._provider.name) \
+                from None
+        except ModelError as exc:
+            self._ended()
+            raise UpstreamBadRequestError(str(exc), self._provider.name) from None
+        except MeshError as exc:
+            self._ended()
+            raise upstream_error(exc, self._provider.name) from None
+
     async def __anext__(self) -> bytes:
         if self._finished:
             self._ended()
@@ -406,7 +444,10 @@ class _MeshStream(ProviderStream):
             return self._payload({"role": "assistant", "content": ""}, None)
         while True:
             try:
-                chunk = await self._chunks.__anext__()
+                if self._first is not None:
+                    chunk, self._first = self._first, None
+                else:
+                    chunk = await self._chunks.__anext__()
             except StopAsyncIteration:
                 self._ended()
                 raise UpstreamStreamError("mesh generation ended without a finish reason", "mesh") from None

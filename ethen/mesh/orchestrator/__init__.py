@@ -1,5 +1,6 @@
 """The mesh orchestrator: routes each request over gRPC workers, runs prefill + decode, fails over."""
 
+from ethen.mesh.orchestrator.admission import NodeGate
 from ethen.mesh.orchestrator.backoff import Backoff
 from ethen.mesh.orchestrator.chain import ChainReceiver
 from ethen.mesh.orchestrator.client import WorkerClient
@@ -7,6 +8,7 @@ from ethen.mesh.orchestrator.errors import (
     ChainLost,
     DegradedRoute,
     MeshRuntimeError,
+    MeshSaturated,
     NodeOverloaded,
     NodeRejected,
     NodeUnavailable,
@@ -29,7 +31,9 @@ __all__ = [
     "HealthReply",
     "MeshGeneration",
     "MeshRuntimeError",
+    "MeshSaturated",
     "MeshSession",
+    "NodeGate",
     "NodeHealth",
     "NodeOverloaded",
     "NodeRejected",

@@ -12,6 +12,7 @@ Every ``grpc.RpcError`` is turned into the mesh exception tree here (via
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,17 @@ class WorkerClient:
         self._channel = creds.channel(address, _OPTIONS)
         self._stub: Any = mesh_pb2_grpc.MeshWorkerStub(self._channel)  # type: ignore[no-untyped-call]
         self._pending: set[Any] = set()  # chain calls in flight (set.add/discard are atomic)
+        self._calls = 0  # Forward / ForwardBatch calls in flight
+        self._calls_lock = threading.Lock()
+
+    @property
+    def in_flight(self) -> int:
+        """Stage calls to this worker in flight now (its liveness is judged by their progress)."""
+        return self._calls + len(self._pending)
+
+    def _count(self, delta: int) -> None:
+        with self._calls_lock:
+            self._calls += delta
 
     @staticmethod
     def _request(session_id: str, first: int, last: int, data: F32, start: int,
@@ -80,11 +92,14 @@ class WorkerClient:
         gets its result or its own error (a failed RPC fails every item). ``timeout_s``: this call's
         deadline (default ``forward_timeout_s``)."""
         request = mesh_pb2.ForwardBatchRequest(items=[self._request(*item) for item in items])
+        self._count(1)
         try:
             reply = self._stub.ForwardBatch(request, timeout=timeout_s or self.forward_timeout_s,
                                             metadata=self._md)
         except grpc.RpcError as exc:
             return [from_grpc(self.node_id, exc) for _ in items]
+        finally:
+            self._count(-1)
         if len(reply.items) != len(items):
             text = f"ForwardBatch answered {len(reply.items)} of {len(items)} items"
             return [NodeUnavailable(self.node_id, text) for _ in items]
@@ -106,11 +121,14 @@ class WorkerClient:
         """Run layers ``first..last`` on ``hidden`` [T, d] at positions ``start .. start+T-1``;
         ``capability`` binds the session to it on the worker (a chain's peers may then feed it)."""
         data: F32 = np.ascontiguousarray(hidden, dtype="<f4")
+        self._count(1)
         try:
             reply = self._stub.Forward(self._request(session_id, first, last, data, start, capability),
                                        timeout=timeout_s or self.forward_timeout_s, metadata=self._md)
         except grpc.RpcError as exc:
             raise from_grpc(self.node_id, exc) from None
+        finally:
+            self._count(-1)
         return ForwardResult(self._check(reply, tuple(data.shape)), reply.compute_ms, reply.queue_ms,
                              reply.batch_size)
 

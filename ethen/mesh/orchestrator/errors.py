@@ -15,6 +15,11 @@ expired)
 ``RESOURCE_EXHAUSTED`` (session or memory cap)               :class:`NodeOverloaded` (fail over)
 ``INVALID_ARGUMENT`` and the rest                            :class:`NodeRejected` (a bug: no failover)
 ==========================================================  ==========================================
+
+Each node error keeps the gRPC status name in ``status`` (``"DEADLINE_EXCEEDED"``, ...), so the orchestrator
+tells a call that ran out of time (the node may only be busy) from one the node refused or never took.
+:class:`MeshSaturated` is the orchestrator's own refusal: the mesh cannot take the request in time (its
+workers' queues, their session caps); the gateway answers it before the first byte (issue 42).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ __all__ = [
     "ChainLost",
     "DegradedRoute",
     "MeshRuntimeError",
+    "MeshSaturated",
     "NodeOverloaded",
     "NodeRejected",
     "NodeUnavailable",
@@ -44,10 +50,17 @@ class MeshRuntimeError(MeshError):
 
 
 class NodeError(MeshRuntimeError):
-    def __init__(self, node_id: str, detail: str) -> None:
+    def __init__(self, node_id: str, detail: str, status: str = "") -> None:
         self.node_id = node_id
         self.detail = detail
+        self.status = status  # the gRPC status name when a worker answered one ("" otherwise)
+        self.sent_at: float | None = None  # when the failed call left (the caller's monotonic clock)
         super().__init__(f"node {node_id!r}: {detail}")
+
+    @property
+    def timed_out(self) -> bool:
+        """The call ran out of time (``DEADLINE_EXCEEDED``): the node is stuck, cut off, or only busy."""
+        return self.status == "DEADLINE_EXCEEDED"
 
 
 class NodeUnavailable(NodeError):
@@ -60,6 +73,16 @@ class SessionLost(NodeUnavailable):
 
 class NodeOverloaded(NodeUnavailable):
     """The node refused the session (memory or session cap): the orchestrator fails over."""
+
+
+class MeshSaturated(MeshRuntimeError):
+    """The mesh cannot take this request in time: no worker slot freed within the admission budget, or every
+    route's worker refused it (``RESOURCE_EXHAUSTED``: session or memory cap, busy). Raised before the
+    generation's first token only; ``retry_after_s`` is when trying again makes sense (whole seconds)."""
+
+    def __init__(self, detail: str, retry_after_s: int = 1) -> None:
+        self.retry_after_s = max(1, int(retry_after_s))
+        super().__init__(f"mesh saturated: {detail}")
 
 
 class NodeRejected(NodeError):
@@ -109,11 +132,12 @@ _BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 
 
 def _classify(node_id: str, code: Any, details: str) -> NodeError:
-    text = f"{getattr(code, 'name', code)}: {details}"
+    name = str(getattr(code, "name", code))
+    text = f"{name}: {details}"
     if code == grpc.StatusCode.NOT_FOUND:
-        return SessionLost(node_id, text)
+        return SessionLost(node_id, text, name)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return NodeOverloaded(node_id, text)
+        return NodeOverloaded(node_id, text, name)
     if code in _UNAVAILABLE or code is None:
-        return NodeUnavailable(node_id, text)
-    return NodeRejected(node_id, text)
+        return NodeUnavailable(node_id, text, "" if code is None else name)
+    return NodeRejected(node_id, text, name)

@@ -40,9 +40,11 @@ call gets a gRPC deadline of :func:`call_timeout`, ``progress_timeout_s`` per st
 the call's rows (the unit a worker computes at once), capped by the client's ``forward_timeout_s``. A call
 that passes it fails with ``DEADLINE_EXCEEDED`` (:class:`~ethen.mesh.orchestrator.errors.NodeUnavailable`),
 and the session fails over and replays as for a dead node, so no step waits longer than the deadline for a
-stuck node. Health polls do not decide this (a stuck device may still answer them). The deadline counts the
-worker's queue time too, so it must exceed a chunk's time on a busy worker (default 5 s; a 128-token chunk
-of 10 layers takes well under a second here).
+stuck node. Health polls do not decide this (a stuck device may still answer them). Issue 42
+(:mod:`~ethen.mesh.orchestrator.admission`): a round's call of B sessions gets a unit per batch of 16 steps
+the worker computes (:func:`~ethen.mesh.orchestrator.admission.round_timeout`), a multi-row call also the
+units of the calls already in flight to its worker (it waits for a slot first), and a call that timed out
+while other calls to its worker finished is a busy worker, not a stuck one (no failover, no back-off).
 
 **Chain** (``chain`` set: ``data_plane = "chain"``): a round's sessions sharing a route go as one
 ``ChainRequest`` worker to worker (:mod:`~ethen.mesh.orchestrator.chain`) instead of one call per stage from
@@ -72,6 +74,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from ethen.mesh.orchestrator.admission import round_timeout
 from ethen.mesh.orchestrator.chain import ChainReceiver, ChainStep
 from ethen.mesh.orchestrator.client import ForwardResult, WorkerClient
 from ethen.mesh.orchestrator.errors import ChainLost, NodeError, NodeUnavailable, from_status
@@ -121,7 +124,8 @@ class DecodeRounds:
                  progress_timeout_s: float | None = DEFAULT_PROGRESS_TIMEOUT_S,
                  observe: Observe | None = None, stagger: bool = True,
                  chain: ChainReceiver | None = None,
-                 observe_step: Callable[[str, float], None] | None = None) -> None:
+                 observe_step: Callable[[str, float], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
         self.clients = clients
@@ -130,6 +134,7 @@ class DecodeRounds:
         self.stagger = stagger and lanes > 1
         self.chain = chain  # the receiver of chained steps (data_plane = "chain"), else None: star
         self.observe_step = observe_step  # (node, worker ms) of each chained stage: the telemetry's samples
+        self.clock = clock  # when a call left (NodeError.sent_at: busy or stuck, admission.stalled)
         self._head = head
         self.sizes: Counter[int] = Counter()  # sessions per round -> rounds run (diagnostics)
         self.waited_s = 0.0  # time lanes spent waiting for their slot on a worker (diagnostics)
@@ -202,10 +207,10 @@ class DecodeRounds:
         ``ForwardBatch``), else one ``ForwardBatch``. With staggered lanes the call first waits for its
         slot on the worker (see the module docstring)."""
         client = self.clients[node]
-        timeout = call_timeout(self.progress_timeout_s, 1, client.forward_timeout_s)  # one row per item
+        timeout = round_timeout(self.progress_timeout_s, len(items), client.forward_timeout_s)
         if self.stagger:
             self._wait_slot(node)
-        t0 = time.perf_counter()
+        t0, sent = time.perf_counter(), self.clock()
         out: list[ForwardResult | NodeError]
         if len(items) > 1:
             out = client.forward_many(items, timeout_s=timeout)
@@ -213,7 +218,10 @@ class DecodeRounds:
             try:
                 out = [client.forward(*items[0], timeout_s=timeout)]
             except NodeError as exc:
-                return [exc]
+                out = [exc]
+        for r in out:
+            if isinstance(r, NodeError):
+                r.sent_at = sent
         ok = [r for r in out if isinstance(r, ForwardResult)]
         if ok:
             self._computed(node, max(r.compute_ms for r in ok), max(r.batch_size for r in ok))
@@ -231,7 +239,7 @@ class DecodeRounds:
             groups.setdefault(tuple((st.node_id, st.first, st.last) for st in s.route.stages), []).append(i)
         first_client = next(iter(self.clients.values()), None)
         cap = first_client.forward_timeout_s if first_client is not None else 60.0
-        timeout = call_timeout(self.progress_timeout_s, 1, cap)
+        timeout = round_timeout(self.progress_timeout_s, max(len(m) for m in groups.values()), cap)
         sent: list[tuple[tuple[tuple[str, int, int], ...], list[int], ChainStep]] = []
         wall, t0 = time.time(), time.perf_counter()
         for stages, members in groups.items():

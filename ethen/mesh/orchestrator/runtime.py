@@ -19,6 +19,11 @@ Choices where the spec is silent:
   on ``chain_listen``, advertised to the workers as ``chain_advertise``; see
   :mod:`~ethen.mesh.orchestrator.chain` for the measurement that chose it and the security model). The
   receiver requires the orchestrator's own token and serves TLS with ``chain_tls`` (grpc server credentials).
+- Load (issue 42, :mod:`~ethen.mesh.orchestrator.admission`): the multi-row calls to each worker pass a
+  :class:`~ethen.mesh.orchestrator.admission.NodeGate` (2 in flight per worker, in arrival order; a session
+  that gets no slot within ``admission_timeout_s`` before its first token is refused with
+  :class:`~ethen.mesh.orchestrator.errors.MeshSaturated`), and a worker that makes progress is busy, not
+  dead (its Health polls may time out, a call to it may run out of time: it is not backed off).
 - The async API (:meth:`MeshGeneration.__aiter__`) runs the blocking loop on a thread and hands chunks to the
   event loop, so an ASGI gateway can stream without blocking.
 """
@@ -37,6 +42,7 @@ import numpy.typing as npt
 
 from ethen.mesh.auth import ClientCredentials, TokenAuth
 from ethen.mesh.model_id import model_fingerprint
+from ethen.mesh.orchestrator.admission import NodeGate
 from ethen.mesh.orchestrator.backoff import Backoff
 from ethen.mesh.orchestrator.chain import ChainReceiver
 from ethen.mesh.orchestrator.client import WorkerClient
@@ -174,11 +180,15 @@ class Orchestrator:
         chain_advertise: str | None = None,
         chain_tls: Any = None,
         head_threads: int = 2,
+        admission_timeout_s: float = 30.0,
     ) -> None:
         if data_plane not in ("star", "chain"):
             raise ValueError(f"data_plane = {data_plane!r}: must be 'star' or 'chain'")
         self.data_plane = data_plane
         self.progress_timeout_s = progress_timeout_s  # a stage call's deadline per 128 rows (stuck nodes)
+        self.admission_timeout_s = admission_timeout_s  # wait for worker slots before a first token
+        self._gates: dict[str, NodeGate] = {}
+        self._gates_lock = threading.Lock()
         self.credentials = credentials
         self.forward_timeout_s = forward_timeout_s
         self._members = threading.Lock()
@@ -195,7 +205,8 @@ class Orchestrator:
         self.clients = {node: WorkerClient(node, addr, forward_timeout_s=forward_timeout_s,
                                            credentials=credentials)
                         for node, addr in workers.items()}
-        self.monitor = HealthMonitor(self.clients, backoff or Backoff(), interval_s=health_interval_s)
+        self.monitor = HealthMonitor(self.clients, backoff or Backoff(), interval_s=health_interval_s,
+                                     grace_s=progress_timeout_s)
         self._head = StepBatcher(self._head_batch, max_batch=64, window_s=0.002, active_horizon_s=0.5,
                                  name="ethen-head")
         self.chain: ChainReceiver | None = None
@@ -205,7 +216,8 @@ class Orchestrator:
                                        auth=None if token is None else TokenAuth([token]))
         self.rounds = DecodeRounds(self.clients, self.head_fn, lanes=round_lanes,
                                    progress_timeout_s=progress_timeout_s, observe=self.monitor.observe_call,
-                                   chain=self.chain, observe_step=self.monitor.observe_step)
+                                   chain=self.chain, observe_step=self.monitor.observe_step,
+                                   clock=self.monitor.clock)
 
     @classmethod
     def load(cls, workers: Mapping[str, str], store: WeightStore | None = None,
@@ -288,6 +300,14 @@ class Orchestrator:
     def states(self) -> tuple[NodeState, ...]:
         return self.monitor.states()
 
+    def gate(self, node_id: str) -> NodeGate:
+        """The gate of the multi-row calls to ``node_id`` (made on first use)."""
+        with self._gates_lock:
+            gate = self._gates.get(node_id)
+            if gate is None:
+                gate = self._gates[node_id] = NodeGate(clock=self.monitor.clock)
+            return gate
+
     def _recompose(self, route: Route, failed: str) -> Route:
         return recompose(route, failed, self.states(), self.weights, self.fallback_model)
 
@@ -302,7 +322,9 @@ class Orchestrator:
         session = MeshSession(chosen, self.clients, self.ends.embed, lambda h: self.head(h),
                               self._recompose, self.monitor.mark_failed, exact_replay=self.exact_replay,
                               rounds=self.rounds, max_step_tokens=self.max_step_tokens,
-                              progress_timeout_s=self.progress_timeout_s, observe=self.monitor.observe_call)
+                              progress_timeout_s=self.progress_timeout_s, observe=self.monitor.observe_call,
+                              gate=self.gate, admission_timeout_s=self.admission_timeout_s,
+                              last_progress=self.monitor.last_progress, clock=self.monitor.clock)
         return session
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:

@@ -30,6 +30,13 @@ Failover and replay (Petals-style):
 - A stage that makes no progress (a stuck node) is a failure too: every stage call carries the progress
   deadline of :func:`~ethen.mesh.orchestrator.rounds.call_timeout` (``progress_timeout_s`` per started
   128-position chunk), so it ends in ``DEADLINE_EXCEEDED`` and fails over like a dead node.
+- A busy node is not a dead one (issue 42, :mod:`~ethen.mesh.orchestrator.admission`): multi-row calls
+  first take a slot of the node's :class:`~ethen.mesh.orchestrator.admission.NodeGate` (their deadline then
+  covers the calls in flight there too); a call that timed out while other calls to its node finished, or
+  that the node refused (``RESOURCE_EXHAUSTED``), does not back the node off. Before the session's first
+  token (:attr:`MeshSession.accepted`) such a failure, or no slot within ``admission_timeout_s``, is routed
+  around for this session or refused with :class:`~ethen.mesh.orchestrator.errors.MeshSaturated`; after
+  it, a timed-out busy stage is replayed on the same node.
 - With the worker-to-worker chain (:mod:`~ethen.mesh.orchestrator.chain`), each stage's worker session gets
   an unguessable capability (16 random bytes), sent with every ``Forward`` of that stage (which binds it on
   the worker): a chained decode step names it, so only the holders can feed the session. A chained step that
@@ -55,9 +62,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ethen.mesh.orchestrator.client import WorkerClient
-from ethen.mesh.orchestrator.errors import ChainLost, MeshRuntimeError, NodeError, NodeUnavailable
-from ethen.mesh.orchestrator.rounds import DEFAULT_PROGRESS_TIMEOUT_S, DecodeRounds, Observe, call_timeout
+from ethen.mesh.errors import MeshError
+from ethen.mesh.orchestrator.admission import NodeGate, queued_timeout, stalled
+from ethen.mesh.orchestrator.client import ForwardResult, WorkerClient
+from ethen.mesh.orchestrator.errors import (
+    ChainLost,
+    MeshRuntimeError,
+    MeshSaturated,
+    NodeError,
+    NodeOverloaded,
+    NodeUnavailable,
+)
+from ethen.mesh.orchestrator.rounds import DEFAULT_PROGRESS_TIMEOUT_S, DecodeRounds, Observe
 from ethen.mesh.routing import Route, Stage
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS
 
@@ -150,6 +166,10 @@ class MeshSession:
         max_step_tokens: int = MAX_PREFILL_TOKENS,
         progress_timeout_s: float | None = DEFAULT_PROGRESS_TIMEOUT_S,
         observe: Observe | None = None,
+        gate: Callable[[str], NodeGate] | None = None,
+        admission_timeout_s: float = 30.0,
+        last_progress: Callable[[str], float | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1, got {max_step_tokens}")
@@ -178,6 +198,19 @@ class MeshSession:
         self._pending: _Pending = {}  # boundary inputs of the step in progress (decode rounds)
         self.stage_timings: dict[_Key, StageTiming] = {}  # per (node, first, last), in first-use order
         self._caps: dict[int, bytes] = {}  # first layer -> the capability bound to that worker session
+        self._gate = gate  # node -> its gate for multi-row calls (admission.py), None: ungated
+        self._last_progress = last_progress  # node -> when a call to it last finished (the monitor)
+        self._clock = clock
+        self.admission_timeout_s = admission_timeout_s
+        self._admit_by = clock() + admission_timeout_s  # before the first token, no slot wait goes past it
+        self.steps = 0  # public steps done (the first one ends with the first token's logits)
+        self.retries = 0  # stages replayed on their own (busy) node after a timeout
+
+    @property
+    def accepted(self) -> bool:
+        """Whether the session produced its first logits (the gateway may have sent bytes since): failures
+        before are refused cleanly (:class:`MeshSaturated`), failures after break the stream."""
+        return self.steps > 0
 
     def _wsid(self, stage: Stage) -> str:
         return self.worker_session(stage.first)
@@ -230,6 +263,7 @@ class MeshSession:
             ids = ids[n:]
         logits = self._step(ids)
         assert logits is not None
+        self.steps += 1
         return logits
 
     def _step(self, token_ids: list[int], head: bool = True) -> F32 | None:
@@ -278,18 +312,38 @@ class MeshSession:
         self.chunks.append(tokens)
         self._step_out.clear()
 
+    def _retry_after(self, node: str) -> int:
+        return self._gate(node).retry_after() if self._gate is not None else 1
+
     def _fail(self, exc: NodeError) -> None:
         node = exc.node_id
-        log.warning("session %s: stage on %r failed at position %d: %s", self.id, node, self.length, exc)
-        if len(self.failovers) >= self.max_failovers:
-            raise MeshRuntimeError(f"session {self.id}: gave up after {len(self.failovers)} failovers; "
-                                   f"last error: {exc}") from exc
-        self._on_failure(node)
+        full = isinstance(exc, NodeOverloaded)  # it refused (session / memory cap): working, but full
+        busy = (exc.timed_out and self._last_progress is not None  # calls to it finished meanwhile: slow
+                and not stalled(exc.sent_at, self._last_progress(node)))
+        log.warning("session %s: stage on %r failed at position %d: %s%s", self.id, node, self.length, exc,
+                    " (the node is busy, not dead)" if busy else "")
+        if len(self.failovers) + self.retries >= self.max_failovers:
+            if not self.accepted and (full or busy):
+                raise MeshSaturated(f"session {self.id}: {exc}", self._retry_after(node)) from exc
+            raise MeshRuntimeError(f"session {self.id}: gave up after {len(self.failovers)} failovers and "
+                                   f"{self.retries} retries; last error: {exc}") from exc
+        if not (full or busy):
+            self._on_failure(node)  # dead, cut off or stuck: back it off for every session
         for key in [k for k in self._ready if k[0] == node]:
             del self._ready[key]
         for key in [k for k in self._step_out if k[0] == node]:
             del self._step_out[key]
-        self.route = self._recompose(self.route, node)  # raises RoutingFailure / DegradedRoute / ...
+        if busy and self.accepted:  # the stream is under way: replay that stage on the same (busy) node
+            self.retries += 1
+            return
+        try:
+            route = self._recompose(self.route, node)  # raises RoutingFailure / DegradedRoute / ...
+        except MeshError as why:
+            if not self.accepted and (full or busy):  # nothing sent yet: refuse cleanly
+                raise MeshSaturated(f"worker {node!r} is {'full' if full else 'busy'} ({exc.detail}) and no "
+                                    f"other route avoids it ({why})", self._retry_after(node)) from exc
+            raise
+        self.route = route
         self.routes.append(self.route)
         self.failovers.append(FailoverEvent(node, str(exc), self.length, self.route))
 
@@ -323,15 +377,43 @@ class MeshSession:
             cur, full = out, full_out
         return cur, pending
 
+    def _admit(self, node: str, rows: int) -> tuple[NodeGate, object, list[int]] | None:
+        """A slot on ``node``'s gate for a call of ``rows`` rows (None: ungated); raises
+        :class:`MeshSaturated` (before the first token) or :class:`MeshRuntimeError` when none frees in
+        time."""
+        if self._gate is None or rows < 2:
+            return None
+        gate = self._gate(node)
+        budget = (self._admit_by - self._clock() if not self.accepted
+                  else self.clients[node].forward_timeout_s)
+        got = gate.acquire(rows, budget)
+        if got is None:
+            why = (f"no slot for a {rows}-row call on worker {node!r} within {max(0.0, budget):.1f} s "
+                   f"({gate.waiting} waiting, {gate.in_flight} in flight)")
+            if not self.accepted:
+                raise MeshSaturated(why, gate.retry_after())
+            raise MeshRuntimeError(f"session {self.id}: {why}")
+        return gate, got[0], got[1]
+
     def _forward(self, stage: Stage, hidden: F32, start: int) -> F32:
         client = self.clients[stage.node_id]
-        self._opened.add((stage.node_id, stage.first))
-        timeout = call_timeout(self.progress_timeout_s, int(hidden.shape[0]), client.forward_timeout_s)
-        wall, t0 = time.time(), time.perf_counter()
-        reply = client.forward(self._wsid(stage), stage.first, stage.last, hidden, start, timeout_s=timeout,
-                               capability=self.capability(stage.first))
-        call_ms, worker_ms = (time.perf_counter() - t0) * 1000.0, reply.queue_ms + reply.compute_ms
         rows = int(hidden.shape[0])
+        slot = self._admit(stage.node_id, rows)
+        self._opened.add((stage.node_id, stage.first))
+        timeout = queued_timeout(self.progress_timeout_s, rows, () if slot is None else slot[2],
+                                 client.forward_timeout_s)
+        wall, t0, sent = time.time(), time.perf_counter(), self._clock()
+        reply: ForwardResult | None = None
+        try:
+            reply = client.forward(self._wsid(stage), stage.first, stage.last, hidden, start,
+                                   timeout_s=timeout, capability=self.capability(stage.first))
+        except NodeError as exc:
+            exc.sent_at = sent
+            raise
+        finally:
+            if slot is not None:
+                slot[0].release(slot[1], None if reply is None else time.perf_counter() - t0)
+        call_ms, worker_ms = (time.perf_counter() - t0) * 1000.0, reply.queue_ms + reply.compute_ms
         self.time_stage(stage.node_id, stage.first, stage.last, rows, wall, call_ms, worker_ms)
         if self._observe is not None:
             self._observe(stage.node_id, rows, call_ms, worker_ms)

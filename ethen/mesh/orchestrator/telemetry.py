@@ -34,6 +34,13 @@ fails and backs it off; WARNING again when a dead worker answers again (its reco
 A worker that reports ``draining`` (it was told to stop: SIGTERM, ``ethen up`` shutting down) is logged once
 at INFO as stopping, not dead, and its polls failing afterwards (it closed its port) add no line.
 
+Liveness by progress (issue 42, :mod:`~ethen.mesh.orchestrator.admission`): each stage call that finishes
+is progress (:meth:`HealthMonitor.observe_call` / :meth:`HealthMonitor.observe_step`). A Health poll that
+*timed out* on a worker with stage calls in flight and progress within ``grace_s`` (the orchestrator's
+``progress_timeout_s``) keeps its last good state (alive: busy, not dead; no log line); a poll the worker
+refused (connection refused, ``UNAVAILABLE``) is death at once, as is a timeout without calls in flight or
+recent progress (cut off, stuck).
+
 Model check (issue 24): with :meth:`HealthMonitor.expect_model` (the orchestrator's own GGUF fingerprint,
 :func:`ethen.mesh.model_id.model_fingerprint`), a worker whose Health ``model_sha256`` differs serves another
 model file: its polls count as failed (``alive=False``, no fragments), so nothing is routed to it, and one
@@ -49,6 +56,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from ethen.mesh.orchestrator.admission import busy_not_dead
 from ethen.mesh.orchestrator.backoff import Backoff
 from ethen.mesh.orchestrator.client import WorkerClient
 from ethen.mesh.orchestrator.errors import NodeError
@@ -95,8 +103,10 @@ def state_from_health(node_id: str, reply: mesh_pb2.HealthResponse | None, alive
 class HealthMonitor:
     def __init__(self, clients: Mapping[str, WorkerClient], backoff: Backoff, interval_s: float = 0.25,
                  max_age_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
-                 alpha: float = 0.3) -> None:
+                 alpha: float = 0.3, grace_s: float | None = None) -> None:
         self.clients = dict(clients)
+        self.grace_s = grace_s  # a timed-out poll within this of the node's last progress: busy, not dead
+        self._progress: dict[str, float] = {}  # node -> when a stage call to it last finished (clock)
         self.backoff = backoff
         self.interval_s = interval_s
         self.max_age_s = max_age_s
@@ -135,6 +145,7 @@ class HealthMonitor:
         if client is None:  # removed meanwhile
             return NodeHealth(node_id, self.clock(), None, "not watched any more")
         t0 = time.perf_counter()
+        busy = False
         try:
             reply = client.health()
             rtt_ms = (time.perf_counter() - t0) * 1000.0
@@ -143,12 +154,24 @@ class HealthMonitor:
             health = (NodeHealth(node_id, self.clock(), reply, rtt_ms=rtt_ms) if not mismatch
                       else NodeHealth(node_id, self.clock(), None, mismatch))
         except NodeError as exc:
-            health = NodeHealth(node_id, self.clock(), None, str(exc))
+            now = self.clock()
+            health = NodeHealth(node_id, now, None, str(exc))
+            with self._lock:
+                good = self._last_good.get(node_id)
+                busy = (self.grace_s is not None and good is not None and
+                        busy_not_dead(now, exc.timed_out, client.in_flight, self._progress.get(node_id),
+                                      self.grace_s))
+            if busy:  # it made progress just now: slow to answer, not dead (its last good state stands)
+                assert good is not None
+                health = NodeHealth(node_id, now, good.reply, rtt_ms=good.rtt_ms)
+                log.debug("mesh worker %s is slow to answer Health but makes progress: busy", node_id)
         alive = health.reply is not None and health.reply.alive
         draining = health.reply is not None and health.reply.draining
         with self._lock:
             self._last[node_id] = health
-            if health.reply is not None:
+            if busy:
+                pass  # its last good poll and round trip stand
+            elif health.reply is not None:
                 self._last_good[node_id] = health
                 self._record_rtt(node_id, health.rtt_ms)
             else:
@@ -176,6 +199,7 @@ class HealthMonitor:
         with self._lock:
             if node_id not in self.clients:
                 return
+            self._progress[node_id] = self.clock()
             self._record_rtt(node_id, max(0.0, duration_ms - worker_ms))
             if rows == 1:
                 self._ewma(self._step, node_id, max(0.0, worker_ms))
@@ -185,7 +209,13 @@ class HealthMonitor:
         (the chain has no per-stage call to time a round trip from; Health polls keep measuring it)."""
         with self._lock:
             if node_id in self.clients:
+                self._progress[node_id] = self.clock()
                 self._ewma(self._step, node_id, max(0.0, worker_ms))
+
+    def last_progress(self, node_id: str) -> float | None:
+        """When a stage call to ``node_id`` last finished (this monitor's clock; None: never)."""
+        with self._lock:
+            return self._progress.get(node_id)
 
     def rtt_ms(self, node_id: str) -> float | None:
         """The round-trip EWMA to ``node_id`` (None before a good poll)."""
@@ -220,7 +250,8 @@ class HealthMonitor:
         """Stop watching ``node_id`` (its thread ends within one interval)."""
         self.clients.pop(node_id, None)
         with self._lock:
-            for table in (self._last, self._last_good, self._alive, self._rtt, self._step, self._refused):
+            for table in (self._last, self._last_good, self._alive, self._rtt, self._step, self._refused,
+                          self._progress):
                 table.pop(node_id, None)
 
     def _loop(self, node_id: str) -> None:

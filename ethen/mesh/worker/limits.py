@@ -26,8 +26,8 @@
 
 from __future__ import annotations
 
-__all__ = ["ATTENTION_CONTEXT", "CHUNK_ROW_BUDGET", "MAX_PREFILL_TOKENS", "MAX_SESSIONS_PER_CALLER",
-           "MIN_CHUNK_TOKENS", "PREFILL_CHUNK_TOKENS", "chunk_rows"]
+__all__ = ["ATTENTION_CONTEXT", "CHUNK_ROW_BUDGET", "MAX_DECODE_BATCH", "MAX_PREFILL_TOKENS",
+           "MAX_SESSIONS_PER_CALLER", "MIN_CHUNK_TOKENS", "PREFILL_CHUNK_TOKENS", "chunk_rows"]
 
 MAX_PREFILL_TOKENS = 2048
 MAX_SESSIONS_PER_CALLER = 64
@@ -35,6 +35,7 @@ PREFILL_CHUNK_TOKENS = 128
 CHUNK_ROW_BUDGET = 96.0  # rows x (1 + first position / ATTENTION_CONTEXT) of one chunk of a long step
 ATTENTION_CONTEXT = 2048  # cached positions whose attention costs about as much as a layer's weights per row
 MIN_CHUNK_TOKENS = 16
+MAX_DECODE_BATCH = 16  # decode steps a worker computes as one batched step (a ForwardBatch of more: several)
 
 
 def chunk_rows(start: int) -> int:

@@ -90,6 +90,7 @@ from ethen.mesh.worker.errors import (
 )
 from ethen.mesh.worker.health import HealthTracker
 from ethen.mesh.worker.limits import (
+    MAX_DECODE_BATCH,
     MAX_PREFILL_TOKENS,
     MAX_SESSIONS_PER_CALLER,
     PREFILL_CHUNK_TOKENS,
@@ -166,7 +167,7 @@ class WorkerConfig:
         session_ttl_s: float = 300.0,
         max_sessions: int = 256,
         batch_window_s: float = 0.001,
-        max_batch: int = 16,
+        max_batch: int = MAX_DECODE_BATCH,
         max_prefill_tokens: int = MAX_PREFILL_TOKENS,
         max_sessions_per_caller: int = MAX_SESSIONS_PER_CALLER,
     ) -> None:
