@@ -29,6 +29,10 @@ class GatewayError(Exception):
 
     default_code = "gateway_error"
     default_type = "api_error"
+    #: a refused request's routing facts for the request log (its ``receipt``), set where the refusal is
+    #: decided (``ethen.gateway.routing.decide``): requirements, rejections with their reasons. Never sent to
+    #: the client beyond what ``to_dict`` holds.
+    receipt: Mapping[str, Any] | None = None
 
     def __init__(
         self,

@@ -39,6 +39,7 @@ from starlette.responses import Response
 from ethen.gateway.accounting.accounts import PROMPT_FACTOR, PROMPT_SLACK_TOKENS, Hold
 from ethen.gateway.accounting.auth import authorization
 from ethen.gateway.api.execute import Attempt
+from ethen.gateway.api.record import failed_attempt
 from ethen.gateway.api.sse import dumps
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.config import GatewayConfig, build_candidate
@@ -203,7 +204,7 @@ async def _admit(pipe: Pipeline, access: Any, rid: str, amount: float) -> Hold:
                 f"Project {project.name!r} has not enough budget left in this {project.budget_window}: the "
                 f"request may cost up to ${amount:.6f}."
             )
-    return Hold(acc.admission, access, None, rid, reservation, amount, acc.on_not_credible)
+    return Hold(acc.admission, access, None, rid, reservation, amount, acc.on_not_credible, acc.on_capped)
 
 
 async def _run(
@@ -220,8 +221,7 @@ async def _run(
         except UpstreamError as exc:
             dt = time.perf_counter() - t0
             upstream_s += dt
-            attempts.append(Attempt(route.candidate.id, "error", dt * 1000, exc.error_class, exc.code,
-                                    exc.upstream_status))
+            attempts.append(failed_attempt(route.candidate.id, dt * 1000, exc))
             pipe.gw.metrics.upstream_errors.labels(route.candidate.provider, exc.error_class).inc()
             log.warning("request %s: embeddings on %s failed: %s", rid, route.candidate.id, exc.code)
             if not exc.retryable:
