@@ -1,5 +1,5 @@
-"""Issue 42 item 7: ``ethen shadows`` prints latency and cost ratios with enough significant digits (a ratio of
-0.0031 was printed ``0.00``): the table against a live gateway over real HTTP, and the formatting as a
+"""Issue 42 item 7: ``ethen shadows`` prints latency and cost ratios with enough significant digits (a ratio
+of 0.0031 was printed ``0.00``): the table against a live gateway over real HTTP, and the formatting as a
 property (the printed number reads back within half a unit of its third significant digit)."""
 
 from __future__ import annotations
