@@ -70,9 +70,11 @@ class ModelNotFoundError(GatewayError):
     default_code = "model_not_found"
     default_type = "invalid_request_error"
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, hint: str = "") -> None:
         super().__init__(
-            f"The model {model!r} does not exist or you do not have access to it.", param="model"
+            f"The model {model!r} does not exist or you do not have access to it."
+            + (f" {hint}" if hint else ""),
+            param="model",
         )
         self.model = model
 

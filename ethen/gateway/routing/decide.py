@@ -33,6 +33,7 @@ from .canary import CanaryEvaluation, apply_canary
 from .candidates import CanaryTarget, Candidate, ProjectPolicy
 from .circuits import EMPTY_CIRCUITS, CircuitView, circuit_keys, retry_after
 from .filter import Rejection
+from .hints import MODELS_HINT, refusal_hints
 from .policy import ALIASES, CONCRETE_PROFILE, AliasProfile
 from .receipt import Receipt, build_receipt, refusal_receipt
 from .requirements import Requirements, parse_requirements
@@ -109,10 +110,10 @@ def resolve_pool(model: str, pool: tuple[Candidate, ...]) -> tuple[AliasProfile,
     if profile is not None:
         return profile, pool, False
     if model.startswith(ALIAS_PREFIX):
-        raise ModelNotFoundError(model)
+        raise ModelNotFoundError(model, MODELS_HINT)
     sub = tuple(c for c in pool if c.model == model) or tuple(c for c in pool if c.id == model)
     if not sub:
-        raise ModelNotFoundError(model)
+        raise ModelNotFoundError(model, MODELS_HINT)
     return CONCRETE_PROFILE, sub, True
 
 
@@ -154,9 +155,11 @@ def _none_passes(
     """No candidate passed every gate: a half-open trial chain, else the right error (:mod:`.circuits`)."""
     blocked = {rj.candidate_id: keys for rj in rejections if (keys := circuit_keys(rj)) is not None}
     if not blocked:
+        hints = refusal_hints(req, pool, rejections, ctx.policy)
         err = NoSmartRouteCandidateError(
             f"no candidate for {req.model!r} satisfies the request "
-            f"({len(rejections)} rejected; see 'rejections')",
+            f"({len(rejections)} rejected; see 'rejections')"
+            + (f". To serve it: {' '.join(hints)}" if hints else ""),
             rejections,
         )
         err.receipt = refusal_receipt(req, profile, rejections, concrete)
