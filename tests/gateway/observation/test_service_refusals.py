@@ -6,12 +6,13 @@ dashboard's "Rejected candidates" list) shows the same rejections, with what the
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from tests.gateway.budget_harness import admin, db_url, live_store, new_project_key
-from tests.gateway.service_harness import CLIENT_KEY, Live
+from tests.gateway.service_harness import CLIENT_KEY, ROUTES, Live
 
 __all__ = ["db_url"]  # the fixture, re-exported for pytest
 
@@ -92,3 +93,20 @@ def test_a_refused_request_keeps_its_decision_in_the_log(db_url: str) -> None:
             listing = a.get("/requests", params={"status": "422"}).json()["data"]
             assert {x["request_id"] for x in listing} == {"not-allowed", "no-tools"}
             assert all("receipt" not in x for x in listing)
+
+
+def test_a_refused_embeddings_request_keeps_its_rejections(tmp_path: Path) -> None:
+    routes = [*ROUTES, {"model": "embed-small", "provider": "alpha", "upstream_model": "up-embed-a",
+                        "endpoint": "embeddings", "info": {"context_window": 8192},
+                        "prices": {"input_per_mtok": 20.0}}]
+    with live_store(f"sqlite:///{tmp_path / 'gw.db'}", routes=routes) as lv:
+        key = new_project_key(lv, "gamma-only", allowed_providers=["gamma"])
+        r = httpx.post(f"{lv.base_url}/embeddings", json={"model": "embed-small", "input": "abc"}, timeout=15,
+                       headers={"authorization": f"Bearer {key}", "x-request-id": "emb-1"})
+        assert r.status_code == 422, r.text
+        told = r.json()["error"]["rejections"]
+        assert told == [{"candidate": "alpha/embed-small", "reasons": ["provider_not_allowed"]}]
+        assert "may use only the providers gamma" in r.json()["error"]["message"]
+        with admin(lv) as a:
+            rc = _logged(a, "emb-1")["receipt"]
+        assert rc["rejected"] == told and rc["requirements"]["estimated_input_tokens"] >= 1
