@@ -6,7 +6,9 @@ HTTP shell (:mod:`ethen.admin.observe`) stays a few lines and the numbers can be
 - **Providers and candidates** (:func:`bucket_attempts`, :func:`open_fractions`, :func:`live_state`): the
   request log's attempts in a time window, cut into equal buckets; per candidate (``provider/model``) and per
   provider: attempts, successes, success rate, latency p50 / p95 (nearest rank over the attempts that carry
-  a latency: an attempt that failed before it was timed has none) per bucket and over the window. Circuit
+  a latency: an attempt that failed before it was timed has none) per bucket and over the window. An attempt
+  the upstream refused because of the client's request (outcome ``client_error``) is not counted: a client's
+  mistake never counts against a provider. Circuit
   state over time is the fraction of each bucket a circuit was open, from the circuit board's own
   transitions (:attr:`ethen.gateway.circuit.CircuitBoard.history`: the last 1000, since the process started;
   a provider circuit is drawn on the provider, a candidate circuit on the candidate). The live state is the
@@ -100,7 +102,7 @@ def flatten(rows: Iterable[tuple[float, Sequence[Mapping[str, Any]]]]) -> list[A
     for t, attempts in rows:
         for a in attempts:
             cid = str(a.get("candidate") or "")
-            if not cid:
+            if not cid or a.get("outcome") == "client_error":  # the request's fault, not the provider's
                 continue
             lat = a.get("latency_ms")
             latency = float(lat) if isinstance(lat, int | float) and not isinstance(lat, bool) else None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from ethen.gateway.config import GatewayConfig, load_config, parse_config, parse
 from ethen.gateway.errors import GatewayError
 from ethen.paths import data_dir, up_config_path
 
-__all__ = ["append_canary", "check_config", "load_any_config", "shadows_app", "table"]
+__all__ = ["append_canary", "check_config", "load_any_config", "ratio", "shadows_app", "table"]
 
 URL_ENV = "ETHEN_GATEWAY_URL"
 ADMIN_ENV = "ETHEN_ADMIN_KEY"
@@ -139,6 +140,17 @@ def _num(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def ratio(v: float | None) -> str:
+    """A latency or cost ratio with 3 significant digits (``0.0031``, ``0.25``, ``1.5``, ``12.3``; ``1234``
+    from 1000 on): a fixed 2 decimals showed a candidate 300 times faster as ``0.00`` (issue 42)."""
+    if v is None:
+        return "-"
+    if abs(v) >= 1000:
+        return f"{v:.0f}"
+    text = f"{v:.3g}"
+    return format(Decimal(text), "f") if "e" in text else text  # 1e-05 -> 0.00001
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The summaries as a fixed-width table (one line per candidate)."""
     head = ("alias", "candidate", "percent", "n", "success", "latency_x", "cost_x", "exact", "similarity",
@@ -147,8 +159,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     for d in rows:
         s = d["summary"]
         lines.append((d["alias"], d["candidate"], _num(d["percent"], "g"), str(s["n"]),
-                      _num(s["success_rate"], ".1%"), _num(s["latency_ratio"], ".2f"),
-                      _num(s["cost_ratio"], ".2f"), _num(s["exact_rate"], ".1%"),
+                      _num(s["success_rate"], ".1%"), ratio(s["latency_ratio"]),
+                      ratio(s["cost_ratio"]), _num(s["exact_rate"], ".1%"),
                       _num(s["mean_similarity"], ".3f"), _num(s["tool_calls_equal_rate"], ".1%"),
                       _num(s["schema_valid_rate"], ".1%"), "-" if d["canary"] is None else f"{d['canary']}%",
                       "yes" if d["promotable"] else f"no ({d['promotion']})"))

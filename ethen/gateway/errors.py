@@ -29,6 +29,10 @@ class GatewayError(Exception):
 
     default_code = "gateway_error"
     default_type = "api_error"
+    #: a refused request's routing facts for the request log (its ``receipt``), set where the refusal is
+    #: decided (``ethen.gateway.routing.decide``): requirements, rejections with their reasons. Never sent to
+    #: the client beyond what ``to_dict`` holds.
+    receipt: Mapping[str, Any] | None = None
 
     def __init__(
         self,
@@ -66,9 +70,11 @@ class ModelNotFoundError(GatewayError):
     default_code = "model_not_found"
     default_type = "invalid_request_error"
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, hint: str = "") -> None:
         super().__init__(
-            f"The model {model!r} does not exist or you do not have access to it.", param="model"
+            f"The model {model!r} does not exist or you do not have access to it."
+            + (f" {hint}" if hint else ""),
+            param="model",
         )
         self.model = model
 

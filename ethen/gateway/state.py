@@ -85,6 +85,7 @@ class Gateway:
         self.requestlog.store = lambda: acc.store  # the request log goes to the store when there is one
         self.requestlog.write = lambda: acc.admission.write if acc.admission is not None else None
         acc.on_not_credible = lambda provider: m.usage_not_credible.labels(provider).inc()
+        acc.on_capped = lambda provider: m.settled_capped.labels(provider).inc()
         # [shared] Redis: telemetry bus, exact rate limits (rpm/tpm in process memory without it)
         self.shared = SharedRuntime.for_gateway(self.circuits, self.store, cfg, env)
         self.limits: RateLimits = self.shared.limits  # the pipeline admits through gw.limits

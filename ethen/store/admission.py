@@ -340,6 +340,19 @@ class Admission:
                     return None
         return None
 
+    def extend(self, ticket: Ticket, total_usd: float) -> Ticket | None:
+        """Grow an admitted hold to ``total_usd`` from this instance's grant, in memory (no await: the
+        settlement that needs it is queued right after): the larger ticket, or ``None`` when the grant cannot
+        cover the difference now (the hold stays as it was)."""
+        extra = (budget_nano(total_usd) or 0) - ticket.amount_nano
+        if extra <= 0:
+            return ticket
+        g = self._grant(ticket.project_id)
+        if not self._fits(g, extra):
+            return None
+        g.reserved += extra
+        return Ticket(ticket.project_id, ticket.amount_nano + extra)
+
     async def _top_up(self, project: Project, g: _Grant, amount: int) -> None:
         async with g.lock:
             if g.granted - g.reserved < _CLAIM_AHEAD * amount // 4:

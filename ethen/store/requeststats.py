@@ -39,9 +39,9 @@ __all__ = ["AttemptRow", "attempts_between", "canary_counts", "newest_costs"]
 #: on the driver's own connection (SQLAlchemy's row objects for 10k rows cost more than SQLite's read)
 _ATTEMPTS = {
     "sqlite": "SELECT at_s, candidate, provider, outcome = 'ok', latency_ms FROM request_attempts "
-              "WHERE at_s >= ? AND at_s < ?",
+              "WHERE at_s >= ? AND at_s < ? AND outcome <> 'client_error'",
     "postgresql": "SELECT at_s, candidate, provider, outcome = 'ok', latency_ms FROM request_attempts "
-                  "WHERE at_s >= $1 AND at_s < $2",
+                  "WHERE at_s >= $1 AND at_s < $2 AND outcome <> 'client_error'",
 }
 
 #: one attempt: (epoch s, candidate id, provider, succeeded (1/0 or a bool), latency ms or None)

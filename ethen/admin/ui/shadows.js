@@ -3,6 +3,9 @@
 // Uses app.js's helpers ($, el, row, wide, num, api). Data goes into the page with textContent only.
 "use strict";
 
+// a ratio with 3 significant digits (0.0031, 1.5, 12.3): 2 fixed decimals showed 0.0031 as 0.00 (issue 42)
+function ratio(v) { return v === null || v === undefined ? "-" : String(Number(Number(v).toPrecision(3))); }
+
 function pct(v) { return v === null || v === undefined ? "-" : Math.round(v * 1000) / 10 + "%"; }
 
 function promoteCell(s) {
@@ -22,8 +25,8 @@ async function loadShadows() {
     const d = await api("/shadows?limit=50");
     $("s-rows").replaceChildren(...(d.data.length ? d.data.map((s) => {
       const m = s.summary;
-      return row([s.alias, s.candidate, s.percent + "%", m.n, pct(m.success_rate), num(m.latency_ratio, 2),
-        num(m.cost_ratio, 2), pct(m.exact_rate), num(m.mean_similarity, 3), pct(m.tool_calls_equal_rate),
+      return row([s.alias, s.candidate, s.percent + "%", m.n, pct(m.success_rate), ratio(m.latency_ratio),
+        ratio(m.cost_ratio), pct(m.exact_rate), num(m.mean_similarity, 3), pct(m.tool_calls_equal_rate),
         pct(m.schema_valid_rate), s.canary === null ? "-" : s.canary + "%",
         s.promotable ? "yes" : "no: " + s.promotion, promoteCell(s)], s.promotable ? "ok" : "");
     }) : [row([wide("no [[shadows]] rule matches", 14)])]));

@@ -151,6 +151,7 @@ class Accounts:
         self.release_dangling = release_dangling
         #: called with the provider's id when its usage report is not credible (the app counts it)
         self.on_not_credible: Callable[[str], None] | None = None
+        self.on_capped: Callable[[str], None] | None = None
 
     async def start(self) -> None:
         if self.store_url is None or self.store is not None:
@@ -258,11 +259,13 @@ class Accounts:
         except NoSmartRouteCandidateError as err:  # and its subclasses
             rej = err.rejections
             if access.project is not None and any(r.reasons == _ONLY_BUDGET for r in rej):
-                raise BudgetExceededError(
+                budget = BudgetExceededError(
                     f"Project {access.project.name!r} has not enough budget left in this "
                     f"{access.project.budget_window} for this request's estimated cost.",
                     rej,
-                ) from None
+                )
+                budget.receipt = err.receipt  # the refused decision, for the request log
+                raise budget from None
             raise
 
     async def admit(self, access: Access, decision: Decision, request_id: str) -> Hold:
@@ -288,7 +291,8 @@ class Accounts:
                     "model's max output when max_tokens is unset)."
                 )
         return Hold(
-            self.admission, access, decision, request_id, reservation, amount, self.on_not_credible
+            self.admission, access, decision, request_id, reservation, amount, self.on_not_credible,
+            self.on_capped
         )
 
     async def admit_extra(self, access: Access, decision: Decision, request_id: str) -> Hold | None:

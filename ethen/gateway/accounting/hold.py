@@ -12,10 +12,14 @@ Choices where the spec is silent:
   tool-use preamble; a tokenizer yields at most one token per byte, 3x the bytes/3 estimate), no count is
   negative and the total is within twice the context window. Otherwise the request settles its served
   candidate's maximum cost (what its reservation held), the ledger row is flagged ``estimated``, a WARNING is
-  logged and ``ethen_gateway_usage_not_credible_total{provider}`` counts it. Whatever an upstream says, a
-  request's settled cost never exceeds its reservation (a credible report priced above it, from a prompt
-  tokenized above the estimate, settles the reservation), so a project's settled spend never exceeds its
-  budget.
+  logged and ``ethen_gateway_usage_not_credible_total{provider}`` counts it.
+- **A reservation too small for a credible report** (a prompt tokenized above the bytes/3 estimate, e.g. a
+  provider-side preamble or chat template; issue 42): the hold is topped up to the reported cost from the
+  project's budget (:meth:`ethen.store.Admission.extend`, in memory) and the request settles what it really
+  cost. Only when the budget cannot cover the difference does it settle its reservation instead: a WARNING
+  and ``ethen_gateway_settled_capped_total{provider}`` say so. Either way a project's settled spend never
+  exceeds its budget. (Shadow calls reserve :func:`max_credible_cost_usd` up front, so theirs never needs a
+  top-up: a shadow its project cannot afford is not sent.)
 - **Actual cost** = the upstream usage priced by :func:`ethen.gateway.accounting.pricing.cost_of`
 (genai-prices' own
   calculation with cache reads/writes and tiers; the route's prices for a model genai-prices does not
@@ -56,6 +60,7 @@ __all__ = [
     "credible_usage",
     "max_completion_tokens",
     "max_cost_usd",
+    "max_credible_cost_usd",
 ]
 
 log = logging.getLogger("ethen.accounts")
@@ -78,6 +83,15 @@ def max_cost_usd(candidate: Candidate, req: Requirements) -> float:
     p = candidate.prices
     out = max_completion_tokens(candidate, req)
     return (req.input_tokens * p.input_per_mtok + out * p.output_per_mtok) / 1e6
+
+
+def max_credible_cost_usd(candidate: Candidate, req: Requirements) -> float:
+    """The most a usage report :func:`credible_usage` accepts can cost on ``candidate`` at its route prices:
+    ``PROMPT_FACTOR`` x the estimated input + ``PROMPT_SLACK_TOKENS`` prompt tokens plus
+    :func:`max_completion_tokens` (what a shadow call reserves, so it settles its real usage)."""
+    p = candidate.prices
+    prompt = PROMPT_FACTOR * req.input_tokens + PROMPT_SLACK_TOKENS
+    return (prompt * p.input_per_mtok + max_completion_tokens(candidate, req) * p.output_per_mtok) / 1e6
 
 
 def credible_usage(candidate: Candidate, usage: Usage, req: Requirements | None = None) -> bool:
@@ -111,6 +125,7 @@ class Hold:
         reservation: Ticket | None,
         reserved_usd: float | None = None,
         on_not_credible: Callable[[str], None] | None = None,
+        on_capped: Callable[[str], None] | None = None,
     ) -> None:
         self._store = store
         self._access = access
@@ -119,6 +134,7 @@ class Hold:
         self._reservation = reservation
         self._reserved_usd = reserved_usd  # the settled cost's cap (None: no budget, nothing reserved)
         self._on_not_credible = on_not_credible  # the metric (set by the app)
+        self._on_capped = on_capped  # the metric of a settlement capped at its reservation (set by the app)
         self._done = store is None or access.principal is None
         self._queued = False
 
@@ -231,11 +247,14 @@ class Hold:
         else:
             chain = self._decision.chain if self._decision is not None else ()
             cost = next((sc.estimated_cost_usd for sc in chain if sc.candidate.id == candidate.id), 0.0)
-        if self._reserved_usd is not None and cost > self._reserved_usd:
+        if self._reserved_usd is not None and cost > self._reserved_usd and not self._top_up(cost):
             log.warning(
-                "request %s: %s's usage costs $%.6f, above the $%.6f reserved; settling the reservation",
+                "request %s: %s's usage costs $%.6f, above the $%.6f reserved, and the project's budget "
+                "cannot cover the difference; settling the reservation (the budget is never overspent)",
                 self._rid, candidate.id, cost, self._reserved_usd,
             )
+            if self._on_capped is not None:
+                self._on_capped(candidate.provider)
             cost = self._reserved_usd
         return self._store.settle_soon(
             self._access.principal.project,
@@ -249,6 +268,17 @@ class Hold:
             cost_usd=cost,
             estimated=usage is None,
         )
+
+    def _top_up(self, cost: float) -> bool:
+        """Grow the reservation to ``cost`` from the budget (in memory: :meth:`Admission.extend`); ``False``
+        when the budget cannot cover it."""
+        if self._reservation is None or self._store is None:
+            return False
+        grown = self._store.extend(self._reservation, cost)
+        if grown is None:
+            return False
+        self._reservation, self._reserved_usd = grown, cost
+        return True
 
     async def release(self) -> None:
         if self._done:

@@ -215,6 +215,8 @@ def gateway_app(
         gc.freeze()
         try:
             await acc.start()  # opens/migrates the store, releases dangling reservations
+            if gw.shadows is not None:  # a [[shadows]] rule's project is missing: a config error now
+                await gw.shadows.check_projects(acc.store)
             if extra is not None:  # the operator's surfaces (ethen.admin): dashboard sessions
                 await extra.start()
             gw.requestlog.start()  # the request log's writer (store or memory ring)

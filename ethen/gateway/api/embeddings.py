@@ -12,7 +12,8 @@ Choices where the issue is silent:
   request-caused 4xx ends the request. An ``ethen/*`` alias is refused with 400
   ``alias_not_supported_for_embeddings`` (the alias policies score chat models; none names an embedding
   route); an unknown model is 404 ``model_not_found``. A project's allowed providers/models apply
-  (nothing left: 422 ``no_smart_route_candidate``).
+  (nothing left: 422 ``no_smart_route_candidate`` listing each route with ``provider_not_allowed`` /
+  ``model_not_allowed``, kept in the request log as its receipt).
 - **Budgets and usage**: the most prompt tokens the gateway would bill (``PROMPT_FACTOR`` (4) x the
   estimate + ``PROMPT_SLACK_TOKENS`` (1,024), the bound chat uses for a credible report; the estimate is
   UTF-8 bytes / 3 per string, one per token id) x the route's input price is reserved against the
@@ -39,6 +40,7 @@ from starlette.responses import Response
 from ethen.gateway.accounting.accounts import PROMPT_FACTOR, PROMPT_SLACK_TOKENS, Hold
 from ethen.gateway.accounting.auth import authorization
 from ethen.gateway.api.execute import Attempt
+from ethen.gateway.api.record import failed_attempt
 from ethen.gateway.api.sse import dumps
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.config import GatewayConfig, build_candidate
@@ -54,8 +56,10 @@ from ethen.gateway.errors import (
     UpstreamError,
 )
 from ethen.gateway.providers.base import Provider, UpstreamCall, Usage
-from ethen.gateway.routing import Candidate
+from ethen.gateway.routing import Candidate, ProjectPolicy
 from ethen.gateway.routing.decide import ALIAS_PREFIX
+from ethen.gateway.routing.filter import Rejection
+from ethen.gateway.routing.reasons import MODEL_NOT_ALLOWED, PROVIDER_NOT_ALLOWED
 from ethen.gateway.routing.requirements import BYTES_PER_TOKEN
 from ethen.store import StoreError
 
@@ -155,12 +159,11 @@ def embeddings_endpoint(
             tokens = estimate_input_tokens(body.get("input"))
             ctx = await acc.prepare(access, body, gw.context(call.rid))
             pol = ctx.policy
-            chain = [r for r in chain
-                     if (pol.allowed_providers is None or r.candidate.provider in pol.allowed_providers)
-                     and (pol.allowed_models is None or r.candidate.model in pol.allowed_models
-                          or r.candidate.id in pol.allowed_models)]
+            rejected = tuple(Rejection(r.candidate.id, r.candidate.provider, r.candidate.model, reasons)
+                             for r in chain if (reasons := _not_allowed(r.candidate, pol)))
+            chain = [r for r in chain if not _not_allowed(r.candidate, pol)]
             if not chain:
-                raise NoSmartRouteCandidateError(f"no route of {model!r} is allowed for this key's project")
+                raise _refused(model, tokens, rejected, pol)
             most = PROMPT_FACTOR * tokens + PROMPT_SLACK_TOKENS  # the most prompt tokens billed (as on chat)
             amount = max(most * r.candidate.prices.input_per_mtok / 1e6 for r in chain)
             if pol.remaining_budget_usd is not None and amount > pol.remaining_budget_usd:
@@ -185,6 +188,33 @@ def embeddings_endpoint(
     return embeddings
 
 
+def _not_allowed(cand: Candidate, pol: ProjectPolicy) -> tuple[str, ...]:
+    """The project-policy rejection reasons of an embeddings route (as chat's filter names them)."""
+    out: list[str] = []
+    if pol.allowed_providers is not None and cand.provider not in pol.allowed_providers:
+        out.append(PROVIDER_NOT_ALLOWED)
+    models = pol.allowed_models
+    if models is not None and cand.model not in models and cand.id not in models:
+        out.append(MODEL_NOT_ALLOWED)
+    return tuple(out)
+
+
+def _refused(model: str, tokens: int, rejected: tuple[Rejection, ...],
+             pol: ProjectPolicy) -> NoSmartRouteCandidateError:
+    """422: no route of ``model`` is allowed for the project; its rejections, and its decision as the
+    request log's receipt (issue 42)."""
+    allowed = ", ".join(sorted(pol.allowed_providers or ())) or "none"
+    err = NoSmartRouteCandidateError(
+        f"no route of {model!r} is allowed for this key's project (see 'rejections'); it may use only the "
+        f"providers {allowed}: allow one (the project's allowed_providers / allowed_models) or use another "
+        "project's key", rejected)
+    err.receipt = {"requested_model": model, "selected_model": None, "selected_provider": None,
+                   "candidate_count": 0, "rejected_count": len(rejected), "chain": [],
+                   "requirements": {"model": model, "estimated_input_tokens": tokens},
+                   "rejected": [rj.to_dict() for rj in rejected]}
+    return err
+
+
 async def _admit(pipe: Pipeline, access: Any, rid: str, amount: float) -> Hold:
     """Reserve ``amount`` against the project's window budget (as ``Accounts.admit`` does for chat)."""
     acc = pipe.acc
@@ -203,7 +233,7 @@ async def _admit(pipe: Pipeline, access: Any, rid: str, amount: float) -> Hold:
                 f"Project {project.name!r} has not enough budget left in this {project.budget_window}: the "
                 f"request may cost up to ${amount:.6f}."
             )
-    return Hold(acc.admission, access, None, rid, reservation, amount, acc.on_not_credible)
+    return Hold(acc.admission, access, None, rid, reservation, amount, acc.on_not_credible, acc.on_capped)
 
 
 async def _run(
@@ -220,8 +250,7 @@ async def _run(
         except UpstreamError as exc:
             dt = time.perf_counter() - t0
             upstream_s += dt
-            attempts.append(Attempt(route.candidate.id, "error", dt * 1000, exc.error_class, exc.code,
-                                    exc.upstream_status))
+            attempts.append(failed_attempt(route.candidate.id, dt * 1000, exc))
             pipe.gw.metrics.upstream_errors.labels(route.candidate.provider, exc.error_class).inc()
             log.warning("request %s: embeddings on %s failed: %s", rid, route.candidate.id, exc.code)
             if not exc.retryable:

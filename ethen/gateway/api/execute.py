@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ethen.gateway.accounting.pricing import cost_of
-from ethen.gateway.api.record import Attempt, RouteTarget, cost_usd
+from ethen.gateway.api.record import Attempt, RouteTarget, cost_usd, failed_attempt
 from ethen.gateway.circuit import CircuitBoard, Prober
 from ethen.gateway.errors import (
     FallbackExhaustedError,
@@ -126,14 +126,7 @@ class StreamRun:
         latency = time.perf_counter() - self.started
         ok = error is None
         if error is not None:
-            self.attempts[-1] = Attempt(
-                self.target.candidate.id,
-                "error",
-                latency * 1000,
-                error.error_class,
-                error.code,
-                error.upstream_status,
-            )
+            self.attempts[-1] = failed_attempt(self.target.candidate.id, latency * 1000, error)
         else:
             self.attempts[-1] = Attempt(self.target.candidate.id, "ok", latency * 1000)
         self._executor.record(
@@ -246,9 +239,7 @@ class Executor:
     ) -> None:
         dt = time.perf_counter() - t0
         run.upstream_s += dt
-        run.attempts.append(
-            Attempt(target.candidate.id, "error", dt * 1000, exc.error_class, exc.code, exc.upstream_status)
-        )
+        run.attempts.append(failed_attempt(target.candidate.id, dt * 1000, exc))
         self.record(
             target, dt, False, exc, None, i > 0, stream=stream, completed=False if stream else None,
             trial=trial, request_id=request_id,

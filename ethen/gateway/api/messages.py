@@ -47,7 +47,8 @@ otherwise ``end_turn``; ``model`` is the model the client asked for (the receipt
 
 Model names (:func:`resolve_model`): an ``ethen/*`` alias, a route's model or ``provider/model`` id is used
 as it is; any other name is looked up in ``[model_map]`` (fnmatch glob patterns, case-sensitive, first match
-in file order) and replaced by its target; a name nothing matches is 404 ``not_found_error``.
+in file order) and replaced by its target; a name nothing matches is 404 ``not_found_error``, whose
+message says which ``[model_map]`` entry to add (issue 42: ``claude -p`` asks for ``claude-sonnet-4-6``).
 
 Errors: Anthropic's envelope and statuses, mapped from the gateway's one error table in one place
 (:func:`ethen.gateway.api.messages_http.error_status_and_type`).
@@ -62,6 +63,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from ethen.gateway.errors import InvalidRequestError, ModelNotFoundError
+from ethen.gateway.routing.hints import model_map_hint
 
 __all__ = ["new_message_id", "resolve_model", "to_chat"]
 
@@ -387,4 +389,4 @@ def resolve_model(model: str, known: Collection[str], model_map: Mapping[str, st
     for pattern, target in model_map.items():
         if fnmatch.fnmatchcase(model, pattern):
             return target
-    raise ModelNotFoundError(model)
+    raise ModelNotFoundError(model, model_map_hint(model))

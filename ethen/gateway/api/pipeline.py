@@ -56,6 +56,7 @@ from ethen.gateway.errors import (
     FallbackExhaustedError,
     GatewayError,
     NoHealthyCandidateError,
+    UpstreamBadRequestError,
     UpstreamError,
     http_status,
 )
@@ -420,5 +421,8 @@ class Pipeline:
             call, status, "error", time.perf_counter() - call.t0, error_code=err.code,
             attempts=err.attempts if isinstance(err, FallbackExhaustedError) else (),
             error_provider=err.provider if isinstance(err, UpstreamError) else None,
+            client_error=isinstance(err, UpstreamBadRequestError),
+            # refused before a decision existed: the refusal's own receipt (requirements, rejections)
+            receipt=err.receipt if call.decision is None else None,
         )  # fmt: skip
         return self.error_response(err, call.rid)

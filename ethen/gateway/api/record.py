@@ -14,11 +14,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from ethen.gateway.accounting.pricing import cost_of
+from ethen.gateway.errors import UpstreamBadRequestError, UpstreamError
 from ethen.gateway.providers.base import Provider, Usage
 from ethen.gateway.routing import Candidate, Decision
 from ethen.gateway.routing.reasons import FALLBACK_USED, HEDGE_WON
 
-__all__ = ["Attempt", "RequestRecord", "RouteTarget", "cost_usd", "routing_receipt"]
+__all__ = ["CLIENT_ERROR", "Attempt", "RequestRecord", "RouteTarget", "cost_usd", "failed_attempt",
+           "routing_receipt"]
+
+#: the outcome of an attempt the upstream refused because of the client's request (a 4xx such as a bad
+#: sampling value; :class:`~ethen.gateway.errors.UpstreamBadRequestError`): not a provider failure, so the
+#: dashboard's success rates, the attempt metric's ``error`` and the telemetry never count it
+CLIENT_ERROR = "client_error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +42,7 @@ class Attempt:
     """One try of one candidate, as shown on the receipt."""
 
     candidate: str
-    outcome: str  # "ok" | "error"
+    outcome: str  # "ok" | "error" | "client_error" (CLIENT_ERROR) | "cancelled" (a hedge's loser)
     latency_ms: float
     error_class: str | None = None
     code: str | None = None
@@ -53,6 +60,13 @@ class Attempt:
             if self.upstream_status is not None:
                 out["upstream_status"] = self.upstream_status
         return out
+
+
+def failed_attempt(candidate: str, latency_ms: float, exc: UpstreamError) -> Attempt:
+    """The attempt of a failed upstream call: outcome ``error``, or :data:`CLIENT_ERROR` when the request
+    caused it."""
+    outcome = CLIENT_ERROR if isinstance(exc, UpstreamBadRequestError) else "error"
+    return Attempt(candidate, outcome, latency_ms, exc.error_class, exc.code, exc.upstream_status)
 
 
 def cost_usd(candidate: Candidate, usage: Usage | None) -> float | None:
@@ -107,6 +121,7 @@ class RequestRecord:
     overhead_s: float | None = None
     error_code: str | None = None
     error_provider: str | None = None  # an UpstreamError's provider (its only attempt)
+    client_error: bool = False  # that error was caused by the client's request (an upstream 4xx)
     decided_s: float | None = None  # arrival -> decision made
     admitted_s: float | None = None  # arrival -> admitted (the first attempt starts)
     remaining_usd: float | None = None  # the project's remaining budget at admission (memory)

@@ -26,7 +26,10 @@ Request mapping (Responses -> chat completions):
   certification level); ``providerOptions`` as on chat.
 - Ignored (no chat equivalent, accepted so clients that always send them work): ``reasoning``, ``include``,
   ``truncation``, ``service_tier``, ``text.verbosity``, ``max_tool_calls``, ``prompt_cache_key``,
-  ``safety_identifier``, ``stream_options``, ``top_logprobs``, and any unknown key.
+  ``safety_identifier``, ``stream_options``, ``top_logprobs`` (an integer in ``[0, 20]``), and any
+  unknown key.
+  ``temperature`` (``[0, 2]``) and ``top_p`` (``[0, 1]``) are checked against OpenAI's ranges on the chat body
+  they become (same names): 400 ``invalid_value`` naming the field, before routing.
 - Refused with 400 ``unsupported_parameter`` naming the field (the gateway keeps no response store):
   ``previous_response_id``, ``conversation``, ``store: true``, ``background: true``, ``prompt`` (stored
   prompt templates). Refused with 400 ``unsupported_value``: ``custom`` and unknown tool types,
@@ -324,6 +327,11 @@ def to_chat(body: Mapping[str, Any], drop_hosted: bool = True) -> tuple[dict[str
             raise _bad("max_output_tokens", f"'max_output_tokens' must be an integer >= 1, got {mot!r:.40}.",
                        "invalid_value" if isinstance(mot, int | float) else "invalid_type")
         chat["max_completion_tokens"] = mot
+    tlp = body.get("top_logprobs")  # ignored (no log probabilities are relayed), but its range is OpenAI's
+    if tlp is not None and (not isinstance(tlp, int) or isinstance(tlp, bool) or not 0 <= tlp <= 20):
+        raise _bad("top_logprobs", f"'top_logprobs' must be an integer between 0 and 20, got {tlp!r:.40}.",
+                   "invalid_value" if isinstance(tlp, int | float) and not isinstance(tlp, bool)
+                   else "invalid_type")
     temperature, top_p = _number(body, "temperature"), _number(body, "top_p")
     if temperature is not None:
         chat["temperature"] = body["temperature"]

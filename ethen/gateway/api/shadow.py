@@ -13,11 +13,14 @@ When and how (:class:`ShadowRunner`):
 - A shadow never delays, changes or fails the client's answer: it is an ``asyncio`` task of its own, every
   error in it is caught, counted and logged, and the client's answer has been produced before it starts.
 - It never counts against the client: no rate-limit ticket, no budget hold of the client's project. The rule's
-  ``project`` pays: the candidate's maximum cost for the request (its estimated input plus max output, as
-  :meth:`~ethen.gateway.accounting.accounts.Accounts.admit` reserves) is reserved on that project's budget
-  (``skipped_budget`` when it cannot; ``skipped_project`` when the store has no such project), then settled
-  at the shadow's reported usage (the ledger row has key id ``shadow`` and the client's request id) or
-  released when the call failed.
+  ``project`` pays: the most a usage report the gateway bills can cost on the candidate
+  (:func:`~ethen.gateway.accounting.hold.max_credible_cost_usd`: 4 x the estimated input + 1,024 prompt
+  tokens, plus the max output) is reserved on that project's budget (``skipped_budget`` when it cannot:
+  the call is refused rather than settled below its cost; ``skipped_project`` when the store has no such
+  project), then settled at the shadow's reported usage, what the pair records (issue 42: it was capped at
+  a smaller reservation); the ledger row has key id ``shadow`` and the client's request id. Released when
+  the call failed. A rule naming a project the store lacks at start is a config error then
+  (:meth:`ShadowRunner.check_projects`).
 - The candidate is called directly (buffered, whatever the client asked: the stream flags are dropped), with
   the client's body as sent upstream; its TTFT is its latency (a buffered answer's first byte is its whole
   body). It does not feed the telemetry store, the circuits nor the request log (it is no client request; the
@@ -44,10 +47,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ethen.gateway.accounting.access import Access
-from ethen.gateway.accounting.hold import Hold, max_cost_usd
+from ethen.gateway.accounting.hold import Hold, max_credible_cost_usd
 from ethen.gateway.accounting.pricing import cost_of
 from ethen.gateway.api.record import RouteTarget
-from ethen.gateway.errors import AccountsUnavailableError, GatewayError
+from ethen.gateway.errors import AccountsUnavailableError, GatewayConfigError, GatewayError
 from ethen.gateway.observation.agreement import (
     Agreement,
     Answer,
@@ -59,7 +62,7 @@ from ethen.gateway.observation.agreement import (
 from ethen.gateway.providers.base import UpstreamCall, Usage
 from ethen.gateway.routing import Candidate, Decision, ProjectPolicy
 from ethen.gateway.routing.shadow import ShadowFacts, ShadowPlan, ShadowRule, plan_shadows, sampled
-from ethen.store import Principal, Project, StoreError, StoreNotFoundError
+from ethen.store import Principal, Project, Store, StoreError, StoreNotFoundError
 from ethen.store.shadows import insert_pair
 from ethen.store.values import to_nano
 
@@ -123,6 +126,25 @@ class ShadowRunner:
         self.skipped: dict[tuple[str, str], dict[str, int]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.closed = False
+
+    async def check_projects(self, store: Store | None) -> None:
+        """At start, with the store open: every rule's ``project`` exists, else ``GatewayConfigError`` naming
+        the rule's key and value (it would otherwise be found per request, each sampled shadow skipped). A
+        project removed later is still skipped per request (``skipped_project``)."""
+        if store is None:
+            return
+        try:
+            names = {p.name for p in await store.list_projects()}
+        except StoreError as exc:
+            raise GatewayConfigError(f"store: {exc.message}") from None
+        for i, rule in enumerate(self.rules):
+            if rule.project not in names:
+                msg = (f"shadows[{i}].project = {rule.project!r}: no such project in the store (the "
+                       f"rule for {rule.alias} -> {rule.candidate} pays its shadow calls with it); create it "
+                       f"first (ethen projects create {rule.project} --budget 5 --window day) or name an "
+                       "existing one")
+                log.error("%s", msg)
+                raise GatewayConfigError(msg)
 
     def rule(self, alias: str, candidate: str) -> ShadowRule | None:
         return next((r for r in self.by_alias.get(alias, ()) if r.candidate == candidate), None)
@@ -198,7 +220,7 @@ class ShadowRunner:
                         rule.alias, rule.project)
             self._skip(rule, "skipped_project")
             return None
-        amount = max_cost_usd(cand, req.decision.requirements)
+        amount = max_credible_cost_usd(cand, req.decision.requirements)  # settles its real usage
         ticket = None
         if project.budget_usd is not None:
             ticket = await admission.reserve(project, amount)
@@ -207,7 +229,7 @@ class ShadowRunner:
                 return None
         access = Access(f"shadow:{project.name}", Principal(SHADOW_KEY_ID, project))
         return Hold(admission, access, req.decision, req.rid, ticket,
-                    amount if project.budget_usd is not None else None, acc.on_not_credible)
+                    amount if project.budget_usd is not None else None, acc.on_not_credible, acc.on_capped)
 
     async def _run(self, rule: ShadowRule, req: ShadowRequest, primary: Primary) -> None:
         await asyncio.sleep(0)  # the client's answer goes out first

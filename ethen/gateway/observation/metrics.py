@@ -160,6 +160,13 @@ class GatewayMetrics:
             ["provider"],
             registry=r,
         )
+        self.settled_capped = Counter(
+            "ethen_gateway_settled_capped",
+            "Credible usage priced above its reservation that the project's budget could not top up (the "
+            "reservation was settled instead).",
+            ["provider"],
+            registry=r,
+        )
         self.overhead = Histogram(
             "ethen_gateway_overhead_seconds",
             "Gateway overhead: total time minus upstream time.",
@@ -225,7 +232,8 @@ class GatewayMetrics:
         """Count one finished request (called by the request log's writer, off the request path)."""
         project = rec.project or "-"
         for a in row["attempts"]:
-            outcome = a["outcome"] if a["outcome"] in ("ok", "cancelled") else "error"  # cancelled: a hedge
+            # cancelled: a hedge; client_error: the request's fault, not the provider's (issue 42)
+            outcome = a["outcome"] if a["outcome"] in ("ok", "cancelled", "client_error") else "error"
             self.attempts.labels(a["provider"], a["model"], outcome).inc()
         served = rec.served
         if served is not None:

@@ -36,8 +36,15 @@ Choices where the issue is silent:
   reads/writes, else the route's prices); the breakdown is the receipt's ``cost``. The ledger's settled
   amount may differ when the usage was not credible (then it settles the reservation).
 - A request that failed on its only attempt records that attempt from its error (provider and code; the
-  model is the chain's first candidate of that provider); a failed fallback chain records every attempt.
-- Refused requests (401, 402, 422, 429...) are logged too, with what was known when they were refused.
+  model is the chain's first candidate of that provider); a failed fallback chain records every attempt. An
+  attempt the upstream refused because of the client's request (``UpstreamBadRequestError``) has outcome
+  ``client_error``: the Candidates page and ``ethen_gateway_attempts_total{outcome="error"}`` do not count it
+  as the provider's failure (issue 42).
+- Refused requests (401, 402, 422, 429...) are logged too, with what was known when they were refused. One
+  refused by routing (422 ``no_smart_route_candidate``, 503 ``no_healthy_candidate``, 402 from the budget
+  gate, 404 ``model_not_found``) keeps its decision as its receipt: the requested model, the alias profile,
+  ``requirements`` (what the request needed), ``hard_requirements`` and every rejected candidate with its
+  reasons (``rejected``), ``chain`` empty (issue 42).
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Counter
 
 from ethen.gateway.accounting.pricing import cost_of
-from ethen.gateway.api.record import Attempt, RequestRecord, routing_receipt
+from ethen.gateway.api.record import CLIENT_ERROR, Attempt, RequestRecord, routing_receipt
 from ethen.gateway.routing import Candidate
 from ethen.gateway.routing.reasons import HEDGE_WON
 from ethen.store import Store, StoreError, StoreInvalidError
@@ -100,7 +107,8 @@ def _attempts(rec: RequestRecord) -> list[dict[str, Any]]:
         sc = next((sc for sc in rec.decision.chain if sc.candidate.provider == rec.error_provider), None)
         if sc is not None:
             return [{"candidate": sc.id, "provider": sc.candidate.provider, "model": sc.candidate.model,
-                     "outcome": "error", "code": rec.error_code, "status": None}]
+                     "outcome": CLIENT_ERROR if rec.client_error else "error", "code": rec.error_code,
+                     "status": None}]
     return []
 
 

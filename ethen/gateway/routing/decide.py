@@ -13,7 +13,9 @@ When no candidate passes (:mod:`.circuits`, off the hot path): candidates exclud
 gates whose circuits are half-open (``ctx.circuits``) become a trial chain (receipt code
 ``circuit_half_open_trial``, no canary promotion: a trial is a degraded mode, not a rollout); if there are
 such candidates but none is half-open, ``NoHealthyCandidateError`` (503, with ``retry_after_s``);
-otherwise ``NoSmartRouteCandidateError``.
+otherwise ``NoSmartRouteCandidateError``. Every refusal here (and ``ModelNotFoundError``) carries its
+decision as ``receipt`` (:func:`.receipt.refusal_receipt`: requirements, rejections with reasons) for the
+request log.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from .canary import CanaryEvaluation, apply_canary
 from .candidates import CanaryTarget, Candidate, ProjectPolicy
 from .circuits import EMPTY_CIRCUITS, CircuitView, circuit_keys, retry_after
 from .filter import Rejection
+from .hints import MODELS_HINT, refusal_hints
 from .policy import ALIASES, CONCRETE_PROFILE, AliasProfile
-from .receipt import Receipt, build_receipt
+from .receipt import Receipt, build_receipt, refusal_receipt
 from .requirements import Requirements, parse_requirements
 from .score import ScoredCandidate, score_pool
 from .telemetry import TelemetrySnapshot
@@ -107,10 +110,10 @@ def resolve_pool(model: str, pool: tuple[Candidate, ...]) -> tuple[AliasProfile,
     if profile is not None:
         return profile, pool, False
     if model.startswith(ALIAS_PREFIX):
-        raise ModelNotFoundError(model)
+        raise ModelNotFoundError(model, MODELS_HINT)
     sub = tuple(c for c in pool if c.model == model) or tuple(c for c in pool if c.id == model)
     if not sub:
-        raise ModelNotFoundError(model)
+        raise ModelNotFoundError(model, MODELS_HINT)
     return CONCRETE_PROFILE, sub, True
 
 
@@ -118,7 +121,11 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
     """Route one chat-completions body. Raises ``InvalidRequestError``, ``ModelNotFoundError``,
     ``NoSmartRouteCandidateError`` or ``GatewayConfigError`` (all ``GatewayError``)."""
     req = parse_requirements(body)
-    profile, pool, concrete = resolve_pool(req.model, ctx.pool)
+    try:
+        profile, pool, concrete = resolve_pool(req.model, ctx.pool)
+    except ModelNotFoundError as err:
+        err.receipt = refusal_receipt(req, None, ())
+        raise
     feasible, rejected = score_pool(pool, req, profile, ctx.policy, ctx.telemetry, ctx.now)
     rejected.sort(key=_rejection_key)
     rejections = tuple(rejected)
@@ -148,21 +155,27 @@ def _none_passes(
     """No candidate passed every gate: a half-open trial chain, else the right error (:mod:`.circuits`)."""
     blocked = {rj.candidate_id: keys for rj in rejections if (keys := circuit_keys(rj)) is not None}
     if not blocked:
-        raise NoSmartRouteCandidateError(
+        hints = refusal_hints(req, pool, rejections, ctx.policy)
+        err = NoSmartRouteCandidateError(
             f"no candidate for {req.model!r} satisfies the request "
-            f"({len(rejections)} rejected; see 'rejections')",
+            f"({len(rejections)} rejected; see 'rejections')"
+            + (f". To serve it: {' '.join(hints)}" if hints else ""),
             rejections,
         )
+        err.receipt = refusal_receipt(req, profile, rejections, concrete)
+        raise err
     half_open = ctx.circuits.half_open
     trials = {cid: keys for cid, keys in blocked.items() if half_open.issuperset(keys)}
     if not trials:
         wait = retry_after(blocked.values(), ctx.circuits, ctx.now)
-        raise NoHealthyCandidateError(
+        unhealthy = NoHealthyCandidateError(
             f"every candidate that can serve {req.model!r} is excluded by recent failures of its provider "
             f"({len(blocked)} of {len(rejections)}; see 'rejections'); retry in {wait} s",
             rejections,
             wait,
         )
+        unhealthy.receipt = refusal_receipt(req, profile, rejections, concrete)
+        raise unhealthy
     sub = tuple(c for c in pool if c.id in trials)
     feasible, _ = score_pool(sub, req, profile, ctx.policy, ctx.telemetry, ctx.now, gated=False)
     feasible.sort(key=_by_key)

@@ -26,7 +26,7 @@ from .policy import POLICY_VERSION, AliasProfile
 from .requirements import Requirements
 from .score import ScoreComponents, ScoredCandidate
 
-__all__ = ["HIGH_RELIABILITY", "Receipt", "build_receipt", "hard_requirement_names"]
+__all__ = ["HIGH_RELIABILITY", "Receipt", "build_receipt", "hard_requirement_names", "refusal_receipt"]
 
 #: ``high_recent_reliability``: smoothed reliability at least this, over at least 3 recent samples.
 HIGH_RELIABILITY = 0.9
@@ -170,3 +170,29 @@ def build_receipt(
         rejected=rejections,
         canary=canary,
     )
+
+
+def refusal_receipt(
+    req: Requirements,
+    profile: AliasProfile | None,
+    rejections: tuple[Rejection, ...],
+    concrete: bool = False,
+) -> dict[str, Any]:
+    """The receipt of a request routing refused (no candidate passed; or, with ``profile`` ``None``, an
+    unknown model): what the request log keeps of its decision. The fields of :meth:`Receipt.to_dict`
+    that exist without a selection (``selected_*`` ``None``, ``chain`` empty, ``candidate_count`` 0), plus
+    ``requirements`` (:meth:`Requirements.to_dict`: what the request needed)."""
+    return {
+        "requested_model": req.model,
+        "selected_model": None,
+        "selected_provider": None,
+        "reason_codes": [r.CONCRETE_MODEL] if concrete else [],
+        "routing_policy_version": POLICY_VERSION,
+        "candidate_count": 0,
+        "rejected_count": len(rejections),
+        "alias_profile": profile.alias if profile is not None else None,
+        "hard_requirements": list(hard_requirement_names(req, profile)) if profile is not None else [],
+        "requirements": req.to_dict(),
+        "chain": [],
+        "rejected": [rj.to_dict() for rj in rejections],
+    }

@@ -25,6 +25,11 @@ Choices where the spec is silent:
   ``[1, MAX_SAFE_INTEGER]`` (2^53 - 1, the largest integer every JSON client represents exactly); a larger
   integer, like a number that is not finite, is refused with ``invalid_value`` (it would not convert to a
   float for the cost estimate). The same bound applies to an integer ``budget_ceiling_usd``.
+* sampling fields (issue 42): ``temperature`` in ``[0, 2]``, ``top_p`` in ``[0, 1]``, ``presence_penalty`` and
+  ``frequency_penalty`` in ``[-2, 2]``, ``top_logprobs`` an integer in ``[0, 20]``, ``seed`` a 64-bit integer,
+  ``logprobs`` a boolean, ``logit_bias`` an object of numbers in ``[-100, 100]`` (the OpenAI API's ranges,
+  :data:`SAMPLING_RANGES`; ``null`` = absent). Out of range: 400 ``invalid_value`` naming the field before
+  routing, so a client's mistake never reaches (nor counts against) a provider.
 * ``metadata.routing`` is our namespace, so unknown keys in it are rejected (a typo must not silently drop a
   budget; OpenAI likewise refuses unrecognized request arguments, so strictness is what its clients expect).
   Keys elsewhere in ``metadata`` are the client's own tags and pass through to the upstream untouched.
@@ -52,6 +57,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Final, NamedTuple
 
 from ethen.gateway.errors import InvalidRequestError
@@ -66,6 +72,7 @@ __all__ = [
     "MAX_NESTING",
     "MAX_SAFE_INTEGER",
     "ROUTING_KEYS",
+    "SAMPLING_RANGES",
     "Requirements",
     "estimate_tokens",
     "parse_requirements",
@@ -83,6 +90,16 @@ CERTIFICATION_LEVELS: Final = ("any", "live")
 ROUTING_KEYS: Final = frozenset({"budget_ceiling_usd", "latency_target", "certification_level"})
 STRUCTURED_FORMATS: Final = frozenset({"json_object", "json_schema"})
 RESPONSE_FORMATS: Final = frozenset({"text", "json_object", "json_schema"})
+#: numeric sampling fields of a chat body: (lowest, highest, integer only), the OpenAI API's ranges
+SAMPLING_RANGES: Final = MappingProxyType({
+    "temperature": (0.0, 2.0, False),
+    "top_p": (0.0, 1.0, False),
+    "presence_penalty": (-2.0, 2.0, False),
+    "frequency_penalty": (-2.0, 2.0, False),
+    "top_logprobs": (0, 20, True),
+    "seed": (-(2**63), 2**63 - 1, True),
+})
+LOGIT_BIAS_RANGE: Final = (-100.0, 100.0)
 
 
 class Requirements(NamedTuple):
@@ -243,6 +260,38 @@ def _positive_int(body: Mapping[str, Any], key: str) -> int | None:
     return value
 
 
+def _in_range(key: str, value: object, lo: float, hi: float, integer: bool) -> None:
+    """``value`` (not ``None``) a number (an integer when ``integer``) within ``[lo, hi]``, else 400."""
+    what = f"an integer between {lo} and {hi}" if integer else f"a number between {lo:g} and {hi:g}"
+    if not _is_number(value) or (integer and not isinstance(value, int)):
+        code = "invalid_value" if _is_number(value) else "invalid_type"
+        raise _bad(key, f"'{key}' must be {what}, got {value!r:.40}", code)
+    assert isinstance(value, int | float)
+    if not lo <= value <= hi:
+        big = f"{value:.3g}" if isinstance(value, float) else "a huge integer"
+        shown = repr(value) if abs(value) < 10**20 else big
+        raise _bad(key, f"'{key}' must be {what}, got {shown}")
+
+
+def _check_sampling(body: Mapping[str, Any]) -> None:
+    """The sampling fields' types and ranges (:data:`SAMPLING_RANGES`, ``logprobs``, ``logit_bias``)."""
+    for key, (lo, hi, integer) in SAMPLING_RANGES.items():
+        value = body.get(key)
+        if value is not None:
+            _in_range(key, value, lo, hi, integer)
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise _bad("logprobs", f"'logprobs' must be a boolean, got {_type_name(logprobs)}", "invalid_type")
+    bias = body.get("logit_bias")
+    if bias is None:
+        return
+    if not isinstance(bias, _MAPPING):
+        raise _bad("logit_bias", f"'logit_bias' must be an object, got {_type_name(bias)}", "invalid_type")
+    lo, hi = LOGIT_BIAS_RANGE
+    for token, value in bias.items():
+        _in_range(f"logit_bias.{token}", value, lo, hi, False)
+
+
 def _parse_routing(metadata: object) -> tuple[float | None, str | None, bool]:
     if metadata is None:
         return None, None, False
@@ -373,6 +422,7 @@ def parse_requirements(body: Mapping[str, Any]) -> Requirements:
     mct = _positive_int(body, "max_completion_tokens")
     mt = _positive_int(body, "max_tokens")
     n = _positive_int(body, "n")
+    _check_sampling(body)
     max_out = mt if mct is None else (mct if mt is None else max(mct, mt))
     ceiling, target, live = _parse_routing(body.get("metadata"))
     only = _parse_only(body)

@@ -27,7 +27,7 @@ from ethen.gateway.routing import (
     parse_requirements,
 )
 from ethen.store import Store
-from tests.gateway.budget_harness import db_url, live_store, new_project_key, with_store
+from tests.gateway.budget_harness import db_url, held_reserved, live_store, new_project_key, with_store
 from tests.gateway.service_harness import CLIENT_KEY, ROUTES
 from tests.gateway.upstream import Behavior
 
@@ -149,10 +149,11 @@ def test_over_reported_usage_never_overspends(db_url: str, caplog: pytest.LogCap
     assert len(warnings) == 50 and "1000 completion tokens" in warnings[0] and "at most 7" in warnings[0]
 
 
-def test_credible_usage_is_billed_as_reported_and_capped_at_the_reservation(db_url: str) -> None:
+def test_credible_usage_is_billed_as_reported_topped_up_or_capped_by_the_budget(db_url: str) -> None:
     """Within the bounds the upstream's usage is billed as reported. A credible report priced above the
-    reservation (prompt tokens above the bytes/3 estimate, e.g. a provider-side preamble) settles the
-    reservation: a request never settles more than it reserved."""
+    reservation (prompt tokens above the bytes/3 estimate, e.g. a provider-side preamble) tops the hold up
+    from the budget and settles what it really cost (issue 42: it was capped at the reservation); only when
+    the budget cannot cover the difference is the reservation settled (counted, never overspent)."""
     body = {"model": "alpha-large", "messages": MSG, "max_tokens": 7}
     with live_store(db_url) as lv:
         req = httpx.post(
@@ -168,14 +169,23 @@ def test_credible_usage_is_billed_as_reported_and_capped_at_the_reservation(db_u
         lv.script.behaviors["up-alpha-large"] = Behavior(pieces=("x",) * 7, prompt_tokens=est_in * 3)
         key2 = new_project_key(lv, "preamble", budget_usd=1.0)
         assert _post(lv, key2, body).status_code == 200
+        real = (est_in * 3 * 3.0 + 7 * 15.0) / 1e6
+        tight = reservation + (real - reservation) / 2  # admits the reservation, not the real cost
+        key3 = new_project_key(lv, "tight", budget_usd=tight)
+        assert _post(lv, key3, body).status_code == 200
         honest = with_store(db_url, lambda st: st.usage(project="honest"))
-        capped = with_store(db_url, lambda st: st.usage(project="preamble"))
+        topped = with_store(db_url, lambda st: st.usage(project="preamble"))
+        capped = with_store(db_url, lambda st: st.usage(project="tight"))
         metrics = httpx.get(f"{lv.base_url}/metrics").text
+        assert held_reserved(lv, "preamble") == 0 and held_reserved(lv, "tight") == 0
     assert [(r.requests, r.prompt_tokens, r.completion_tokens) for r in honest] == [(1, est_in - 2, 7)]
     assert honest[0].cost_usd == pytest.approx(((est_in - 2) * 3.0 + 7 * 15.0) / 1e6, rel=1e-6)
+    assert [(r.requests, r.prompt_tokens, r.completion_tokens) for r in topped] == [(1, est_in * 3, 7)]
+    assert real > reservation and topped[0].cost_usd == pytest.approx(real, rel=1e-6)
     assert [(r.requests, r.prompt_tokens, r.completion_tokens) for r in capped] == [(1, est_in * 3, 7)]
-    assert capped[0].cost_usd == pytest.approx(reservation, rel=1e-6)
-    assert "ethen_gateway_usage_not_credible_total{" not in metrics  # both were credible
+    assert capped[0].cost_usd == pytest.approx(reservation, rel=1e-6) and capped[0].cost_usd <= tight
+    assert "ethen_gateway_usage_not_credible_total{" not in metrics  # all were credible
+    assert 'ethen_gateway_settled_capped_total{provider="alpha"} 1.0' in metrics
 
 
 def test_reservation_covers_the_model_max_output_when_max_tokens_is_unset(db_url: str) -> None:

@@ -314,6 +314,14 @@ HOSTILE: list[tuple[bytes, int, str | None, str | None]] = [
     (_raw(',"max_tokens":1' + "0" * 400), 400, "invalid_value", "max_tokens"),
     (_raw(',"max_tokens":1' + "0" * 5000), 400, "invalid_json", None),  # over Python's 4,300-digit int limit
     (_raw(',"seed":1e999'), 400, "invalid_value", "seed"),
+    # issue 42: sampling values out of the API's range are refused before routing, naming the field
+    (_raw(',"temperature":50'), 400, "invalid_value", "temperature"),
+    (_raw(',"top_p":1.5'), 400, "invalid_value", "top_p"),
+    (_raw(',"frequency_penalty":-2.5'), 400, "invalid_value", "frequency_penalty"),
+    (_raw(',"top_logprobs":21'), 400, "invalid_value", "top_logprobs"),
+    (_raw(',"seed":9223372036854775808'), 400, "invalid_value", "seed"),
+    (_raw(',"logit_bias":{"50256":-1000}'), 400, "invalid_value", "logit_bias.50256"),
+    (_raw(',"temperature":2,"top_p":0,"presence_penalty":-2,"logit_bias":{"1":100}'), 200, None, None),
     (_raw(',"n":"NaN"'), 400, "invalid_type", "n"),  # n bounds the usage billed: validated like max_tokens
     (_raw(',"n":0'), 400, "invalid_value", "n"),
     (_raw(',"n":2'), 200, None, None),

@@ -21,7 +21,7 @@ import httpx
 
 from ethen.app import PREFIX, create_app
 from ethen.gateway.config import GatewayConfig, parse_config
-from tests.gateway.budget_harness import ADMIN_KEY, store_cfg
+from tests.gateway.budget_harness import ADMIN_KEY, store_cfg, with_store
 from tests.gateway.upstream import Behavior, Script, ServerThread, make_upstream_app
 
 __all__ = ["ADMIN_KEY", "CLIENT_KEY", "PRIMARY", "SMALL", "TOOLS", "ShadowLive", "shadow_live"]
@@ -140,9 +140,10 @@ def shadow_live(tmp_path: Path, shadows: list[dict[str, Any]], behaviors: dict[s
     ``db`` (default: a SQLite file in ``tmp_path``)."""
     script = Script(behaviors=dict(behaviors or {}))
     db = db or f"sqlite:///{tmp_path / 'gw.db'}"
+    # the project exists before the gateway starts: a rule naming a missing one fails the start (issue 42)
+    with_store(db, lambda st: st.create_project("shadow-evals", budget_usd=shadow_budget,
+                                                budget_window="day"))
     with ServerThread(make_upstream_app(script)) as up:
         cfg = parse_config(config(up.url, shadows, db, **overrides))
         with ServerThread(create_app(cfg, env=ENV)) as gw:
-            lv = ShadowLive(script, gw, cfg, db)
-            lv.project("shadow-evals", budget_usd=shadow_budget, budget_window="day")
-            yield lv
+            yield ShadowLive(script, gw, cfg, db)

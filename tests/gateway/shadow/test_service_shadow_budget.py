@@ -4,15 +4,18 @@ project does not exist, is skipped and counted. Store-backed gateway (SQLite fil
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from ethen.store import Store
 from ethen.store import schema as s
 from tests.gateway.budget_harness import db_url, with_store
-from tests.gateway.shadow.harness import USER, ShadowLive, rule, shadow_live
+from tests.gateway.shadow.harness import SMALL, USER, ShadowLive, rule, shadow_live
 from tests.gateway.upstream import Behavior
 
 __all__ = ["db_url"]  # the fixture, imported for pytest (SQLite; Postgres with ETHEN_TEST_PG_URL)
@@ -80,8 +83,40 @@ def test_a_failed_shadow_is_not_billed_and_its_hold_is_released(tmp_path: Path) 
         assert ledger(lv, "shadow-evals") == [] and held(lv, "shadow-evals") == 0
 
 
-def test_a_missing_project_skips_the_shadow(tmp_path: Path) -> None:
-    with shadow_live(tmp_path, [rule(project="nobody")]) as lv:
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # uvicorn's exit(3)
+def test_a_missing_project_is_a_config_error_at_start(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 42 item 7: found at start (naming the key and the value), not per request."""
+    rules = [rule(), rule(SMALL, project="nobody")]
+    with caplog.at_level(logging.ERROR, logger="ethen.gateway.shadow"), \
+            pytest.raises(RuntimeError, match="did not start"), shadow_live(tmp_path, rules):
+        pass
+    errors = [r.getMessage() for r in caplog.records if r.name == "ethen.gateway.shadow"]
+    assert len(errors) == 1 and errors[0].startswith("shadows[1].project = 'nobody': no such project"), errors
+    assert "ethen projects create nobody" in errors[0]
+
+
+def test_a_project_removed_after_start_skips_the_shadow(tmp_path: Path) -> None:
+    with shadow_live(tmp_path, [rule()]) as lv:
+        # the store has no way to delete a project: the running rule is pointed at one the store lacks
+        lv.gw.shadows.by_alias["ethen/fast"] = (dataclasses.replace(lv.gw.shadows.rules[0], project="gone"),)
         assert lv.post(BODY).status_code == 200
         assert lv.wait_metric("skipped_project", 1) == 1
         assert lv.metric("sent") == 0
+
+
+def test_a_shadow_is_charged_its_real_usage_above_the_routing_estimate(tmp_path: Path, db_url: str) -> None:
+    """Issue 42 item 5: the shadow's upstream reports far more prompt tokens than the bytes/3 estimate (a
+    provider-side template); the ledger charges what the pair records, never a cap at a smaller hold."""
+    behaviors = {"up-beta-tools": Behavior(prompt_tokens=900, pieces=("a",) * 10)}
+    with shadow_live(tmp_path, [rule()], behaviors, db=db_url) as lv:
+        for _ in range(3):
+            assert lv.post({**BODY, "max_tokens": 10}).status_code == 200
+        pairs = {p["request_id"]: p for p in lv.wait_pairs(3)}
+        lv.wait_idle()
+        shadow = ledger(lv, "shadow-evals")
+        assert len(shadow) == 3
+        for x in shadow:
+            assert (x["completion_tokens"], x["cost_nano"]) == (10, (900 * 20 + 10 * 40) * 1000), x
+            assert x["cost_nano"] == pairs[x["request_id"]]["candidate_cost_nano"]
+        assert held(lv, "shadow-evals") == 0
