@@ -18,6 +18,7 @@ from ethen.gateway.accounting.auth import KeyRing
 from ethen.gateway.accounting.ratelimit import RateLimits
 from ethen.gateway.api.execute import Executor
 from ethen.gateway.api.hedging import Hedger
+from ethen.gateway.api.prompt_memory import PromptMemory
 from ethen.gateway.api.record import RouteTarget
 from ethen.gateway.api.shadow import ShadowRunner
 from ethen.gateway.api.sse import dumps
@@ -70,6 +71,9 @@ class Gateway:
         self.hedger: Hedger | None = Hedger(rules, self.executor, self.store) if rules else None  # issue 27
         self.requestlog = RequestLog(cfg.log, self.metrics, tracing_for(cfg.otel))  # issue 14
         self.known_models = frozenset({c.model for c in self.pool} | set(ALIASES))
+        # issue 45: which provider holds a conversation's prompt prefix in its cache (cache-aware cost)
+        self.prompt_memory = PromptMemory({p.id: p.kind for p in cfg.providers},
+                                          cfg.prompt_cache.auto_breakpoints)
         created = int(time.time())
         owners: dict[str, list[str]] = {}
         for c in self.pool:

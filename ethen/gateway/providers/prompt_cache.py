@@ -19,14 +19,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+from ethen.gateway.routing.prefix import canonical_message, canonical_tools
 from ethen.gateway.routing.requirements import BYTES_PER_TOKEN
 
 __all__ = [
     "MAX_BREAKPOINTS",
-    "canonical_message",
     "conversation_key",
     "has_breakpoints",
     "leading_messages",
@@ -132,25 +132,6 @@ def _canonical(obj: object) -> bytes:
     return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def canonical_message(msg: Mapping[str, Any]) -> dict[str, Any]:
-    """A chat message in the form every API shape translates it to alike: ``developer`` as ``system``, text
-    parts joined into one string, ``cache_control`` marks left out."""
-    role = msg.get("role")
-    out: dict[str, Any] = {"role": "system" if role == "developer" else role}
-    content = msg.get("content")
-    if isinstance(content, list):
-        parts = [p for p in content if isinstance(p, Mapping)]
-        if all(p.get("type") == "text" for p in parts):
-            content = "\n\n".join(str(p.get("text", "")) for p in parts)
-        else:
-            content = [{k: v for k, v in p.items() if k != "cache_control"} for p in parts]
-    out["content"] = content
-    for key in ("tool_calls", "tool_call_id"):
-        if msg.get(key) is not None:
-            out[key] = msg[key]
-    return out
-
-
 def leading_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A chat body's stable head, canonical (:func:`canonical_message`): its system/developer messages and
     first other message, in order."""
@@ -169,8 +150,6 @@ def conversation_key(body: Mapping[str, Any]) -> str | None:
     head = leading_messages(body)
     if not head:
         return None
-    tools = body.get("tools")
-    tools = [{k: v for k, v in t.items() if k != "cache_control"} if isinstance(t, Mapping) else t
-             for t in tools] if isinstance(tools, Sequence) and tools else None
-    digest = hashlib.sha256(_canonical({"tools": tools, "head": head})).hexdigest()
+    seed = {"tools": canonical_tools(body.get("tools")), "head": head}
+    digest = hashlib.sha256(_canonical(seed)).hexdigest()
     return f"ethen-{digest[:40]}"
