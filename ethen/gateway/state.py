@@ -71,9 +71,6 @@ class Gateway:
         self.hedger: Hedger | None = Hedger(rules, self.executor, self.store) if rules else None  # issue 27
         self.requestlog = RequestLog(cfg.log, self.metrics, tracing_for(cfg.otel))  # issue 14
         self.known_models = frozenset({c.model for c in self.pool} | set(ALIASES))
-        # issue 45: which provider holds a conversation's prompt prefix in its cache (cache-aware cost)
-        self.prompt_memory = PromptMemory({p.id: p.kind for p in cfg.providers},
-                                          cfg.prompt_cache.auto_breakpoints)
         created = int(time.time())
         owners: dict[str, list[str]] = {}
         for c in self.pool:
@@ -92,6 +89,9 @@ class Gateway:
         # [shared] Redis: telemetry bus, exact rate limits (rpm/tpm in process memory without it)
         self.shared = SharedRuntime.for_gateway(self.circuits, self.store, cfg, env)
         self.limits: RateLimits = self.shared.limits  # the pipeline admits through gw.limits
+        # issue 45: which provider holds a conversation's prompt prefix in its cache (cache-aware cost)
+        self.prompt_memory = PromptMemory({p.id: p.kind for p in cfg.providers},
+                                          cfg.prompt_cache.auto_breakpoints, state=self.shared.state)
         # [[shadows]] (issue 27): None without rules; shadow calls paid by each rule's store project
         shadow_rules = [ShadowRule(x.alias, x.candidate, x.percent, x.project, x.max_in_flight,
                                    x.min_success_rate, x.min_samples) for x in cfg.shadows]

@@ -226,7 +226,7 @@ class Pipeline:
         ctx = await acc.prepare(access, body, gw.context(call.rid))
         project = access.project
         scope = f"project:{project.name}" if project is not None else f"config:{access.name}"
-        call.prefix = gw.prompt_memory.lookup(scope, body)
+        call.prefix = await gw.prompt_memory.lookup(scope, body)
         if call.prefix is not None and call.prefix.cached:  # issue 45: cache-aware cost
             ctx = dataclasses.replace(ctx, cached=call.prefix.cached)
         call.remaining_usd = ctx.policy.remaining_budget_usd

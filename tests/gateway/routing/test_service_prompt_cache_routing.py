@@ -4,12 +4,19 @@ to the provider that is cheaper uncached."""
 
 from __future__ import annotations
 
+import time
+import uuid
+from contextlib import ExitStack
 from typing import Any
 
 import httpx
+import redis
 
-from tests.gateway.service_harness import CLIENT_KEY, ROUTES, live
-from tests.gateway.upstream import Behavior
+from ethen.app import create_app
+from ethen.gateway.config import parse_config
+from tests.gateway.accounting.test_ratelimit import redis_url_or_skip
+from tests.gateway.service_harness import CLIENT_KEY, ENV, ROUTES, Live, config_dict, live
+from tests.gateway.upstream import Behavior, Script, ServerThread, make_upstream_app
 
 INFO = {**ROUTES[0]["info"], "context_window": 200_000}
 AGENT_ROUTES = [
@@ -58,3 +65,30 @@ def test_the_second_turn_stays_where_its_prefix_is_cached() -> None:
         # the Anthropic upstream was asked to cache that prefix (auto breakpoints)
         sent = [c["body"] for c in lv.script.calls if c["path"] == "messages"][-1]
         assert sent["system"][-1]["cache_control"] == {"type": "ephemeral"}
+
+
+def test_instances_share_who_holds_a_prefix_through_redis() -> None:
+    url = redis_url_or_skip()
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    behaviors = {m: Behavior(prompt_tokens=PROMPT, tool_call=False)
+                 for m in ("claude-sonnet-4-5", "up-agent")}
+    script = Script(behaviors=behaviors)
+    with ExitStack() as stack:
+        up = stack.enter_context(ServerThread(make_upstream_app(script)))
+        shared = {"redis_url": url, "key_prefix": prefix}
+        cfg = parse_config(config_dict(up.url, routes=AGENT_ROUTES, shared=shared))
+        a, b = (Live(script, up, stack.enter_context(ServerThread(create_app(cfg, env=ENV))), cfg)
+                for _ in "ab")
+        first = [{"role": "user", "content": "fix the bug in parser.py"}]
+        _turn(b, "other agent " + SYSTEM, first, only="alpha")  # b's telemetry: one alpha call ...
+        _turn(a, SYSTEM, first, only="gamma")  # ... a serves the conversation's first turn on gamma
+        rd = redis.Redis.from_url(url)
+        deadline = time.monotonic() + 5
+        while not list(rd.scan_iter(match=f"{prefix}:pcache:*")):
+            assert time.monotonic() < deadline, "the holder never reached Redis"
+            time.sleep(0.01)
+        key = next(k for k in rd.scan_iter(match=f"{prefix}:pcache:*") if rd.hexists(k, "gamma/agent"))
+        assert 0 < rd.ttl(key) <= 301 and SYSTEM[:20].encode() not in key  # a hash, never the text
+        second = [*first, {"role": "assistant", "content": "done"}, {"role": "user", "content": "now tests"}]
+        two = _turn(b, SYSTEM, second)  # b never served this conversation: it learns the holder from Redis
+        assert two["selected_provider"] == "gamma" and two["expected_cached_tokens"] == PROMPT
