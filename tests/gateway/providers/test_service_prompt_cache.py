@@ -5,6 +5,7 @@ cache reads and writes it is told to; the client sees them in every API shape.""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
@@ -158,3 +159,25 @@ def test_auto_breakpoints_false_sends_requests_as_they_came() -> None:
         assert _breakpoints(_sent(lv)) == []
         _post(lv, "chat/completions", {"model": "alpha-large", "messages": TURNS})
         assert "prompt_cache_key" not in _sent(lv)
+
+
+def _counter(lv: Live, provider: str, kind: str) -> float:
+    text = httpx.get(f"{lv.base_url}/metrics", timeout=5).text
+    want = f'ethen_gateway_prompt_cache_tokens_total{{kind="{kind}",provider="{provider}"}} '
+    return next((float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith(want)), 0.0)
+
+
+def test_cache_tokens_are_counted_and_logged(lv: Live) -> None:
+    before = _counter(lv, "gamma", "read"), _counter(lv, "gamma", "write")
+    r = httpx.post(f"{lv.base_url}/chat/completions", headers={**HEADERS, "x-request-id": "pcache-log-1"},
+                   json={"model": "gamma-claude", "messages": TURNS}, timeout=15)
+    assert r.status_code == 200
+    deadline = time.monotonic() + 5  # the request log's writer counts off the request path
+    while (_counter(lv, "gamma", "read"), _counter(lv, "gamma", "write")) != (before[0] + READ,
+                                                                             before[1] + WRITE):
+        assert time.monotonic() < deadline, "the prompt-cache counters never moved"
+        time.sleep(0.02)
+    ring = lv.gateway.server.config.app.state.gateway.requestlog.ring  # type: ignore[attr-defined]
+    row = next(r for r in list(ring) if r["request_id"] == "pcache-log-1")
+    assert (row["receipt"]["cost"]["cache_read_tokens"], row["receipt"]["cost"]["cache_write_tokens"]) == (
+        READ, WRITE)
