@@ -136,7 +136,8 @@ def leading_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A chat body's stable head, canonical (:func:`canonical_message`): its system/developer messages and
     first other message, in order."""
     head: list[dict[str, Any]] = []
-    for msg in body.get("messages") or ():
+    messages = body.get("messages")
+    for msg in messages if isinstance(messages, list) else ():
         if not isinstance(msg, Mapping):
             continue
         head.append(canonical_message(msg))

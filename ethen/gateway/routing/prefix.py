@@ -76,9 +76,12 @@ def canonical_tools(tools: object) -> list[Any] | None:
 def prefix_hashes(body: Mapping[str, Any]) -> tuple[str, ...]:
     """One hash per message of a chat body: ``[i]`` names the prompt up to and including message ``i`` (and
     the tools). Equal prompts give equal hashes whatever API shape they came in."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return ()  # not a chat body (the decision refuses it with a 400)
     h = hashlib.sha256(b"tools:" + _canonical(canonical_tools(body.get("tools")))).digest()
     out: list[str] = []
-    for msg in body.get("messages") or ():
+    for msg in messages:
         if isinstance(msg, Mapping):
             h = hashlib.sha256(h + _canonical(canonical_message(msg))).digest()
             out.append(h.hex())

@@ -157,3 +157,9 @@ def test_ttl_by_kind_and_breakpoint() -> None:
     assert cache_ttl_s("anthropic", [hour], False) == 3600.0
     assert cache_ttl_s("openai_compat", [plain], False) == 300.0
     assert cache_ttl_s("mesh", [plain], True) is None
+
+
+def test_prefix_hashes_of_a_body_that_is_no_chat_body() -> None:
+    for messages in (True, 1, 1.5, "x", {"role": "user"}, None):
+        assert prefix_hashes({"messages": messages, "tools": 3}) == ()
+    assert len(prefix_hashes({"messages": [1, {"role": "user", "content": {"x": [1]}}], "tools": "t"})) == 1
