@@ -5,9 +5,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ethen.gateway.config import parse_config
+from ethen.gateway.errors import GatewayConfigError
 from ethen.gateway.providers.prompt_cache import (
     MAX_BREAKPOINTS,
     conversation_key,
@@ -15,6 +18,7 @@ from ethen.gateway.providers.prompt_cache import (
     min_cacheable_tokens,
     place_breakpoints,
 )
+from tests.gateway.service_harness import config_dict
 
 
 def _strip(obj: Any) -> Any:
@@ -100,3 +104,9 @@ def test_conversation_key_is_stable_across_turns_and_shapes() -> None:
     assert conversation_key({"messages": [{"role": "user", "content": "q2"}]}) != key
     assert conversation_key({**turn1, "tools": [{"type": "function"}]}) != key
     assert conversation_key({"messages": []}) is None
+
+
+def test_a_bad_prompt_cache_setting_names_key_and_value() -> None:
+    assert parse_config(config_dict("http://127.0.0.1:9")).prompt_cache.auto_breakpoints is True
+    with pytest.raises(GatewayConfigError, match=r"prompt_cache\.auto_breakpoints = 'maybe'"):
+        parse_config(config_dict("http://127.0.0.1:9", prompt_cache={"auto_breakpoints": "maybe"}))
