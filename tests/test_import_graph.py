@@ -42,6 +42,7 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
     ("ethen.cli", "ethen.up"): _CLI,
     ("ethen.gateway.catalog.loader", "genai_prices"): "start-up: price snapshot parsed on a fallback only",
     ("ethen.gateway.accounting.pricing", "genai_prices"): "start-up: price snapshot read on first answer",
+    ("ethen.gateway.config.build", "genai_prices"): "start-up: cache-read price ratios read once per route",
     ("ethen.gateway.observation.tracing", "opentelemetry"): "optional: the OTLP exporter, [otel] only",
     ("ethen.model.engine", "onnxruntime"): _WEIGHTS,
     ("ethen.model.gguf_loader", "gguf"): _WEIGHTS,

@@ -18,6 +18,7 @@ from ethen.gateway.accounting.auth import KeyRing
 from ethen.gateway.accounting.ratelimit import RateLimits
 from ethen.gateway.api.execute import Executor
 from ethen.gateway.api.hedging import Hedger
+from ethen.gateway.api.prompt_memory import PromptMemory
 from ethen.gateway.api.record import RouteTarget
 from ethen.gateway.api.shadow import ShadowRunner
 from ethen.gateway.api.sse import dumps
@@ -89,6 +90,9 @@ class Gateway:
         # [shared] Redis: telemetry bus, exact rate limits (rpm/tpm in process memory without it)
         self.shared = SharedRuntime.for_gateway(self.circuits, self.store, cfg, env)
         self.limits: RateLimits = self.shared.limits  # the pipeline admits through gw.limits
+        # issue 45: which provider holds a conversation's prompt prefix in its cache (cache-aware cost)
+        self.prompt_memory = PromptMemory({p.id: p.kind for p in cfg.providers},
+                                          cfg.prompt_cache.auto_breakpoints, state=self.shared.state)
         # [[shadows]] (issue 27): None without rules; shadow calls paid by each rule's store project
         shadow_rules = [ShadowRule(x.alias, x.candidate, x.percent, x.project, x.max_in_flight,
                                    x.min_success_rate, x.min_samples) for x in cfg.shadows]

@@ -47,8 +47,8 @@ class Behavior:
     answer_tool_results: bool = False  # a request whose last message is a tool result gets text, not a call
     tool_name: str | None = None  # call this tool (when the request lists it; else answer text) ...
     tool_args: str = '{"x": 1}'  # ... with these arguments (default: the first tool, {"x": 1})
-    cache_read_tokens: int = 0  # Anthropic: of prompt_tokens, read from the prompt cache ...
-    cache_write_tokens: int = 0  # ... and written to it (usage's cache_*_input_tokens)
+    cache_read_tokens: int = 0  # of prompt_tokens, read from the prompt cache (OpenAI's and Anthropic's) ...
+    cache_write_tokens: int = 0  # ... and written to it (Anthropic's usage cache_*_input_tokens)
     calls: int = 0
 
 
@@ -120,6 +120,8 @@ def make_upstream_app(script: Script) -> Starlette:
             "completion_tokens": len(b.pieces),
             "total_tokens": b.prompt_tokens + len(b.pieces),
         }
+        if b.cache_read_tokens:  # OpenAI: of prompt_tokens, read from the prompt cache
+            usage["prompt_tokens_details"] = {"cached_tokens": b.cache_read_tokens}
         if not body.get("stream"):
             message: dict[str, Any] = {
                 "role": "assistant",

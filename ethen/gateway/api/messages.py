@@ -26,7 +26,8 @@ aliases, budgets); it is what chat upstreams (OpenAI-compatible servers, the mes
   structured outputs) -> ``response_format`` ``json_schema`` named ``output`` (the structured-output gate).
 - Accepted and not sent to chat upstreams: ``top_k`` (validated: OpenAI's API refuses it), ``thinking``
   (the reasoning budget), ``output_config.effort``, ``cache_control`` on any block, tool or system block
-  (chat upstreams cache on their own), ``service_tier``, ``container``, ``context_management`` and any
+  (chat has no breakpoints: an OpenAI-compatible upstream gets the conversation's ``prompt_cache_key``),
+  ``service_tier``, ``container``, ``context_management`` and any
   other unknown key.
 - No chat equivalent: server / Anthropic-defined tools (``web_search_*``, ``bash_*``, ``text_editor_*``,
   ``computer_*``...), ``document``, ``search_result`` and ``server_tool_use`` blocks, any other block type,
@@ -41,9 +42,9 @@ no JSON object are kept under ``_raw``); ``stop_reason``: ``length`` -> ``max_to
 ``tool_use``, ``content_filter`` -> ``refusal``, ``stop`` -> ``stop_sequence`` when the upstream names which
 requested stop sequence it hit (vLLM's ``stop_reason``; OpenAI says nothing, then it is ``end_turn``),
 otherwise ``end_turn``; ``model`` is the model the client asked for (the receipt names what served it);
-``usage``: ``input_tokens`` = prompt tokens minus cached ones, ``cache_read_input_tokens`` =
-``prompt_tokens_details.cached_tokens`` (0 when the upstream does not say), ``cache_creation_input_tokens``
-0 (chat upstreams report no cache writes), ``output_tokens`` = completion tokens.
+``usage``: ``input_tokens`` = prompt tokens minus cache reads and writes, ``cache_read_input_tokens`` =
+``prompt_tokens_details.cached_tokens`` (0 when the upstream does not say), ``cache_creation_input_tokens`` =
+``prompt_tokens_details.cache_write_tokens`` (0 when not said), ``output_tokens`` = completion tokens.
 
 Model names (:func:`resolve_model`): an ``ethen/*`` alias, a route's model or ``provider/model`` id is used
 as it is; any other name is looked up in ``[model_map]`` (fnmatch glob patterns, case-sensitive, first match

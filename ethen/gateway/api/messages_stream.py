@@ -51,12 +51,14 @@ def usage_from_chat(usage: object) -> dict[str, int]:
     prompt, completion = u.get("prompt_tokens"), u.get("completion_tokens")
     details = u.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    written = details.get("cache_write_tokens") if isinstance(details, Mapping) else None
     prompt = prompt if isinstance(prompt, int) and prompt >= 0 else 0
     cached = min(cached, prompt) if isinstance(cached, int) and cached >= 0 else 0
+    written = min(written, prompt - cached) if isinstance(written, int) and written >= 0 else 0
     return {
-        "input_tokens": prompt - cached,
+        "input_tokens": prompt - cached - written,
         "output_tokens": completion if isinstance(completion, int) and completion >= 0 else 0,
-        "cache_creation_input_tokens": 0,
+        "cache_creation_input_tokens": written,
         "cache_read_input_tokens": cached,
     }
 

@@ -31,6 +31,7 @@ context and model label).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -48,6 +49,7 @@ from ethen.gateway.accounting.pricing import Cost
 from ethen.gateway.api.execute import Attempt, BufferedRun, Executor, RouteTarget, StreamRun, upstream_payload
 from ethen.gateway.api.hedging import HEADER as HEDGE_HEADER
 from ethen.gateway.api.hedging import Hedger, opted_out
+from ethen.gateway.api.prompt_memory import PrefixSeen, PromptMemory
 from ethen.gateway.api.record import RequestRecord, routing_receipt
 from ethen.gateway.api.shadow import Primary, ShadowRequest, ShadowRunner
 from ethen.gateway.api.sse import dumps
@@ -60,7 +62,7 @@ from ethen.gateway.errors import (
     UpstreamError,
     http_status,
 )
-from ethen.gateway.providers.anthropic_native import NativeAnswer
+from ethen.gateway.providers.anthropic_native import NativeAnswer, NativeBody
 from ethen.gateway.providers.base import Usage
 from ethen.gateway.routing import Candidate, Decision, ProjectPolicy
 from ethen.gateway.routing.hedge import HedgePlan
@@ -109,6 +111,7 @@ class Call:
     hedge: HedgePlan | None = None  # issue 27: set when a [[hedges]] rule applies (ethen.gateway.api.hedging)
     policy: ProjectPolicy | None = None  # the caller's effective policy (a shadow respects its allow-lists)
     shadow_chunks: list[bytes] | None = None  # issue 27: a sampled stream's chunks, once it completed
+    prefix: PrefixSeen | None = None  # issue 45: the prompt's hash and who holds it in a prompt cache
 
     def with_notes(self, extra: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         """A provider's receipt extras plus this call's notices (on the answer and in the request log)."""
@@ -173,6 +176,8 @@ class RequestPath(Protocol):
     def hedger(self) -> Hedger | None: ...
     @property
     def shadows(self) -> ShadowRunner | None: ...
+    @property
+    def prompt_memory(self) -> PromptMemory: ...
 
     def context(self, request_id: str) -> RoutingContext: ...
 
@@ -220,6 +225,11 @@ class Pipeline:
         call.body = body
         call.stream, call.include_usage = self.stream_check(body)
         ctx = await acc.prepare(access, body, gw.context(call.rid))
+        project = access.project
+        scope = f"project:{project.name}" if project is not None else f"config:{access.name}"
+        call.prefix = await gw.prompt_memory.lookup(scope, body)
+        if call.prefix is not None and call.prefix.cached:  # issue 45: cache-aware cost
+            ctx = dataclasses.replace(ctx, cached=call.prefix.cached)
         call.remaining_usd = ctx.policy.remaining_budget_usd
         call.policy = ctx.policy
         call.decision = acc.decide(body, ctx, access)
@@ -359,6 +369,7 @@ class Pipeline:
             candidate, attempts, usage = res.target.candidate, res.attempts, res.usage
         self._log(call, 200, "ok", elapsed, served=candidate, attempts=attempts or (), usage=usage,
                   extra=res.receipt_extra if res is not None else None, receipt=receipt, overhead_s=overhead)
+        self._remember(call, candidate, usage)
         out = {"x-request-id": call.rid, "x-ethen-overhead-ms": f"{overhead * 1000:.3f}"}
         if call.cache is not None:
             out["x-ethen-cache"] = call.cache.header
@@ -369,6 +380,16 @@ class Pipeline:
             primary = Primary(res.target.candidate, latency, latency, res.usage, "ok", False, body=res.body)
             self._shadow(call, shadows, primary)
         return out
+
+    def _remember(self, call: Call, candidate: Candidate | None, usage: Usage | None) -> None:
+        """Who holds this prompt in a prompt cache now (issue 45); a response-cache hit reached no one."""
+        if call.prefix is None or call.decision is None or _hit(call):
+            return
+        tokens = usage.prompt_tokens if usage is not None else call.decision.requirements.input_tokens
+        bodies: list[Mapping[str, Any]] = [call.payload] if call.payload is not None else []
+        if isinstance(call.body, NativeBody):  # a Messages body passed natively: its cache_control marks
+            bodies.append(call.body.messages)
+        self.gw.prompt_memory.remember(call.prefix, candidate, tokens, *bodies)
 
     @staticmethod
     def _shadow(call: Call, shadows: ShadowRunner, primary: Primary) -> None:
@@ -402,6 +423,8 @@ class Pipeline:
             self._log(call, 200, outcome, at - call.t0, served=run.target.candidate, attempts=run.attempts,
                       usage=run.stream.usage, extra=run.stream.receipt_extra, ttft_s=relay.ttft_s,
                       overhead_s=relay.overhead_s, error_code=code)
+            if outcome == "ok":
+                self._remember(call, run.target.candidate, run.stream.usage)
             shadows, chunks = self.gw.shadows, call.shadow_chunks
             if shadows is not None and outcome == "ok" and chunks is not None:
                 ttft = run.ttft_s * 1000 if run.ttft_s is not None else None

@@ -23,11 +23,10 @@ Request mapping (Responses -> chat completions):
   -> ``response_format`` (structured-output requirement for routing); ``max_output_tokens`` ->
   ``max_completion_tokens``; ``temperature``, ``top_p``, ``user``, ``stream``; ``metadata`` as is (its
   ``routing`` object carries the same routing hints as on chat: budget ceiling, latency target,
-  certification level); ``providerOptions`` as on chat.
+  certification level); ``providerOptions`` as on chat; ``prompt_cache_key`` as is.
 - Ignored (no chat equivalent, accepted so clients that always send them work): ``reasoning``, ``include``,
-  ``truncation``, ``service_tier``, ``text.verbosity``, ``max_tool_calls``, ``prompt_cache_key``,
-  ``safety_identifier``, ``stream_options``, ``top_logprobs`` (an integer in ``[0, 20]``), and any
-  unknown key.
+  ``truncation``, ``service_tier``, ``text.verbosity``, ``max_tool_calls``, ``safety_identifier``,
+  ``stream_options``, ``top_logprobs`` (an integer in ``[0, 20]``), and any unknown key.
   ``temperature`` (``[0, 2]``) and ``top_p`` (``[0, 1]``) are checked against OpenAI's ranges on the chat body
   they become (same names): 400 ``invalid_value`` naming the field, before routing.
 - Refused with 400 ``unsupported_parameter`` naming the field (the gateway keeps no response store):
@@ -39,7 +38,8 @@ Answer mapping: ``message.content`` -> a ``message`` output item (``output_text`
 ``refusal`` part); each ``tool_calls`` entry -> a ``function_call`` item (``call_id`` = the upstream's call
 id); ``finish_reason`` ``length`` / ``content_filter`` -> ``status: "incomplete"`` with
 ``incomplete_details.reason`` ``max_output_tokens`` / ``content_filter``; ``usage`` prompt/completion ->
-``input_tokens`` / ``output_tokens``. ``model`` is the upstream's, as on chat. The routing receipt is at the
+``input_tokens`` / ``output_tokens``, ``prompt_tokens_details`` ``cached_tokens`` / ``cache_write_tokens`` ->
+``input_tokens_details``. ``model`` is the upstream's, as on chat. The routing receipt is at the
 Response object's top-level ``ethen.routing`` (the schema allows extra properties; ``metadata`` must stay a
 map of strings, so it cannot hold it); ``store`` is always ``false``.
 """
@@ -56,7 +56,8 @@ from typing import Any
 from ethen.gateway.api.responses_tools import ToolNames, chat_tools, qualify
 from ethen.gateway.errors import InvalidRequestError
 
-__all__ = ["Echo", "finish", "from_chat", "new_id", "obj", "response_object", "to_chat", "usage_object"]
+__all__ = ["Echo", "finish", "from_chat", "new_id", "obj", "response_object", "to_chat", "usage_from_chat",
+           "usage_object"]
 
 #: Responses fields the gateway cannot honour without a response store: refused when set
 _STATEFUL = ("previous_response_id", "conversation", "prompt")
@@ -351,6 +352,8 @@ def to_chat(body: Mapping[str, Any], drop_hosted: bool = True) -> tuple[dict[str
     for key in ("stream", "providerOptions"):
         if key in body:
             chat[key] = body[key]
+    if isinstance(body.get("prompt_cache_key"), str):
+        chat["prompt_cache_key"] = body["prompt_cache_key"]  # OpenAI-compatible upstreams take it on chat
     return chat, Echo(
         instructions if isinstance(instructions, str) else None,
         tools_echo,
@@ -367,10 +370,10 @@ def to_chat(body: Mapping[str, Any], drop_hosted: bool = True) -> tuple[dict[str
     )
 
 
-def usage_object(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
+def usage_object(prompt: int, completion: int, cached: int = 0, written: int = 0) -> dict[str, Any]:
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": written},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,
@@ -470,8 +473,17 @@ def from_chat(completion: Mapping[str, Any], echo: Echo, resp_id: str, created: 
     usage = completion.get("usage")
     if isinstance(usage, Mapping) and isinstance(usage.get("prompt_tokens"), int) \
             and isinstance(usage.get("completion_tokens"), int):
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
-        resp["usage"] = usage_object(usage["prompt_tokens"], usage["completion_tokens"],
-                                     cached if isinstance(cached, int) else 0)
+        resp["usage"] = usage_from_chat(usage)
     return resp
+
+
+def usage_from_chat(usage: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat ``usage`` object as a Response's (``prompt_tokens_details``' cache reads and writes kept)."""
+    details = usage.get("prompt_tokens_details")
+    details = details if isinstance(details, Mapping) else {}
+
+    def count(value: object) -> int:
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+    return usage_object(count(usage.get("prompt_tokens")), count(usage.get("completion_tokens")),
+                        count(details.get("cached_tokens")), count(details.get("cache_write_tokens")))

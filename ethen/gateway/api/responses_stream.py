@@ -24,7 +24,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ethen.gateway.api.responses import Echo, finish, new_id, obj, response_object, usage_object
+from ethen.gateway.api.responses import Echo, finish, new_id, obj, response_object, usage_from_chat
 from ethen.gateway.api.sse import dumps
 
 __all__ = ["ResponsesEvents"]
@@ -198,8 +198,7 @@ class ResponsesEvents:
         self.resp["output"] = self.output
         usage = terminal.get("usage")
         if isinstance(usage, Mapping):
-            self.resp["usage"] = usage_object(int(usage.get("prompt_tokens") or 0),
-                                              int(usage.get("completion_tokens") or 0))
+            self.resp["usage"] = usage_from_chat(usage)
         ethen = terminal.get("ethen")
         if isinstance(ethen, Mapping):
             self.resp["ethen"] = ethen

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from decimal import Decimal
+from functools import lru_cache
 from typing import Any
 
 from ethen.gateway.catalog import Catalog
@@ -15,12 +18,40 @@ __all__ = [
     "build_candidate",
     "build_policy",
     "build_pool",
+    "cache_read_ratio",
 ]
 
 
 #: a provider kind -> its genai-prices provider id (the exact price of an answer:
 # ``ethen.gateway.accounting.pricing``)
 PRICE_PROVIDER = {"anthropic": "anthropic", "gemini": "google", "azure_openai": "azure"}
+
+
+@lru_cache(maxsize=512)
+def cache_read_ratio(price_ref: tuple[tuple[str, ...], str]) -> float:
+    """genai-prices' cache-read price over its input price for the model (base tier), for the first provider
+    id that knows it; 1.0 (no discount) when none does or it lists no cache-read price."""
+    from genai_prices import data_snapshot  # heavy: loaded once, when a config is built
+
+    providers, model_ref = price_ref
+    snapshot = data_snapshot.get_snapshot()
+    for provider in providers:
+        try:
+            _, model = snapshot.find_provider_model(model_ref, None, provider, None)
+        except LookupError:
+            continue
+        price = model.get_prices(datetime.now(UTC))
+        read, inp = _base(getattr(price, "cache_read_mtok", None)), _base(getattr(price, "input_mtok", None))
+        if read is None or inp is None or inp <= 0:
+            return 1.0
+        return min(1.0, max(0.0, read / inp))
+    return 1.0
+
+
+def _base(price: object) -> float | None:
+    """A genai-prices per-Mtok price (a number or tiered prices: the base tier) as a float."""
+    base = getattr(price, "base", price)
+    return float(base) if isinstance(base, int | float | Decimal) else None
 
 
 def build_candidate(
@@ -39,7 +70,9 @@ def build_candidate(
         )
         tried = [p for p in (route.catalog_provider, route.provider, PRICE_PROVIDER.get(kind or "")) if p]
         price_ref = None if kind == "mesh" else (tuple(dict.fromkeys(tried)), route.catalog_id)
-        return Candidate(route.provider, route.model, entry.info, entry.prices, price_ref=price_ref)
+        ratio = cache_read_ratio(price_ref) if price_ref is not None else 1.0
+        return Candidate(route.provider, route.model, entry.info, entry.prices, price_ref=price_ref,
+                         cache_read_ratio=ratio)
     except (GatewayConfigError, ValueError) as exc:
         msg = exc.message if isinstance(exc, GatewayConfigError) else str(exc)
         raise GatewayConfigError(f"routes[{i}] ({route.provider}/{route.model}): {msg}") from None

@@ -39,6 +39,7 @@ __all__ = [
     "OtelConfig",
     "PolicyConfig",
     "PricesOverrides",
+    "PromptCacheConfig",
     "ProviderConfig",
     "RateLimitConfig",
     "RateLimitsConfig",
@@ -553,6 +554,16 @@ class CacheConfig(_Strict):
         return _float(v)
 
 
+class PromptCacheConfig(_Strict):
+    """Provider prompt caching (issue 45, ``ethen.gateway.providers.prompt_cache``). ``auto_breakpoints``
+    (true): a request to a ``kind = "anthropic"`` provider that carries no ``cache_control`` gets breakpoints
+    where Anthropic's guide puts them, and a request to an OpenAI-compatible provider without a
+    ``prompt_cache_key`` gets one derived from its leading messages; false: requests go as the client sent
+    them."""
+
+    auto_breakpoints: bool = True
+
+
 class GatewayConfig(_Strict):
     server: ServerConfig = Field(default_factory=lambda: ServerConfig())
     providers: list[AnyProviderConfig] = Field(min_length=1)
@@ -572,6 +583,7 @@ class GatewayConfig(_Strict):
     model_map: dict[_NonEmpty, _NonEmpty] = Field(default_factory=dict)
     compat: CompatConfig = Field(default_factory=lambda: CompatConfig())
     cache: CacheConfig = Field(default_factory=lambda: CacheConfig())  # issue 27: ethen.gateway.cache
+    prompt_cache: PromptCacheConfig = Field(default_factory=lambda: PromptCacheConfig())  # issue 45
 
     def provider(self, provider_id: str) -> ProviderConfig | MeshProviderConfig:
         for p in self.providers:

@@ -15,7 +15,9 @@ request path does not update any of them.
 Request-log families (issue 14), counted by the request log's writer task from each finished request's record
 (:meth:`GatewayMetrics.account`), so the request path does not update them either (they lag it by the
 writer's batch, ~50 ms): ``ethen_gateway_tokens_total{project, provider, model, direction}`` (``input`` /
-``output``), ``ethen_gateway_cost_usd_total{project, provider, model}``,
+``output``), ``ethen_gateway_prompt_cache_tokens_total{provider, kind}`` (of the input tokens, those the
+provider billed as ``read`` from / ``write`` to its prompt cache, issue 45),
+``ethen_gateway_cost_usd_total{project, provider, model}``,
 ``ethen_gateway_attempts_total{provider, model, outcome}`` (``ok`` / ``error``),
 ``ethen_gateway_fallback_served_total{provider, model}`` (requests a fallback answered, by that candidate),
 ``ethen_gateway_canary_requests_total{candidate, hit}``, ``ethen_gateway_budget_remaining_usd{project}``
@@ -176,6 +178,9 @@ class GatewayMetrics:
 
         self.tokens = Counter("ethen_gateway_tokens", "Tokens by project and served model.",
                               ["project", "provider", "model", "direction"], registry=r)
+        self.prompt_cache_tokens = Counter(
+            "ethen_gateway_prompt_cache_tokens", "Input tokens the provider billed as read from (read) or "
+            "written to (write) its prompt cache.", ["provider", "kind"], registry=r)
         self.cost = Counter("ethen_gateway_cost_usd", "Cost (usage x prices) by project and served model.",
                             ["project", "provider", "model"], registry=r)
         self.attempts = Counter("ethen_gateway_attempts", "Upstream attempts by candidate and outcome.",
@@ -242,6 +247,10 @@ class GatewayMetrics:
                 self.tokens.labels(project, served.provider, served.model, "input").inc(usage.prompt_tokens)
                 self.tokens.labels(project, served.provider, served.model, "output").inc(
                     usage.completion_tokens)
+                if usage.cache_read_tokens:
+                    self.prompt_cache_tokens.labels(served.provider, "read").inc(usage.cache_read_tokens)
+                if usage.cache_write_tokens:
+                    self.prompt_cache_tokens.labels(served.provider, "write").inc(usage.cache_write_tokens)
             if row["cost_nano"]:
                 self.cost.labels(project, served.provider, served.model).inc(row["cost_nano"] / 1e9)
             if row["fallback_used"]:

@@ -16,6 +16,7 @@ from .anthropic_native import NativeAnthropicProvider
 from .azure import AzureOpenAIProvider
 from .base import Completion, Provider, ProviderStream, Timeouts, UpstreamCall, Usage
 from .gemini import GeminiProvider
+from .http import HttpProvider
 from .openai_compat import OpenAICompatProvider
 
 __all__ = [
@@ -92,4 +93,8 @@ def build_provider(p: Any, env: Mapping[str, str] | None = None) -> Provider:
 def build_providers(cfg: GatewayConfig, env: Mapping[str, str] | None = None) -> dict[str, Provider]:
     """One provider instance (one pooled client, or one mesh orchestrator) per configured provider. Nothing is
     connected or loaded yet: the gateway's lifespan calls :meth:`Provider.start`."""
-    return {p.id: _mesh(p, env, cfg) if p.kind == "mesh" else build_provider(p, env) for p in cfg.providers}
+    out = {p.id: _mesh(p, env, cfg) if p.kind == "mesh" else build_provider(p, env) for p in cfg.providers}
+    for provider in out.values():
+        if isinstance(provider, HttpProvider):
+            provider.auto_breakpoints = cfg.prompt_cache.auto_breakpoints
+    return out

@@ -13,6 +13,10 @@ Request translation (OpenAI -> Anthropic):
 - ``max_completion_tokens`` / ``max_tokens`` -> ``max_tokens`` (required by Anthropic; default
   :data:`DEFAULT_MAX_TOKENS` when the client sets neither); ``temperature``, ``top_p``, ``stop`` ->
   ``stop_sequences``, ``user`` -> ``metadata.user_id``.
+- ``cache_control`` (the client's breakpoints, ``ttl`` included) on a text/image part, a tool, or a message
+  (on its last block) is kept; a request with none gets breakpoints placed
+  (:func:`~ethen.gateway.providers.prompt_cache.place_breakpoints`) unless ``[prompt_cache]
+  auto_breakpoints = false``.
 - Not translated (no Messages equivalent): ``response_format``, ``n`` > 1, ``logprobs``, ``seed``,
   ``presence_penalty`` / ``frequency_penalty``; they are dropped. Operators who route structured-output
   requests here should not mark the route ``supports_structured_output``.
@@ -20,7 +24,8 @@ Request translation (OpenAI -> Anthropic):
 Response translation: text blocks -> ``message.content``, ``tool_use`` -> ``tool_calls`` (input re-serialized
 as JSON), ``stop_reason`` end_turn/stop_sequence -> ``stop``, max_tokens -> ``length``, tool_use ->
 ``tool_calls``, refusal -> ``content_filter``; usage ``input_tokens`` (+ cache read/creation tokens) ->
-``prompt_tokens``, ``output_tokens`` -> ``completion_tokens``.
+``prompt_tokens`` (reads/creations in ``prompt_tokens_details`` ``cached_tokens`` / ``cache_write_tokens``),
+``output_tokens`` -> ``completion_tokens``.
 
 Streaming: Anthropic events become OpenAI chunks as they arrive (message_start -> role chunk, text_delta ->
 content, tool_use start / input_json_delta -> ``tool_calls`` deltas, message_delta -> finish_reason, usage
@@ -53,6 +58,7 @@ from ethen.gateway.providers.http import (
     redact,
     upstream_message,
 )
+from ethen.gateway.providers.prompt_cache import place_breakpoints
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -108,10 +114,24 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
             continue
         kind = part.get("type")
         if kind == "text":
-            out.append({"type": "text", "text": str(part.get("text", ""))})
+            out.append(_marked({"type": "text", "text": str(part.get("text", ""))}, part))
         elif kind in ("image_url", "input_image"):
-            out.append(_image_block(part))
+            out.append(_marked(_image_block(part), part))
     return out
+
+
+def _marked(block: dict[str, Any], source: Mapping[str, Any]) -> dict[str, Any]:
+    """``block`` with the client's ``cache_control`` breakpoint of ``source`` (as sent: its ``ttl`` too)."""
+    if isinstance(source.get("cache_control"), Mapping):
+        block["cache_control"] = dict(source["cache_control"])
+    return block
+
+
+def _mark_last(blocks: list[dict[str, Any]], msg: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A message-level ``cache_control`` (LiteLLM's form) on the message's last block."""
+    if blocks and isinstance(msg.get("cache_control"), Mapping) and "cache_control" not in blocks[-1]:
+        blocks[-1] = _marked(blocks[-1], msg)
+    return blocks
 
 
 def _tool_use(call: Mapping[str, Any]) -> dict[str, Any]:
@@ -133,7 +153,7 @@ def _tool_use(call: Mapping[str, Any]) -> dict[str, Any]:
 
 def to_anthropic(body: Mapping[str, Any], model: str, *, stream: bool) -> dict[str, Any]:
     """An OpenAI chat-completions body as an Anthropic Messages body."""
-    system: list[str] = []
+    system: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
 
     def add(role: str, blocks: list[dict[str, Any]]) -> None:
@@ -149,31 +169,29 @@ def to_anthropic(body: Mapping[str, Any], model: str, *, stream: bool) -> dict[s
             continue
         role = msg.get("role")
         if role in ("system", "developer"):
-            text = _text_of(msg.get("content"))
-            if text:
-                system.append(text)
+            content = msg.get("content")
+            parts = [b for b in _blocks(content) if b["type"] == "text"] if isinstance(content, list) else []
+            if any("cache_control" in b for b in parts):
+                system.extend(parts)  # the client's breakpoints: kept on their blocks
+            elif text := _text_of(content):
+                system.append(_mark_last([{"type": "text", "text": text}], msg)[0])
         elif role == "user":
-            add("user", _blocks(msg.get("content")))
+            add("user", _mark_last(_blocks(msg.get("content")), msg))
         elif role == "assistant":
             blocks = _blocks(msg.get("content"))
             for call in msg.get("tool_calls") or ():
                 if isinstance(call, Mapping):
                     blocks.append(_tool_use(call))
-            add("assistant", blocks)
+            add("assistant", _mark_last(blocks, msg))
         elif role == "tool":
-            add(
-                "user",
-                [
-                    {
-                        "type": "tool_result",
-                        "tool_use_id": str(msg.get("tool_call_id", "")),
-                        "content": _text_of(msg.get("content")),
-                    }
-                ],
-            )
+            result = {"type": "tool_result", "tool_use_id": str(msg.get("tool_call_id", "")),
+                      "content": _text_of(msg.get("content"))}
+            add("user", _mark_last([result], msg))
     out: dict[str, Any] = {"model": model, "messages": turns}
-    if system:
-        out["system"] = "\n\n".join(system)
+    if any("cache_control" in b for b in system):
+        out["system"] = system
+    elif system:
+        out["system"] = "\n\n".join(b["text"] for b in system)
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     out["max_tokens"] = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else DEFAULT_MAX_TOKENS
     for key in ("temperature", "top_p"):
@@ -196,7 +214,7 @@ def to_anthropic(body: Mapping[str, Any], model: str, *, stream: bool) -> dict[s
                 }
                 if fn.get("description"):
                     tool["description"] = str(fn["description"])
-                out["tools"].append(tool)
+                out["tools"].append(_marked(tool, t))
         choice = body.get("tool_choice")
         tc: dict[str, Any] | None = None
         if choice == "auto":
@@ -395,9 +413,14 @@ class AnthropicProvider(HttpProvider):
     def credential_headers(self, api_key: str) -> dict[str, str]:
         return {"x-api-key": api_key}
 
+    def cache_hints(self, body: dict[str, Any], model: str) -> dict[str, Any]:
+        """``body`` with prompt-cache breakpoints placed unless the client set some or placing is off."""
+        return place_breakpoints(body, model) if self.auto_breakpoints else body
+
     async def complete(self, call: UpstreamCall) -> Completion:
         status, content = await self._pool.post(
-            "messages", dumps(to_anthropic(call.body, call.upstream_model, stream=False))
+            "messages", dumps(self.cache_hints(to_anthropic(call.body, call.upstream_model, stream=False),
+                                               call.upstream_model))
         )
         if status >= 400:
             raise error_for_status(self.name, status, content, self._secret)
@@ -414,6 +437,7 @@ class AnthropicProvider(HttpProvider):
 
     async def stream(self, call: UpstreamCall) -> ProviderStream:
         deadline = self.deadline()
-        body = dumps(to_anthropic(call.body, call.upstream_model, stream=True))
+        body = dumps(self.cache_hints(to_anthropic(call.body, call.upstream_model, stream=True),
+                                      call.upstream_model))
         resp = await open_stream(self._pool, "messages", body, self._secret)
         return _AnthropicStream(self.name, resp, deadline, call.upstream_model, self._secret)

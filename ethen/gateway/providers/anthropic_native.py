@@ -91,7 +91,8 @@ class NativeAnthropicProvider(AnthropicProvider):
         body = call.body
         if not isinstance(body, NativeBody):
             return await super().complete(call)
-        payload = dumps(native_request(body, call.upstream_model, stream=False))
+        payload = dumps(self.cache_hints(native_request(body, call.upstream_model, stream=False),
+                                         call.upstream_model))
         status, content = await self._pool.post("messages", payload, _headers(body))
         if status >= 400:
             raise error_for_status(self.name, status, content, self._secret)
@@ -110,6 +111,7 @@ class NativeAnthropicProvider(AnthropicProvider):
         if not isinstance(body, NativeBody):
             return await super().stream(call)
         deadline = self.deadline()
-        payload = dumps(native_request(body, call.upstream_model, stream=True))
+        payload = dumps(self.cache_hints(native_request(body, call.upstream_model, stream=True),
+                                         call.upstream_model))
         resp = await open_stream(self._pool, "messages", payload, self._secret, _headers(body))
         return _NativeStream(self.name, resp, deadline, call.upstream_model, self._secret)

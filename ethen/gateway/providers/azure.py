@@ -55,6 +55,8 @@ def content_filter_error(provider: str, status: int, content: bytes, secret: str
 class AzureOpenAIProvider(OpenAICompatProvider):
     """Azure OpenAI deployments: ``base_url`` is the resource endpoint (``https://<name>.openai.azure.com``)."""
 
+    takes_prompt_cache_key = False
+
     def __init__(self, name: str, base_url: str, api_key: str | None = None, *, api_version: str,
                  **kw: Any) -> None:
         self.api_version = api_version

@@ -58,8 +58,10 @@ class Usage:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
         }
-        if self.cache_read_tokens:
-            out["prompt_tokens_details"] = {"cached_tokens": self.cache_read_tokens}
+        if self.cache_read_tokens or self.cache_write_tokens:
+            # ``cache_write_tokens``: the prompt tokens the provider wrote to its cache (OpenRouter's name)
+            out["prompt_tokens_details"] = {"cached_tokens": self.cache_read_tokens} | (
+                {"cache_write_tokens": self.cache_write_tokens} if self.cache_write_tokens else {})
         if self.reasoning_tokens:
             out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
         return out
@@ -82,11 +84,13 @@ class Usage:
         base = Usage.of(obj.get("prompt_tokens"), obj.get("completion_tokens"))
         pd, cd = obj.get("prompt_tokens_details"), obj.get("completion_tokens_details")
         cached = pd.get("cached_tokens") if isinstance(pd, Mapping) else None
+        written = pd.get("cache_write_tokens") if isinstance(pd, Mapping) else None
         reasoning = cd.get("reasoning_tokens") if isinstance(cd, Mapping) else None
-        if base is None or not (_count(cached) or _count(reasoning)):
+        if base is None or not (_count(cached) or _count(written) or _count(reasoning)):
             return base
-        return Usage(base.prompt_tokens, base.completion_tokens,
-                     cache_read_tokens=min(cached, base.prompt_tokens) if _count(cached) else 0,
+        read = min(cached, base.prompt_tokens) if _count(cached) else 0
+        return Usage(base.prompt_tokens, base.completion_tokens, cache_read_tokens=read,
+                     cache_write_tokens=min(written, base.prompt_tokens - read) if _count(written) else 0,
                      reasoning_tokens=min(reasoning, base.completion_tokens) if _count(reasoning) else 0)
 
 

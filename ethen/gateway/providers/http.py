@@ -270,7 +270,11 @@ class SSEStream(ProviderStream):
 
 
 class HttpProvider(Provider):
-    """A provider reached over HTTP: one :class:`HttpPool` with the provider's headers and credential."""
+    """A provider reached over HTTP: one :class:`HttpPool` with the provider's headers and credential.
+    ``auto_breakpoints``: ``[prompt_cache] auto_breakpoints`` (set by ``build_providers``): whether the
+    provider adds prompt-cache hints a request lacks (:mod:`ethen.gateway.providers.prompt_cache`)."""
+
+    auto_breakpoints: bool = True
 
     def __init__(
         self,

@@ -8,6 +8,8 @@ DeepSeek, Groq, OpenRouter, vLLM, a llama.cpp server, Ollama's ``/v1``).
   the usage on its terminal chunk when the client asked for it.
 - A stream counts as complete only when ``data: [DONE]`` arrives (every server listed above sends it); EOF
   without it is a cut (:class:`UpstreamStreamError`).
+- Prompt caching: a call without ``prompt_cache_key`` gets the conversation's (a hash of its tools and
+  leading messages, the same every turn) unless ``[prompt_cache] auto_breakpoints = false``.
 - Status mapping and credential masking: :func:`~ethen.gateway.providers.http.error_for_status`.
 """
 
@@ -27,12 +29,19 @@ from ethen.gateway.providers.http import (
     redact,
     upstream_message,
 )
+from ethen.gateway.providers.prompt_cache import conversation_key
 
 __all__ = ["OpenAICompatProvider", "error_for_status", "redact", "upstream_message"]
 
-def upstream_body(call: UpstreamCall, *, stream: bool) -> dict[str, Any]:
+def upstream_body(call: UpstreamCall, *, stream: bool, cache_key: bool = False) -> dict[str, Any]:
+    """The body sent upstream; ``cache_key``: add the conversation's ``prompt_cache_key`` when the client set
+    none (:func:`~ethen.gateway.providers.prompt_cache.conversation_key`)."""
     body = dict(call.body)
     body["model"] = call.upstream_model
+    if cache_key and body.get("prompt_cache_key") is None:
+        key = conversation_key(body)
+        if key is not None:
+            body["prompt_cache_key"] = key
     if stream:
         body["stream"] = True
         opts = body.get("stream_options")
@@ -88,6 +97,13 @@ class OpenAICompatProvider(HttpProvider):
     Subclasses with another URL scheme or error dialect (Azure) override :meth:`chat_path`,
     :meth:`embeddings_path` / :meth:`error`."""
 
+    #: whether the upstream takes OpenAI's ``prompt_cache_key`` (Azure's API versions do not all take it)
+    takes_prompt_cache_key = True
+
+    def cache_key(self) -> bool:
+        """Whether a call gets the conversation's ``prompt_cache_key`` when the client set none."""
+        return self.auto_breakpoints and self.takes_prompt_cache_key
+
     def chat_path(self, upstream_model: str) -> str:
         """The chat-completions path under ``base_url`` for that model."""
         return "chat/completions"
@@ -101,8 +117,8 @@ class OpenAICompatProvider(HttpProvider):
         return error_for_status(self.name, status, content, self._secret)
 
     async def complete(self, call: UpstreamCall) -> Completion:
-        status, content = await self._pool.post(self.chat_path(call.upstream_model),
-                                                dumps(upstream_body(call, stream=False)))
+        payload = dumps(upstream_body(call, stream=False, cache_key=self.cache_key()))
+        status, content = await self._pool.post(self.chat_path(call.upstream_model), payload)
         if status >= 400:
             raise self.error(status, content)
         obj = _loads(content)
@@ -131,7 +147,7 @@ class OpenAICompatProvider(HttpProvider):
 
     async def stream(self, call: UpstreamCall) -> ProviderStream:
         deadline = self.deadline()
-        body = dumps(upstream_body(call, stream=True))
+        body = dumps(upstream_body(call, stream=True, cache_key=self.cache_key()))
         resp = await self._pool.stream(self.chat_path(call.upstream_model), body)
         if resp.status >= 400:
             try:

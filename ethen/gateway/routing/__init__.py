@@ -18,6 +18,7 @@ from .circuits import DEFAULT_RETRY_AFTER_S, EMPTY_CIRCUITS, CircuitView, circui
 from .decide import Decision, RoutingContext, decide, resolve_pool
 from .filter import Rejection, estimate_cost_usd
 from .policy import ALIASES, COMPONENTS, LATENCY_TARGETS, POLICY_VERSION, AliasProfile, HardGates
+from .prefix import PrefixMemory, cache_ttl_s, prefix_hashes
 from .reasons import REJECTION_REASONS, SELECTION_REASONS
 from .receipt import Receipt
 from .requirements import Requirements, parse_requirements
@@ -46,6 +47,7 @@ __all__ = [
     "HardGates",
     "LiveCertification",
     "ModelInfo",
+    "PrefixMemory",
     "Prices",
     "ProjectPolicy",
     "Receipt",
@@ -56,9 +58,11 @@ __all__ = [
     "ScoredCandidate",
     "TelemetrySnapshot",
     "bucket",
+    "cache_ttl_s",
     "circuit_keys",
     "decide",
     "estimate_cost_usd",
     "parse_requirements",
+    "prefix_hashes",
     "resolve_pool",
 ]

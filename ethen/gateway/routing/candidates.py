@@ -125,6 +125,9 @@ class Candidate:
     # and the model
     #: reference; ``None``: by ``prices`` only. Data only: routing never reads it.
     price_ref: tuple[tuple[str, ...], str] | None = field(default=None, compare=False, repr=False)
+    #: the cache-read price as a share of the input price (genai-prices' ``cache_read_mtok / input_mtok``;
+    #: 1.0: unknown, no discount). The scorer prices a request's expected cached tokens with it.
+    cache_read_ratio: float = field(default=1.0, compare=False, repr=False)
     id: str = field(init=False, compare=False, repr=False)
     default_output_tokens: int = field(init=False, compare=False, repr=False)
     context_score: float = field(init=False, compare=False, repr=False)
@@ -137,6 +140,8 @@ class Candidate:
             raise ValueError(f"provider must be a non-empty id without '/', got {self.provider!r}")
         if not self.model:
             raise ValueError("model must be non-empty")
+        if not 0.0 <= self.cache_read_ratio <= 1.0:
+            raise ValueError(f"cache_read_ratio must be in [0, 1], got {self.cache_read_ratio!r}")
         object.__setattr__(self, "id", f"{self.provider}/{self.model}")
         info = self.info
         default_out = min(DEFAULT_MAX_OUTPUT_TOKENS, info.max_output_tokens)

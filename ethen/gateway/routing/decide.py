@@ -21,7 +21,7 @@ request log.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter, itemgetter
 from types import MappingProxyType
@@ -59,6 +59,9 @@ class RoutingContext:
     now: datetime
     request_id: str
     circuits: CircuitView = EMPTY_CIRCUITS
+    #: per (provider, model): prompt tokens its prompt cache holds for this request (issue 45:
+    #: :meth:`.prefix.PrefixMemory.lookup`); empty: cache-blind scoring
+    cached: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.now.tzinfo is None:
@@ -96,6 +99,7 @@ class Decision:
                     "score": round(sc.score, 6),
                     "score_components": sc.components.to_dict(),
                     "estimated_cost_usd": sc.estimated_cost_usd,
+                    "expected_cached_tokens": sc.expected_cached_tokens,
                 }
                 for sc in self.chain
             ],
@@ -126,7 +130,8 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
     except ModelNotFoundError as err:
         err.receipt = refusal_receipt(req, None, ())
         raise
-    feasible, rejected = score_pool(pool, req, profile, ctx.policy, ctx.telemetry, ctx.now)
+    feasible, rejected = score_pool(pool, req, profile, ctx.policy, ctx.telemetry, ctx.now,
+                                    cached=ctx.cached)
     rejected.sort(key=_rejection_key)
     rejections = tuple(rejected)
     if not feasible:
@@ -177,7 +182,8 @@ def _none_passes(
         unhealthy.receipt = refusal_receipt(req, profile, rejections, concrete)
         raise unhealthy
     sub = tuple(c for c in pool if c.id in trials)
-    feasible, _ = score_pool(sub, req, profile, ctx.policy, ctx.telemetry, ctx.now, gated=False)
+    feasible, _ = score_pool(sub, req, profile, ctx.policy, ctx.telemetry, ctx.now, gated=False,
+                             cached=ctx.cached)
     feasible.sort(key=_by_key)
     feasible.sort(key=_by_score, reverse=True)
     chain = tuple(feasible)

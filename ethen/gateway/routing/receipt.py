@@ -112,6 +112,7 @@ class Receipt:
             **primary,
             "alias_profile": self.alias_profile,
             "estimated_cost_usd": top.estimated_cost_usd,
+            "expected_cached_tokens": top.expected_cached_tokens,
             "hard_requirements": list(self.hard_requirements),
             "chain": [sc.candidate.id for sc in self.ranked],
             "rejected": [rj.to_dict() for rj in self.rejected],

@@ -3,7 +3,8 @@
 * quality: the catalog prior (times the profile's ``non_reasoning_quality_factor`` for a model without
   reasoning metadata).
 * cost: ``ref / (ref + usd_per_mtok)`` where ``usd_per_mtok`` is the request's estimated cost divided by its
-  estimated tokens (so the request's own input/output mix decides), ``ref = 1 USD / Mtok``. Free -> 1.
+  estimated tokens (so the request's own input/output mix decides), ``ref = 1 USD / Mtok``. Free -> 1. The
+  prompt tokens the candidate's prompt cache is expected to hold (``cached``) count at its cache-read price.
 * latency, ttft: ``ref / (ref + ms)`` of the prior blended with recent observations (:mod:`.telemetry`).
 * reliability: Beta-smoothed recent success rate of this (provider, model).
 * health: Beta-smoothed recent success rate of the provider over all its models.
@@ -84,6 +85,8 @@ class ScoredCandidate(NamedTuple):
     health: float
     context: float
     tools: float
+    #: prompt tokens expected from the candidate's prompt cache (priced at its cache-read price in ``cost``)
+    expected_cached_tokens: int = 0
 
     @property
     def id(self) -> str:
@@ -91,7 +94,7 @@ class ScoredCandidate(NamedTuple):
 
     @property
     def components(self) -> ScoreComponents:
-        return _new(ScoreComponents, self[4:])
+        return _new(ScoreComponents, self[4:12])
 
 
 def score_pool(
@@ -103,6 +106,7 @@ def score_pool(
     now: datetime,
     *,
     gated: bool = True,
+    cached: Mapping[tuple[str, str], int] | None = None,
 ) -> tuple[list[ScoredCandidate], list[Rejection]]:
     """One pass over the pool (the hot loop of a decision): a fast feasibility check per candidate, then
     either all its reason codes (:func:`.filter.check_candidate`, the single source of reason codes, called
@@ -110,7 +114,12 @@ def score_pool(
     their one implementation. Raises ``GatewayConfigError`` on duplicate candidate ids.
 
     ``gated=False`` turns the failing gates off (scoring half-open trial candidates, :mod:`.circuits`); it
-    swaps the inputs before the loop, so the loop itself is the same."""
+    swaps the inputs before the loop, so the loop itself is the same.
+
+    ``cached``: per (provider, model), the prompt tokens its prompt cache is expected to hold for this
+    request (:meth:`.prefix.PrefixMemory.lookup`); the cost component prices them at the candidate's
+    cache-read price (``input price x cache_read_ratio``). Gates and the estimate stay the uncached price (the
+    reservation's upper bound)."""
     if len(set(map(_get_id, pool))) != len(pool):
         seen: set[str] = set()
         dup = next(c.id for c in pool if c.id in seen or seen.add(c.id))  # type: ignore[func-returns-value]
@@ -146,6 +155,7 @@ def score_pool(
     only = req.only_providers
     live = req.certification_live
     restricted = allowed_p is not None or allowed_m is not None or only is not None or live or bool(failing)
+    held = cached.get if cached else None
 
     feasible: list[ScoredCandidate] = []
     rejected: list[Rejection] = []
@@ -179,7 +189,12 @@ def score_pool(
         # --- components, each in [0, 1] ---
         quality = info.quality if info.supports_reasoning else info.quality * qfactor
         tokens = in_tok + out_tok
-        c_cost = _COST_REF / (_COST_REF + cost * 1e6 / tokens) if tokens > 0 else 1.0
+        hit = min(held(cand.key, 0), in_tok) if held is not None else 0
+        if hit > 0:  # the cached share at the cache-read price
+            expected = cost - hit * prices.input_per_mtok * (1.0 - cand.cache_read_ratio) / 1e6
+            c_cost = _COST_REF / (_COST_REF + expected * 1e6 / tokens)
+        else:
+            c_cost = _COST_REF / (_COST_REF + cost * 1e6 / tokens) if tokens > 0 else 1.0
         c_lat = _LAT_REF / (_LAT_REF + info.latency_ms * la + lb)  # blended with telemetry (telemetry.blend)
         c_ttft = _TTFT_REF / (_TTFT_REF + info.ttft_ms * ta + tb)
         c_health = health(cand.provider, _PRIOR_MEAN)
@@ -192,7 +207,7 @@ def score_pool(
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (same object, cheaper on the hot path)
         fields = (
             cand, total, cost, stats.samples,
-            quality, c_cost, c_lat, c_ttft, c_rel, c_health, c_ctx, c_tools,
+            quality, c_cost, c_lat, c_ttft, c_rel, c_health, c_ctx, c_tools, hit,
         )  # fmt: skip
         feasible.append(_new(ScoredCandidate, fields))
     return feasible, rejected

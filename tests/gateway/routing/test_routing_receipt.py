@@ -27,7 +27,8 @@ SPEC_FIELDS = {
     "candidate_count", "rejected_count", "score_components",
 }
 EXTRA_FIELDS = {
-    "score", "alias_profile", "estimated_cost_usd", "hard_requirements", "chain", "rejected", "canary",
+    "score", "alias_profile", "estimated_cost_usd", "expected_cached_tokens", "hard_requirements", "chain",
+    "rejected", "canary",
 }
 REQUEST_ID = "req_7f3a9c1e5b"
 TENANT = "project-acme-4242"
