@@ -14,6 +14,14 @@ from .candidates import (
     Prices,
     ProjectPolicy,
 )
+from .capacity import (
+    EMPTY_CAPACITY,
+    CapacitySnapshot,
+    ProviderCapacity,
+    Spillover,
+    WaitTarget,
+    predicted_wait_ms,
+)
 from .circuits import DEFAULT_RETRY_AFTER_S, EMPTY_CIRCUITS, CircuitView, circuit_keys
 from .decide import Decision, RoutingContext, decide, resolve_pool
 from .filter import Rejection, estimate_cost_usd
@@ -29,6 +37,7 @@ __all__ = [
     "CANARY_PERCENTS",
     "COMPONENTS",
     "DEFAULT_RETRY_AFTER_S",
+    "EMPTY_CAPACITY",
     "EMPTY_CIRCUITS",
     "LATENCY_TARGETS",
     "POLICY_VERSION",
@@ -41,6 +50,7 @@ __all__ = [
     "CanaryTarget",
     "Candidate",
     "CandidateStats",
+    "CapacitySnapshot",
     "CircuitView",
     "Decision",
     "HardGates",
@@ -48,17 +58,21 @@ __all__ = [
     "ModelInfo",
     "Prices",
     "ProjectPolicy",
+    "ProviderCapacity",
     "Receipt",
     "Rejection",
     "Requirements",
     "RoutingContext",
     "ScoreComponents",
     "ScoredCandidate",
+    "Spillover",
     "TelemetrySnapshot",
+    "WaitTarget",
     "bucket",
     "circuit_keys",
     "decide",
     "estimate_cost_usd",
     "parse_requirements",
+    "predicted_wait_ms",
     "resolve_pool",
 ]

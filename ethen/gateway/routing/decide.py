@@ -19,7 +19,7 @@ otherwise ``NoSmartRouteCandidateError``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter, itemgetter
 from types import MappingProxyType
@@ -27,15 +27,17 @@ from typing import Any
 
 from ethen.gateway.errors import ModelNotFoundError, NoHealthyCandidateError, NoSmartRouteCandidateError
 
+from . import reasons as r
 from .canary import CanaryEvaluation, apply_canary
 from .candidates import CanaryTarget, Candidate, ProjectPolicy
+from .capacity import EMPTY_CAPACITY, CapacitySnapshot, Spillover, effective_target, predicted_wait_ms
 from .circuits import EMPTY_CIRCUITS, CircuitView, circuit_keys, retry_after
 from .filter import Rejection
 from .policy import ALIASES, CONCRETE_PROFILE, AliasProfile
 from .receipt import Receipt, build_receipt
 from .requirements import Requirements, parse_requirements
 from .score import ScoredCandidate, score_pool
-from .telemetry import TelemetrySnapshot
+from .telemetry import EMPTY_STATS, TelemetrySnapshot
 
 __all__ = ["ALIAS_PREFIX", "Decision", "RoutingContext", "decide", "resolve_pool"]
 
@@ -56,6 +58,9 @@ class RoutingContext:
     now: datetime
     request_id: str
     circuits: CircuitView = EMPTY_CIRCUITS
+    #: issue 44: live capacity per provider (:mod:`.capacity`) and ``[[wait_targets]]`` (alias -> max_wait_ms)
+    capacity: CapacitySnapshot = EMPTY_CAPACITY
+    wait_targets: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         if self.now.tzinfo is None:
@@ -119,7 +124,10 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
     ``NoSmartRouteCandidateError`` or ``GatewayConfigError`` (all ``GatewayError``)."""
     req = parse_requirements(body)
     profile, pool, concrete = resolve_pool(req.model, ctx.pool)
-    feasible, rejected = score_pool(pool, req, profile, ctx.policy, ctx.telemetry, ctx.now)
+    target = effective_target(None if concrete else ctx.wait_targets.get(req.model), req.max_wait_ms)
+    caps = ctx.capacity.providers
+    feasible, rejected = score_pool(pool, req, profile, ctx.policy, ctx.telemetry, ctx.now,
+                                    capacity=caps, max_wait_ms=target)
     rejected.sort(key=_rejection_key)
     rejections = tuple(rejected)
     if not feasible:
@@ -131,10 +139,50 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
     if len(set(scores)) != len(scores):
         feasible.sort(key=_by_key)
     feasible.sort(key=_by_score, reverse=True)
+    spill = (
+        _spillover(pool, req, profile, ctx, feasible[0], feasible, rejections, target)
+        if caps or target is not None else None
+    )
     canary = apply_canary(req.model, feasible, ctx.canaries, ctx.telemetry, ctx.request_id)
     chain = tuple(feasible)
-    receipt = build_receipt(req, profile, chain, rejections, canary, concrete, ctx.policy)
+    receipt = build_receipt(req, profile, chain, rejections, canary, concrete, ctx.policy, spillover=spill)
     return Decision(chain, rejections, receipt, req, profile, canary)
+
+
+def _ranked(scored: list[ScoredCandidate]) -> list[ScoredCandidate]:
+    scored.sort(key=_by_key)
+    scored.sort(key=_by_score, reverse=True)
+    return scored
+
+
+def _spillover(
+    pool: tuple[Candidate, ...],
+    req: Requirements,
+    profile: AliasProfile,
+    ctx: RoutingContext,
+    chosen: ScoredCandidate,
+    feasible: list[ScoredCandidate],
+    rejections: tuple[Rejection, ...],
+    target: float | None,
+) -> Spillover | None:
+    """The rank 1 without the capacity signal, when the capacity signal passed it over (a second scoring
+    pass, only when a capacity snapshot or a wait target is in force)."""
+    plain, _ = score_pool(pool, req, profile, ctx.policy, ctx.telemetry, ctx.now)
+    if not plain:
+        return None
+    best = _ranked(plain)[0]
+    if best.candidate.id == chosen.candidate.id:
+        return None
+    cand = best.candidate
+    for sc in feasible:
+        if sc.candidate.id == cand.id:
+            return Spillover(cand.provider, cand.id, "predicted_wait", sc.predicted_wait_ms, target)
+    stats = ctx.telemetry.stats.get(cand.key, EMPTY_STATS)
+    _, _, ta, tb, _, _ = stats.terms
+    wait = predicted_wait_ms(ctx.capacity.get(cand.provider), cand.info.ttft_ms * ta + tb, req.input_tokens)
+    if any(rj.candidate_id == cand.id and r.PREDICTED_WAIT_EXCEEDS_TARGET in rj.reasons for rj in rejections):
+        return Spillover(cand.provider, cand.id, r.PREDICTED_WAIT_EXCEEDS_TARGET, wait, target)
+    return None
 
 
 def _none_passes(
@@ -146,6 +194,15 @@ def _none_passes(
     rejections: tuple[Rejection, ...],
 ) -> Decision:
     """No candidate passed every gate: a half-open trial chain, else the right error (:mod:`.circuits`)."""
+    waiting = {rj.candidate_id for rj in rejections if rj.reasons == (r.PREDICTED_WAIT_EXCEEDS_TARGET,)}
+    if waiting:  # issue 44: only the wait target stands in the way; a full mesh refuses on its own
+        sub = tuple(c for c in pool if c.id in waiting)
+        scored, _ = score_pool(sub, req, profile, ctx.policy, ctx.telemetry, ctx.now,
+                               capacity=ctx.capacity.providers)
+        chain = tuple(_ranked(scored))
+        rest = tuple(rj for rj in rejections if rj.candidate_id not in waiting)
+        receipt = build_receipt(req, profile, chain, rest, None, concrete, ctx.policy, wait_unmet=True)
+        return Decision(chain, rest, receipt, req, profile, None)
     blocked = {rj.candidate_id: keys for rj in rejections if (keys := circuit_keys(rj)) is not None}
     if not blocked:
         raise NoSmartRouteCandidateError(
