@@ -12,7 +12,7 @@ chunk of :data:`~ethen.mesh.worker.limits.PREFILL_CHUNK_TOKENS` of them the work
 a turn: ``ceil(decoding / batch_limit)`` batched steps of ``step_ms`` (a worker batches at most
 :data:`~ethen.mesh.worker.limits.MAX_DECODE_BATCH` decode steps into one). This is a FIFO bound (a worker
 computes the prefills round robin, so a short prompt behind long ones finishes earlier) and linear in
-``own``, which is how the router wants it: :meth:`MeshLoad.linear` gives ``(queue_ms, ms_per_own_token)``.
+``own`` as the router wants it: :meth:`MeshLoad.linear` gives ``(queue_ms, ms_per_own_token)`` (a bound).
 Before any measurement the prefill cost is :data:`DEFAULT_PREFILL_MS_PER_TOKEN` and the step
 :data:`DEFAULT_STEP_MS` (SmolLM2-135M on three CPU workers, ``ethen up``).
 """
@@ -76,11 +76,12 @@ class MeshLoad:
                                  self.prefill_ms_per_token, self.batch_limit)
 
     def linear(self) -> tuple[float, float]:
-        """``(queue_ms, ms_per_own_token)`` with ``wait_ms(own) ~= queue_ms + own x ms_per_own_token`` (the
-        own prompt's chunks charged per token: exact at chunk boundaries, an upper bound in between)."""
+        """``(queue_ms, ms_per_own_token)`` with ``wait_ms(own) <= queue_ms + own x ms_per_own_token``, at
+        most two decode turns above it: the own prompt's chunks charged per token, plus one turn for the
+        chunk it starts."""
         turn = _turn_ms(self.decoding, self.step_ms, self.batch_limit)
         queue = self.queued_tokens * self.prefill_ms_per_token + (
-            math.ceil(self.queued_tokens / PREFILL_CHUNK_TOKENS) * turn
+            (math.ceil(self.queued_tokens / PREFILL_CHUNK_TOKENS) + 1) * turn
         )
         return queue, self.prefill_ms_per_token + turn / PREFILL_CHUNK_TOKENS
 
