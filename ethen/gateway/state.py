@@ -104,8 +104,8 @@ class Gateway:
         caps: dict[str, ProviderCapacity] = {}
         for name, p in self.providers.items():
             cap = p.capacity()
-            if cap is not None:
-                caps[name] = cap
+            if cap is not None and (cap.queue_ms > 0 or cap.prefill_ms_per_token is not None):
+                caps[name] = cap  # an idle HTTP provider is left out: the same score, no spillover pass
         return CapacitySnapshot(caps)
 
     def context(self, request_id: str) -> RoutingContext:

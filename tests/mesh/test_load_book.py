@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ethen.mesh.orchestrator.load import LoadBook, MeshLoad, predicted_wait_ms, prefill_ms_per_token_of
+from ethen.mesh.orchestrator.load import (
+    LoadBook,
+    MeshLoad,
+    predicted_wait_ms,
+    prefill_ms_per_token_of,
+    slot_wait_ms,
+)
 from ethen.mesh.worker.limits import MAX_DECODE_BATCH, PREFILL_CHUNK_TOKENS
 
 
@@ -61,3 +67,31 @@ def test_book_counts_the_queue_and_calibrates() -> None:
     snap = book.snapshot()
     assert (snap.prefilling, snap.decoding, snap.queued_tokens) == (0, 0, 0)
     assert snap.batch_limit == MAX_DECODE_BATCH
+
+
+@given(st.integers(0, 500), st.integers(1, 100), st.floats(0, 60_000))
+def test_slot_wait_matches_brute_force(sessions: int, cap: int, gen_ms: float) -> None:
+    """Brute force: the sessions end in waves of ``cap``; the new one starts once it is within ``cap``."""
+    waves, ahead = 0, sessions
+    while ahead + 1 > cap:
+        ahead -= cap
+        waves += 1
+    assert slot_wait_ms(sessions, cap, gen_ms) == pytest.approx(waves * gen_ms)
+    full = MeshLoad(sessions, 0, 0, 10.0, 1.0, 16, cap, gen_ms)
+    assert full.wait_ms(0) == pytest.approx(waves * gen_ms)
+    assert full.linear()[0] == pytest.approx(waves * gen_ms)
+
+
+def test_generation_time_is_measured_first_token_to_end() -> None:
+    now = [100.0]
+    book = LoadBook(alpha=1.0, clock=lambda: now[0], max_sessions=1)
+    t = book.begin(10)
+    book.first_token(t, 50.0)
+    now[0] = 102.5
+    book.end(t)
+    assert book.generation_ms == pytest.approx(2500.0)
+    assert book.snapshot().slot_ms == 0.0  # no session: a new one starts at once
+    book.begin(10)
+    assert book.snapshot().slot_ms == pytest.approx(2500.0)  # one session, cap 1: a new one waits for it
+    book.begin(10)
+    assert book.snapshot().slot_ms == pytest.approx(2500.0 * 2)

@@ -3,10 +3,12 @@
 Idle, ``ethen/cheap`` goes to the mesh (free); while long prompts queue on the mesh, its predicted wait (from
 the orchestrator's load book: queued prefill tokens, sessions decoding, measured step and prefill cost)
 exceeds the ``[[wait_targets]]`` and the next request spills to the cloud, with ``spillover`` on the receipt;
-once the queue drained, the mesh serves again."""
+once the queue drained, the mesh serves again. The dashboard's Mesh tab data (``/api/admin/v1/observe/mesh``)
+shows the queue over time and the share spilled."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from tests.gateway.upstream import Script, ServerThread, make_upstream_app
 MODEL = "smollm2-135m-instruct"
 AUTH = {"authorization": f"Bearer {CLIENT_KEY}"}
 TARGET_MS = 1000.0
+ADMIN_KEY = "ethen-admin-spillover-0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +54,19 @@ def test_a_loaded_mesh_spills_to_the_cloud_and_takes_the_traffic_back(worker: Wo
                "prices": {"input_per_mtok": 5.0, "output_per_mtok": 5.0}}]
     with ServerThread(make_upstream_app(Script())) as up:
         doc = config_dict(up.url, routes=routes,
-                          wait_targets=[{"alias": "ethen/cheap", "max_wait_ms": TARGET_MS}])
+                          wait_targets=[{"alias": "ethen/cheap", "max_wait_ms": TARGET_MS}],
+                          log={"admin_key_sha256": hashlib.sha256(ADMIN_KEY.encode()).hexdigest()})
         doc["providers"] = [doc["providers"][0], mesh]  # alpha (the scripted cloud) and the mesh
         with ServerThread(create_app(parse_config(doc), env=ENV)) as server:
             _scenario(f"{server.url}{PREFIX}", server.server.config.app.state.gateway)  # type: ignore
+            view = httpx.get(f"{server.url}/api/admin/v1/observe/mesh?prompt_tokens=64", timeout=10,
+                             headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()["data"][0]["load"]
+            assert view["spilled"] == 1.0 and view["started"] == 5  # 1 idle + 3 long + 1 after the drain
+            assert view["spilled_share"] == pytest.approx(1 / 6)
+            assert max(s["queued_tokens"] for s in view["history"]) > 0
+            assert max(s["queue_ms"] for s in view["history"]) > TARGET_MS
+            assert (view["prefilling"], view["decoding"], view["queued_tokens"]) == (0, 0, 0)
+            assert view["predicted_wait_ms"] > 0
 
 
 def _scenario(base: str, gw: Any) -> None:

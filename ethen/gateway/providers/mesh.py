@@ -252,8 +252,9 @@ class MeshProvider(Provider):
         orch = self._orchestrator
         if orch is None:
             return None
-        queue_ms, per_token = orch.load_book.snapshot().linear()
-        return ProviderCapacity(queue_ms, per_token, "mesh")
+        load = orch.load_book.snapshot()
+        queue_ms, per_token = load.linear()
+        return ProviderCapacity(queue_ms, per_token, "mesh", load.ms_per_output_token)
 
     def node_stats(self) -> tuple[NodeStats, ...]:
         orch = self._orchestrator

@@ -12,8 +12,10 @@ part is the candidate's blended TTFT (catalog prior and telemetry, :mod:`.teleme
 own TTFT is not known better. So :func:`predicted_wait_ms` is arrival to first token, the thing a user waits
 for; a provider absent from the snapshot has no queue (``queue_ms`` 0).
 
-Scoring (:mod:`.score`): the TTFT component uses the predicted wait; the latency component adds the wait
-beyond the usual TTFT (``max(0, wait - blended TTFT)``) to the blended latency. A wait target (config
+Scoring (:mod:`.score`): the TTFT component uses the predicted wait; the latency component is, with
+``ms_per_output_token`` set (the mesh: its decode step at the sessions decoding now), the predicted wait plus
+the request's output tokens at that pace, else the blended latency plus the wait beyond the usual TTFT
+(``max(0, wait - blended TTFT)``). A wait target (config
 ``[[wait_targets]]`` per alias, request ``metadata.routing.max_wait_ms`` which only tightens it,
 :func:`effective_target`) rejects a candidate whose predicted wait exceeds it
 (``predicted_wait_exceeds_target``).
@@ -46,6 +48,7 @@ class ProviderCapacity:
     queue_ms: float = 0.0
     prefill_ms_per_token: float | None = None
     source: str = ""
+    ms_per_output_token: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.queue_ms >= 0 and math.isfinite(self.queue_ms)):
@@ -53,6 +56,9 @@ class ProviderCapacity:
         p = self.prefill_ms_per_token
         if p is not None and not (p >= 0 and math.isfinite(p)):
             raise ValueError(f"prefill_ms_per_token must be finite and >= 0, got {p!r}")
+        o = self.ms_per_output_token
+        if o is not None and not (o >= 0 and math.isfinite(o)):
+            raise ValueError(f"ms_per_output_token must be finite and >= 0, got {o!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@
   estimated tokens (so the request's own input/output mix decides), ``ref = 1 USD / Mtok``. Free -> 1.
 * latency, ttft: ``ref / (ref + ms)`` of the prior blended with recent observations (:mod:`.telemetry`);
   with the provider in the capacity snapshot (issue 44, :mod:`.capacity`), TTFT is the predicted wait (queue
-  plus own prefill) and latency adds the wait beyond the usual TTFT. A wait target rejects a candidate whose
+  plus own prefill) and latency the predicted one (the wait plus the output at the provider's decode pace, or
+  the blended latency plus the wait beyond the usual TTFT). A wait target rejects a candidate whose
   predicted wait exceeds it (``predicted_wait_exceeds_target``).
 * reliability: Beta-smoothed recent success rate of this (provider, model).
 * health: Beta-smoothed recent success rate of the provider over all its models.
@@ -174,7 +175,9 @@ def score_pool(
         else:  # capacity.predicted_wait_ms, inlined
             own = ttft_ms if cap.prefill_ms_per_token is None else in_tok * cap.prefill_ms_per_token
             wait = cap.queue_ms + own
-            if wait > ttft_ms:
+            if cap.ms_per_output_token is not None:
+                lat_ms = wait + out_tok * cap.ms_per_output_token
+            elif wait > ttft_ms:
                 lat_ms += wait - ttft_ms
         ok = (
             info.context_window >= min_window

@@ -15,22 +15,34 @@ computes the prefills round robin, so a short prompt behind long ones finishes e
 ``own`` as the router wants it: :meth:`MeshLoad.linear` gives ``(queue_ms, ms_per_own_token)`` (a bound).
 Before any measurement the prefill cost is :data:`DEFAULT_PREFILL_MS_PER_TOKEN` and the step
 :data:`DEFAULT_STEP_MS` (SmolLM2-135M on three CPU workers, ``ethen up``).
+
+Session slots (:func:`slot_wait_ms`): a worker holds at most
+:data:`~ethen.mesh.worker.limits.MAX_SESSIONS_PER_CALLER` (64) sessions of this orchestrator; a request
+beyond them is refused (``RESOURCE_EXHAUSTED``, then ``mesh_saturated`` or a fallback). Measured on
+``bench/spillover.py`` at 5x the mesh's capacity: TTFT stays low (prefills go first) while the sessions pile
+up to that cap. So a request that would be session ``max_sessions + k`` waits for ``ceil(k /
+max_sessions)`` generations to end, each the measured decode time of a generation (EWMA, first token to
+end).
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from ethen.mesh.worker.limits import MAX_DECODE_BATCH, PREFILL_CHUNK_TOKENS
+from ethen.mesh.worker.limits import MAX_DECODE_BATCH, MAX_SESSIONS_PER_CALLER, PREFILL_CHUNK_TOKENS
 
-__all__ = ["DEFAULT_PREFILL_MS_PER_TOKEN", "DEFAULT_STEP_MS", "LoadBook", "MeshLoad", "predicted_wait_ms",
-           "prefill_ms_per_token_of"]
+__all__ = ["DEFAULT_PREFILL_MS_PER_TOKEN", "DEFAULT_STEP_MS", "HISTORY_S", "LoadBook", "LoadSample",
+           "MeshLoad", "predicted_wait_ms", "prefill_ms_per_token_of", "slot_wait_ms"]
 
 DEFAULT_PREFILL_MS_PER_TOKEN = 1.0
 DEFAULT_STEP_MS = 30.0
 _MIN_PREFILL_MS_PER_TOKEN = 0.01
+HISTORY_S = 600.0  # the load book keeps a sample per second (when something happens) for this long
 
 
 def _turn_ms(decoding: int, step_ms: float, batch_limit: int) -> float:
@@ -43,6 +55,12 @@ def predicted_wait_ms(queued_tokens: int, own_tokens: int, decoding: int, step_m
     tokens = max(0, queued_tokens) + max(0, own_tokens)
     chunks = math.ceil(tokens / PREFILL_CHUNK_TOKENS)
     return tokens * prefill_ms_per_token + chunks * _turn_ms(decoding, step_ms, batch_limit)
+
+
+def slot_wait_ms(sessions: int, max_sessions: int, generation_ms: float) -> float:
+    """The wait for a session slot of a new request when ``sessions`` are in flight (module docstring)."""
+    over = sessions + 1 - max(1, max_sessions)
+    return math.ceil(over / max(1, max_sessions)) * generation_ms if over > 0 else 0.0
 
 
 def prefill_ms_per_token_of(first_token_ms: float, queued_tokens: int, own_tokens: int, decoding: int,
@@ -66,6 +84,8 @@ class MeshLoad:
     step_ms: float
     prefill_ms_per_token: float
     batch_limit: int = MAX_DECODE_BATCH
+    max_sessions: int = MAX_SESSIONS_PER_CALLER
+    generation_ms: float = 0.0  # measured decode time of a generation (first token to end)
 
     @property
     def sessions(self) -> int:
@@ -73,28 +93,58 @@ class MeshLoad:
 
     def wait_ms(self, own_tokens: int) -> float:
         return predicted_wait_ms(self.queued_tokens, own_tokens, self.decoding, self.step_ms,
-                                 self.prefill_ms_per_token, self.batch_limit)
+                                 self.prefill_ms_per_token, self.batch_limit) + self.slot_ms
+
+    @property
+    def ms_per_output_token(self) -> float:
+        """The decode pace of one more session: ``ceil((decoding + 1) / batch_limit)`` steps per token."""
+        return _turn_ms(self.decoding + 1, self.step_ms, self.batch_limit)
+
+    @property
+    def slot_ms(self) -> float:
+        return slot_wait_ms(self.sessions, self.max_sessions, self.generation_ms)
 
     def linear(self) -> tuple[float, float]:
         """``(queue_ms, ms_per_own_token)`` with ``wait_ms(own) <= queue_ms + own x ms_per_own_token``, at
         most two decode turns above it: the own prompt's chunks charged per token, plus one turn for the
-        chunk it starts."""
+        chunk it starts; the slot wait (:func:`slot_wait_ms`) is in ``queue_ms``."""
         turn = _turn_ms(self.decoding, self.step_ms, self.batch_limit)
         queue = self.queued_tokens * self.prefill_ms_per_token + (
             (math.ceil(self.queued_tokens / PREFILL_CHUNK_TOKENS) + 1) * turn
-        )
+        ) + self.slot_ms
         return queue, self.prefill_ms_per_token + turn / PREFILL_CHUNK_TOKENS
 
 
-class LoadBook:
-    """The generations of one orchestrator and the measurements (module docstring). Thread-safe."""
+@dataclass(frozen=True, slots=True)
+class LoadSample:
+    """The load at wall time ``at`` (the dashboard's Mesh tab): sessions, queued prefill tokens, the
+    predicted wait before a new request's own prefill (``queue_ms``), generations started so far."""
 
-    def __init__(self, alpha: float = 0.2, batch_limit: int = MAX_DECODE_BATCH) -> None:
+    at: float
+    prefilling: int
+    decoding: int
+    queued_tokens: int
+    queue_ms: float
+    started: int
+
+
+class LoadBook:
+    """The generations of one orchestrator and the measurements (module docstring), and a history of
+    :class:`LoadSample` (at most one a second, when a generation starts, gets its first token or ends; the
+    last :data:`HISTORY_S`). Thread-safe."""
+
+    def __init__(self, alpha: float = 0.2, batch_limit: int = MAX_DECODE_BATCH,
+                 clock: Callable[[], float] = time.time, max_sessions: int = MAX_SESSIONS_PER_CALLER) -> None:
         self.alpha = alpha
+        self.max_sessions = max_sessions
         self.batch_limit = batch_limit
+        self.clock = clock
+        self.started = 0
+        self._history: deque[LoadSample] = deque()
         self._lock = threading.Lock()
         self._prefilling: dict[object, tuple[int, int, int]] = {}  # ticket -> (own, queued ahead, decoding)
-        self._decoding: set[object] = set()
+        self._decoding: dict[object, float] = {}  # ticket -> wall time of its first token
+        self.generation_ms: float | None = None
         self._queued = 0
         self.step_ms: float | None = None
         self.prefill_ms_per_token: float | None = None
@@ -105,6 +155,8 @@ class LoadBook:
         with self._lock:
             self._prefilling[ticket] = (prompt_tokens, self._queued, len(self._decoding))
             self._queued += prompt_tokens
+            self.started += 1
+            self._sample()
         return ticket
 
     def first_token(self, ticket: object, first_token_ms: float) -> None:
@@ -114,10 +166,11 @@ class LoadBook:
                 return
             own, ahead, decoding = entry
             self._queued -= own
-            self._decoding.add(ticket)
+            self._decoding[ticket] = self.clock()
             obs = prefill_ms_per_token_of(first_token_ms, ahead, own, decoding, self._step(),
                                           self.batch_limit)
             self.prefill_ms_per_token = self._ewma(self.prefill_ms_per_token, obs)
+            self._sample()
 
     def step(self, token_to_token_ms: float) -> None:
         """A session got its next token ``token_to_token_ms`` after the previous one: with D sessions
@@ -131,12 +184,36 @@ class LoadBook:
             entry = self._prefilling.pop(ticket, None)
             if entry is not None:
                 self._queued -= entry[0]
-            self._decoding.discard(ticket)
+            first = self._decoding.pop(ticket, None)
+            if first is not None:
+                self.generation_ms = self._ewma(self.generation_ms, (self.clock() - first) * 1000.0)
+            self._sample()
 
     def snapshot(self) -> MeshLoad:
         with self._lock:
-            return MeshLoad(len(self._prefilling), len(self._decoding), self._queued, self._step(),
-                            self.prefill_ms_per_token or DEFAULT_PREFILL_MS_PER_TOKEN, self.batch_limit)
+            return self._load()
+
+    def history(self) -> list[LoadSample]:
+        with self._lock:
+            return list(self._history)
+
+    def _load(self) -> MeshLoad:
+        return MeshLoad(len(self._prefilling), len(self._decoding), self._queued, self._step(),
+                        self.prefill_ms_per_token or DEFAULT_PREFILL_MS_PER_TOKEN, self.batch_limit,
+                        self.max_sessions, self.generation_ms or 0.0)
+
+    def _sample(self) -> None:
+        now = self.clock()
+        h = self._history
+        load = self._load()
+        sample = LoadSample(now, load.prefilling, load.decoding, load.queued_tokens, load.linear()[0],
+                            self.started)
+        if h and math.floor(now) == math.floor(h[-1].at):
+            h[-1] = sample  # the latest state of this wall-clock second
+        else:
+            h.append(sample)
+        while h and now - h[0].at > HISTORY_S:
+            h.popleft()
 
     def _step(self) -> float:
         return DEFAULT_STEP_MS if self.step_ms is None else self.step_ms

@@ -39,7 +39,8 @@ def blended(prior: float, mean: float | None, n: int) -> float:
     return prior if mean is None or n <= 0 else (K * prior + n * mean) / (K + n)
 
 
-def oracle_wait(cand: Candidate, ctx: RoutingContext, tokens: int) -> tuple[float, float]:
+def oracle_wait(cand: Candidate, ctx: RoutingContext, tokens: int,
+                body: dict[str, Any]) -> tuple[float, float]:
     """(predicted wait, latency) of one candidate, by the issue's definition, written out."""
     st_ = ctx.telemetry.stats.get((cand.provider, cand.model))
     n = st_.successes if st_ else 0
@@ -50,6 +51,10 @@ def oracle_wait(cand: Candidate, ctx: RoutingContext, tokens: int) -> tuple[floa
         return ttft, lat
     own = ttft if cap.prefill_ms_per_token is None else tokens * cap.prefill_ms_per_token
     wait = cap.queue_ms + own
+    if cap.ms_per_output_token is not None:
+        max_out = oracle.needs_of(body).max_out
+        out = max_out if max_out is not None else min(oracle.DEFAULT_OUT, cand.info.max_output_tokens)
+        return wait, wait + out * cap.ms_per_output_token
     return wait, lat + max(0.0, wait - ttft)
 
 
@@ -57,6 +62,7 @@ capacities = st.builds(
     ProviderCapacity,
     queue_ms=st.one_of(st.just(0.0), st.floats(0, 20000)),
     prefill_ms_per_token=st.one_of(st.none(), st.floats(0, 5)),
+    ms_per_output_token=st.one_of(st.none(), st.floats(0, 200)),
 )
 
 
@@ -101,7 +107,7 @@ def test_capacity_matches_oracle(scenario: tuple[dict[str, Any], RoutingContext]
     pool = oracle.pool_for(body, ctx) or ()
     target = _target(body, ctx)
     gated = [c for c in pool if oracle.feasible(c, body, ctx, tokens)]  # every rule but the wait target
-    waits = {c.id: oracle_wait(c, ctx, tokens) for c in pool}
+    waits = {c.id: oracle_wait(c, ctx, tokens, body) for c in pool}
     within = {c.id for c in gated if target is None or waits[c.id][0] <= target}
     if isinstance(err, ModelNotFoundError):
         assert not pool
