@@ -312,6 +312,9 @@ def test_mesh_page_in_chromium(tmp_path: Path, browser: Any) -> None:
             summary = page.inner_text("#m-body p.route")
             assert summary.startswith("route now: ") and "cost" in summary
             assert page.locator("#m-body").get_by_role("cell", name="total", exact=True).count() == 1
+            load = page.inner_text("#m-body p.load")  # issue 44: the queue and the predicted wait
+            assert load.startswith("now: 0 waiting for a first token")
+            assert "predicted wait for a 64-token prompt" in load
             page.screenshot(path=str(shots / "8-mesh.png"), full_page=True)
             # 1,400 px: each table fits its card (no scrolling needed), the page does not overflow, the
             # header bar is as wide as the page, and each table's header row as wide as its table

@@ -108,7 +108,7 @@ function meshLoad(box, m) {
     `queued), ${l.decoding} decoding (batches of ${l.batch_limit}) · step ${num(l.step_ms, 1)} ms · prefill ` +
     `${num(l.prefill_ms_per_token, 2)} ms/token · predicted wait for a ${m.prompt_tokens}-token prompt ` +
     `${num(l.predicted_wait_ms, 0)} ms · spilled elsewhere: ${l.spilled} of ${l.spilled + l.started} (${share})`,
-    "route"));
+    "load"));
   const h = l.history;
   if (!h.length) { box.appendChild(el("p", "no generation yet", "muted")); return; }
   const xs = h.map((s) => s.at);
