@@ -183,6 +183,7 @@ async function loadMesh() {
     meshCharts = [];
     $("m-body").replaceChildren(...(d.data.length ? d.data.map(meshBlock)
       : [el("p", "no mesh provider in this gateway's config", "muted")]));
+    fitCharts(meshCharts);  // drawn before the cards were in the page: now each takes its card's width
     $("m-error").textContent = "";
   } catch (e) { $("m-error").textContent = e.message; }
 }
@@ -196,7 +197,7 @@ $("o-level").addEventListener("change", drawObserve);
 let obsFitting = 0;
 window.addEventListener("resize", () => {  // the charts keep their card's full width (app.js's fitCharts)
   clearTimeout(obsFitting);
-  obsFitting = setTimeout(() => fitCharts(obsCharts), 100);
+  obsFitting = setTimeout(() => { fitCharts(obsCharts); fitCharts(meshCharts); }, 100);
 });
 $("o-window").addEventListener("change", loadObserve);
 // canaries and mesh every 5 s; the candidates' charts (a scan of the window's log rows) every 30 s
