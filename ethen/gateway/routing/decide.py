@@ -9,6 +9,13 @@ providers become the fallback chain); if none, candidates whose ``id`` (``provid
 requirements still apply; ranking uses the ``ethen/auto`` profile. Unknown ids and unknown ``ethen/*`` aliases
 raise ``ModelNotFoundError``. Two candidates with the same id are an operator error (``GatewayConfigError``).
 
+Capacity (issue 44, :mod:`.capacity`): ``ctx.capacity`` feeds the TTFT / latency components and the wait
+target in force (``ctx.wait_targets`` of an alias, tightened by ``metadata.routing.max_wait_ms``) rejects
+candidates (``predicted_wait_exceeds_target``). When the rank 1 without the capacity signal is not the
+choice, the receipt's ``spillover`` names it (a second scoring pass, only when a snapshot or a target is in
+force). When only the target stands in the way of every candidate, those candidates are the chain, the least
+predicted wait first (``wait_target_unmet``).
+
 When no candidate passes (:mod:`.circuits`, off the hot path): candidates excluded only by the failing
 gates whose circuits are half-open (``ctx.circuits``) become a trial chain (receipt code
 ``circuit_half_open_trial``, no canary promotion: a trial is a degraded mode, not a rollout); if there are
@@ -45,6 +52,7 @@ ALIAS_PREFIX = "ethen/"
 _by_score = itemgetter(1)  # ScoredCandidate.score (C-level key functions: no Python call per element)
 _by_key = attrgetter("candidate.key")  # (provider, model)
 _rejection_key = itemgetter(1, 2)  # Rejection (provider, model)
+_by_wait = attrgetter("predicted_wait_ms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +207,7 @@ def _none_passes(
         sub = tuple(c for c in pool if c.id in waiting)
         scored, _ = score_pool(sub, req, profile, ctx.policy, ctx.telemetry, ctx.now,
                                capacity=ctx.capacity.providers)
-        chain = tuple(_ranked(scored))
+        chain = tuple(sorted(_ranked(scored), key=_by_wait))  # the least predicted wait first (stable)
         rest = tuple(rj for rj in rejections if rj.candidate_id not in waiting)
         receipt = build_receipt(req, profile, chain, rest, None, concrete, ctx.policy, wait_unmet=True)
         return Decision(chain, rest, receipt, req, profile, None)

@@ -122,7 +122,7 @@ SELECTION_REASONS: Final = MappingProxyType(
         "answered first, no attempt before it failed: in place of fallback_used (selected_* name the hedge, "
         "primary_* the decision's rank 1)",
         WAIT_TARGET_UNMET: "every candidate otherwise feasible exceeds the wait target: the chain is those "
-        "candidates by score (the target is not met; a full mesh still refuses with 503 mesh_saturated)",
+        "candidates, the least predicted wait first (a full mesh still refuses: 503 mesh_saturated)",
         CIRCUIT_HALF_OPEN_TRIAL: "no candidate passed the failing-provider gate; the selected one is a trial "
         "request through a half-open circuit (its cool-down elapsed), so a recovered provider is used again",
     }

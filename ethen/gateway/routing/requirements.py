@@ -251,10 +251,10 @@ def _parse_max_wait(routing: Mapping[str, Any]) -> float | None:
     value = routing.get("max_wait_ms")
     if value is None:
         return None
-    if not _is_number(value) or (isinstance(value, int) and value > MAX_SAFE_INTEGER) or not (
+    if not _is_number(value) or (isinstance(value, int) and abs(value) > MAX_SAFE_INTEGER) or not (
         math.isfinite(value) and value > 0
     ):
-        shown = repr(value) if not isinstance(value, int) or value < 10**20 else "a huge integer"
+        shown = repr(value) if not isinstance(value, int) or abs(value) < 10**20 else "a huge integer"
         raise _bad(
             "metadata.routing.max_wait_ms",
             f"'metadata.routing.max_wait_ms' must be a finite number > 0, got {shown}",
@@ -287,11 +287,11 @@ def _parse_routing(metadata: object) -> tuple[float | None, str | None, bool, fl
     ceiling = routing.get("budget_ceiling_usd")
     if ceiling is not None and (
         not _is_number(ceiling)
-        or (isinstance(ceiling, int) and ceiling > MAX_SAFE_INTEGER)
+        or (isinstance(ceiling, int) and abs(ceiling) > MAX_SAFE_INTEGER)
         or not math.isfinite(ceiling)
         or ceiling < 0
     ):
-        shown = repr(ceiling) if not isinstance(ceiling, int) or ceiling < 10**20 else "a huge integer"
+        shown = repr(ceiling) if not isinstance(ceiling, int) or abs(ceiling) < 10**20 else "a huge integer"
         raise _bad(
             "metadata.routing.budget_ceiling_usd",
             f"'metadata.routing.budget_ceiling_usd' must be a finite number >= 0, got {shown}",

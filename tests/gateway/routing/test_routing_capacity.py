@@ -6,6 +6,7 @@ when passed over)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from types import MappingProxyType
 from typing import Any
@@ -127,6 +128,8 @@ def test_capacity_matches_oracle(scenario: tuple[dict[str, Any], RoutingContext]
         assert set(out.receipt.chain) == {c.id for c in gated}
         assert "wait_target_unmet" in out.receipt.reason_codes
         assert out.receipt.spillover is None
+        chain_waits = [waits[sc.id][0] for sc in out.chain]
+        assert all(a <= b + 1e-9 for a, b in itertools.pairwise(chain_waits))  # least first
     else:
         if out is not None:  # half-open trial chains: another test's business; the wait rule did not act
             assert "wait_target_unmet" not in out.receipt.reason_codes
@@ -197,10 +200,10 @@ def test_idle_mesh_keeps_everything_and_a_saturated_one_spills() -> None:
     busy = _ctx({"mesh": ProviderCapacity(400.0, 1.0)}, {"ethen/cheap": 1000.0})
     assert decide(BODY, busy).selected.candidate.provider == "mesh"
     assert decide(tight, busy).selected.candidate.provider == "cloud"
-    # nowhere within the target: the chain is kept (the mesh refuses on its own when it is really full)
+    # nowhere within the target: the chain is kept, the least predicted wait first (cloud 300 ms, mesh more)
     none = decide({**BODY, "metadata": {"routing": {"max_wait_ms": 50}}}, busy)
-    assert none.selected.candidate.provider == "mesh"
-    assert "wait_target_unmet" in none.receipt.reason_codes
+    assert [sc.candidate.provider for sc in none.chain] == ["cloud", "mesh"]
+    assert "wait_target_unmet" in none.receipt.reason_codes and none.rejected == ()
 
 
 def test_without_a_capacity_signal_nothing_changes() -> None:
@@ -211,9 +214,18 @@ def test_without_a_capacity_signal_nothing_changes() -> None:
     assert "spillover" not in a.receipt.to_dict()
 
 
-@pytest.mark.parametrize("value", [0, -1, "100", math.inf, True, [1]])
+@pytest.mark.parametrize("value", [0, -1, "100", math.inf, True, [1], 10**400, -(10**400), 2**53])
 def test_bad_max_wait_ms_is_a_4xx_naming_the_field(value: object) -> None:
     body = {**BODY, "metadata": {"routing": {"max_wait_ms": value}}}
     with pytest.raises(InvalidRequestError) as info:
         parse_requirements(body)
     assert info.value.param == "metadata.routing.max_wait_ms"
+
+
+def test_a_huge_negative_budget_ceiling_is_a_4xx_not_an_overflow() -> None:
+    """Found by the routing fuzz test while adding max_wait_ms: a huge negative integer reached
+    ``math.isfinite`` (OverflowError, a 500)."""
+    body = {**BODY, "metadata": {"routing": {"budget_ceiling_usd": -(10**400)}}}
+    with pytest.raises(InvalidRequestError) as info:
+        parse_requirements(body)
+    assert info.value.param == "metadata.routing.budget_ceiling_usd"
