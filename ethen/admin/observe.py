@@ -10,7 +10,8 @@
     GET /api/admin/v1/observe/spend?limit=2000
         the newest logged requests' time, project, served model and cost (the Spend tab's charts)
     GET /api/admin/v1/observe/mesh?prompt_tokens=1
-        each mesh provider: nodes, layers, health, the route chosen now with its cost breakdown
+        each mesh provider: nodes, layers, health, the route chosen now with its cost breakdown, and its load
+        (issue 44: queue, sessions, predicted wait now and over the last 10 minutes, share spilled)
 
 The same guard as the rest of the admin API (:class:`ethen.admin.sessions.AdminAuth`: the admin key as a
 bearer token, or a dashboard session); none of these routes exist without an admin key. What the numbers
@@ -183,7 +184,13 @@ def observe_routes(gw: Gateway, auth: AdminAuth | None) -> list[Route]:
 
     async def mesh_page(request: Request) -> Response:
         async def build(r: Request) -> dict[str, Any]:
-            return {"data": mesh_view(gw.providers, query_int(r, "prompt_tokens", 1, 0, 1_000_000))}
+            spilled: dict[str, float] = {}
+            for metric in gw.metrics.spillover.collect():  # issue 44: requests spilled away, per provider
+                for sample in metric.samples:
+                    if sample.name.endswith("_total"):
+                        key = sample.labels["from"]
+                        spilled[key] = spilled.get(key, 0.0) + sample.value
+            return {"data": mesh_view(gw.providers, query_int(r, "prompt_tokens", 1, 0, 1_000_000), spilled)}
         return await guard(request, build)
 
     return [Route(f"{PREFIX}/providers", providers_page, methods=["GET"]),

@@ -48,6 +48,7 @@ __all__ = [
     "circuit_state",
     "flatten",
     "live_state",
+    "mesh_load",
     "mesh_view",
     "open_fractions",
     "percentile",
@@ -228,8 +229,29 @@ def _terms(weights: Any, state: Any) -> dict[str, float]:
     return {n: weights.with_overrides({o: 0.0 for o in names if o != n}).node_cost(state) for n in names}
 
 
-def mesh_view(providers: Mapping[str, Provider], prompt_tokens: int = 1) -> list[dict[str, Any]]:
-    """Per mesh provider: nodes, health, and the route chosen now over the full layer range."""
+def mesh_load(orch: Any, prompt_tokens: int, spilled: float) -> dict[str, Any]:
+    """Issue 44: the orchestrator's load now and over the last minutes (its load book), the predicted wait of
+    a request of ``prompt_tokens`` now, and the share of the requests it was preferred for that spilled
+    elsewhere (``spilled``: ``ethen_gateway_spillover_total{from=<this provider>}`` summed)."""
+    book = orch.load_book
+    now = book.snapshot()
+    started = book.started
+    return {
+        "prefilling": now.prefilling, "decoding": now.decoding, "queued_tokens": now.queued_tokens,
+        "step_ms": now.step_ms, "prefill_ms_per_token": now.prefill_ms_per_token,
+        "batch_limit": now.batch_limit, "predicted_wait_ms": now.wait_ms(prompt_tokens),
+        "started": started, "spilled": spilled,
+        "spilled_share": spilled / (spilled + started) if spilled + started else None,
+        "history": [{"at": x.at, "prefilling": x.prefilling, "decoding": x.decoding,
+                     "queued_tokens": x.queued_tokens, "queue_ms": x.queue_ms, "started": x.started}
+                    for x in book.history()],
+    }
+
+
+def mesh_view(providers: Mapping[str, Provider], prompt_tokens: int = 1,
+              spilled: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
+    """Per mesh provider: nodes, health, the route chosen now over the full layer range, and its load
+    (:func:`mesh_load`; ``spilled``: provider -> requests spilled away from it)."""
     from ethen.gateway.providers.mesh import MeshProvider  # the mesh stack loads only when a page asks
 
     out: list[dict[str, Any]] = []
@@ -267,5 +289,6 @@ def mesh_view(providers: Mapping[str, Provider], prompt_tokens: int = 1) -> list
                 "in_route": s.node_id in in_route,
             })
         out.append({"provider": name, "loaded": True, "model": orch.model_name, "n_layers": n_layers,
-                    "prompt_tokens": prompt_tokens, "nodes": nodes, "route": route, "error": error})
+                    "prompt_tokens": prompt_tokens, "nodes": nodes, "route": route, "error": error,
+                    "load": mesh_load(orch, prompt_tokens, (spilled or {}).get(name, 0.0))})
     return out

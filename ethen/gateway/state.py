@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 from ethen.gateway.accounting.accounts import Accounts, accounts_for
@@ -31,7 +32,7 @@ from ethen.gateway.observation.requestlog import RequestLog
 from ethen.gateway.observation.telemetry_store import TelemetryStore
 from ethen.gateway.observation.tracing import tracing_for
 from ethen.gateway.providers.base import Provider
-from ethen.gateway.routing import ALIASES, RoutingContext
+from ethen.gateway.routing import ALIASES, CapacitySnapshot, ProviderCapacity, RoutingContext
 from ethen.gateway.routing.hedge import HedgeRule
 from ethen.gateway.routing.shadow import ShadowRule
 from ethen.gateway.shared import SharedRuntime
@@ -68,6 +69,7 @@ class Gateway:
         rules = [
             HedgeRule(h.alias, h.after_ms, h.after_percentile, h.min_samples, h.max_extra) for h in cfg.hedges
         ]
+        self.wait_targets = MappingProxyType({w.alias: w.max_wait_ms for w in cfg.wait_targets})  # issue 44
         self.hedger: Hedger | None = Hedger(rules, self.executor, self.store) if rules else None  # issue 27
         self.requestlog = RequestLog(cfg.log, self.metrics, tracing_for(cfg.otel))  # issue 14
         self.known_models = frozenset({c.model for c in self.pool} | set(ALIASES))
@@ -102,6 +104,15 @@ class Gateway:
         # [cache] (issue 27): None unless enabled; redis backend: the [shared] Redis
         self.cache: ResponseCache | None = response_cache_for(cfg.cache, self.shared.state, self.metrics)
 
+    def capacity(self) -> CapacitySnapshot:
+        """Issue 44: every provider's capacity now (state reads only, no I/O)."""
+        caps: dict[str, ProviderCapacity] = {}
+        for name, p in self.providers.items():
+            cap = p.capacity()
+            if cap is not None and (cap.queue_ms > 0 or cap.prefill_ms_per_token is not None):
+                caps[name] = cap  # an idle HTTP provider is left out: the same score, no spillover pass
+        return CapacitySnapshot(caps)
+
     def context(self, request_id: str) -> RoutingContext:
         telemetry = self.store.snapshot()
         now = datetime.now(UTC)
@@ -114,6 +125,8 @@ class Gateway:
             now=now,
             request_id=request_id,
             circuits=self.circuits.view(now),  # half-open keys, trial times (cached; empty when all closed)
+            capacity=self.capacity(),
+            wait_targets=self.wait_targets,
         )
 
     def label(self, body: Mapping[str, Any] | None) -> str:

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from tests.gateway.budget_harness import ADMIN_KEY, live_store, new_project_key
-from tests.gateway.service_harness import ROUTES, live
+from tests.gateway.service_harness import CLIENT_KEY, ROUTES, live
 from tests.gateway.upstream import Behavior
 
 CHROMIUM = "/usr/bin/chromium"
@@ -312,6 +312,9 @@ def test_mesh_page_in_chromium(tmp_path: Path, browser: Any) -> None:
             summary = page.inner_text("#m-body p.route")
             assert summary.startswith("route now: ") and "cost" in summary
             assert page.locator("#m-body").get_by_role("cell", name="total", exact=True).count() == 1
+            load = page.inner_text("#m-body p.load")  # issue 44: the queue and the predicted wait
+            assert load.startswith("now: 0 waiting for a first token")
+            assert "predicted wait for a 64-token prompt" in load
             page.screenshot(path=str(shots / "8-mesh.png"), full_page=True)
             # 1,400 px: each table fits its card (no scrolling needed), the page does not overflow, the
             # header bar is as wide as the page, and each table's header row as wide as its table
@@ -342,6 +345,21 @@ def test_mesh_page_in_chromium(tmp_path: Path, browser: Any) -> None:
             boxes = [page.locator(f"nav button[data-tab={t}]").bounding_box() for t in ("health", "mesh")]
             assert not _intersect(boxes[0], boxes[1]), boxes
             page.screenshot(path=str(shots / "8-health.png"), full_page=True)
+
+            # issue 44: after a generation, the load's charts (queue / predicted wait, sessions over time)
+            chat = {"model": "smollm2-135m-instruct", "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "hi"}]}
+            r = httpx.post(f"{lv.base_url}/chat/completions", json=chat, timeout=60,
+                           headers={"authorization": f"Bearer {CLIENT_KEY}"})
+            assert r.status_code == 200, r.text
+            page.click("nav button[data-tab=mesh]")
+            page.wait_for_selector("#m-body >> text=spilled elsewhere: 0 of 1")  # the next 5 s refresh
+            assert page.locator("#m-body .uplot").count() == 2
+            fits = page.evaluate("""() => {
+              const c = document.querySelector('#m-body .card').getBoundingClientRect();
+              return [...document.querySelectorAll('#m-body .uplot')].map((u) => {
+                const r = u.getBoundingClientRect(); return c.left <= r.left && r.right <= c.right; }); }""")
+            assert fits == [True, True], fits  # each chart inside its card
             ctx.close()
     finally:
         for w in workers.values():

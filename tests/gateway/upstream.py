@@ -49,6 +49,7 @@ class Behavior:
     tool_args: str = '{"x": 1}'  # ... with these arguments (default: the first tool, {"x": 1})
     cache_read_tokens: int = 0  # of prompt_tokens, read from the prompt cache (OpenAI's and Anthropic's) ...
     cache_write_tokens: int = 0  # ... and written to it (Anthropic's usage cache_*_input_tokens)
+    headers: dict[str, str] = field(default_factory=dict)  # on every chat/messages answer (rate limits)
     calls: int = 0
 
 
@@ -94,6 +95,12 @@ def _tool_call(body: dict[str, Any], b: Behavior) -> dict[str, Any] | None:
 
 def make_upstream_app(script: Script) -> Starlette:
     async def chat(request: Request) -> Response:
+        resp = await chat_answer(request)
+        body = json.loads(await request.body())  # cached by Starlette
+        resp.headers.update(script.behavior(str(body.get("model"))).headers)
+        return resp
+
+    async def chat_answer(request: Request) -> Response:
         raw = await request.body()
         body = json.loads(raw)
         if script.record:
@@ -187,6 +194,12 @@ def make_upstream_app(script: Script) -> Starlette:
         return StreamingResponse(gen(), media_type="text/event-stream")
 
     async def messages(request: Request) -> Response:
+        resp = await messages_answer(request)
+        body = json.loads(await request.body())  # cached by Starlette
+        resp.headers.update(script.behavior(str(body.get("model"))).headers)
+        return resp
+
+    async def messages_answer(request: Request) -> Response:
         """Anthropic Messages API (``POST /v1/messages``)."""
         body = json.loads(await request.body())
         if script.record:

@@ -97,6 +97,35 @@ function scroller(table) {
   return wrap;
 }
 
+// issue 44: the mesh's queue and predicted wait over the last minutes, and the share spilled to the cloud
+let meshCharts = [];
+function meshLoad(box, m) {
+  const l = m.load;
+  if (!l) return;
+  box.appendChild(el("h4", "Load and predicted wait"));
+  const share = l.spilled_share === null ? "-" : `${num(100 * l.spilled_share, 1)}%`;
+  box.appendChild(el("p", `now: ${l.prefilling} waiting for a first token (${l.queued_tokens} prompt tokens ` +
+    `queued), ${l.decoding} decoding (batches of ${l.batch_limit}) · step ${num(l.step_ms, 1)} ms · prefill ` +
+    `${num(l.prefill_ms_per_token, 2)} ms/token · predicted wait for a ${m.prompt_tokens}-token prompt ` +
+    `${num(l.predicted_wait_ms, 0)} ms · spilled elsewhere: ${l.spilled} of ${l.spilled + l.started} (${share})`,
+    "load"));
+  const h = l.history;
+  if (!h.length) { box.appendChild(el("p", "no generation yet", "muted")); return; }
+  const xs = h.map((s) => s.at);
+  const spill = el("div");
+  const queue = el("div");
+  box.appendChild(queue);
+  box.appendChild(spill);
+  const common = (title, names, colors) => ({ width: chartWidth(queue), height: 180, title,
+    series: [{}, ...names.map((label, i) => ({ label, stroke: colors[i], width: 2,
+      paths: uPlot.paths.stepped({ align: 1 }) }))], scales: { x: { time: true } } });
+  meshCharts.push(new uPlot(common("predicted wait before the own prefill (ms)", ["queue ms"], [OBS_COLORS[1]]),
+    [xs, h.map((s) => s.queue_ms)], queue));
+  meshCharts.push(new uPlot(common("sessions and queued prompt tokens",
+    ["waiting for first token", "decoding", "queued tokens / 100"], OBS_COLORS),
+    [xs, h.map((s) => s.prefilling), h.map((s) => s.decoding), h.map((s) => s.queued_tokens / 100)], spill));
+}
+
 function meshBlock(m) {
   const box = el("div", null, "card");
   box.appendChild(el("h3", `${m.provider}` + (m.model ? ` · ${m.model} · ${m.n_layers} layers` : "")));
@@ -143,14 +172,18 @@ function meshBlock(m) {
       .map(([why, ids]) => `${why.replace("_", " ")}: ${ids.join(", ")}`);
     if (rej.length) box.appendChild(el("p", "not in the route: " + rej.join(" · "), "muted"));
   }
+  meshLoad(box, m);
   return box;
 }
 
 async function loadMesh() {
   try {
-    const d = await api("/observe/mesh");
+    const d = await api("/observe/mesh?prompt_tokens=64");
+    for (const c of meshCharts) c.destroy();
+    meshCharts = [];
     $("m-body").replaceChildren(...(d.data.length ? d.data.map(meshBlock)
       : [el("p", "no mesh provider in this gateway's config", "muted")]));
+    fitCharts(meshCharts);  // drawn before the cards were in the page: now each takes its card's width
     $("m-error").textContent = "";
   } catch (e) { $("m-error").textContent = e.message; }
 }
@@ -164,7 +197,7 @@ $("o-level").addEventListener("change", drawObserve);
 let obsFitting = 0;
 window.addEventListener("resize", () => {  // the charts keep their card's full width (app.js's fitCharts)
   clearTimeout(obsFitting);
-  obsFitting = setTimeout(() => fitCharts(obsCharts), 100);
+  obsFitting = setTimeout(() => { fitCharts(obsCharts); fitCharts(meshCharts); }, 100);
 });
 $("o-window").addEventListener("change", loadObserve);
 // canaries and mesh every 5 s; the candidates' charts (a scan of the window's log rows) every 30 s

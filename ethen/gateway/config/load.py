@@ -119,6 +119,7 @@ def _cross_check(cfg: GatewayConfig) -> None:
                 "window: a larger minimum would never be met and the rule would never hedge)"
             )
     _check_shadows(cfg, routes)
+    _check_wait_targets(cfg)
     chat_routes = [r for r in cfg.routes if r.endpoint == "chat"]
     chat = {r.model for r in chat_routes} | {f"{r.provider}/{r.model}" for r in chat_routes}
     for pattern, target in cfg.model_map.items():  # [model_map]: Messages API model names (issue 26)
@@ -307,3 +308,18 @@ def shared_redis_url(cfg: GatewayConfig, env: Mapping[str, str] | None = None) -
             f"shared.redis_url_env = {var!r}: the variable's value is no redis://, rediss:// or unix:// URL"
         )
     return value
+
+
+def _check_wait_targets(cfg: GatewayConfig) -> None:
+    """``[[wait_targets]]`` (issue 44): a known alias, at most one entry per alias."""
+    seen: dict[str, int] = {}
+    for i, w in enumerate(cfg.wait_targets):
+        if w.alias not in ALIASES:
+            raise GatewayConfigError(
+                f"wait_targets[{i}].alias = {w.alias!r}: unknown alias (known: {sorted(ALIASES)})"
+            )
+        if w.alias in seen:
+            raise GatewayConfigError(
+                f"wait_targets[{i}].alias = {w.alias!r}: duplicate (also wait_targets[{seen[w.alias]}])"
+            )
+        seen[w.alias] = i

@@ -3,12 +3,12 @@ generates (its mesh provider, the mesh's route, its API key, its store).
 
 :func:`merge_overlay` is the one merge rule, used by ``ethen up`` (``ethen.up.gateway_document``) and by the
 commands that read an overlay (``ethen shadows promote --config``): its ``[[providers]]``, ``[[routes]]``,
-``[[api_keys]]`` and ``[[canaries]]`` are appended after the generated ones, its ``[server]`` is ignored
-(``ethen up --host/--port`` decide), its ``[store]`` replaces the embedded one (the admin key's digest added
-when it sets none) and every other section is used as given. :func:`parse_overlay` validates an overlay as
-``ethen up`` would serve it, over a stand-in of the generated part (a mesh provider at a placeholder address):
-its errors name the overlay file and say that its entries come after the mesh's ``providers[0]`` and
-``routes[0]``.
+``[[api_keys]]``, ``[[canaries]]`` and ``[[wait_targets]]`` (issue 44) are appended after the generated ones,
+its ``[server]`` is ignored (``ethen up --host/--port`` decide), its ``[store]`` replaces the embedded one
+(the admin key's digest added when it sets none) and every other section is used as given.
+:func:`parse_overlay` validates an overlay as ``ethen up`` would serve it, over a stand-in of the generated
+part (a mesh provider at a placeholder address): its errors name the overlay file and say that its entries
+come after the mesh's ``providers[0]`` and ``routes[0]``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ __all__ = ["DB_ENV", "MERGED_SECTIONS", "embedded_store", "load_overlay", "merge
 
 DB_ENV = "ETHEN_DATABASE_URL"
 #: the overlay's tables appended after the generated ones (the rest replace them)
-MERGED_SECTIONS = ("providers", "routes", "api_keys", "canaries")
+MERGED_SECTIONS = ("providers", "routes", "api_keys", "canaries", "wait_targets")
 _PLACEHOLDER_SHA = "0" * 64
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "SharedConfig",
     "StoreConfig",
     "TimeoutsConfig",
+    "WaitTargetConfig",
 ]
 
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -374,6 +375,19 @@ class HedgeConfig(_Strict):
         return self
 
 
+class WaitTargetConfig(_Strict):
+    """``[[wait_targets]]`` (issue 44): requests to ``alias`` want their first token within ``max_wait_ms``;
+    a candidate whose predicted wait exceeds it is rejected (``ethen.gateway.routing.capacity``)."""
+
+    alias: str = Field(pattern=r"^ethen/")
+    max_wait_ms: float = Field(gt=0, le=600_000)
+
+    @field_validator("max_wait_ms", mode="before")
+    @classmethod
+    def _num(cls, v: Any) -> Any:
+        return _float(v)
+
+
 class ShadowConfig(_Strict):
     """``[[shadows]]`` (issue 27): send ``percent`` % of the requests to ``alias`` also to ``candidate``
     (``provider/model``), paid by ``project``'s budget, at most ``max_in_flight`` at once; the recorded pairs
@@ -571,6 +585,7 @@ class GatewayConfig(_Strict):
     api_keys: list[ApiKeyConfig]
     canaries: list[CanaryConfig] = Field(default_factory=list)
     hedges: list[HedgeConfig] = Field(default_factory=list)  # issue 27
+    wait_targets: list[WaitTargetConfig] = Field(default_factory=list)  # issue 44
     shadows: list[ShadowConfig] = Field(default_factory=list)  # issue 27: shadow evaluation
     policy: PolicyConfig = Field(default_factory=lambda: PolicyConfig())
     store: StoreConfig | None = None

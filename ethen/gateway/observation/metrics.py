@@ -215,6 +215,15 @@ class GatewayMetrics:
                                     registry=r)
         self.cache_entries = Gauge("ethen_gateway_cache_entries",
                                    "Entries in the response cache (redis: best effort).", registry=r)
+        # issue 44 (ethen.gateway.routing.capacity): routing by live capacity
+        self.spillover = Counter("ethen_gateway_spillover",
+                                 "Requests whose preferred provider was passed over for capacity, by the "
+                                 "provider passed over (from) and the one that answered (to).",
+                                 ["from", "to"], registry=r)
+        self.predicted_wait = Histogram("ethen_gateway_predicted_wait_seconds",
+                                        "Predicted wait for the first token (queue plus own prefill) of the "
+                                        "candidate that answered, at the routing decision.",
+                                        buckets=_LATENCY_BUCKETS, registry=r)
         self.cache_bytes = Gauge("ethen_gateway_cache_bytes",
                                  "Bytes of the response cache's stored entries (redis: best effort).",
                                  registry=r)
@@ -255,7 +264,15 @@ class GatewayMetrics:
                 self.cost.labels(project, served.provider, served.model).inc(row["cost_nano"] / 1e9)
             if row["fallback_used"]:
                 self.fallback_served.labels(served.provider, served.model).inc()
-        canary = rec.decision.canary if rec.decision is not None else None
+        decision = rec.decision
+        if decision is not None and served is not None:  # issue 44
+            pick = next((sc for sc in decision.chain if sc.candidate.key == served.key), None)
+            if pick is not None:
+                self.predicted_wait.observe(pick.predicted_wait_ms / 1000.0)
+            spill = decision.receipt.spillover
+            if spill is not None and spill.from_provider != served.provider:
+                self.spillover.labels(spill.from_provider, served.provider).inc()
+        canary = decision.canary if decision is not None else None
         if canary is not None:
             self.canary.labels(canary.target.candidate, "true" if canary.hit else "false").inc()
         if rec.project is not None and rec.remaining_usd is not None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from ethen.gateway.errors import GatewayConfigError
+from ethen.gateway.routing.capacity import ProviderCapacity
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +203,11 @@ class Provider(abc.ABC):
         report nothing (their failures show in the circuits); the mesh reports layers no live worker
         covers."""
         return ()
+
+    def capacity(self) -> ProviderCapacity | None:
+        """Issue 44: what a new request would wait for before its first token here (read state only, no
+        I/O: called once per routing decision); ``None``: nothing known (no queue assumed)."""
+        return None
 
     def node_stats(self) -> tuple[NodeStats, ...]:
         """Per-node state for ``/metrics`` (read at scrape time; no I/O). Empty for single-endpoint

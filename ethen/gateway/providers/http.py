@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import aiohttp
 
@@ -44,6 +45,8 @@ from ethen.gateway.errors import (
     UpstreamTimeoutError,
 )
 from ethen.gateway.providers.base import Provider, ProviderStream, Timeouts
+from ethen.gateway.providers.ratelimit import blocked_for_s, cloud_capacity
+from ethen.gateway.routing.capacity import ProviderCapacity
 
 __all__ = [
     "HttpPool",
@@ -80,11 +83,13 @@ def map_transport_error(provider: str, exc: BaseException, *, streaming: bool = 
 class StreamingResponse:
     """An upstream response whose body is read incrementally."""
 
-    def __init__(self, provider: str, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, provider: str, response: aiohttp.ClientResponse,
+                 on_close: Callable[[], None] | None = None) -> None:
         self.provider = provider
         self.status = response.status
         self._response = response
         self._closed = False
+        self._on_close = on_close
 
     async def read(self) -> bytes:
         try:
@@ -103,6 +108,8 @@ class StreamingResponse:
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._on_close is not None:
+                self._on_close()
             # A fully read body returns the connection to the pool; otherwise it is dropped.
             if self._response.content.at_eof():
                 self._response.release()
@@ -127,6 +134,10 @@ class HttpPool:
         self.timeouts = timeouts
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        # issue 44 (.ratelimit): calls in flight, their measured duration, a rate-limit block
+        self.in_flight = 0
+        self.call_ms: float | None = None
+        self.blocked_until: float | None = None
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=timeouts.connect, sock_connect=timeouts.connect, sock_read=timeouts.first_byte
         )
@@ -143,26 +154,55 @@ class HttpPool:
             )
         return self._session
 
+    def _note(self, resp: aiohttp.ClientResponse) -> None:
+        """Read an answer's rate-limit headers (:func:`~.ratelimit.blocked_for_s`)."""
+        wait = blocked_for_s(resp.status, {k.lower(): v for k, v in resp.headers.items()}, time.time())
+        if wait is not None:
+            self.blocked_until = time.monotonic() + wait
+        elif resp.status < 400:
+            self.blocked_until = None
+
+    def _done(self, started: float) -> None:
+        self.in_flight -= 1
+        ms = (time.monotonic() - started) * 1000.0
+        self.call_ms = ms if self.call_ms is None else self.call_ms + 0.2 * (ms - self.call_ms)
+
+    def capacity(self) -> ProviderCapacity:
+        return cloud_capacity(time.monotonic(), self.blocked_until, self.in_flight, self.max_connections,
+                              self.call_ms)
+
     async def post(self, path: str, body: bytes, headers: Mapping[str, str] | None = None
                    ) -> tuple[int, bytes]:
         """A buffered POST: (status, body). Bounded by the total timeout. ``headers``: the call's own."""
+        started = time.monotonic()
+        self.in_flight += 1
         try:
             async with (
                 asyncio.timeout(self.timeouts.total),
                 self._client().post(self.base_url + path, data=body, headers=headers) as resp,
             ):
+                self._note(resp)
                 return resp.status, await resp.read()
         except TRANSPORT_ERRORS as exc:
             raise map_transport_error(self.provider, exc) from None
+        finally:
+            self._done(started)
 
     async def stream(self, path: str, body: bytes, headers: Mapping[str, str] | None = None
                      ) -> StreamingResponse:
         """A POST whose body is read incrementally; returns once the response head arrived."""
+        started = time.monotonic()
+        self.in_flight += 1
         try:
             resp = await self._client().post(self.base_url + path, data=body, headers=headers)
         except TRANSPORT_ERRORS as exc:
+            self._done(started)
             raise map_transport_error(self.provider, exc) from None
-        return StreamingResponse(self.provider, resp)
+        except BaseException:
+            self._done(started)
+            raise
+        self._note(resp)
+        return StreamingResponse(self.provider, resp, lambda: self._done(started))
 
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:
@@ -301,6 +341,10 @@ class HttpProvider(Provider):
     def credential_headers(self, api_key: str) -> dict[str, str]:
         """How the credential travels (set last: never overridden by configured headers)."""
         return {"authorization": f"Bearer {api_key}"}
+
+    def capacity(self) -> ProviderCapacity:
+        """Issue 44: the rate-limit block and the queue for a connection (:mod:`.ratelimit`)."""
+        return self._pool.capacity()
 
     def deadline(self) -> float:
         """The loop time by which a stream started now must have ended (the total timeout)."""

@@ -100,6 +100,7 @@ from ethen.gateway.providers.mesh_request import (
     sampling_params,
     served_model_id,
 )
+from ethen.gateway.routing.capacity import ProviderCapacity
 from ethen.mesh.auth import ClientCredentials, CredentialsError, TokenAuth, read_tokens, server_credentials
 from ethen.mesh.errors import MeshError
 from ethen.mesh.orchestrator import HealthReply, MeshGeneration, MeshSaturated, Orchestrator, plan_route
@@ -244,6 +245,16 @@ class MeshProvider(Provider):
             return (f"mesh {self.name!r}: no live chain of workers covers layers 0-{n_layers - 1}: {why} "
                     f"(workers down: {down})",)
         return ()
+
+    def capacity(self) -> ProviderCapacity | None:
+        """Issue 44: the orchestrator's load book (:mod:`ethen.mesh.orchestrator.load`): the prefill queue,
+        the sessions decoding, the measured step and prefill cost, linear in the request's own prompt."""
+        orch = self._orchestrator
+        if orch is None:
+            return None
+        load = orch.load_book.snapshot()
+        queue_ms, per_token = load.linear()
+        return ProviderCapacity(queue_ms, per_token, "mesh", load.ms_per_output_token)
 
     def node_stats(self) -> tuple[NodeStats, ...]:
         orch = self._orchestrator

@@ -14,6 +14,14 @@ from .candidates import (
     Prices,
     ProjectPolicy,
 )
+from .capacity import (
+    EMPTY_CAPACITY,
+    CapacitySnapshot,
+    ProviderCapacity,
+    Spillover,
+    WaitTarget,
+    predicted_wait_ms,
+)
 from .circuits import DEFAULT_RETRY_AFTER_S, EMPTY_CIRCUITS, CircuitView, circuit_keys
 from .decide import Decision, RoutingContext, decide, resolve_pool
 from .filter import Rejection, estimate_cost_usd
@@ -30,6 +38,7 @@ __all__ = [
     "CANARY_PERCENTS",
     "COMPONENTS",
     "DEFAULT_RETRY_AFTER_S",
+    "EMPTY_CAPACITY",
     "EMPTY_CIRCUITS",
     "LATENCY_TARGETS",
     "POLICY_VERSION",
@@ -42,6 +51,7 @@ __all__ = [
     "CanaryTarget",
     "Candidate",
     "CandidateStats",
+    "CapacitySnapshot",
     "CircuitView",
     "Decision",
     "HardGates",
@@ -50,19 +60,23 @@ __all__ = [
     "PrefixMemory",
     "Prices",
     "ProjectPolicy",
+    "ProviderCapacity",
     "Receipt",
     "Rejection",
     "Requirements",
     "RoutingContext",
     "ScoreComponents",
     "ScoredCandidate",
+    "Spillover",
     "TelemetrySnapshot",
+    "WaitTarget",
     "bucket",
     "cache_ttl_s",
     "circuit_keys",
     "decide",
     "estimate_cost_usd",
     "parse_requirements",
+    "predicted_wait_ms",
     "prefix_hashes",
     "resolve_pool",
 ]

@@ -9,6 +9,13 @@ providers become the fallback chain); if none, candidates whose ``id`` (``provid
 requirements still apply; ranking uses the ``ethen/auto`` profile. Unknown ids and unknown ``ethen/*`` aliases
 raise ``ModelNotFoundError``. Two candidates with the same id are an operator error (``GatewayConfigError``).
 
+Capacity (issue 44, :mod:`.capacity`): ``ctx.capacity`` feeds the TTFT / latency components and the wait
+target in force (``ctx.wait_targets`` of an alias, tightened by ``metadata.routing.max_wait_ms``) rejects
+candidates (``predicted_wait_exceeds_target``). When the rank 1 without the capacity signal is not the
+choice, the receipt's ``spillover`` names it (a second scoring pass, only when a snapshot or a target is in
+force). When only the target stands in the way of every candidate, those candidates are the chain, the least
+predicted wait first (``wait_target_unmet``).
+
 When no candidate passes (:mod:`.circuits`, off the hot path): candidates excluded only by the failing
 gates whose circuits are half-open (``ctx.circuits``) become a trial chain (receipt code
 ``circuit_half_open_trial``, no canary promotion: a trial is a degraded mode, not a rollout); if there are
@@ -29,8 +36,10 @@ from typing import Any
 
 from ethen.gateway.errors import ModelNotFoundError, NoHealthyCandidateError, NoSmartRouteCandidateError
 
+from . import reasons as r
 from .canary import CanaryEvaluation, apply_canary
 from .candidates import CanaryTarget, Candidate, ProjectPolicy
+from .capacity import EMPTY_CAPACITY, CapacitySnapshot, Spillover, effective_target, predicted_wait_ms
 from .circuits import EMPTY_CIRCUITS, CircuitView, circuit_keys, retry_after
 from .filter import Rejection
 from .hints import MODELS_HINT, refusal_hints
@@ -38,7 +47,7 @@ from .policy import ALIASES, CONCRETE_PROFILE, AliasProfile
 from .receipt import Receipt, build_receipt, refusal_receipt
 from .requirements import Requirements, parse_requirements
 from .score import ScoredCandidate, score_pool
-from .telemetry import TelemetrySnapshot
+from .telemetry import EMPTY_STATS, TelemetrySnapshot
 
 __all__ = ["ALIAS_PREFIX", "Decision", "RoutingContext", "decide", "resolve_pool"]
 
@@ -46,6 +55,7 @@ ALIAS_PREFIX = "ethen/"
 _by_score = itemgetter(1)  # ScoredCandidate.score (C-level key functions: no Python call per element)
 _by_key = attrgetter("candidate.key")  # (provider, model)
 _rejection_key = itemgetter(1, 2)  # Rejection (provider, model)
+_by_wait = attrgetter("predicted_wait_ms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +72,9 @@ class RoutingContext:
     #: per (provider, model): prompt tokens its prompt cache holds for this request (issue 45:
     #: :meth:`.prefix.PrefixMemory.lookup`); empty: cache-blind scoring
     cached: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    #: issue 44: live capacity per provider (:mod:`.capacity`) and ``[[wait_targets]]`` (alias -> max_wait_ms)
+    capacity: CapacitySnapshot = EMPTY_CAPACITY
+    wait_targets: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         if self.now.tzinfo is None:
@@ -130,8 +143,10 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
     except ModelNotFoundError as err:
         err.receipt = refusal_receipt(req, None, ())
         raise
+    target = effective_target(None if concrete else ctx.wait_targets.get(req.model), req.max_wait_ms)
+    caps = ctx.capacity.providers
     feasible, rejected = score_pool(pool, req, profile, ctx.policy, ctx.telemetry, ctx.now,
-                                    cached=ctx.cached)
+                                    capacity=caps, max_wait_ms=target, cached=ctx.cached)
     rejected.sort(key=_rejection_key)
     rejections = tuple(rejected)
     if not feasible:
@@ -143,10 +158,50 @@ def decide(body: Mapping[str, Any], ctx: RoutingContext) -> Decision:
     if len(set(scores)) != len(scores):
         feasible.sort(key=_by_key)
     feasible.sort(key=_by_score, reverse=True)
+    spill = (
+        _spillover(pool, req, profile, ctx, feasible[0], feasible, rejections, target)
+        if caps or target is not None else None
+    )
     canary = apply_canary(req.model, feasible, ctx.canaries, ctx.telemetry, ctx.request_id)
     chain = tuple(feasible)
-    receipt = build_receipt(req, profile, chain, rejections, canary, concrete, ctx.policy)
+    receipt = build_receipt(req, profile, chain, rejections, canary, concrete, ctx.policy, spillover=spill)
     return Decision(chain, rejections, receipt, req, profile, canary)
+
+
+def _ranked(scored: list[ScoredCandidate]) -> list[ScoredCandidate]:
+    scored.sort(key=_by_key)
+    scored.sort(key=_by_score, reverse=True)
+    return scored
+
+
+def _spillover(
+    pool: tuple[Candidate, ...],
+    req: Requirements,
+    profile: AliasProfile,
+    ctx: RoutingContext,
+    chosen: ScoredCandidate,
+    feasible: list[ScoredCandidate],
+    rejections: tuple[Rejection, ...],
+    target: float | None,
+) -> Spillover | None:
+    """The rank 1 without the capacity signal, when the capacity signal passed it over (a second scoring
+    pass, only when a capacity snapshot or a wait target is in force)."""
+    plain, _ = score_pool(pool, req, profile, ctx.policy, ctx.telemetry, ctx.now, cached=ctx.cached)
+    if not plain:
+        return None
+    best = _ranked(plain)[0]
+    if best.candidate.id == chosen.candidate.id:
+        return None
+    cand = best.candidate
+    for sc in feasible:
+        if sc.candidate.id == cand.id:
+            return Spillover(cand.provider, cand.id, "predicted_wait", sc.predicted_wait_ms, target)
+    stats = ctx.telemetry.stats.get(cand.key, EMPTY_STATS)
+    _, _, ta, tb, _, _ = stats.terms
+    wait = predicted_wait_ms(ctx.capacity.get(cand.provider), cand.info.ttft_ms * ta + tb, req.input_tokens)
+    if any(rj.candidate_id == cand.id and r.PREDICTED_WAIT_EXCEEDS_TARGET in rj.reasons for rj in rejections):
+        return Spillover(cand.provider, cand.id, r.PREDICTED_WAIT_EXCEEDS_TARGET, wait, target)
+    return None
 
 
 def _none_passes(
@@ -158,6 +213,15 @@ def _none_passes(
     rejections: tuple[Rejection, ...],
 ) -> Decision:
     """No candidate passed every gate: a half-open trial chain, else the right error (:mod:`.circuits`)."""
+    waiting = {rj.candidate_id for rj in rejections if rj.reasons == (r.PREDICTED_WAIT_EXCEEDS_TARGET,)}
+    if waiting:  # issue 44: only the wait target stands in the way; a full mesh refuses on its own
+        sub = tuple(c for c in pool if c.id in waiting)
+        scored, _ = score_pool(sub, req, profile, ctx.policy, ctx.telemetry, ctx.now,
+                               capacity=ctx.capacity.providers, cached=ctx.cached)
+        chain = tuple(sorted(_ranked(scored), key=_by_wait))  # the least predicted wait first (stable)
+        rest = tuple(rj for rj in rejections if rj.candidate_id not in waiting)
+        receipt = build_receipt(req, profile, chain, rest, None, concrete, ctx.policy, wait_unmet=True)
+        return Decision(chain, rest, receipt, req, profile, None)
     blocked = {rj.candidate_id: keys for rj in rejections if (keys := circuit_keys(rj)) is not None}
     if not blocked:
         hints = refusal_hints(req, pool, rejections, ctx.policy)

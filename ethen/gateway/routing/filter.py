@@ -72,6 +72,8 @@ def check_candidate(
     stats: CandidateStats,
     failing: Iterable[str] | frozenset[str],
     now: datetime,
+    wait_ms: float = 0.0,
+    max_wait_ms: float | None = None,
 ) -> tuple[str, ...]:
     """Every rejection reason for ``cand`` (empty tuple = feasible), in :data:`REJECTION_REASONS` order."""
     info = cand.info
@@ -110,4 +112,6 @@ def check_candidate(
         out.append(r.PROVIDER_FAILING)
     if stats.terms[5]:  # telemetry.is_failing: 0 successes over >= 3 samples, or the last 3 outcomes failed
         out.append(r.CANDIDATE_FAILING)
+    if max_wait_ms is not None and wait_ms > max_wait_ms:  # issue 44: .capacity
+        out.append(r.PREDICTED_WAIT_EXCEEDS_TARGET)
     return tuple(out)

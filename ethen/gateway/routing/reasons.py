@@ -33,6 +33,7 @@ __all__ = [
     "NO_VISION",
     "OVER_BUDGET_CEILING",
     "OVER_PROJECT_BUDGET",
+    "PREDICTED_WAIT_EXCEEDS_TARGET",
     "PRIOR_ONLY",
     "PROVIDER_FAILING",
     "PROVIDER_NOT_ALLOWED",
@@ -41,6 +42,7 @@ __all__ = [
     "SELECTION_REASONS",
     "SUPPORTS_REQUIRED_CAPABILITIES",
     "TELEMETRY_INFORMED",
+    "WAIT_TARGET_UNMET",
     "WITHIN_BUDGET",
 ]
 
@@ -61,6 +63,7 @@ OVER_BUDGET_CEILING: Final = "over_budget_ceiling"
 OVER_PROJECT_BUDGET: Final = "over_project_budget"
 PROVIDER_FAILING: Final = "provider_failing"
 CANDIDATE_FAILING: Final = "candidate_failing"
+PREDICTED_WAIT_EXCEEDS_TARGET: Final = "predicted_wait_exceeds_target"
 
 REJECTION_REASONS: Final = MappingProxyType(
     {
@@ -84,6 +87,8 @@ REJECTION_REASONS: Final = MappingProxyType(
         OVER_PROJECT_BUDGET: "estimated request cost exceeds the project's remaining window budget",
         PROVIDER_FAILING: "the provider had 0% success over >= 3 recent samples",
         CANDIDATE_FAILING: "this provider/model had 0% success over >= 3 recent samples",
+        PREDICTED_WAIT_EXCEEDS_TARGET: "the predicted wait for a first token (queue plus own prefill) "
+        "exceeds the wait target ([[wait_targets]] max_wait_ms, or a tighter metadata.routing.max_wait_ms)",
     }
 )
 
@@ -99,6 +104,7 @@ CONCRETE_MODEL: Final = "concrete_model"
 FALLBACK_USED: Final = "fallback_used"
 CIRCUIT_HALF_OPEN_TRIAL: Final = "circuit_half_open_trial"
 HEDGE_WON: Final = "hedge_won"
+WAIT_TARGET_UNMET: Final = "wait_target_unmet"
 
 SELECTION_REASONS: Final = MappingProxyType(
     {
@@ -115,6 +121,8 @@ SELECTION_REASONS: Final = MappingProxyType(
         HEDGE_WON: "a hedge (the same request sent to the next candidate after the hedge delay, issue 27) "
         "answered first, no attempt before it failed: in place of fallback_used (selected_* name the hedge, "
         "primary_* the decision's rank 1)",
+        WAIT_TARGET_UNMET: "every candidate otherwise feasible exceeds the wait target: the chain is those "
+        "candidates, the least predicted wait first (a full mesh still refuses: 503 mesh_saturated)",
         CIRCUIT_HALF_OPEN_TRIAL: "no candidate passed the failing-provider gate; the selected one is a trial "
         "request through a half-open circuit (its cool-down elapsed), so a recovered provider is used again",
     }

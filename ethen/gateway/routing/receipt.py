@@ -21,6 +21,7 @@ from typing import Any
 from . import reasons as r
 from .canary import CanaryEvaluation
 from .candidates import ProjectPolicy
+from .capacity import Spillover
 from .filter import Rejection
 from .policy import POLICY_VERSION, AliasProfile
 from .requirements import Requirements
@@ -49,6 +50,7 @@ class Receipt:
     ranked: tuple[ScoredCandidate, ...]
     rejected: tuple[Rejection, ...]
     canary: CanaryEvaluation | None = None
+    spillover: Spillover | None = None  # issue 44: the preferred candidate was passed over for capacity
 
     @property
     def selected_model(self) -> str:
@@ -113,12 +115,15 @@ class Receipt:
             "alias_profile": self.alias_profile,
             "estimated_cost_usd": top.estimated_cost_usd,
             "expected_cached_tokens": top.expected_cached_tokens,
+            "predicted_wait_ms": round(top.predicted_wait_ms, 1),
             "hard_requirements": list(self.hard_requirements),
             "chain": [sc.candidate.id for sc in self.ranked],
             "rejected": [rj.to_dict() for rj in self.rejected],
         }
         if self.canary is not None:
             out["canary"] = self.canary.to_dict()
+        if self.spillover is not None:
+            out["spillover"] = self.spillover.to_dict()
         return out
 
 
@@ -146,6 +151,9 @@ def build_receipt(
     concrete: bool,
     policy: ProjectPolicy,
     trial: bool = False,
+    *,
+    spillover: Spillover | None = None,
+    wait_unmet: bool = False,
 ) -> Receipt:
     """The receipt of a decision whose ranked chain (after the canary gate) is ``chain``; ``trial``: the chain
     is half-open circuits' trial candidates (:mod:`.circuits`)."""
@@ -161,6 +169,8 @@ def build_receipt(
         codes.append(r.CONCRETE_MODEL)
     if trial:
         codes.append(r.CIRCUIT_HALF_OPEN_TRIAL)
+    if wait_unmet:
+        codes.append(r.WAIT_TARGET_UNMET)
     return Receipt(
         requested_model=req.model,
         reason_codes=tuple(codes),
@@ -170,6 +180,7 @@ def build_receipt(
         ranked=chain,
         rejected=rejections,
         canary=canary,
+        spillover=spillover,
     )
 
 

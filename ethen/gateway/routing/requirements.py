@@ -87,7 +87,9 @@ TOKENS_PER_MESSAGE: Final = 4
 TOKENS_REPLY_PRIMER: Final = 3
 IMAGE_PART_TYPES: Final = frozenset({"image_url", "input_image"})
 CERTIFICATION_LEVELS: Final = ("any", "live")
-ROUTING_KEYS: Final = frozenset({"budget_ceiling_usd", "latency_target", "certification_level"})
+ROUTING_KEYS: Final = frozenset(
+    {"budget_ceiling_usd", "latency_target", "certification_level", "max_wait_ms"}
+)
 STRUCTURED_FORMATS: Final = frozenset({"json_object", "json_schema"})
 RESPONSE_FORMATS: Final = frozenset({"text", "json_object", "json_schema"})
 #: numeric sampling fields of a chat body: (lowest, highest, integer only), the OpenAI API's ranges
@@ -117,6 +119,7 @@ class Requirements(NamedTuple):
     only_providers: frozenset[str] | None = None
     latency_target: str | None = None
     choices: int = 1  # ``n``: completions asked for (each up to ``max_output_tokens``); billing bounds only
+    max_wait_ms: float | None = None  # metadata.routing.max_wait_ms (issue 44): tightens [[wait_targets]]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -130,6 +133,7 @@ class Requirements(NamedTuple):
             "certification_level": "live" if self.certification_live else "any",
             "only_providers": sorted(self.only_providers) if self.only_providers is not None else None,
             "latency_target": self.latency_target,
+            "max_wait_ms": self.max_wait_ms,
         }
 
 
@@ -292,14 +296,30 @@ def _check_sampling(body: Mapping[str, Any]) -> None:
         _in_range(f"logit_bias.{token}", value, lo, hi, False)
 
 
-def _parse_routing(metadata: object) -> tuple[float | None, str | None, bool]:
+def _parse_max_wait(routing: Mapping[str, Any]) -> float | None:
+    value = routing.get("max_wait_ms")
+    if value is None:
+        return None
+    if not _is_number(value) or (isinstance(value, int) and abs(value) > MAX_SAFE_INTEGER) or not (
+        math.isfinite(value) and value > 0
+    ):
+        shown = repr(value) if not isinstance(value, int) or abs(value) < 10**20 else "a huge integer"
+        raise _bad(
+            "metadata.routing.max_wait_ms",
+            f"'metadata.routing.max_wait_ms' must be a finite number > 0, got {shown}",
+            "invalid_value" if _is_number(value) else "invalid_type",
+        )
+    return float(value)
+
+
+def _parse_routing(metadata: object) -> tuple[float | None, str | None, bool, float | None]:
     if metadata is None:
-        return None, None, False
+        return None, None, False, None
     if not isinstance(metadata, _MAPPING):
         raise _bad("metadata", f"'metadata' must be an object, got {_type_name(metadata)}", "invalid_type")
     routing = metadata.get("routing")
     if routing is None:
-        return None, None, False
+        return None, None, False, None
     if not isinstance(routing, _MAPPING):
         raise _bad(
             "metadata.routing",
@@ -316,11 +336,11 @@ def _parse_routing(metadata: object) -> tuple[float | None, str | None, bool]:
     ceiling = routing.get("budget_ceiling_usd")
     if ceiling is not None and (
         not _is_number(ceiling)
-        or (isinstance(ceiling, int) and ceiling > MAX_SAFE_INTEGER)
+        or (isinstance(ceiling, int) and abs(ceiling) > MAX_SAFE_INTEGER)
         or not math.isfinite(ceiling)
         or ceiling < 0
     ):
-        shown = repr(ceiling) if not isinstance(ceiling, int) or ceiling < 10**20 else "a huge integer"
+        shown = repr(ceiling) if not isinstance(ceiling, int) or abs(ceiling) < 10**20 else "a huge integer"
         raise _bad(
             "metadata.routing.budget_ceiling_usd",
             f"'metadata.routing.budget_ceiling_usd' must be a finite number >= 0, got {shown}",
@@ -345,6 +365,7 @@ def _parse_routing(metadata: object) -> tuple[float | None, str | None, bool]:
         float(ceiling) if ceiling is not None else None,
         target if target != "balanced" else None,
         level == "live",
+        _parse_max_wait(routing),
     )
 
 
@@ -424,7 +445,7 @@ def parse_requirements(body: Mapping[str, Any]) -> Requirements:
     n = _positive_int(body, "n")
     _check_sampling(body)
     max_out = mt if mct is None else (mct if mt is None else max(mct, mt))
-    ceiling, target, live = _parse_routing(body.get("metadata"))
+    ceiling, target, live, max_wait = _parse_routing(body.get("metadata"))
     only = _parse_only(body)
     return Requirements(
         model=model,
@@ -438,4 +459,5 @@ def parse_requirements(body: Mapping[str, Any]) -> Requirements:
         only_providers=only,
         latency_target=target,
         choices=1 if n is None else n,
+        max_wait_ms=max_wait,
     )

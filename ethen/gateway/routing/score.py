@@ -5,7 +5,11 @@
 * cost: ``ref / (ref + usd_per_mtok)`` where ``usd_per_mtok`` is the request's estimated cost divided by its
   estimated tokens (so the request's own input/output mix decides), ``ref = 1 USD / Mtok``. Free -> 1. The
   prompt tokens the candidate's prompt cache is expected to hold (``cached``) count at its cache-read price.
-* latency, ttft: ``ref / (ref + ms)`` of the prior blended with recent observations (:mod:`.telemetry`).
+* latency, ttft: ``ref / (ref + ms)`` of the prior blended with recent observations (:mod:`.telemetry`);
+  with the provider in the capacity snapshot (issue 44, :mod:`.capacity`), TTFT is the predicted wait (queue
+  plus own prefill) and latency the predicted one (the wait plus the output at the provider's decode pace, or
+  the blended latency plus the wait beyond the usual TTFT). A wait target rejects a candidate whose
+  predicted wait exceeds it (``predicted_wait_exceeds_target``).
 * reliability: Beta-smoothed recent success rate of this (provider, model).
 * health: Beta-smoothed recent success rate of the provider over all its models.
 * context: log-scaled window, 4K -> 0, 1M -> 1 (precomputed on the candidate).
@@ -28,6 +32,7 @@ from typing import NamedTuple
 from ethen.gateway.errors import GatewayConfigError
 
 from .candidates import CAP_STRUCTURED, CAP_TOOLS, CAP_VISION, Candidate, ProjectPolicy
+from .capacity import ProviderCapacity
 from .filter import Rejection, check_candidate
 from .policy import (
     COMPONENTS,
@@ -87,6 +92,7 @@ class ScoredCandidate(NamedTuple):
     tools: float
     #: prompt tokens expected from the candidate's prompt cache (priced at its cache-read price in ``cost``)
     expected_cached_tokens: int = 0
+    predicted_wait_ms: float = 0.0  # issue 44: arrival to first token (.capacity.predicted_wait_ms)
 
     @property
     def id(self) -> str:
@@ -107,6 +113,8 @@ def score_pool(
     *,
     gated: bool = True,
     cached: Mapping[tuple[str, str], int] | None = None,
+    capacity: Mapping[str, ProviderCapacity] | None = None,
+    max_wait_ms: float | None = None,
 ) -> tuple[list[ScoredCandidate], list[Rejection]]:
     """One pass over the pool (the hot loop of a decision): a fast feasibility check per candidate, then
     either all its reason codes (:func:`.filter.check_candidate`, the single source of reason codes, called
@@ -114,7 +122,8 @@ def score_pool(
     their one implementation. Raises ``GatewayConfigError`` on duplicate candidate ids.
 
     ``gated=False`` turns the failing gates off (scoring half-open trial candidates, :mod:`.circuits`); it
-    swaps the inputs before the loop, so the loop itself is the same.
+    swaps the inputs before the loop, so the loop itself is the same. ``capacity`` (provider -> its
+    :class:`~.capacity.ProviderCapacity`) and ``max_wait_ms`` (the wait target in force): issue 44.
 
     ``cached``: per (provider, model), the prompt tokens its prompt cache is expected to hold for this
     request (:meth:`.prefix.PrefixMemory.lookup`); the cost component prices them at the candidate's
@@ -156,6 +165,8 @@ def score_pool(
     live = req.certification_live
     restricted = allowed_p is not None or allowed_m is not None or only is not None or live or bool(failing)
     held = cached.get if cached else None
+    cap_get = (capacity or {}).get
+    wait_max = math.inf if max_wait_ms is None else max_wait_ms
 
     feasible: list[ScoredCandidate] = []
     rejected: list[Rejection] = []
@@ -166,12 +177,25 @@ def score_pool(
         cost = (in_tok * prices.input_per_mtok + out_tok * prices.output_per_mtok) / 1e6
         stats = stats_get(cand.key, EMPTY_STATS)
         la, lb, ta, tb, c_rel, cand_failing = stats.terms
+        ttft_ms = info.ttft_ms * ta + tb  # blended with telemetry (telemetry.blend)
+        lat_ms = info.latency_ms * la + lb
+        cap = cap_get(cand.provider)
+        if cap is None:
+            wait = ttft_ms
+        else:  # capacity.predicted_wait_ms, inlined
+            own = ttft_ms if cap.prefill_ms_per_token is None else in_tok * cap.prefill_ms_per_token
+            wait = cap.queue_ms + own
+            if cap.ms_per_output_token is not None:
+                lat_ms = wait + out_tok * cap.ms_per_output_token
+            elif wait > ttft_ms:
+                lat_ms += wait - ttft_ms
         ok = (
             info.context_window >= min_window
             and info.max_output_tokens >= max_out_needed
             and cost <= ceiling
             and cand.caps & need_caps == need_caps
             and not cand_failing
+            and wait <= wait_max
         )
         if ok and restricted:
             ok = (
@@ -182,7 +206,7 @@ def score_pool(
                 and (not live or (cand.certification is not None and cand.certification.valid_at(now)))
             )
         if not ok:
-            why = check_candidate(cand, req, gates, policy, cost, stats, failing, now)
+            why = check_candidate(cand, req, gates, policy, cost, stats, failing, now, wait, max_wait_ms)
             rejected.append(_new(Rejection, (cand.id, cand.provider, cand.model, why)))
             continue
 
@@ -195,8 +219,8 @@ def score_pool(
             c_cost = _COST_REF / (_COST_REF + expected * 1e6 / tokens)
         else:
             c_cost = _COST_REF / (_COST_REF + cost * 1e6 / tokens) if tokens > 0 else 1.0
-        c_lat = _LAT_REF / (_LAT_REF + info.latency_ms * la + lb)  # blended with telemetry (telemetry.blend)
-        c_ttft = _TTFT_REF / (_TTFT_REF + info.ttft_ms * ta + tb)
+        c_lat = _LAT_REF / (_LAT_REF + lat_ms)
+        c_ttft = _TTFT_REF / (_TTFT_REF + wait)
         c_health = health(cand.provider, _PRIOR_MEAN)
         c_ctx = cand.context_score
         c_tools = cand.tools_score
@@ -207,7 +231,7 @@ def score_pool(
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (same object, cheaper on the hot path)
         fields = (
             cand, total, cost, stats.samples,
-            quality, c_cost, c_lat, c_ttft, c_rel, c_health, c_ctx, c_tools, hit,
+            quality, c_cost, c_lat, c_ttft, c_rel, c_health, c_ctx, c_tools, hit, wait,
         )  # fmt: skip
         feasible.append(_new(ScoredCandidate, fields))
     return feasible, rejected

@@ -47,6 +47,7 @@ from ethen.mesh.orchestrator.backoff import Backoff
 from ethen.mesh.orchestrator.chain import ChainReceiver
 from ethen.mesh.orchestrator.client import WorkerClient
 from ethen.mesh.orchestrator.head import SplitHead
+from ethen.mesh.orchestrator.load import LoadBook
 from ethen.mesh.orchestrator.planning import plan_route, recompose
 from ethen.mesh.orchestrator.rounds import DEFAULT_PROGRESS_TIMEOUT_S, DecodeRounds
 from ethen.mesh.orchestrator.session import MeshSession
@@ -91,18 +92,26 @@ class MeshGeneration:
 
     def __iter__(self) -> Iterator[GenerationChunk]:
         o = self.orchestrator
+        ticket = o.load_book.begin(len(self.prompt_ids))  # issue 44: the capacity signal (.load)
+        begun = last = time.perf_counter()
         try:
             for chunk in generate_stream(self.session.step, o.tokenizer, self.prompt_ids, self.params,
                                          o.context_length):
                 if chunk.token_id is not None:
                     self.token_ids.append(chunk.token_id)
+                    now = time.perf_counter()
                     if self.first_token_s is None:
-                        self.first_token_s = time.perf_counter() - self.started
+                        self.first_token_s = now - self.started
+                        o.load_book.first_token(ticket, (now - begun) * 1000.0)
+                    else:
+                        o.load_book.step((now - last) * 1000.0)
+                    last = now
                 self.text += chunk.text
                 if chunk.finish_reason is not None:
                     self.finish_reason = chunk.finish_reason
                 yield chunk
         finally:
+            o.load_book.end(ticket)
             self.session.close()
 
     def result(self) -> GenerationResult:
@@ -189,6 +198,7 @@ class Orchestrator:
         self.admission_timeout_s = admission_timeout_s  # wait for worker slots before a first token
         self._gates: dict[str, NodeGate] = {}
         self._gates_lock = threading.Lock()
+        self.load_book = LoadBook()  # issue 44: generations in flight, prefill queue, step time
         self.credentials = credentials
         self.forward_timeout_s = forward_timeout_s
         self._members = threading.Lock()

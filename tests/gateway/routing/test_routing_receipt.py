@@ -29,6 +29,7 @@ SPEC_FIELDS = {
 EXTRA_FIELDS = {
     "score", "alias_profile", "estimated_cost_usd", "expected_cached_tokens", "hard_requirements", "chain",
     "rejected", "canary",
+    "predicted_wait_ms", "spillover",  # issue 44
 }
 REQUEST_ID = "req_7f3a9c1e5b"
 TENANT = "project-acme-4242"
