@@ -17,7 +17,8 @@ from ethen.gateway.routing.hints import MODELS_HINT, OVERLAY
 from ethen.gateway.routing.requirements import parse_requirements
 from tests.gateway.routing.test_routing_properties import scenarios
 
-#: reason -> the hint sentence it belongs to (None: an outage, no hint)
+#: reason -> the hint sentence it belongs to (None: an outage, or a wait target, which alone never refuses:
+#: candidates over it stay in the chain, least predicted wait first, issue 44)
 GROUP = {
     r.PROVIDER_NOT_ALLOWED: "providers", r.MODEL_NOT_ALLOWED: "models", r.PROVIDER_NOT_REQUESTED: "only",
     r.NO_TOOLS: "tools", r.ALIAS_REQUIRES_TOOLS: "tools", r.NO_VISION: "vision",
@@ -26,6 +27,7 @@ GROUP = {
     r.ALIAS_REQUIRES_CONTEXT: "context", r.MAX_OUTPUT_TOO_SMALL: "max_output",
     r.NO_LIVE_CERTIFICATION: "certification", r.OVER_BUDGET_CEILING: "ceiling",
     r.OVER_PROJECT_BUDGET: "budget", r.PROVIDER_FAILING: None, r.CANDIDATE_FAILING: None,
+    r.PREDICTED_WAIT_EXCEEDS_TARGET: None,
 }
 #: a phrase each group's sentence holds
 PHRASE = {
