@@ -576,9 +576,11 @@ class PromptCacheConfig(_Strict):
     (true): a request to a ``kind = "anthropic"`` provider that carries no ``cache_control`` gets breakpoints
     where Anthropic's guide puts them, and a request to an OpenAI-compatible provider without a
     ``prompt_cache_key`` gets one derived from its leading messages; false: requests go as the client sent
-    them."""
+    them. ``cache_aware_routing`` (true): the cost component prices a candidate's expected cached prompt
+    tokens at its cache-read price (``ethen.gateway.api.prompt_memory``); false: every candidate uncached."""
 
     auto_breakpoints: bool = True
+    cache_aware_routing: bool = True
 
 
 class GatewayConfig(_Strict):
