@@ -94,7 +94,8 @@ class Gateway:
         self.limits: RateLimits = self.shared.limits  # the pipeline admits through gw.limits
         # issue 45: which provider holds a conversation's prompt prefix in its cache (cache-aware cost)
         self.prompt_memory = PromptMemory({p.id: p.kind for p in cfg.providers},
-                                          cfg.prompt_cache.auto_breakpoints, state=self.shared.state)
+                                          cfg.prompt_cache.auto_breakpoints, state=self.shared.state,
+                                          aware=cfg.prompt_cache.cache_aware_routing)
         # [[shadows]] (issue 27): None without rules; shadow calls paid by each rule's store project
         shadow_rules = [ShadowRule(x.alias, x.candidate, x.percent, x.project, x.max_in_flight,
                                    x.min_success_rate, x.min_samples) for x in cfg.shadows]

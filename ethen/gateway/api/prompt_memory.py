@@ -7,6 +7,9 @@ another's prefixes. With ``[shared]`` Redis, every instance writes what it serve
 prompt hash) (``<key_prefix>:pcache:<scope>:<hash>``, field ``provider/model``, value ``tokens expiry``, the
 key expiring with its longest-kept holder) and a lookup reads the request's prefixes there in one pipelined
 round trip, folding them into its own memory; Redis unreachable: the instance's own memory answers.
+
+``[prompt_cache] cache_aware_routing = false`` (``aware``): the memory is neither read nor written, every
+candidate is priced uncached (the baseline of ``bench/prompt_cache.py``).
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ class PromptMemory:
     """A :class:`PrefixMemory` with the clock, each provider's kind and (optionally) the shared Redis."""
 
     def __init__(self, kinds: Mapping[str, str], auto_breakpoints: bool, memory: PrefixMemory | None = None,
-                 state: SharedState | None = None) -> None:
+                 state: SharedState | None = None, aware: bool = True) -> None:
         self.kinds = dict(kinds)
+        self.aware = aware
         self.auto_breakpoints = auto_breakpoints
         self.memory = memory if memory is not None else PrefixMemory()
         self.state = state
@@ -55,7 +59,7 @@ class PromptMemory:
         return self.state.key("pcache", scope, prompt)
 
     async def lookup(self, scope: str, body: Mapping[str, Any]) -> PrefixSeen | None:
-        hashes = prefix_hashes(body)
+        hashes = prefix_hashes(body) if self.aware else []
         if not hashes:
             return None
         if self.state is not None:

@@ -209,6 +209,9 @@ class MeshProviderConfig(_Strict):
     progress_timeout_s: float = Field(default=5.0, gt=0)  # per 128 rows of a stage call (stuck nodes)
     # a request's wait for worker slots before its first token; past it: 503 mesh_saturated (issue 42)
     admission_timeout_s: float = Field(default=30.0, gt=0)
+    # issue 44: at most this many requests wait for their first token; one more is refused at once
+    # (fallback, or 503 mesh_saturated with Retry-After) instead of waiting. None: no bound
+    max_queue: int | None = Field(default=None, ge=1, le=100_000)
     start_timeout_s: float = Field(default=30.0, ge=0)
     # a joined worker not announced for this long leaves the membership (ethen.mesh.orchestrator.members)
     member_expiry_s: float = Field(default=10.0, ge=0.5, le=3600)
@@ -573,9 +576,11 @@ class PromptCacheConfig(_Strict):
     (true): a request to a ``kind = "anthropic"`` provider that carries no ``cache_control`` gets breakpoints
     where Anthropic's guide puts them, and a request to an OpenAI-compatible provider without a
     ``prompt_cache_key`` gets one derived from its leading messages; false: requests go as the client sent
-    them."""
+    them. ``cache_aware_routing`` (true): the cost component prices a candidate's expected cached prompt
+    tokens at its cache-read price (``ethen.gateway.api.prompt_memory``); false: every candidate uncached."""
 
     auto_breakpoints: bool = True
+    cache_aware_routing: bool = True
 
 
 class GatewayConfig(_Strict):

@@ -192,6 +192,7 @@ class MeshProvider(Provider):
                 model_name=served_model_id(store),
                 health_interval_s=p.health_interval_s, forward_timeout_s=p.forward_timeout_s,
                 progress_timeout_s=p.progress_timeout_s, admission_timeout_s=p.admission_timeout_s,
+                max_queue=p.max_queue,
                 credentials=credentials, data_plane=p.data_plane, chain_listen=p.chain_listen,
                 chain_advertise=p.chain_advertise, chain_tls=tls,
             ).start()

@@ -23,6 +23,12 @@ beyond them is refused (``RESOURCE_EXHAUSTED``, then ``mesh_saturated`` or a fal
 up to that cap. So a request that would be session ``max_sessions + k`` waits for ``ceil(k /
 max_sessions)`` generations to end, each the measured decode time of a generation (EWMA, first token to
 end).
+
+Bounded queue (issue 44 item 3, the mesh provider's ``max_queue``): at most that many generations of this
+orchestrator wait for their first token; one more is refused at once (:meth:`LoadBook.try_begin`, the
+decision :func:`queue_admits`), with a ``Retry-After`` of the queue's predicted wait
+(:func:`queue_retry_after_s`), instead of waiting up to ``admission_timeout_s`` for worker slots. ``None``
+(the default): no bound.
 """
 
 from __future__ import annotations
@@ -37,12 +43,14 @@ from dataclasses import dataclass
 from ethen.mesh.worker.limits import MAX_DECODE_BATCH, MAX_SESSIONS_PER_CALLER, PREFILL_CHUNK_TOKENS
 
 __all__ = ["DEFAULT_PREFILL_MS_PER_TOKEN", "DEFAULT_STEP_MS", "HISTORY_S", "LoadBook", "LoadSample",
-           "MeshLoad", "predicted_wait_ms", "prefill_ms_per_token_of", "slot_wait_ms"]
+           "MeshLoad", "predicted_wait_ms", "prefill_ms_per_token_of", "queue_admits", "queue_retry_after_s",
+           "slot_wait_ms"]
 
 DEFAULT_PREFILL_MS_PER_TOKEN = 1.0
 DEFAULT_STEP_MS = 30.0
 _MIN_PREFILL_MS_PER_TOKEN = 0.01
 HISTORY_S = 600.0  # the load book keeps a sample per second (when something happens) for this long
+_MAX_RETRY_AFTER_S = 60
 
 
 def _turn_ms(decoding: int, step_ms: float, batch_limit: int) -> float:
@@ -61,6 +69,18 @@ def slot_wait_ms(sessions: int, max_sessions: int, generation_ms: float) -> floa
     """The wait for a session slot of a new request when ``sessions`` are in flight (module docstring)."""
     over = sessions + 1 - max(1, max_sessions)
     return math.ceil(over / max(1, max_sessions)) * generation_ms if over > 0 else 0.0
+
+
+def queue_admits(waiting: int, max_queue: int | None) -> bool:
+    """Whether a new generation may join ``waiting`` ones that wait for their first token (``None``: no
+    bound)."""
+    return max_queue is None or max(0, waiting) < max_queue
+
+
+def queue_retry_after_s(queue_ms: float) -> int:
+    """Whole seconds until a request refused by a full queue may be taken: the queue's predicted wait
+    (``queue_ms``, :meth:`MeshLoad.linear`), at least 1, at most 60."""
+    return int(min(_MAX_RETRY_AFTER_S, max(1, math.ceil(max(0.0, queue_ms) / 1000.0))))
 
 
 def prefill_ms_per_token_of(first_token_ms: float, queued_tokens: int, own_tokens: int, decoding: int,
@@ -151,8 +171,17 @@ class LoadBook:
 
     def begin(self, prompt_tokens: int) -> object:
         """A generation arrived with ``prompt_tokens``; returns its ticket."""
-        ticket = object()
+        ticket = self.try_begin(prompt_tokens, None)
+        assert ticket is not None
+        return ticket
+
+    def try_begin(self, prompt_tokens: int, max_queue: int | None) -> object | None:
+        """:meth:`begin` unless ``max_queue`` generations already wait for their first token
+        (:func:`queue_admits`): then ``None``, and nothing is counted (one check, under the lock)."""
         with self._lock:
+            if not queue_admits(len(self._prefilling), max_queue):
+                return None
+            ticket = object()
             self._prefilling[ticket] = (prompt_tokens, self._queued, len(self._decoding))
             self._queued += prompt_tokens
             self.started += 1

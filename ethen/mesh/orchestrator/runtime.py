@@ -23,7 +23,10 @@ Choices where the spec is silent:
   :class:`~ethen.mesh.orchestrator.admission.NodeGate` (2 in flight per worker, in arrival order; a session
   that gets no slot within ``admission_timeout_s`` before its first token is refused with
   :class:`~ethen.mesh.orchestrator.errors.MeshSaturated`), and a worker that makes progress is busy, not
-  dead (its Health polls may time out, a call to it may run out of time: it is not backed off).
+  dead (its Health polls may time out, a call to it may run out of time: it is not backed off). With
+  ``max_queue`` (issue 44), a generation that finds that many waiting for their first token is refused at
+  once (:class:`~ethen.mesh.orchestrator.errors.MeshSaturated`,
+  :meth:`~ethen.mesh.orchestrator.load.LoadBook.try_begin`).
 - The async API (:meth:`MeshGeneration.__aiter__`) runs the blocking loop on a thread and hands chunks to the
   event loop, so an ASGI gateway can stream without blocking.
 """
@@ -46,8 +49,9 @@ from ethen.mesh.orchestrator.admission import NodeGate
 from ethen.mesh.orchestrator.backoff import Backoff
 from ethen.mesh.orchestrator.chain import ChainReceiver
 from ethen.mesh.orchestrator.client import WorkerClient
+from ethen.mesh.orchestrator.errors import MeshSaturated
 from ethen.mesh.orchestrator.head import SplitHead
-from ethen.mesh.orchestrator.load import LoadBook
+from ethen.mesh.orchestrator.load import LoadBook, queue_retry_after_s
 from ethen.mesh.orchestrator.planning import plan_route, recompose
 from ethen.mesh.orchestrator.rounds import DEFAULT_PROGRESS_TIMEOUT_S, DecodeRounds
 from ethen.mesh.orchestrator.session import MeshSession
@@ -92,7 +96,12 @@ class MeshGeneration:
 
     def __iter__(self) -> Iterator[GenerationChunk]:
         o = self.orchestrator
-        ticket = o.load_book.begin(len(self.prompt_ids))  # issue 44: the capacity signal (.load)
+        ticket = o.load_book.try_begin(len(self.prompt_ids), o.max_queue)  # issue 44: capacity signal, bound
+        if ticket is None:  # the queue is full: refused at once, before any worker is asked
+            self.session.close()
+            load = o.load_book.snapshot()
+            raise MeshSaturated(f"{load.prefilling} requests wait for their first token (max_queue = "
+                                f"{o.max_queue})", queue_retry_after_s(load.linear()[0]))
         begun = last = time.perf_counter()
         try:
             for chunk in generate_stream(self.session.step, o.tokenizer, self.prompt_ids, self.params,
@@ -190,12 +199,16 @@ class Orchestrator:
         chain_tls: Any = None,
         head_threads: int = 2,
         admission_timeout_s: float = 30.0,
+        max_queue: int | None = None,
     ) -> None:
         if data_plane not in ("star", "chain"):
             raise ValueError(f"data_plane = {data_plane!r}: must be 'star' or 'chain'")
         self.data_plane = data_plane
         self.progress_timeout_s = progress_timeout_s  # a stage call's deadline per 128 rows (stuck nodes)
         self.admission_timeout_s = admission_timeout_s  # wait for worker slots before a first token
+        if max_queue is not None and max_queue < 1:
+            raise ValueError(f"max_queue = {max_queue!r}: must be >= 1 (or None: no bound)")
+        self.max_queue = max_queue  # generations waiting for a first token; one more: MeshSaturated at once
         self._gates: dict[str, NodeGate] = {}
         self._gates_lock = threading.Lock()
         self.load_book = LoadBook()  # issue 44: generations in flight, prefill queue, step time

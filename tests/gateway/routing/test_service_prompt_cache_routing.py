@@ -92,3 +92,20 @@ def test_instances_share_who_holds_a_prefix_through_redis() -> None:
         second = [*first, {"role": "assistant", "content": "done"}, {"role": "user", "content": "now tests"}]
         two = _turn(b, SYSTEM, second)  # b never served this conversation: it learns the holder from Redis
         assert two["selected_provider"] == "gamma" and two["expected_cached_tokens"] == PROMPT
+
+
+def test_cache_blind_routing_prices_every_candidate_uncached() -> None:
+    """``[prompt_cache] cache_aware_routing = false``: the same conversation's second turn is priced as if
+    nothing were cached, so it goes where the uncached price is lower (the bench's baseline)."""
+    behaviors = {m: Behavior(prompt_tokens=PROMPT, tool_call=False)
+                 for m in ("claude-sonnet-4-5", "up-agent")}
+    with live(behaviors, routes=AGENT_ROUTES, prompt_cache={"cache_aware_routing": False}) as lv:
+        first = [{"role": "user", "content": "fix the bug in parser.py"}]
+        assert _turn(lv, "other agent " + SYSTEM, first, only="alpha")["selected_provider"] == "alpha"
+        assert _turn(lv, SYSTEM, first, only="gamma")["selected_provider"] == "gamma"
+        second = [*first, {"role": "assistant", "content": "done"}, {"role": "user", "content": "now tests"}]
+        two = _turn(lv, SYSTEM, second)
+        assert two["selected_provider"] == "alpha" and two["expected_cached_tokens"] == 0
+        # the breakpoints are still placed: only the scoring is blind
+        sent = [c["body"] for c in lv.script.calls if c["path"] == "messages"][-1]
+        assert sent["system"][-1]["cache_control"] == {"type": "ephemeral"}
