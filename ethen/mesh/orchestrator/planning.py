@@ -31,9 +31,10 @@ __all__ = ["mark_dead", "plan_route", "recompose", "runs_whole_fragments"]
 
 
 def plan_route(states: Iterable[NodeState], n_layers: int, prompt_tokens: int, weights: RouteWeights,
-               model: str, cached: Mapping[str, int] | None = None) -> Route:
-    """The cheapest route over layers ``0 .. n_layers-1`` (raises ``NoRouteAvailable``); ``cached[node]``:
-    prompt positions ``node`` holds in its prefix cache (the prompt term counts only the rest)."""
+               model: str, cached: Mapping[str, Mapping[int, int]] | None = None) -> Route:
+    """The cheapest route over layers ``0 .. n_layers-1`` (raises ``NoRouteAvailable``); ``cached[node][f]``:
+    prompt positions ``node`` holds in its prefix cache on its fragment starting at layer ``f`` (the prompt
+    term counts only the rest)."""
     request = RoutingRequest(layer_range=(0, n_layers - 1), prompt_tokens=prompt_tokens)
     if cached:
         return score_route_cached(request, tuple(states), weights, model, cached)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ethen.mesh.routing import Route
 from ethen.mesh.worker.prefixes import PREFIX_BLOCK
 
-__all__ = ["PREFIX_BLOCK", "PrefixHolding", "cached_blocks", "node_cached_blocks", "prefix_chain",
+__all__ = ["PREFIX_BLOCK", "PrefixHolding", "cached_blocks", "fragment_cached_tokens", "prefix_chain",
            "route_cached_tokens", "usable_tokens"]
 
 
@@ -71,16 +71,18 @@ def route_cached_tokens(route: Route, chain: Sequence[str], holdings: Mapping[st
     return usable_tokens(min(blocks), prompt_tokens)
 
 
-def node_cached_blocks(chain: Sequence[str], holdings: Mapping[str, PrefixHolding],
-                       nodes: Iterable[str]) -> dict[str, int]:
-    """Per node, the blocks of ``chain`` it holds on every fragment it serves (the routing's input)."""
-    out: dict[str, int] = {}
+def fragment_cached_tokens(chain: Sequence[str], holdings: Mapping[str, PrefixHolding],
+                           nodes: Iterable[str], prompt_tokens: int) -> dict[str, dict[int, int]]:
+    """Per node and fragment (its first layer), the prompt positions it holds and a first step may skip
+    (the routing's ``cached`` input, :func:`~ethen.mesh.routing.score_route_cached`); nodes holding none
+    are left out."""
+    out: dict[str, dict[int, int]] = {}
     for node in nodes:
         holding = holdings.get(node)
-        if holding is None or not holding.fragments:
-            out[node] = 0
+        if holding is None:
             continue
-        lo = min(a for a, _ in holding.fragments)
-        hi = max(b for _, b in holding.fragments)
-        out[node] = cached_blocks(chain, holding, lo, hi)
+        frags = {a: usable_tokens(cached_blocks(chain, holding, a, b), prompt_tokens)
+                 for a, b in holding.fragments}
+        if any(frags.values()):
+            out[node] = frags
     return out

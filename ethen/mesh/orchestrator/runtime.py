@@ -50,10 +50,9 @@ from ethen.mesh.orchestrator.head import SplitHead
 from ethen.mesh.orchestrator.load import LoadBook
 from ethen.mesh.orchestrator.planning import plan_route, recompose
 from ethen.mesh.orchestrator.prefix import (
-    node_cached_blocks,
+    fragment_cached_tokens,
     prefix_chain,
     route_cached_tokens,
-    usable_tokens,
 )
 from ethen.mesh.orchestrator.rounds import DEFAULT_PROGRESS_TIMEOUT_S, DecodeRounds
 from ethen.mesh.orchestrator.session import MeshSession
@@ -336,11 +335,11 @@ class Orchestrator:
         """The route a request with ``prompt_tokens`` would take now (raises ``NoRouteAvailable``); with the
         ``prompt_ids``, the prompt term counts only the positions a route's workers hold cached (issue 45)."""
         states = self.states()
-        cached: dict[str, int] = {}
+        cached: dict[str, dict[int, int]] = {}
         if prompt_ids:
             chain = prefix_chain(self.prefix_key, prompt_ids)
-            blocks = node_cached_blocks(chain, self.monitor.prefix_holdings(), [s.node_id for s in states])
-            cached = {n: usable_tokens(b, prompt_tokens) for n, b in blocks.items() if b}
+            cached = fragment_cached_tokens(chain, self.monitor.prefix_holdings(),
+                                            [s.node_id for s in states], prompt_tokens)
         return plan_route(states, self.config.n_layers, prompt_tokens, self.weights, self.model_name,
                           cached)
 

@@ -2,12 +2,14 @@
 
 The route cost's prompt term (``w_p*10*tokens/1024``, spec §2.2) counts only the prompt positions the route
 does **not** hold: a route skips a prefix only when every one of its stages holds it (a stage without it
-would need the prefix's hidden states, which the stages before it no longer compute), so a route's cached
-tokens are the minimum of its nodes' (``cached[node]``: positions of this prompt the node holds, already
-block aligned and leaving one position to compute). The prompt term then differs per route, so the plain DP
-(which leaves it out) is run once per distinct cached amount ``L`` over the nodes holding at least ``L``, and
-the best of those, priced with its own cached tokens, wins. This is exact: the optimal route ``R*`` is in
-the pool of ``L = cached(R*)``, whose DP winner costs at most as much; no candidate costs less than ``R*``.
+would need the prefix's hidden states, which the stages before it no longer compute). Workers keep a prefix
+per fragment, so ``cached[node][first]`` is the positions of this prompt that ``node`` holds on its fragment
+starting at layer ``first`` (already block aligned, leaving one position to compute); a stage holds the
+minimum over the node's fragments inside its layers, a route the minimum over its stages. The prompt term then
+differs per route, so the plain DP (which leaves it out) is run once per distinct cached amount ``L`` over the
+fragments holding at least ``L``, and the best of those, priced with its own cached tokens, wins. This is
+exact when a node's fragments do not overlap (as on workers): the optimal route ``R*`` is in the pool of
+``L = cached(R*)``, whose DP winner costs at most as much, and no candidate costs less than ``R*``.
 
 Order (as :func:`~ethen.mesh.routing.dp.score_route`): exact cost, then fewest stages, then node ids, then
 stage first layers. With no cached prefix the result equals ``score_route``'s. Pure.
@@ -15,7 +17,7 @@ stage first layers. With no cached prefix the result equals ``score_route``'s. P
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from fractions import Fraction
 
@@ -34,6 +36,14 @@ def _key(route: Route) -> tuple[Fraction, int, tuple[str, ...], tuple[int, ...]]
     return exact, len(route.stages), route.nodes, tuple(s.first for s in route.stages)
 
 
+def _held(route: Route, layers: Mapping[str, Sequence[tuple[int, int]]],
+          cached: Mapping[str, Mapping[int, int]]) -> int:
+    """Positions every stage of ``route`` holds: the minimum over the fragments inside its stages."""
+    held = [cached.get(s.node_id, {}).get(a, 0)
+            for s in route.stages for a, b in layers.get(s.node_id, ()) if s.first <= a and b <= s.last]
+    return min(held, default=0)
+
+
 def _priced(route: Route, cached_tokens: int, weights: RouteWeights) -> Route:
     segments = [(s.node_id, s.first, s.last) for s in route.stages]
     stages = price_stages(segments, [s.node_cost for s in route.stages], weights,
@@ -43,32 +53,38 @@ def _priced(route: Route, cached_tokens: int, weights: RouteWeights) -> Route:
 
 def score_route_cached(request: RoutingRequest, states: Iterable[NodeState],
                        weights: RouteWeights | None = None, model: str = DEFAULT_MODEL,
-                       cached: Mapping[str, int] | None = None) -> Route:
-    """The cheapest route when ``cached[node]`` prompt positions are held by ``node`` (absent: 0)."""
+                       cached: Mapping[str, Mapping[int, int]] | None = None) -> Route:
+    """The cheapest route when ``cached[node][first]`` prompt positions are held by ``node`` on its fragment
+    starting at layer ``first`` (absent: 0)."""
     w = weights if weights is not None else RouteWeights()
     pool = tuple(states)
-    held = dict(cached or {})
-    for node, tokens in held.items():
-        if not isinstance(node, str) or isinstance(tokens, bool) or not isinstance(tokens, int) \
-                or not 0 <= tokens <= request.prompt_tokens:
-            raise InvalidMeshInput(f"cached[{node!r}] = {tokens!r}: must be an int in [0, prompt_tokens="
-                                   f"{request.prompt_tokens}]")
+    held = {node: dict(frags) for node, frags in (cached or {}).items()}
+    for node, frags in held.items():
+        for first, tokens in frags.items():
+            if not isinstance(node, str) or isinstance(tokens, bool) or not isinstance(tokens, int) \
+                    or not 0 <= tokens <= request.prompt_tokens:
+                raise InvalidMeshInput(f"cached[{node!r}][{first!r}] = {tokens!r}: must be an int in "
+                                       f"[0, prompt_tokens={request.prompt_tokens}]")
     base = score_route(request, pool, w, model)  # validates everything, raises when no route exists
-    levels = sorted({t for t in held.values() if t > 0})
+    levels = sorted({t for frags in held.values() for t in frags.values() if t > 0})
     if not levels:
         return base
+    layers = {s.node_id: tuple(s.served_layers) for s in pool}
     window = RoutingRequest(layer_range=base.window, prompt_tokens=request.prompt_tokens)
-    best = _priced(base, min(held.get(n, 0) for n in base.nodes), w)
+    best = _priced(base, _held(base, layers, held), w)
     for level in levels:
-        subset = tuple(s for s in pool if held.get(s.node_id, 0) >= level)
+        subset = tuple(replace(s, served_layers=[(a, b) for a, b in s.served_layers
+                                                 if held.get(s.node_id, {}).get(a, 0) >= level])
+                       for s in pool)
         try:
             route = score_route(window, subset, w, model)
         except NoRouteAvailable:
             continue
-        candidate = _priced(route, min(held.get(n, 0) for n in route.nodes), w)
+        candidate = _priced(route, _held(route, layers, held), w)
         if _key(candidate) < _key(best):
             best = candidate
-    holders = tuple(sorted((n, t) for n, t in held.items() if t > 0))
+    holders = tuple(sorted((n, max(frags.values())) for n, frags in held.items()
+                           if frags and max(frags.values()) > 0))
     usable = base.rejected.not_cheapest | set(base.nodes)
     rejected = Rejections(dead=base.rejected.dead, outside_window=base.rejected.outside_window,
                           not_cheapest=frozenset(usable - set(best.nodes)))
