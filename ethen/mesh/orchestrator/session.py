@@ -466,9 +466,10 @@ class MeshSession:
         wall, t0, sent = time.time(), time.perf_counter(), self._clock()
         reply: ForwardResult | None = None
         try:
+            extra: dict[str, Any] = ({"prefix_hashes": hashes, "prefix_length": prefix_length}
+                                     if hashes else {})  # (test doubles of the client take none)
             reply = client.forward(self._wsid(stage), stage.first, stage.last, hidden, start,
-                                   timeout_s=timeout, capability=self.capability(stage.first),
-                                   prefix_hashes=hashes, prefix_length=prefix_length)
+                                   timeout_s=timeout, capability=self.capability(stage.first), **extra)
         except NodeError as exc:
             exc.sent_at = sent
             raise
