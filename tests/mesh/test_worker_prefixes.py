@@ -60,6 +60,18 @@ def test_least_recently_used_entries_go_first_past_the_byte_bound() -> None:
     assert not cache.holds("w0", [0]) and cache.nbytes == 2 * one
 
 
+def test_dropping_a_longer_entry_keeps_a_shorter_one_naming_a_shared_block() -> None:
+    cache = PrefixCache(1 << 20)
+    cache.remember(("s0", "s1"), 0, _filled(2 * PREFIX_BLOCK, 1.0))
+    cache.remember(("s0",), 0, _filled(PREFIX_BLOCK, 2.0))  # the newest entry answers for s0
+    cache._drop(("s0", 0))
+    assert cache.holds("s0", [0]) and cache.holds("s1", [0])  # s0 answered by the longer entry again
+    kv = KVCache(2, 1, 4, 1024)
+    assert cache.seed("s0", PREFIX_BLOCK, 0, kv) and np.all(kv.k[:, :, :PREFIX_BLOCK] == 1.0)
+    cache._drop(("s1", 0))
+    assert not cache.holds("s0", [0]) and len(cache) == 0 and cache.nbytes == 0
+
+
 @pytest.fixture(scope="module")
 def worker() -> Iterator[Worker]:
     w = Worker([(0, 4)])
