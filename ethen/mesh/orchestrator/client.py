@@ -13,7 +13,7 @@ Every ``grpc.RpcError`` is turned into the mesh exception tree here (via
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -70,12 +70,13 @@ class WorkerClient:
 
     @staticmethod
     def _request(session_id: str, first: int, last: int, data: F32, start: int,
-                 capability: bytes = b"") -> mesh_pb2.ForwardRequest:
+                 capability: bytes = b"", prefix_hashes: Sequence[str] = (),
+                 prefix_length: int = 0) -> mesh_pb2.ForwardRequest:
         t = int(data.shape[0])
         return mesh_pb2.ForwardRequest(
             session_id=session_id, first_layer=first, last_layer=last, positions=range(start, start + t),
             hidden=mesh_pb2.Tensor(data=data.tobytes(), shape=data.shape, dtype="float32"),
-            capability=capability)
+            capability=capability, prefix_hashes=prefix_hashes, prefix_length=prefix_length)
 
     def _check(self, reply: mesh_pb2.ForwardResponse, shape: tuple[int, ...]) -> F32:
         got = tuple(reply.hidden.shape)
@@ -117,13 +118,17 @@ class WorkerClient:
         return out
 
     def forward(self, session_id: str, first: int, last: int, hidden: F32, start: int,
-                timeout_s: float | None = None, capability: bytes = b"") -> ForwardResult:
+                timeout_s: float | None = None, capability: bytes = b"", prefix_hashes: Sequence[str] = (),
+                prefix_length: int = 0) -> ForwardResult:
         """Run layers ``first..last`` on ``hidden`` [T, d] at positions ``start .. start+T-1``;
-        ``capability`` binds the session to it on the worker (a chain's peers may then feed it)."""
+        ``capability`` binds the session to it on the worker (a chain's peers may then feed it);
+        ``prefix_hashes`` name the prompt's blocks (the worker keeps their KV rows) and ``prefix_length`` > 0
+        opens the session from the worker's cached prefix (issue 45)."""
         data: F32 = np.ascontiguousarray(hidden, dtype="<f4")
         self._count(1)
         try:
-            reply = self._stub.Forward(self._request(session_id, first, last, data, start, capability),
+            reply = self._stub.Forward(self._request(session_id, first, last, data, start, capability,
+                                                     prefix_hashes, prefix_length),
                                        timeout=timeout_s or self.forward_timeout_s, metadata=self._md)
         except grpc.RpcError as exc:
             raise from_grpc(self.node_id, exc) from None

@@ -39,6 +39,7 @@ __all__ = [
     "NodeOverloaded",
     "NodeRejected",
     "NodeUnavailable",
+    "PrefixMissing",
     "SessionLost",
     "from_grpc",
     "from_status",
@@ -89,6 +90,11 @@ class NodeRejected(NodeError):
     """The node refused the request as malformed (``INVALID_ARGUMENT``): a bug, never retried elsewhere."""
 
 
+class PrefixMissing(NodeError):
+    """The node no longer holds the prompt prefix the session asked it to seed from (``FAILED_PRECONDITION``:
+    evicted since its last Health): the session prefills the whole prompt instead; the node is healthy."""
+
+
 class ChainLost(MeshRuntimeError):
     """A chained decode step never came back (its delivery failed): which stages advanced is unknown, so the
     session rebuilds every stage by replay (:mod:`ethen.mesh.orchestrator.chain`)."""
@@ -136,6 +142,8 @@ def _classify(node_id: str, code: Any, details: str) -> NodeError:
     text = f"{name}: {details}"
     if code == grpc.StatusCode.NOT_FOUND:
         return SessionLost(node_id, text, name)
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return PrefixMissing(node_id, text, name)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return NodeOverloaded(node_id, text, name)
     if code in _UNAVAILABLE or code is None:

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from ethen.mesh.orchestrator.errors import DegradedRoute
@@ -24,15 +24,20 @@ from ethen.mesh.routing import (
     failover,
     redundancy_map_from_states,
     score_route,
+    score_route_cached,
 )
 
 __all__ = ["mark_dead", "plan_route", "recompose", "runs_whole_fragments"]
 
 
 def plan_route(states: Iterable[NodeState], n_layers: int, prompt_tokens: int, weights: RouteWeights,
-               model: str) -> Route:
-    """The cheapest route over layers ``0 .. n_layers-1`` (raises ``NoRouteAvailable``)."""
+               model: str, cached: Mapping[str, Mapping[int, int]] | None = None) -> Route:
+    """The cheapest route over layers ``0 .. n_layers-1`` (raises ``NoRouteAvailable``); ``cached[node][f]``:
+    prompt positions ``node`` holds in its prefix cache on its fragment starting at layer ``f`` (the prompt
+    term counts only the rest)."""
     request = RoutingRequest(layer_range=(0, n_layers - 1), prompt_tokens=prompt_tokens)
+    if cached:
+        return score_route_cached(request, tuple(states), weights, model, cached)
     return score_route(request, tuple(states), weights, model)
 
 

@@ -53,6 +53,11 @@ from ethen.mesh.orchestrator.errors import MeshSaturated
 from ethen.mesh.orchestrator.head import SplitHead
 from ethen.mesh.orchestrator.load import LoadBook, queue_retry_after_s
 from ethen.mesh.orchestrator.planning import plan_route, recompose
+from ethen.mesh.orchestrator.prefix import (
+    fragment_cached_tokens,
+    prefix_chain,
+    route_cached_tokens,
+)
 from ethen.mesh.orchestrator.rounds import DEFAULT_PROGRESS_TIMEOUT_S, DecodeRounds
 from ethen.mesh.orchestrator.session import MeshSession
 from ethen.mesh.orchestrator.telemetry import HealthMonitor
@@ -169,6 +174,7 @@ class MeshGeneration:
                 {"failed_node": f.failed_node, "error": f.error, "at_position": f.at_position,
                  "nodes": list(f.route.nodes)} for f in self.session.failovers],
             "replayed_positions": self.session.replayed_positions,
+            "prefix_reused_tokens": self.session.prefix_reused,
             "stages": [t.to_dict() for t in self.session.stage_timings.values()],
         }
 
@@ -223,6 +229,7 @@ class Orchestrator:
         self.weights = weights or RouteWeights()
         self.fallback_model = fallback_model
         self.model_name = model_name
+        self.prefix_key = model_name  # seeds the prompt prefixes' hash chain (the model file's hash if known)
         self.exact_replay = exact_replay
         self.max_step_tokens = max_step_tokens  # a longer prompt is prefilled in steps of at most this
         self.clients = {node: WorkerClient(node, addr, forward_timeout_s=forward_timeout_s,
@@ -253,7 +260,8 @@ class Orchestrator:
         path = s.meta.get("gguf_path")
         if path:  # issue 24: route only to workers that loaded this file (ethen.mesh.model_id)
             try:
-                orch.monitor.expect_model(model_fingerprint(path), str(path))
+                orch.prefix_key = model_fingerprint(path)
+                orch.monitor.expect_model(orch.prefix_key, str(path))
             except (OSError, ValueError) as exc:  # the cache outlived its file: workers cannot be checked
                 logging.getLogger("ethen.mesh.orchestrator").warning(
                     "mesh: the workers' model files are not checked: %s", exc)
@@ -336,18 +344,31 @@ class Orchestrator:
 
     # ---- public API ---------------------------------------------------------------------------------------
 
-    def route_for(self, prompt_tokens: int) -> Route:
-        """The route a request with ``prompt_tokens`` would take now (raises ``NoRouteAvailable``)."""
-        return plan_route(self.states(), self.config.n_layers, prompt_tokens, self.weights, self.model_name)
+    def route_for(self, prompt_tokens: int, prompt_ids: Sequence[int] | None = None) -> Route:
+        """The route a request with ``prompt_tokens`` would take now (raises ``NoRouteAvailable``); with the
+        ``prompt_ids``, the prompt term counts only the positions a route's workers hold cached (issue 45)."""
+        states = self.states()
+        cached: dict[str, dict[int, int]] = {}
+        if prompt_ids:
+            chain = prefix_chain(self.prefix_key, prompt_ids)
+            cached = fragment_cached_tokens(chain, self.monitor.prefix_holdings(),
+                                            [s.node_id for s in states], prompt_tokens)
+        return plan_route(states, self.config.n_layers, prompt_tokens, self.weights, self.model_name,
+                          cached)
 
-    def open_session(self, prompt_tokens: int, route: Route | None = None) -> MeshSession:
-        chosen = route if route is not None else self.route_for(prompt_tokens)
+    def open_session(self, prompt_tokens: int, route: Route | None = None,
+                     prompt_ids: Sequence[int] | None = None) -> MeshSession:
+        chosen = route if route is not None else self.route_for(prompt_tokens, prompt_ids)
+        chain = prefix_chain(self.prefix_key, prompt_ids) if prompt_ids else ()
+        holdings = self.monitor.prefix_holdings() if chain else {}
+        seed = route_cached_tokens(chosen, chain, holdings, prompt_tokens) if chain else 0
         session = MeshSession(chosen, self.clients, self.ends.embed, lambda h: self.head(h),
                               self._recompose, self.monitor.mark_failed, exact_replay=self.exact_replay,
                               rounds=self.rounds, max_step_tokens=self.max_step_tokens,
                               progress_timeout_s=self.progress_timeout_s, observe=self.monitor.observe_call,
                               gate=self.gate, admission_timeout_s=self.admission_timeout_s,
-                              last_progress=self.monitor.last_progress, clock=self.monitor.clock)
+                              last_progress=self.monitor.last_progress, clock=self.monitor.clock,
+                              prefix_hashes=chain, prefix_length=seed)
         return session
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
@@ -357,7 +378,7 @@ class Orchestrator:
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
                  route: Route | None = None) -> MeshGeneration:
         """Start a generation (routes now; iterate the result, sync or async, for chunks)."""
-        return MeshGeneration(self, self.open_session(len(prompt_ids), route), prompt_ids, params)
+        return MeshGeneration(self, self.open_session(len(prompt_ids), route, prompt_ids), prompt_ids, params)
 
     def chat(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams) -> MeshGeneration:
         return self.generate(self.chat_prompt(messages), params)

@@ -46,6 +46,13 @@ Failover and replay (Petals-style):
   as several steps of at most that many tokens (a long prompt is prefilled in pieces), so no ``Forward`` ever
   exceeds a worker's cap; replay reuses those sizes, and a one-call replay (``exact_replay=False``) is cut
   the same way.
+- Prefix reuse (issue 45, :mod:`~ethen.mesh.orchestrator.prefix`): a session opened with the prompt's block
+  hash chain sends it with every call that computes prompt positions, so each worker keeps the prompt's
+  block-aligned prefix. With ``prefix_length`` > 0 (every stage of the route holds that prefix), the first
+  step sends only the suffix, each stage seeding its new worker session from its cache. The session then
+  has the history of its first boundary only (the token embeddings); a later cold stage rebuilds every stage
+  from there, as after a lost chain. A stage that no longer holds the prefix (``PrefixMissing``) or fails
+  makes the first step a whole prefill (on the recomposed route after a failure): the same tokens.
 """
 
 from __future__ import annotations
@@ -72,10 +79,12 @@ from ethen.mesh.orchestrator.errors import (
     NodeError,
     NodeOverloaded,
     NodeUnavailable,
+    PrefixMissing,
 )
 from ethen.mesh.orchestrator.rounds import DEFAULT_PROGRESS_TIMEOUT_S, DecodeRounds, Observe
 from ethen.mesh.routing import Route, Stage
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS
+from ethen.mesh.worker.prefixes import PREFIX_BLOCK
 
 __all__ = ["FailoverEvent", "MeshSession", "StageTiming"]
 
@@ -170,6 +179,8 @@ class MeshSession:
         admission_timeout_s: float = 30.0,
         last_progress: Callable[[str], float | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        prefix_hashes: Sequence[str] = (),
+        prefix_length: int = 0,
     ) -> None:
         if max_step_tokens < 1:
             raise ValueError(f"max_step_tokens must be >= 1, got {max_step_tokens}")
@@ -205,6 +216,9 @@ class MeshSession:
         self._admit_by = clock() + admission_timeout_s  # before the first token, no slot wait goes past it
         self.steps = 0  # public steps done (the first one ends with the first token's logits)
         self.retries = 0  # stages replayed on their own (busy) node after a timeout
+        self.prefix_hashes = tuple(prefix_hashes)  # the prompt's block hash chain (prefix.py)
+        self.prefix_length = prefix_length  # cached positions the first step skips (0: none)
+        self.prefix_reused = 0  # positions the first step actually skipped
 
     @property
     def accepted(self) -> bool:
@@ -228,8 +242,8 @@ class MeshSession:
 
     def _warm(self) -> bool:
         """Every stage's worker holds exactly the positions so far, and the boundary history is complete."""
-        return all(self._ready.get((s.node_id, s.first, s.last)) == self.length
-                   and (self.length == 0 or s.first in self._hist) for s in self.route.stages)
+        return (all(self._ready.get((s.node_id, s.first, s.last)) == self.length for s in self.route.stages)
+                and (self.length == 0 or self.route.stages[0].first in self._hist))
 
     def time_stage(self, node: str, first: int, last: int, rows: int, started: float, call_ms: float,
                    worker_ms: float) -> None:
@@ -258,6 +272,20 @@ class MeshSession:
         """Feed ``token_ids`` after everything fed so far; logits ``[V]`` of the last one. More than
         ``max_step_tokens`` ids run as several steps of at most that many (only the last one's head runs)."""
         ids, n = list(token_ids), self.max_step_tokens
+        seed, self.prefix_length = self.prefix_length, 0
+        if self.length == 0 and 0 < seed < len(ids):
+            end = min(len(ids), seed + n)
+            try:
+                logits = self._seeded(ids[:end], seed, head=end == len(ids))
+                ids = ids[end:]
+                if not ids:
+                    assert logits is not None
+                    self.steps += 1
+                    return logits
+            except PrefixMissing as exc:
+                log.info("session %s: %s; prefilling the whole prompt", self.id, exc)
+            except NodeUnavailable as exc:
+                self._fail(exc)  # then the whole prompt on the recomposed route
         while len(ids) > n:
             self._step(ids[:n], head=False)
             ids = ids[n:]
@@ -298,10 +326,39 @@ class MeshSession:
         logits: F32 = self._head(h[-1:])[0]  # [V]
         return logits
 
+    def _seeded(self, ids: list[int], seed: int, head: bool) -> F32 | None:
+        """The first step with its first ``seed`` positions seeded from every stage's prefix cache: only the
+        suffix is computed. Raises :class:`PrefixMissing` / :class:`NodeUnavailable` with every worker
+        session it opened closed again (the caller then prefills the whole prompt)."""
+        x = self._embed(ids)  # [seed + t, d]
+        cur = x[seed:]
+        try:
+            for stage in self.route.stages:
+                cur = self._forward(stage, cur, seed, prefix_length=seed)
+                self._ready[(stage.node_id, stage.first, stage.last)] = len(ids)
+        except NodeError:
+            for stage in self.route.stages:
+                if (stage.node_id, stage.first) in self._opened:
+                    with contextlib.suppress(NodeError):
+                        self.clients[stage.node_id].close_session(self._wsid(stage))
+                    self._opened.discard((stage.node_id, stage.first))
+            self._ready.clear()
+            raise
+        self._commit(len(ids), {self.route.stages[0].first: (True, x)})
+        n = self.max_step_tokens
+        self.chunks[-1:] = [*(min(n, seed - at) for at in range(0, seed, n)), len(ids) - seed]
+        self.prefix_reused = seed
+        if not head:
+            return None
+        logits: F32 = self._head(cur[-1:])[0]
+        return logits
+
     def _commit(self, tokens: int, pending: _Pending) -> None:
         hist: dict[int, _Rows] = {}
         for boundary, (complete, rows) in pending.items():
             buf = self._hist.get(boundary)
+            if not complete and buf is None and self.length:
+                continue  # no history before this step (a seeded prefix): none from here on either
             if complete or buf is None:
                 hist[boundary] = _Rows(rows)
             else:
@@ -395,9 +452,13 @@ class MeshSession:
             raise MeshRuntimeError(f"session {self.id}: {why}")
         return gate, got[0], got[1]
 
-    def _forward(self, stage: Stage, hidden: F32, start: int) -> F32:
+    def _forward(self, stage: Stage, hidden: F32, start: int, prefix_length: int = 0) -> F32:
         client = self.clients[stage.node_id]
         rows = int(hidden.shape[0])
+        blocks = min(len(self.prefix_hashes), (start + rows) // PREFIX_BLOCK)
+        # the prompt's block names when this call computes prompt positions (the worker keeps their rows)
+        named = prefix_length > 0 or (rows > 1 and start < blocks * PREFIX_BLOCK)
+        hashes = self.prefix_hashes[:blocks] if named else ()
         slot = self._admit(stage.node_id, rows)
         self._opened.add((stage.node_id, stage.first))
         timeout = queued_timeout(self.progress_timeout_s, rows, () if slot is None else slot[2],
@@ -405,8 +466,10 @@ class MeshSession:
         wall, t0, sent = time.time(), time.perf_counter(), self._clock()
         reply: ForwardResult | None = None
         try:
+            extra: dict[str, Any] = ({"prefix_hashes": hashes, "prefix_length": prefix_length}
+                                     if hashes else {})  # (test doubles of the client take none)
             reply = client.forward(self._wsid(stage), stage.first, stage.last, hidden, start,
-                                   timeout_s=timeout, capability=self.capability(stage.first))
+                                   timeout_s=timeout, capability=self.capability(stage.first), **extra)
         except NodeError as exc:
             exc.sent_at = sent
             raise

@@ -60,6 +60,7 @@ from ethen.mesh.orchestrator.admission import busy_not_dead
 from ethen.mesh.orchestrator.backoff import Backoff
 from ethen.mesh.orchestrator.client import WorkerClient
 from ethen.mesh.orchestrator.errors import NodeError
+from ethen.mesh.orchestrator.prefix import PrefixHolding
 from ethen.mesh.proto import mesh_pb2
 from ethen.mesh.routing import NodeState
 
@@ -300,6 +301,14 @@ class HealthMonitor:
             out.append(state_from_health(node_id, reply, alive=last.reply is not None and not blocked,
                                          rtt_ms=rtt, step_ms=step))
         return tuple(out)
+
+    def prefix_holdings(self) -> dict[str, PrefixHolding]:
+        """Per watched worker, the prompt prefixes its last good Health reported (issue 45); no call."""
+        with self._lock:
+            good = {n: h.reply for n, h in self._last_good.items()
+                    if n in self.clients and h.reply is not None}
+        return {n: PrefixHolding(tuple((r.first, r.last) for r in reply.served_layers),
+                                 frozenset(reply.cached_prefixes)) for n, reply in good.items()}
 
     def snapshot(self) -> dict[str, NodeHealth]:
         with self._lock:

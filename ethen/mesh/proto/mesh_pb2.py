@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\nmesh.proto\x12\rethen.mesh.v1\"4\n\x06Tensor\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"\x9b\x01\n\x0e\x46orwardRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66irst_layer\x18\x02 \x01(\x05\x12\x12\n\nlast_layer\x18\x03 \x01(\x05\x12\x11\n\tpositions\x18\x04 \x03(\x05\x12%\n\x06hidden\x18\x05 \x01(\x0b\x32\x15.ethen.mesh.v1.Tensor\x12\x12\n\ncapability\x18\x06 \x01(\x0c\"r\n\x0f\x46orwardResponse\x12%\n\x06hidden\x18\x01 \x01(\x0b\x32\x15.ethen.mesh.v1.Tensor\x12\x12\n\ncompute_ms\x18\x02 \x01(\x01\x12\x10\n\x08queue_ms\x18\x03 \x01(\x01\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\"C\n\x13\x46orwardBatchRequest\x12,\n\x05items\x18\x01 \x03(\x0b\x32\x1d.ethen.mesh.v1.ForwardRequest\"a\n\x11\x46orwardItemResult\x12-\n\x05reply\x18\x01 \x01(\x0b\x32\x1e.ethen.mesh.v1.ForwardResponse\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\"G\n\x14\x46orwardBatchResponse\x12/\n\x05items\x18\x01 \x03(\x0b\x32 .ethen.mesh.v1.ForwardItemResult\"U\n\x08\x43hainHop\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0b\x66irst_layer\x18\x03 \x01(\x05\x12\x12\n\nlast_layer\x18\x04 \x01(\x05\"\x86\x02\n\tChainItem\x12\x13\n\x0bsession_ids\x18\x01 \x03(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x02 \x03(\x0c\x12\x10\n\x08position\x18\x03 \x01(\x05\x12%\n\x06hidden\x18\x04 \x01(\x0b\x32\x15.ethen.mesh.v1.Tensor\x12&\n\x07outputs\x18\x05 \x03(\x0b\x32\x15.ethen.mesh.v1.Tensor\x12\x11\n\tworker_ms\x18\x06 \x03(\x01\x12\x0c\n\x04\x63ode\x18\x07 \x01(\x05\x12\x0f\n\x07message\x18\x08 \x01(\t\x12\x13\n\x0b\x66\x61iled_node\x18\t \x01(\t\x12\x12\n\ncompute_ms\x18\n \x03(\x01\x12\x12\n\nbatch_size\x18\x0b \x03(\x05\"\x8f\x01\n\x0c\x43hainRequest\x12%\n\x04hops\x18\x01 \x03(\x0b\x32\x17.ethen.mesh.v1.ChainHop\x12\x0b\n\x03hop\x18\x02 \x01(\x05\x12\'\n\x05items\x18\x03 \x03(\x0b\x32\x18.ethen.mesh.v1.ChainItem\x12\x12\n\ndeliver_to\x18\x04 \x01(\t\x12\x0e\n\x06ticket\x18\x05 \x01(\x0c\"\n\n\x08\x43hainAck\"\x0f\n\rHealthRequest\")\n\nLayerRange\x12\r\n\x05\x66irst\x18\x01 \x01(\x05\x12\x0c\n\x04last\x18\x02 \x01(\x05\"\xbf\x02\n\x0eHealthResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x30\n\rserved_layers\x18\x02 \x03(\x0b\x32\x19.ethen.mesh.v1.LayerRange\x12\x12\n\nlatency_ms\x18\x03 \x01(\x01\x12\x0c\n\x04load\x18\x04 \x01(\x01\x12\x17\n\x0fserved_requests\x18\x05 \x01(\x04\x12\x17\n\x0f\x66\x61iled_requests\x18\x06 \x01(\x04\x12\r\n\x05\x61live\x18\x07 \x01(\x08\x12\x16\n\x0e\x63\x61pacity_score\x18\x08 \x01(\x01\x12\x17\n\x0f\x61\x63tive_sessions\x18\t \x01(\x05\x12\x13\n\x0b\x63\x61\x63he_bytes\x18\n \x01(\x03\x12\x19\n\x11\x63\x61\x63he_bytes_limit\x18\x0b \x01(\x03\x12\x10\n\x08\x64raining\x18\x0c \x01(\x08\x12\x14\n\x0cmodel_sha256\x18\r \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"a\n\x0bJoinRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x30\n\rserved_layers\x18\x03 \x03(\x0b\x32\x19.ethen.mesh.v1.LayerRange\"2\n\x0cJoinResponse\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x01 \x01(\x08\x12\x13\n\x0bheartbeat_s\x18\x02 \x01(\x01\"0\n\x0cLeaveRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\" \n\rLeaveResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\x32\x93\x01\n\x0cMeshRegistry\x12?\n\x04Join\x12\x1a.ethen.mesh.v1.JoinRequest\x1a\x1b.ethen.mesh.v1.JoinResponse\x12\x42\n\x05Leave\x12\x1b.ethen.mesh.v1.LeaveRequest\x1a\x1c.ethen.mesh.v1.LeaveResponse2\x8e\x03\n\nMeshWorker\x12H\n\x07\x46orward\x12\x1d.ethen.mesh.v1.ForwardRequest\x1a\x1e.ethen.mesh.v1.ForwardResponse\x12W\n\x0c\x46orwardBatch\x12\".ethen.mesh.v1.ForwardBatchRequest\x1a#.ethen.mesh.v1.ForwardBatchResponse\x12\x45\n\x06Health\x12\x1c.ethen.mesh.v1.HealthRequest\x1a\x1d.ethen.mesh.v1.HealthResponse\x12W\n\x0c\x43loseSession\x12\".ethen.mesh.v1.CloseSessionRequest\x1a#.ethen.mesh.v1.CloseSessionResponse\x12=\n\x05\x43hain\x12\x1b.ethen.mesh.v1.ChainRequest\x1a\x17.ethen.mesh.v1.ChainAck2T\n\x11MeshChainReceiver\x12?\n\x07\x44\x65liver\x12\x1b.ethen.mesh.v1.ChainRequest\x1a\x17.ethen.mesh.v1.ChainAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\nmesh.proto\x12\rethen.mesh.v1\"4\n\x06Tensor\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"\xc9\x01\n\x0e\x46orwardRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66irst_layer\x18\x02 \x01(\x05\x12\x12\n\nlast_layer\x18\x03 \x01(\x05\x12\x11\n\tpositions\x18\x04 \x03(\x05\x12%\n\x06hidden\x18\x05 \x01(\x0b\x32\x15.ethen.mesh.v1.Tensor\x12\x12\n\ncapability\x18\x06 \x01(\x0c\x12\x15\n\rprefix_hashes\x18\x07 \x03(\t\x12\x15\n\rprefix_length\x18\x08 \x01(\x05\"r\n\x0f\x46orwardResponse\x12%\n\x06hidden\x18\x01 \x01(\x0b\x32\x15.ethen.mesh.v1.Tensor\x12\x12\n\ncompute_ms\x18\x02 \x01(\x01\x12\x10\n\x08queue_ms\x18\x03 \x01(\x01\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\"C\n\x13\x46orwardBatchRequest\x12,\n\x05items\x18\x01 \x03(\x0b\x32\x1d.ethen.mesh.v1.ForwardRequest\"a\n\x11\x46orwardItemResult\x12-\n\x05reply\x18\x01 \x01(\x0b\x32\x1e.ethen.mesh.v1.ForwardResponse\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\"G\n\x14\x46orwardBatchResponse\x12/\n\x05items\x18\x01 \x03(\x0b\x32 .ethen.mesh.v1.ForwardItemResult\"U\n\x08\x43hainHop\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0b\x66irst_layer\x18\x03 \x01(\x05\x12\x12\n\nlast_layer\x18\x04 \x01(\x05\"\x86\x02\n\tChainItem\x12\x13\n\x0bsession_ids\x18\x01 \x03(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x02 \x03(\x0c\x12\x10\n\x08position\x18\x03 \x01(\x05\x12%\n\x06hidden\x18\x04 \x01(\x0b\x32\x15.ethen.mesh.v1.Tensor\x12&\n\x07outputs\x18\x05 \x03(\x0b\x32\x15.ethen.mesh.v1.Tensor\x12\x11\n\tworker_ms\x18\x06 \x03(\x01\x12\x0c\n\x04\x63ode\x18\x07 \x01(\x05\x12\x0f\n\x07message\x18\x08 \x01(\t\x12\x13\n\x0b\x66\x61iled_node\x18\t \x01(\t\x12\x12\n\ncompute_ms\x18\n \x03(\x01\x12\x12\n\nbatch_size\x18\x0b \x03(\x05\"\x8f\x01\n\x0c\x43hainRequest\x12%\n\x04hops\x18\x01 \x03(\x0b\x32\x17.ethen.mesh.v1.ChainHop\x12\x0b\n\x03hop\x18\x02 \x01(\x05\x12\'\n\x05items\x18\x03 \x03(\x0b\x32\x18.ethen.mesh.v1.ChainItem\x12\x12\n\ndeliver_to\x18\x04 \x01(\t\x12\x0e\n\x06ticket\x18\x05 \x01(\x0c\"\n\n\x08\x43hainAck\"\x0f\n\rHealthRequest\")\n\nLayerRange\x12\r\n\x05\x66irst\x18\x01 \x01(\x05\x12\x0c\n\x04last\x18\x02 \x01(\x05\"\x8b\x03\n\x0eHealthResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x30\n\rserved_layers\x18\x02 \x03(\x0b\x32\x19.ethen.mesh.v1.LayerRange\x12\x12\n\nlatency_ms\x18\x03 \x01(\x01\x12\x0c\n\x04load\x18\x04 \x01(\x01\x12\x17\n\x0fserved_requests\x18\x05 \x01(\x04\x12\x17\n\x0f\x66\x61iled_requests\x18\x06 \x01(\x04\x12\r\n\x05\x61live\x18\x07 \x01(\x08\x12\x16\n\x0e\x63\x61pacity_score\x18\x08 \x01(\x01\x12\x17\n\x0f\x61\x63tive_sessions\x18\t \x01(\x05\x12\x13\n\x0b\x63\x61\x63he_bytes\x18\n \x01(\x03\x12\x19\n\x11\x63\x61\x63he_bytes_limit\x18\x0b \x01(\x03\x12\x10\n\x08\x64raining\x18\x0c \x01(\x08\x12\x14\n\x0cmodel_sha256\x18\r \x01(\t\x12\x17\n\x0f\x63\x61\x63hed_prefixes\x18\x0e \x03(\t\x12\x13\n\x0bprefix_hits\x18\x0f \x01(\x04\x12\x1c\n\x14prefix_tokens_reused\x18\x10 \x01(\x04\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"a\n\x0bJoinRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x30\n\rserved_layers\x18\x03 \x03(\x0b\x32\x19.ethen.mesh.v1.LayerRange\"2\n\x0cJoinResponse\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x01 \x01(\x08\x12\x13\n\x0bheartbeat_s\x18\x02 \x01(\x01\"0\n\x0cLeaveRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\" \n\rLeaveResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\x32\x93\x01\n\x0cMeshRegistry\x12?\n\x04Join\x12\x1a.ethen.mesh.v1.JoinRequest\x1a\x1b.ethen.mesh.v1.JoinResponse\x12\x42\n\x05Leave\x12\x1b.ethen.mesh.v1.LeaveRequest\x1a\x1c.ethen.mesh.v1.LeaveResponse2\x8e\x03\n\nMeshWorker\x12H\n\x07\x46orward\x12\x1d.ethen.mesh.v1.ForwardRequest\x1a\x1e.ethen.mesh.v1.ForwardResponse\x12W\n\x0c\x46orwardBatch\x12\".ethen.mesh.v1.ForwardBatchRequest\x1a#.ethen.mesh.v1.ForwardBatchResponse\x12\x45\n\x06Health\x12\x1c.ethen.mesh.v1.HealthRequest\x1a\x1d.ethen.mesh.v1.HealthResponse\x12W\n\x0c\x43loseSession\x12\".ethen.mesh.v1.CloseSessionRequest\x1a#.ethen.mesh.v1.CloseSessionResponse\x12=\n\x05\x43hain\x12\x1b.ethen.mesh.v1.ChainRequest\x1a\x17.ethen.mesh.v1.ChainAck2T\n\x11MeshChainReceiver\x12?\n\x07\x44\x65liver\x12\x1b.ethen.mesh.v1.ChainRequest\x1a\x17.ethen.mesh.v1.ChainAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,45 +34,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TENSOR']._serialized_start=29
   _globals['_TENSOR']._serialized_end=81
   _globals['_FORWARDREQUEST']._serialized_start=84
-  _globals['_FORWARDREQUEST']._serialized_end=239
-  _globals['_FORWARDRESPONSE']._serialized_start=241
-  _globals['_FORWARDRESPONSE']._serialized_end=355
-  _globals['_FORWARDBATCHREQUEST']._serialized_start=357
-  _globals['_FORWARDBATCHREQUEST']._serialized_end=424
-  _globals['_FORWARDITEMRESULT']._serialized_start=426
-  _globals['_FORWARDITEMRESULT']._serialized_end=523
-  _globals['_FORWARDBATCHRESPONSE']._serialized_start=525
-  _globals['_FORWARDBATCHRESPONSE']._serialized_end=596
-  _globals['_CHAINHOP']._serialized_start=598
-  _globals['_CHAINHOP']._serialized_end=683
-  _globals['_CHAINITEM']._serialized_start=686
-  _globals['_CHAINITEM']._serialized_end=948
-  _globals['_CHAINREQUEST']._serialized_start=951
-  _globals['_CHAINREQUEST']._serialized_end=1094
-  _globals['_CHAINACK']._serialized_start=1096
-  _globals['_CHAINACK']._serialized_end=1106
-  _globals['_HEALTHREQUEST']._serialized_start=1108
-  _globals['_HEALTHREQUEST']._serialized_end=1123
-  _globals['_LAYERRANGE']._serialized_start=1125
-  _globals['_LAYERRANGE']._serialized_end=1166
-  _globals['_HEALTHRESPONSE']._serialized_start=1169
-  _globals['_HEALTHRESPONSE']._serialized_end=1488
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=1490
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1531
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1533
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1571
-  _globals['_JOINREQUEST']._serialized_start=1573
-  _globals['_JOINREQUEST']._serialized_end=1670
-  _globals['_JOINRESPONSE']._serialized_start=1672
-  _globals['_JOINRESPONSE']._serialized_end=1722
-  _globals['_LEAVEREQUEST']._serialized_start=1724
-  _globals['_LEAVEREQUEST']._serialized_end=1772
-  _globals['_LEAVERESPONSE']._serialized_start=1774
-  _globals['_LEAVERESPONSE']._serialized_end=1806
-  _globals['_MESHREGISTRY']._serialized_start=1809
-  _globals['_MESHREGISTRY']._serialized_end=1956
-  _globals['_MESHWORKER']._serialized_start=1959
-  _globals['_MESHWORKER']._serialized_end=2357
-  _globals['_MESHCHAINRECEIVER']._serialized_start=2359
-  _globals['_MESHCHAINRECEIVER']._serialized_end=2443
+  _globals['_FORWARDREQUEST']._serialized_end=285
+  _globals['_FORWARDRESPONSE']._serialized_start=287
+  _globals['_FORWARDRESPONSE']._serialized_end=401
+  _globals['_FORWARDBATCHREQUEST']._serialized_start=403
+  _globals['_FORWARDBATCHREQUEST']._serialized_end=470
+  _globals['_FORWARDITEMRESULT']._serialized_start=472
+  _globals['_FORWARDITEMRESULT']._serialized_end=569
+  _globals['_FORWARDBATCHRESPONSE']._serialized_start=571
+  _globals['_FORWARDBATCHRESPONSE']._serialized_end=642
+  _globals['_CHAINHOP']._serialized_start=644
+  _globals['_CHAINHOP']._serialized_end=729
+  _globals['_CHAINITEM']._serialized_start=732
+  _globals['_CHAINITEM']._serialized_end=994
+  _globals['_CHAINREQUEST']._serialized_start=997
+  _globals['_CHAINREQUEST']._serialized_end=1140
+  _globals['_CHAINACK']._serialized_start=1142
+  _globals['_CHAINACK']._serialized_end=1152
+  _globals['_HEALTHREQUEST']._serialized_start=1154
+  _globals['_HEALTHREQUEST']._serialized_end=1169
+  _globals['_LAYERRANGE']._serialized_start=1171
+  _globals['_LAYERRANGE']._serialized_end=1212
+  _globals['_HEALTHRESPONSE']._serialized_start=1215
+  _globals['_HEALTHRESPONSE']._serialized_end=1610
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1612
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1653
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1655
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1693
+  _globals['_JOINREQUEST']._serialized_start=1695
+  _globals['_JOINREQUEST']._serialized_end=1792
+  _globals['_JOINRESPONSE']._serialized_start=1794
+  _globals['_JOINRESPONSE']._serialized_end=1844
+  _globals['_LEAVEREQUEST']._serialized_start=1846
+  _globals['_LEAVEREQUEST']._serialized_end=1894
+  _globals['_LEAVERESPONSE']._serialized_start=1896
+  _globals['_LEAVERESPONSE']._serialized_end=1928
+  _globals['_MESHREGISTRY']._serialized_start=1931
+  _globals['_MESHREGISTRY']._serialized_end=2078
+  _globals['_MESHWORKER']._serialized_start=2081
+  _globals['_MESHWORKER']._serialized_end=2479
+  _globals['_MESHCHAINRECEIVER']._serialized_start=2481
+  _globals['_MESHCHAINRECEIVER']._serialized_end=2565
 # @@protoc_insertion_point(module_scope)

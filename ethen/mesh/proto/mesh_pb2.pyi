@@ -17,20 +17,24 @@ class Tensor(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class ForwardRequest(_message.Message):
-    __slots__ = ("session_id", "first_layer", "last_layer", "positions", "hidden", "capability")
+    __slots__ = ("session_id", "first_layer", "last_layer", "positions", "hidden", "capability", "prefix_hashes", "prefix_length")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_LAYER_FIELD_NUMBER: _ClassVar[int]
     LAST_LAYER_FIELD_NUMBER: _ClassVar[int]
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HASHES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_LENGTH_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     first_layer: int
     last_layer: int
     positions: _containers.RepeatedScalarFieldContainer[int]
     hidden: Tensor
     capability: bytes
-    def __init__(self, session_id: _Optional[str] = ..., first_layer: _Optional[int] = ..., last_layer: _Optional[int] = ..., positions: _Optional[_Iterable[int]] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., capability: _Optional[bytes] = ...) -> None: ...
+    prefix_hashes: _containers.RepeatedScalarFieldContainer[str]
+    prefix_length: int
+    def __init__(self, session_id: _Optional[str] = ..., first_layer: _Optional[int] = ..., last_layer: _Optional[int] = ..., positions: _Optional[_Iterable[int]] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ..., capability: _Optional[bytes] = ..., prefix_hashes: _Optional[_Iterable[str]] = ..., prefix_length: _Optional[int] = ...) -> None: ...
 
 class ForwardResponse(_message.Message):
     __slots__ = ("hidden", "compute_ms", "queue_ms", "batch_size")
@@ -135,7 +139,7 @@ class LayerRange(_message.Message):
     def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
 
 class HealthResponse(_message.Message):
-    __slots__ = ("node_id", "served_layers", "latency_ms", "load", "served_requests", "failed_requests", "alive", "capacity_score", "active_sessions", "cache_bytes", "cache_bytes_limit", "draining", "model_sha256")
+    __slots__ = ("node_id", "served_layers", "latency_ms", "load", "served_requests", "failed_requests", "alive", "capacity_score", "active_sessions", "cache_bytes", "cache_bytes_limit", "draining", "model_sha256", "cached_prefixes", "prefix_hits", "prefix_tokens_reused")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SERVED_LAYERS_FIELD_NUMBER: _ClassVar[int]
     LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +153,9 @@ class HealthResponse(_message.Message):
     CACHE_BYTES_LIMIT_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HITS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_TOKENS_REUSED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     served_layers: _containers.RepeatedCompositeFieldContainer[LayerRange]
     latency_ms: float
@@ -162,7 +169,10 @@ class HealthResponse(_message.Message):
     cache_bytes_limit: int
     draining: bool
     model_sha256: str
-    def __init__(self, node_id: _Optional[str] = ..., served_layers: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., latency_ms: _Optional[float] = ..., load: _Optional[float] = ..., served_requests: _Optional[int] = ..., failed_requests: _Optional[int] = ..., alive: _Optional[bool] = ..., capacity_score: _Optional[float] = ..., active_sessions: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_bytes_limit: _Optional[int] = ..., draining: _Optional[bool] = ..., model_sha256: _Optional[str] = ...) -> None: ...
+    cached_prefixes: _containers.RepeatedScalarFieldContainer[str]
+    prefix_hits: int
+    prefix_tokens_reused: int
+    def __init__(self, node_id: _Optional[str] = ..., served_layers: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., latency_ms: _Optional[float] = ..., load: _Optional[float] = ..., served_requests: _Optional[int] = ..., failed_requests: _Optional[int] = ..., alive: _Optional[bool] = ..., capacity_score: _Optional[float] = ..., active_sessions: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_bytes_limit: _Optional[int] = ..., draining: _Optional[bool] = ..., model_sha256: _Optional[str] = ..., cached_prefixes: _Optional[_Iterable[str]] = ..., prefix_hits: _Optional[int] = ..., prefix_tokens_reused: _Optional[int] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)

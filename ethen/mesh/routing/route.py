@@ -90,6 +90,10 @@ class Route:
     degraded: bool = False
     reason: str = field(default="", compare=False)
     rejected: Rejections = field(default_factory=Rejections)
+    cached_tokens: int = 0
+    """Prompt positions every stage holds in its prefix cache (issue 45): the prefill term counts the rest."""
+    prefix_holders: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+    """Explanation only: ``(node_id, cached prompt positions)`` per node holding a prefix of the prompt."""
     cost: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -114,6 +118,8 @@ class Route:
             "model": self.model,
             "window": list(self.window) if self.window is not None else None,
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prefix_holders": dict(self.prefix_holders),
             "nodes": list(self.nodes),
             "hops": self.hops(),
             "cost": self.cost if math.isfinite(self.cost) else None,

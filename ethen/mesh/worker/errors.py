@@ -13,6 +13,7 @@ from ethen.mesh.errors import MeshError
 __all__ = [
     "GRPC_STATUS",
     "DeadlineExceededError",
+    "PrefixNotCachedError",
     "RequestCancelledError",
     "SessionCapacityError",
     "SessionNotFoundError",
@@ -54,6 +55,11 @@ class WorkerDrainingError(WorkerError):
     orchestrator routes elsewhere)."""
 
 
+class PrefixNotCachedError(WorkerError):
+    """A step asks to seed its session from a prefix this worker does not hold (evicted, never seen, another
+    span): ``FAILED_PRECONDITION`` (the orchestrator prefills the whole prompt instead)."""
+
+
 #: The one error -> gRPC status table (the server's boundary and a chain hop's failed item use it).
 GRPC_STATUS: dict[type[WorkerError], grpc.StatusCode] = {
     WorkerInputError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -62,4 +68,5 @@ GRPC_STATUS: dict[type[WorkerError], grpc.StatusCode] = {
     DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
     RequestCancelledError: grpc.StatusCode.CANCELLED,
     WorkerDrainingError: grpc.StatusCode.UNAVAILABLE,
+    PrefixNotCachedError: grpc.StatusCode.FAILED_PRECONDITION,
 }

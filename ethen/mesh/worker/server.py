@@ -82,6 +82,7 @@ from ethen.mesh.worker.chain import CAPABILITY_BYTES, Capabilities, ChainSender,
 from ethen.mesh.worker.errors import (
     GRPC_STATUS,
     DeadlineExceededError,
+    PrefixNotCachedError,
     RequestCancelledError,
     SessionNotFoundError,
     WorkerDrainingError,
@@ -96,6 +97,7 @@ from ethen.mesh.worker.limits import (
     PREFILL_CHUNK_TOKENS,
     chunk_rows,
 )
+from ethen.mesh.worker.prefixes import PREFIX_BLOCK, PrefixCache
 from ethen.mesh.worker.sessions import SessionStore
 from ethen.model.errors import ModelInputError
 from ethen.model.kv_cache import KVCache
@@ -129,6 +131,15 @@ def _stop_if_abandoned(job: Job) -> None:
         raise RequestCancelledError(
             f"session {job.session_id!r}: the caller cancelled; the step of {len(job.positions)} positions "
             f"was abandoned")
+
+
+@dataclass(frozen=True, slots=True)
+class _PrefixAsk:
+    """A step's prefix-reuse fields (``Job.owner``): the prompt's block hashes, and the cached prefix length
+    to seed a new session with (0: none)."""
+
+    hashes: tuple[str, ...]
+    length: int
 
 
 @dataclass(slots=True, eq=False)
@@ -170,6 +181,7 @@ class WorkerConfig:
         max_batch: int = MAX_DECODE_BATCH,
         max_prefill_tokens: int = MAX_PREFILL_TOKENS,
         max_sessions_per_caller: int = MAX_SESSIONS_PER_CALLER,
+        max_prefix_bytes: int | None = None,
     ) -> None:
         if not node_id:
             raise ValueError("node_id must be non-empty")
@@ -189,6 +201,8 @@ class WorkerConfig:
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
         self.max_sessions_per_caller = max_sessions_per_caller
+        # the prefix cache (issue 45): a quarter of the sessions' cap unless set
+        self.max_prefix_bytes = max_cache_bytes // 4 if max_prefix_bytes is None else max_prefix_bytes
 
     @property
     def layers(self) -> list[int]:
@@ -213,7 +227,8 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         self.store: SessionStore[KVCache] = SessionStore(
             backend.new_cache, config.max_cache_bytes, config.session_ttl_s, config.max_sessions,
             config.max_sessions_per_caller)
-        self._lock = threading.Lock()  # guards self.store (and caps) between the batch leader and the RPCs
+        self.prefixes = PrefixCache(config.max_prefix_bytes)  # recent prompt prefixes' KV rows (issue 45)
+        self._lock = threading.Lock()  # guards store, prefixes, caps: batch leader vs RPCs
         self.caps = Capabilities(limit=4 * config.max_sessions)  # chain: who may feed a session (chain.py)
         self.chain = ChainSender(config.node_id, peers)  # chain: onward calls with these credentials
         self.batcher = StepBatcher(
@@ -273,6 +288,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             raise WorkerInputError("hidden.data contains NaN or infinite values")
         job = Job(session_id=request.session_id, first_layer=first, last_layer=last, positions=positions,
                   hidden=hidden)
+        job.owner = self._prefix_ask(request, start)
         if context is not None:
             job.caller = self._caller(context)
             job.session_id = _scoped(job.caller, request.session_id)
@@ -281,6 +297,29 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             if remaining is not None:
                 job.deadline = time.monotonic() + remaining
         return job
+
+    def _prefix_ask(self, request: mesh_pb2.ForwardRequest, start: int) -> _PrefixAsk | None:
+        hashes, length = tuple(request.prefix_hashes), request.prefix_length
+        if len(hashes) > self.backend.context_length // PREFIX_BLOCK + 1:
+            raise WorkerInputError(f"prefix_hashes has {len(hashes)} entries, more than the context length "
+                                   f"{self.backend.context_length} has blocks of {PREFIX_BLOCK}")
+        if any(not h or len(h) > 128 for h in hashes):
+            raise WorkerInputError("prefix_hashes entries must be 1 to 128 characters")
+        if length:
+            if length < 0 or length % PREFIX_BLOCK or length // PREFIX_BLOCK > len(hashes):
+                raise WorkerInputError(
+                    f"prefix_length={length} must be a positive multiple of {PREFIX_BLOCK} named by "
+                    f"prefix_hashes ({len(hashes)} entries)")
+            if start != length:
+                raise WorkerInputError(f"prefix_length={length} but positions start at {start}")
+        return _PrefixAsk(hashes, length) if hashes else None
+
+    def _remember(self, job: Job, fragments: Sequence[int], caches: Sequence[KVCache]) -> None:
+        """Keep the prompt prefix a step just completed (the caller holds the lock)."""
+        ask = job.owner
+        if isinstance(ask, _PrefixAsk):
+            for fragment, kv in zip(fragments, caches, strict=True):
+                self.prefixes.remember(ask.hashes, fragment, kv)
 
     def _caller(self, context: Any) -> str:
         """Who calls: the token's principal and the peer host (the peer host alone without tokens)."""
@@ -304,6 +343,20 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             raise WorkerDrainingError(
                 f"{self.config.node_id!r} is draining (shutting down): it opens no new session; route "
                 f"{job.session_id!r} elsewhere")
+        ask = job.owner
+        if isinstance(ask, _PrefixAsk) and ask.length and job.session_id not in self.store:
+            wanted = ask.hashes[ask.length // PREFIX_BLOCK - 1]
+            if not self.prefixes.holds(wanted, fragments):
+                raise PrefixNotCachedError(
+                    f"{self.config.node_id!r} does not hold the prefix {wanted!r} ({ask.length} positions) "
+                    f"on layers {job.first_layer}-{job.last_layer}: send the whole prompt")
+            caches = self.store.admit(job.session_id, fragments, ask.length + len(job.positions), now,
+                                      job.caller)
+            for fragment, kv in zip(fragments, caches, strict=True):
+                self.prefixes.seed(wanted, ask.length, fragment, kv)
+            self.prefixes.hits += 1
+            self.prefixes.tokens_reused += ask.length
+            return caches
         if start > 0 and job.session_id not in self.store:
             raise SessionNotFoundError(
                 f"unknown session_id {job.session_id!r} on {self.config.node_id!r} (closed, expired or never "
@@ -426,6 +479,7 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             return error
         with self._lock:
             self.store.refresh(job.session_id)
+            self._remember(job, st.fragments, st.caches)
         job.state = None
         return np.concatenate(st.outs, axis=0)
 
@@ -508,13 +562,16 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
         with self._lock:
             self.store.evict_idle(time.monotonic())
             sessions, nbytes = len(self.store), self.store.nbytes
+            prefixes = self.prefixes.names()
+            hits, reused = self.prefixes.hits, self.prefixes.tokens_reused
         return mesh_pb2.HealthResponse(
             node_id=self.config.node_id,
             served_layers=[mesh_pb2.LayerRange(first=a, last=b) for a, b in self.config.fragments],
             latency_ms=snap.latency_ms, load=snap.load, served_requests=snap.served_requests,
             failed_requests=snap.failed_requests, alive=not self.draining,
             capacity_score=self.config.capacity_score, active_sessions=sessions, cache_bytes=nbytes,
-            cache_bytes_limit=self.store.max_bytes, draining=self.draining, model_sha256=self.model_sha256)
+            cache_bytes_limit=self.store.max_bytes, draining=self.draining, model_sha256=self.model_sha256,
+            cached_prefixes=prefixes, prefix_hits=hits, prefix_tokens_reused=reused)
 
     def CloseSession(
         self, request: mesh_pb2.CloseSessionRequest, context: Any
