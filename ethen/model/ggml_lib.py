@@ -163,6 +163,7 @@ class GgmlLib:
             (b, "ggml_swiglu_split", [_P, _P, _P], _P),
             (b, "ggml_new_graph_custom", [_P, ctypes.c_size_t, ctypes.c_bool], _P),
             (b, "ggml_build_forward_expand", [_P, _P], None),
+            (b, "ggml_quantize_chunk", [ctypes.c_int, _P, _P, _I64, _I64, _I64, _P], ctypes.c_size_t),
             (b, "ggml_threadpool_params_init", [ctypes.POINTER(GgmlThreadpoolParams), ctypes.c_int], None),
             (c, "ggml_cpu_init", [], None),
             (c, "ggml_threadpool_new", [ctypes.POINTER(GgmlThreadpoolParams)], _P),
@@ -186,6 +187,19 @@ class GgmlLib:
     def set_data(self, ptr: int, data: int) -> None:
         """Point tensor ``ptr``'s ``data`` at address ``data``."""
         ctypes.c_void_p.from_address(ptr + DATA_OFFSET).value = data
+
+    def quantize(self, kind: str, values: Any) -> Any:
+        """``values [rows, cols]`` float32 quantized to ``kind`` by ggml's own quantizer (llama.cpp's
+        ``llama-quantize`` rounding, an all-ones importance matrix) -> ``uint8 [rows, row_bytes]``."""
+        import numpy as np
+
+        src = np.ascontiguousarray(values, dtype=np.float32)
+        rows, cols = src.shape
+        t = GGML_TYPES[kind]
+        out = np.empty((rows, int(self.ggml_row_size(t, cols))), np.uint8)
+        ones = np.ones(cols, np.float32)
+        self.ggml_quantize_chunk(t, src.ctypes.data, out.ctypes.data, 0, rows, cols, ones.ctypes.data)
+        return out
 
     def threadpool(self, n_threads: int) -> int:
         """A persistent pool of ``n_threads`` (its threads poll for work a while after a graph, as in
