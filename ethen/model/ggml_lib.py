@@ -22,6 +22,8 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ethen.model.errors import ModelError
 
 __all__ = ["GGML_TYPES", "MAX_DIMS", "MAX_NAME", "MAX_OP_PARAMS", "MAX_SRC", "GgmlCPlan", "GgmlError",
@@ -191,8 +193,6 @@ class GgmlLib:
     def quantize(self, kind: str, values: Any) -> Any:
         """``values [rows, cols]`` float32 quantized to ``kind`` by ggml's own quantizer (llama.cpp's
         ``llama-quantize`` rounding, an all-ones importance matrix) -> ``uint8 [rows, row_bytes]``."""
-        import numpy as np
-
         src = np.ascontiguousarray(values, dtype=np.float32)
         rows, cols = src.shape
         t = GGML_TYPES[kind]

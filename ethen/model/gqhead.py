@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from ethen.model.errors import GGUFFormatError
 from ethen.model.gguf_loader import WeightStore
 from ethen.model.glayer import CHUNK_ROWS, GgmlEngine, GgmlWeights, _f32, map_gguf, process_engine
 from ethen.model.qmodel import QuantEmbedAndHead
@@ -23,8 +24,6 @@ class GgmlEmbedAndHead(QuantEmbedAndHead):
         from gguf import GGMLQuantizationType
 
         if not store.tensors:
-            from ethen.model.errors import GGUFFormatError
-
             raise GGUFFormatError(f"weight cache {store.directory} lacks a tensor table (delete it)")
         self.config = store.config
         table = store.tensors

@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from ethen.model.ggml_lib import lib
+
 __all__ = ["TinySpec", "gpt2_vocab", "spm_vocab", "write_tiny_gguf"]
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -142,8 +144,6 @@ def _tensor(writer: object, name: str, values: NDArray[np.float32], kind: str,
     elif kind == "F16":
         writer.add_tensor(name, values.astype(np.float16))
     elif quantizer == "ggml" and values.ndim == 2 and kind not in ("BF16",):
-        from ethen.model.ggml_lib import lib
-
         writer.add_tensor(name, lib().quantize(kind, values), raw_dtype=qtype)
     elif kind in _KQUANT_SCALES:
         block, fields = _KQUANT_SCALES[kind]
