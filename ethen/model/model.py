@@ -31,13 +31,13 @@ from ethen.model.config import ModelConfig
 from ethen.model.engine import Engine
 from ethen.model.errors import ModelInputError
 from ethen.model.gguf_loader import LayerWeights, WeightStore, open_weight_store, weights_mode
-from ethen.model.glayer import GgmlEngine, GgmlLayer, ggml_block, load_ggml_layers
+from ethen.model.glayer import GgmlEngine, GgmlLayer, ggml_block, load_ggml_layers, process_engine
 from ethen.model.gqhead import GgmlEmbedAndHead
 from ethen.model.heap import release_mapped, trim_after
 from ethen.model.klayer import KERNEL_ROWS
 from ethen.model.kv_cache import DEFAULT_INITIAL_CAPACITY, KVCache
 from ethen.model.layers import AttentionSegment, block, linear, rms_norm, rope_tables
-from ethen.model.qmodel import QuantEmbedAndHead, QuantLayer, load_quant_layers, quant_block
+from ethen.model.qmodel import QuantEmbedAndHead, QuantLayer, engine_from_env, load_quant_layers, quant_block
 from ethen.model.tokenizer import Tokenizer
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "Ends",
     "LayerStack",
     "Model",
+    "engine_for",
     "load_embed_and_head",
     "load_layer_stack",
     "load_layer_stacks",
@@ -299,6 +300,16 @@ def _use_ggml(s: WeightStore, engine: Engine | GgmlEngine | None) -> bool:
     if engine is not None:
         return isinstance(engine, GgmlEngine)
     return engine_kind(s.tensors or {}) == "ggml"
+
+
+def engine_for(store: WeightStore, threads: int | None = None) -> Engine | GgmlEngine | None:
+    """The engine of ``threads`` that :func:`~ethen.model.choose.engine_kind` chooses for ``store``'s model
+    (None for the float32 path, ``$ETHEN_WEIGHTS=float32``)."""
+    if weights_mode() != "quantized":
+        return None
+    if engine_kind(store.tensors or {}) == "ggml":
+        return process_engine(threads)
+    return engine_from_env(threads)
 
 
 def load_layer_stacks(ranges: str | Sequence[tuple[int, int]], store: WeightStore | None = None,
