@@ -201,11 +201,13 @@ class GgmlLib:
         self.ggml_quantize_chunk(t, src.ctypes.data, out.ctypes.data, 0, rows, cols, ones.ctypes.data)
         return out
 
-    def threadpool(self, n_threads: int) -> int:
-        """A persistent pool of ``n_threads`` (its threads poll for work a while after a graph, as in
-        llama.cpp)."""
+    def threadpool(self, n_threads: int, poll: int | None = None) -> int:
+        """A persistent pool of ``n_threads``; ``poll`` (0-100, default ggml's 50): how long its threads
+        spin for work after a graph (llama.cpp's ``--poll``) before they sleep; 0: they sleep at once."""
         params = GgmlThreadpoolParams()
         self.ggml_threadpool_params_init(ctypes.byref(params), n_threads)
+        if poll is not None:
+            params.poll = poll
         pool = self.ggml_threadpool_new(ctypes.byref(params))
         if not pool:
             raise GgmlError(f"ggml_threadpool_new({n_threads}) failed")

@@ -28,6 +28,7 @@ threads (``$ETHEN_THREADS``); graphs run one at a time under a lock (ggml's pool
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -59,12 +60,13 @@ class GgmlEngine:
     """The process's ggml: its thread pool, a scratch buffer for graphs, a work buffer, one graph at a time.
     """
 
-    def __init__(self, threads: int | None = None) -> None:
+    def __init__(self, threads: int | None = None, spin: bool = True) -> None:
         self.lib: GgmlLib = lib()
         self.threads = default_threads() if threads is None else int(threads)
         if self.threads < 1:
             raise GgmlError(f"threads = {threads!r}: must be >= 1")
-        self.pool = self.lib.threadpool(self.threads)
+        self.spin = spin
+        self.pool = self.lib.threadpool(self.threads, None if spin else 0)
         self.lock = threading.Lock()
         self._scratch = np.empty(0, np.uint8)
         self._work = np.empty(0, np.uint8)
@@ -72,7 +74,7 @@ class GgmlEngine:
         self._graph_overhead = int(self.lib.ggml_graph_overhead_custom(_GRAPH_NODES, False))
 
     def __repr__(self) -> str:
-        return f"GgmlEngine(threads={self.threads})"
+        return f"GgmlEngine(threads={self.threads}, spin={self.spin})"
 
     def run(self, data_bytes: int, build: Callable[[int], Sequence[int]],
             outputs: Sequence[F32]) -> None:
@@ -80,7 +82,8 @@ class GgmlEngine:
         outputs into ``outputs`` (float32 arrays of the outputs' shapes). ``data_bytes``: the bytes of the
         tensors ``build`` makes (their data lives in the context's scratch)."""
         g = self.lib
-        size = self._graph_overhead + _GRAPH_NODES * (self._overhead + 64) + data_bytes + (1 << 20)
+        # (+ 1/8 and 1 MiB: alignment padding, and margin; ggml aborts the process when a context is full)
+        size = self._graph_overhead + _GRAPH_NODES * (self._overhead + 64) + data_bytes * 9 // 8 + (1 << 20)
         with self.lock:
             if self._scratch.nbytes < size:
                 self._scratch = np.empty(size, np.uint8)
@@ -204,7 +207,8 @@ class GgmlLayer:
                 return [g.ggml_mul_mat(ctx, w, h) for w in (self.wq, self.wk, self.wv)]
 
             rows = hi - lo
-            eng.run(rows * 4 * (3 * cfg.d_model + qd + 2 * kvd + 64), build, [q[lo:hi], k[lo:hi], v[lo:hi]])
+            # x, norm, scaled, q, k, v
+            eng.run(rows * 4 * (3 * cfg.d_model + qd + 2 * kvd), build, [q[lo:hi], k[lo:hi], v[lo:hi]])
         np.concatenate((q, k, v), axis=1, out=qkv)
         if self.order is not None:
             qkv = qkv[:, self.order]
@@ -231,7 +235,8 @@ class GgmlLayer:
                 return [g.ggml_add(ctx, x2, g.ggml_mul_mat(ctx, self.down, hdn))]
 
             rows = hi - lo
-            eng.run(rows * 4 * (7 * d + 3 * cfg.d_ff + 64), build, [out[lo:hi]])
+            # x, att, o, x2, norm, scaled, gate, up, swiglu, down, out: every tensor's data is in the context
+            eng.run(rows * 4 * (7 * d + cfg.q_dim + 3 * cfg.d_ff), build, [out[lo:hi]])
         return out
 
 
@@ -294,11 +299,13 @@ _ENGINES: dict[int, GgmlEngine] = {}
 
 def process_engine(threads: int | None = None) -> GgmlEngine:
     """The process's engine of ``threads`` (default :func:`~ethen.model.engine.default_threads`), one per
-    thread count."""
+    thread count. Its pool's threads spin between graphs (as llama.cpp's) unless ``$ETHEN_THREAD_POOL`` is
+    ``session``, which processes sharing the cores get (``ethen up``'s workers,
+    :func:`~ethen.mesh.worker.launch.worker_env`): there they sleep at once."""
     n = default_threads() if threads is None else int(threads)
     with _ENGINE_LOCK:
         if n not in _ENGINES:
-            _ENGINES[n] = GgmlEngine(n)
+            _ENGINES[n] = GgmlEngine(n, spin=os.environ.get("ETHEN_THREAD_POOL", "").strip() != "session")
         return _ENGINES[n]
 
 

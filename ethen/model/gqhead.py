@@ -59,5 +59,5 @@ class GgmlEmbedAndHead(QuantEmbedAndHead):
                 h = g.ggml_mul(ctx, g.ggml_rms_norm(ctx, eng.input(ctx, xc), eps), self._norm)
                 return [g.ggml_mul_mat(ctx, self._head, h)]
 
-            eng.run((hi - lo) * 4 * (3 * d + self._rows + 64), build, [out[lo:hi]])
+            eng.run((hi - lo) * 4 * (3 * d + self._rows), build, [out[lo:hi]])  # x, norm, scaled, logits
         return out
