@@ -81,3 +81,22 @@ def test_a_bad_engine_or_accuracy_is_refused_naming_the_value(root: Path, flag: 
          flag, value], capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert out.returncode == 2 and "READY" not in out.stdout
     assert message in out.stderr
+
+
+def test_max_memory_refuses_layers_over_it_before_loading(root: Path) -> None:
+    from ethen.mesh.worker.memory import fragment_bytes, parse_size
+
+    path = write_tiny_gguf(root / "mem.gguf", TinySpec(types=("Q8_0",), embd_type="Q8_0"))
+    need = fragment_bytes(open_weight_store(path).tensors or {}, [(0, 1)])
+    assert parse_size("1.5K") == 1500 and parse_size("2MiB") == 2 * 2**20 and parse_size("77") == 77
+    out = subprocess.run(
+        [sys.executable, "-m", "ethen", "worker", "--node-id", "x", "--layers", "0-1", "--model", str(path),
+         "--max-memory", str(need - 1)], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert out.returncode == 2 and "READY" not in out.stdout
+    assert f"layers 0-1 hold {need / 2**20:.1f} MiB ({need} bytes) of weights, over --max-memory" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "ethen", "worker", "--node-id", "x", "--layers", "0-1", "--model", str(path),
+         "--max-memory", "12 parsecs"], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert out.returncode == 2 and "--max-memory '12 parsecs': use a positive size" in out.stderr
+    w = spawn_worker("fits", "0-1", extra_args=["--model", str(path), "--max-memory", str(need)], timeout_s=120)
+    w.stop()

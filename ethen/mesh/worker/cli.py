@@ -193,6 +193,9 @@ def worker(
     accuracy: str = typer.Option(
         None, "--accuracy", help="auto, exact (float32-grade products: the onnx engine) or fast (int8 "
         "activations: the ggml engine). Default: $ETHEN_ACCURACY, else auto."),
+    max_memory: str = typer.Option(
+        None, "--max-memory", help="Refuse (before loading) layers whose weights exceed this size, e.g. "
+        "800M, 1.5G, 512MiB (their bytes in the GGUF)."),
     thread_pool: str = typer.Option(
         None, "--thread-pool", help="shared: one spinning pool of threads for the process (for a worker "
         "alone on its machine); session: a pool per session, asleep between ops (workers sharing cores). "
@@ -234,6 +237,19 @@ def worker(
         raise typer.Exit(2) from None
     from ethen.model.errors import ModelError
 
+    if max_memory is not None:
+        from ethen.mesh.worker.memory import memory_refusal, parse_size
+        from ethen.model.gguf_loader import open_weight_store
+
+        try:
+            limit = parse_size(max_memory)
+            refusal = memory_refusal(open_weight_store(model).tensors or {}, fragments, limit)
+        except (ValueError, ModelError) as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            raise typer.Exit(2) from None
+        if refusal is not None:
+            print(f"error: {refusal}", file=sys.stderr, flush=True)
+            raise typer.Exit(2)
     try:
         run_worker(config, host, port, model, tls=tls, auth=auth, join=join_spec,
                    drain_timeout_s=drain_timeout, peers=peers)
