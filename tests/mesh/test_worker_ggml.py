@@ -93,10 +93,12 @@ def test_max_memory_refuses_layers_over_it_before_loading(root: Path) -> None:
         [sys.executable, "-m", "ethen", "worker", "--node-id", "x", "--layers", "0-1", "--model", str(path),
          "--max-memory", str(need - 1)], capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert out.returncode == 2 and "READY" not in out.stdout
-    assert f"layers 0-1 hold {need / 2**20:.1f} MiB ({need} bytes) of weights, over --max-memory" in out.stderr
+    want = f"layers 0-1 hold {need / 2**20:.1f} MiB ({need} bytes) of weights, over --max-memory"
+    assert want in out.stderr
     out = subprocess.run(
         [sys.executable, "-m", "ethen", "worker", "--node-id", "x", "--layers", "0-1", "--model", str(path),
          "--max-memory", "12 parsecs"], capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert out.returncode == 2 and "--max-memory '12 parsecs': use a positive size" in out.stderr
-    w = spawn_worker("fits", "0-1", extra_args=["--model", str(path), "--max-memory", str(need)], timeout_s=120)
+    w = spawn_worker("fits", "0-1", extra_args=["--model", str(path), "--max-memory", str(need)],
+                     timeout_s=120)
     w.stop()

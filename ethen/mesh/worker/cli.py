@@ -38,6 +38,7 @@ import typer
 
 from ethen.mesh.worker.launch import orphaned
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER
+from ethen.mesh.worker.memory import memory_refusal, parse_size
 from ethen.model.choose import ENGINES
 from ethen.model.engine import DEVICES, THREAD_POOLS
 
@@ -238,7 +239,6 @@ def worker(
     from ethen.model.errors import ModelError
 
     if max_memory is not None:
-        from ethen.mesh.worker.memory import memory_refusal, parse_size
         from ethen.model.gguf_loader import open_weight_store
 
         try:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from ethen.model.gguf_loader import TensorInfo
+if TYPE_CHECKING:  # (no NumPy import here: the worker's command imports it after its BLAS defaults)
+    from ethen.model.gguf_loader import TensorInfo
 
 __all__ = ["fragment_bytes", "memory_refusal", "parse_size"]
 
