@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,19 @@ _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 
 
+_LOG_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+_LOG = logging.getLogger("ethen.model.ggml")
+_last_level = [0]
+
+
+def _log(level: int, text: bytes | None, _user: Any) -> None:
+    if level != 5:  # GGML_LOG_LEVEL_CONT: the previous line's level
+        _last_level[0] = level
+    if _last_level[0] >= 3 and text:  # WARN, ERROR
+        _LOG.log(logging.WARNING if _last_level[0] == 3 else logging.ERROR, "ggml: %s",
+                 text.decode("utf-8", "replace").rstrip())
+
+
 class GgmlLib:
     """The loaded libraries, with ``argtypes`` / ``restype`` set for each function used."""
 
@@ -167,6 +181,14 @@ class GgmlLib:
             (b, "ggml_build_forward_expand", [_P, _P], None),
             (b, "ggml_quantize_chunk", [ctypes.c_int, _P, _P, _I64, _I64, _I64, _P], ctypes.c_size_t),
             (b, "ggml_threadpool_params_init", [ctypes.POINTER(GgmlThreadpoolParams), ctypes.c_int], None),
+            (b, "ggml_backend_reg_dev_get", [_P, ctypes.c_size_t], _P),
+            (b, "ggml_backend_reg_get_proc_address", [_P, ctypes.c_char_p], _P),
+            (b, "ggml_backend_buft_name", [_P], ctypes.c_char_p),
+            (b, "ggml_backend_alloc_ctx_tensors_from_buft", [_P, _P], _P),
+            (b, "ggml_backend_tensor_set", [_P, _P, ctypes.c_size_t, ctypes.c_size_t], None),
+            (b, "ggml_backend_buffer_get_size", [_P], ctypes.c_size_t),
+            (b, "ggml_backend_buffer_free", [_P], None),
+            (c, "ggml_backend_cpu_reg", [], _P),
             (c, "ggml_cpu_init", [], None),
             (c, "ggml_threadpool_new", [ctypes.POINTER(GgmlThreadpoolParams)], _P),
             (c, "ggml_threadpool_free", [_P], None),
@@ -177,6 +199,10 @@ class GgmlLib:
             fn = getattr(so, name)
             fn.argtypes, fn.restype = args, res
             setattr(self, name, fn)
+        # ggml's log (e.g. one INFO line per repacked tensor) into Python's logging: warnings and errors only
+        self._log_cb = _LOG_CALLBACK(_log)  # (kept alive with the library)
+        b.ggml_log_set.argtypes, b.ggml_log_set.restype = [_LOG_CALLBACK, _P], None
+        b.ggml_log_set(self._log_cb, None)
         self.ggml_cpu_init()
 
     def __getattr__(self, name: str) -> Any:  # the functions set in __init__ (for the type checker)
@@ -200,6 +226,22 @@ class GgmlLib:
         ones = np.ones(cols, np.float32)
         self.ggml_quantize_chunk(t, src.ctypes.data, out.ctypes.data, 0, rows, cols, ones.ctypes.data)
         return out
+
+    def extra_buffer_type(self, name: str) -> int | None:
+        """The CPU backend's extra buffer type ``name`` (``CPU_REPACK``: weights repacked at load into the
+        layouts of ggml's faster kernels), None when this build has none."""
+        reg = self.ggml_backend_cpu_reg()
+        dev = self.ggml_backend_reg_dev_get(reg, 0)
+        addr = self.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
+        if not reg or not dev or not addr:
+            return None
+        bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(addr)(dev)
+        i = 0
+        while bufts and bufts[i]:
+            if self.ggml_backend_buft_name(bufts[i]) == name.encode():
+                return int(bufts[i])
+            i += 1
+        return None
 
     def threadpool(self, n_threads: int, poll: int | None = None) -> int:
         """A persistent pool of ``n_threads``; ``poll`` (0-100, default ggml's 50): how long its threads

@@ -42,6 +42,7 @@ from ethen.model.engine import default_threads
 from ethen.model.errors import GGUFFormatError, ModelInputError, WeightsNotFoundError
 from ethen.model.ggml_lib import GGML_TYPES, GgmlError, GgmlInitParams, GgmlLib, lib
 from ethen.model.gguf_loader import TensorInfo, WeightStore, unpermute_qk
+from ethen.model.heap import release_mapped
 from ethen.model.layers import AttentionSegment
 from ethen.model.qmodel import attend_rows
 
@@ -54,6 +55,9 @@ F32 = NDArray[np.float32]
 #: the graph's scratch memory (TinyLlama's layer: ~33 KiB per row) without slowing the kernels
 CHUNK_ROWS = 256
 _GRAPH_NODES = 32
+#: types ggml's CPU_REPACK buffer takes (AVX2: Q4_0 and Q4_K into 8x8 interleaved blocks; Q8_0 / Q6_K there
+#: crashed in the issue's probe), for matrices of a multiple of 8 rows
+REPACK_TYPES = ("Q4_0", "Q4_K")
 
 
 class GgmlEngine:
@@ -123,8 +127,12 @@ class GgmlWeights:
     engine: GgmlEngine
     file: NDArray[np.uint8]  # the read-only map of the GGUF
     n_tensors: int
+    repack: bool = False  # Q4_0 / Q4_K matrices into ggml's CPU_REPACK buffer (:meth:`finish`)
     ctx: int = 0
     keep: list[NDArray[Any]] = field(default_factory=list)
+    pending: list[tuple[int, TensorInfo]] = field(default_factory=list)  # matrices to repack
+    buffer: int = 0  # the CPU_REPACK buffer
+    repacked_bytes: int = 0
 
     def __post_init__(self) -> None:
         g = self.engine.lib
@@ -143,8 +151,30 @@ class GgmlWeights:
         if int(g.ggml_nbytes(ptr)) != t.nbytes:
             raise GGUFFormatError(f"tensor {t.name!r} ({t.kind} {t.rows}x{t.cols}) has {t.nbytes} bytes in "
                                   f"the file, ggml expects {int(g.ggml_nbytes(ptr))}")
-        g.set_data(ptr, self.file.ctypes.data + t.offset)
+        if self.repack and t.kind in REPACK_TYPES and t.rows % 8 == 0:
+            self.pending.append((ptr, t))  # data: the repack buffer's (finish)
+        else:
+            g.set_data(ptr, self.file.ctypes.data + t.offset)
         return ptr
+
+    def finish(self) -> None:
+        """Allocate the repack buffer for the pending matrices and repack them from the file into it (ggml's
+        ``CPU_REPACK`` buffer type: interleaved rows for its 8x8 kernels); no-op without any."""
+        if not self.pending:
+            return
+        g = self.engine.lib
+        buft = g.extra_buffer_type("CPU_REPACK")
+        if buft is None:  # a build without it: read them in place
+            for ptr, t in self.pending:
+                g.set_data(ptr, self.file.ctypes.data + t.offset)
+        else:
+            self.buffer = int(g.ggml_backend_alloc_ctx_tensors_from_buft(self.ctx, buft) or 0)
+            if not self.buffer:
+                raise GgmlError("allocating ggml's CPU_REPACK buffer failed")
+            for ptr, t in self.pending:
+                g.ggml_backend_tensor_set(ptr, self.file.ctypes.data + t.offset, 0, t.nbytes)
+            self.repacked_bytes = int(g.ggml_backend_buffer_get_size(self.buffer))
+        self.pending = []
 
     def vector(self, arr: F32) -> int:
         """A float32 ``[n]`` tensor over ``arr`` (kept alive here)."""
@@ -155,6 +185,9 @@ class GgmlWeights:
         return ptr
 
     def close(self) -> None:
+        if self.buffer:
+            self.engine.lib.ggml_backend_buffer_free(self.buffer)
+            self.buffer = 0
         if self.ctx:
             self.engine.lib.ggml_free(self.ctx)
             self.ctx = 0
@@ -310,8 +343,10 @@ def process_engine(threads: int | None = None) -> GgmlEngine:
 
 
 def load_ggml_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
-                     engine: GgmlEngine | None = None) -> list[list[GgmlLayer]]:
-    """The layers of each inclusive ``(start, end)`` of ``store``'s GGUF over one map of the file."""
+                     engine: GgmlEngine | None = None, repack: bool = True) -> list[list[GgmlLayer]]:
+    """The layers of each inclusive ``(start, end)`` of ``store``'s GGUF over one map of the file;
+    ``repack``: their Q4_0 / Q4_K matrices repacked into ggml's CPU_REPACK buffer (anonymous memory; the
+    file's pages they were read from released)."""
     cfg = store.config
     n = cfg.n_layers
     for start, end in pairs:
@@ -323,6 +358,9 @@ def load_ggml_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
     file = map_gguf(store)
     out = []
     for lo, hi in pairs:
-        weights = GgmlWeights(eng, file, 9 * (hi - lo + 1))  # a context per fragment
+        weights = GgmlWeights(eng, file, 9 * (hi - lo + 1), repack)  # a context per fragment
         out.append([_layer(weights, store.tensors, i, cfg) for i in range(lo, hi + 1)])
+        weights.finish()
+        if weights.repacked_bytes:
+            release_mapped(store.gguf_path)  # the pages the repacking read
     return out
