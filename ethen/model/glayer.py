@@ -28,8 +28,9 @@ llama.cpp does), F16 / BF16 weights multiply F16 / BF16 activations, F32 weights
 
 Threads: one persistent ggml thread pool per process of :func:`~ethen.model.engine.default_threads`
 threads (``$ETHEN_THREADS``; :func:`process_engine`); graphs run one at a time under a lock (ggml's pool runs
-one graph at once). Its threads spin a while between graphs as llama.cpp's, except under
-``$ETHEN_THREAD_POOL=session`` (processes sharing the cores), where they sleep at once.
+one graph at once). Its threads spin a while between graphs as llama.cpp's under
+``$ETHEN_THREAD_POOL=shared`` (``ethen worker``'s default), else they sleep at once (processes sharing the
+cores: ``ethen up``'s workers and gateway).
 """
 
 from __future__ import annotations
@@ -339,13 +340,14 @@ _ENGINES: dict[int, GgmlEngine] = {}
 
 def process_engine(threads: int | None = None) -> GgmlEngine:
     """The process's engine of ``threads`` (default :func:`~ethen.model.engine.default_threads`), one per
-    thread count. Its pool's threads spin between graphs (as llama.cpp's) unless ``$ETHEN_THREAD_POOL`` is
-    ``session``, which processes sharing the cores get (``ethen up``'s workers,
-    :func:`~ethen.mesh.worker.launch.worker_env`): there they sleep at once."""
+    thread count. Its pool's threads spin a while between graphs (as llama.cpp's) where
+    ``$ETHEN_THREAD_POOL`` is ``shared`` (``ethen worker``'s default: a worker alone on its machine), and
+    sleep at once otherwise (``session``: ``ethen up``'s workers, :func:`~ethen.mesh.worker.launch.worker_env`; a
+    gateway's head), as the onnxruntime engine's pools do."""
     n = default_threads() if threads is None else int(threads)
     with _ENGINE_LOCK:
         if n not in _ENGINES:
-            _ENGINES[n] = GgmlEngine(n, spin=os.environ.get("ETHEN_THREAD_POOL", "").strip() != "session")
+            _ENGINES[n] = GgmlEngine(n, spin=os.environ.get("ETHEN_THREAD_POOL", "").strip() == "shared")
         return _ENGINES[n]
 
 

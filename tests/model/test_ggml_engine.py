@@ -140,13 +140,15 @@ def test_a_ggml_only_type_runs_on_ggml_and_onnx_refuses_it(tmp_path: Path,
 
 def test_the_pool_sleeps_between_graphs_where_processes_share_the_cores(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``ETHEN_THREAD_POOL=session`` (``ethen up``'s workers): the ggml pool's threads poll 0 (sleep at
-    once); else they spin a while, as llama.cpp's."""
+    """``ETHEN_THREAD_POOL=session`` (``ethen up``'s workers) or unset (a gateway's head): the ggml pool's
+    threads poll 0 (sleep at once); ``shared`` (``ethen worker``'s default): they spin a while, as
+    llama.cpp's."""
     from ethen.model import glayer
 
-    monkeypatch.setattr(glayer, "_ENGINES", {})
-    monkeypatch.setenv("ETHEN_THREAD_POOL", "session")
-    assert not process_engine(2).spin
+    for pool in ("session", ""):
+        monkeypatch.setattr(glayer, "_ENGINES", {})
+        monkeypatch.setenv("ETHEN_THREAD_POOL", pool)
+        assert not process_engine(2).spin
     monkeypatch.setattr(glayer, "_ENGINES", {})
     monkeypatch.setenv("ETHEN_THREAD_POOL", "shared")
     eng = process_engine(2)
