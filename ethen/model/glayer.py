@@ -342,8 +342,8 @@ def process_engine(threads: int | None = None) -> GgmlEngine:
     """The process's engine of ``threads`` (default :func:`~ethen.model.engine.default_threads`), one per
     thread count. Its pool's threads spin a while between graphs (as llama.cpp's) where
     ``$ETHEN_THREAD_POOL`` is ``shared`` (``ethen worker``'s default: a worker alone on its machine), and
-    sleep at once otherwise (``session``: ``ethen up``'s workers, :func:`~ethen.mesh.worker.launch.worker_env`; a
-    gateway's head), as the onnxruntime engine's pools do."""
+    sleep at once otherwise (``session``: ``ethen up``'s workers,
+    :func:`~ethen.mesh.worker.launch.worker_env`; a gateway's head), as the onnxruntime engine's pools do."""
     n = default_threads() if threads is None else int(threads)
     with _ENGINE_LOCK:
         if n not in _ENGINES:
