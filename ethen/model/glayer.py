@@ -54,8 +54,8 @@ from ethen.model.heap import release_mapped
 from ethen.model.layers import AttentionSegment
 from ethen.model.qmodel import attend_rows
 
-__all__ = ["CHUNK_ROWS", "GgmlEngine", "GgmlLayer", "GgmlWeights", "ggml_block", "load_ggml_layers",
-           "qk_order"]
+__all__ = ["CHUNK_ROWS", "REPACK_TYPES", "GgmlEngine", "GgmlLayer", "GgmlWeights", "ggml_block",
+           "load_ggml_layers", "map_gguf", "process_engine", "qk_order", "tensor_f32"]
 
 F32 = NDArray[np.float32]
 
@@ -289,7 +289,8 @@ def ggml_block(x: F32, w: GgmlLayer, cos: F32, sin: F32, segments: Sequence[Atte
     return w.attn_out_ffn(x, attend_rows(qkv, cos, sin, segments, cfg), cfg)  # [N, d]
 
 
-def _f32(file: NDArray[np.uint8], t: TensorInfo) -> F32:
+def tensor_f32(file: NDArray[np.uint8], t: TensorInfo) -> F32:
+    """Tensor ``t`` of the mapped ``file`` dequantized to float32 ``[elements]`` (norms, biases)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -315,14 +316,15 @@ def _layer(weights: GgmlWeights, table: dict[str, TensorInfo], i: int, cfg: Mode
                                 np.arange(qd + kvd, qd + 2 * kvd)])
     bias: F32 | None = None
     if cfg.attn_bias:
-        bq, bk = _f32(weights.file, info("attn_q.bias")), _f32(weights.file, info("attn_k.bias"))
+        bq = tensor_f32(weights.file, info("attn_q.bias"))
+        bk = tensor_f32(weights.file, info("attn_k.bias"))
         if cfg.qk_permuted:
             bq, bk = unpermute_qk(bq, cfg.n_heads), unpermute_qk(bk, cfg.n_kv_heads)
-        bias = np.concatenate([bq, bk, _f32(weights.file, info("attn_v.bias"))])
+        bias = np.concatenate([bq, bk, tensor_f32(weights.file, info("attn_v.bias"))])
     nbytes = sum(t.nbytes for n, t in table.items() if n.startswith(p))
-    return GgmlLayer(i, weights, weights.vector(_f32(weights.file, info("attn_norm.weight"))),
+    return GgmlLayer(i, weights, weights.vector(tensor_f32(weights.file, info("attn_norm.weight"))),
                      mats["attn_q"], mats["attn_k"], mats["attn_v"], mats["attn_output"],
-                     weights.vector(_f32(weights.file, info("ffn_norm.weight"))), mats["ffn_gate"],
+                     weights.vector(tensor_f32(weights.file, info("ffn_norm.weight"))), mats["ffn_gate"],
                      mats["ffn_up"], mats["ffn_down"], float(cfg.rms_eps), order, bias, nbytes, nbytes)
 
 

@@ -8,7 +8,14 @@ from numpy.typing import NDArray
 
 from ethen.model.errors import GGUFFormatError
 from ethen.model.gguf_loader import WeightStore
-from ethen.model.glayer import CHUNK_ROWS, GgmlEngine, GgmlWeights, _f32, map_gguf, process_engine
+from ethen.model.glayer import (
+    CHUNK_ROWS,
+    GgmlEngine,
+    GgmlWeights,
+    map_gguf,
+    process_engine,
+    tensor_f32,
+)
 from ethen.model.qmodel import QuantEmbedAndHead
 
 __all__ = ["GgmlEmbedAndHead"]
@@ -34,7 +41,7 @@ class GgmlEmbedAndHead(QuantEmbedAndHead):
         self._embd_raw = file[embd.offset:embd.offset + embd.nbytes].reshape(embd.rows, -1)  # [V, row_bytes]
         head = table.get("output.weight", embd)
         self.head_kind = head.kind
-        self.output_norm: F32 = _f32(file, table["output_norm.weight"])  # [d]
+        self.output_norm: F32 = tensor_f32(file, table["output_norm.weight"])  # [d]
         self.block_head = None
         self._session = None
         self._weights = GgmlWeights(self.engine, file, 2)
