@@ -345,11 +345,18 @@ def process_engine(threads: int | None = None) -> GgmlEngine:
     thread count. Its pool's threads spin a while between graphs (as llama.cpp's) where
     ``$ETHEN_THREAD_POOL`` is ``shared`` (``ethen worker``'s default: a worker alone on its machine), and
     sleep at once otherwise (``session``: ``ethen up``'s workers,
-    :func:`~ethen.mesh.worker.launch.worker_env`; a gateway's head), as the onnxruntime engine's pools do."""
-    n = default_threads() if threads is None else int(threads)
+    :func:`~ethen.mesh.worker.launch.worker_env`; a gateway's head), as the onnxruntime engine's pools do.
+    Without ``threads``: ``$ETHEN_THREADS``, else under ``shared`` the default, else 1."""
+    shared = os.environ.get("ETHEN_THREAD_POOL", "").strip() == "shared"
+    if threads is not None:
+        n = int(threads)
+    elif shared or os.environ.get("ETHEN_THREADS", "").strip():
+        n = default_threads()
+    else:  # processes sharing the cores: ggml's barriers spin inside a graph, and two threads on an
+        n = 1  # oversubscribed 2-core VM decoded at 2.7-9.9 tok/s against 70 (docs/decisions/0100)
     with _ENGINE_LOCK:
         if n not in _ENGINES:
-            _ENGINES[n] = GgmlEngine(n, spin=os.environ.get("ETHEN_THREAD_POOL", "").strip() == "shared")
+            _ENGINES[n] = GgmlEngine(n, spin=shared)
         return _ENGINES[n]
 
 

@@ -20,6 +20,7 @@ Choices where the issue is silent:
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -307,8 +308,9 @@ def engine_for(store: WeightStore, threads: int | None = None) -> Engine | GgmlE
     (None for the float32 path, ``$ETHEN_WEIGHTS=float32``)."""
     if weights_mode() != "quantized":
         return None
-    if engine_kind(store.tensors or {}) == "ggml":
-        return process_engine(threads)
+    if engine_kind(store.tensors or {}) == "ggml":  # (threads: only where the process has its cores)
+        shared = os.environ.get("ETHEN_THREAD_POOL", "").strip() == "shared"
+        return process_engine(threads if shared else None)
     return engine_from_env(threads)
 
 

@@ -145,10 +145,14 @@ def test_the_pool_sleeps_between_graphs_where_processes_share_the_cores(
     llama.cpp's."""
     from ethen.model import glayer
 
+    monkeypatch.delenv("ETHEN_THREADS", raising=False)
     for pool in ("session", ""):
         monkeypatch.setattr(glayer, "_ENGINES", {})
         monkeypatch.setenv("ETHEN_THREAD_POOL", pool)
         assert not process_engine(2).spin
+        assert process_engine().threads == 1  # sharing the cores: one thread (its barriers spin)
+    monkeypatch.setenv("ETHEN_THREADS", "2")
+    assert process_engine().threads == 2
     monkeypatch.setattr(glayer, "_ENGINES", {})
     monkeypatch.setenv("ETHEN_THREAD_POOL", "shared")
     eng = process_engine(2)
