@@ -7,7 +7,7 @@ transformers' GGUF loader in the same run when the parity extra is installed.
 .venv/bin/python bench/model_decode.py --vs-llama-cpp [--model X.gguf]   (quantized engine vs llama.cpp)
 .venv/bin/python bench/model_decode.py --answers [--model X.gguf]   (greedy answers: llama.cpp, each accuracy)
 .venv/bin/python bench/model_decode.py --vs-llama-cpp --tinyllama [--types Q4_K] [--repeats 3] [--ref REV]
-    [--modes exact-int8,'exact-int8 + ETHEN_PREFILL=float32']
+    [--modes exact-int8,'exact-int8 + ETHEN_PREFILL=float32'] [--modes auto,ggml,ggml-native]
     (TinyLlama-1.1B shape, Q4_K and Q8_0; ``--ref``: the same Ethen runs of commit REV, interleaved)
 OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/model_decode.py --head [--repeats 21]   (the logits head alone)
 .venv/bin/python bench/model_decode.py --devices [--model X.gguf] [--repeats 3]   (per device: cpu, cuda)
@@ -216,6 +216,8 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
     from ethen.model.qmodel import QuantLayer, load_quant_layers
 
     store = open_weight_store(path, weights="quantized")
+    if accuracy in (GGML, GGML_NATIVE):
+        return _ethen_ggml(store, path, threads, steps, accuracy == GGML_NATIVE)
     import onnxruntime  # (its library's own memory is not the weights')
 
     onnxruntime.InferenceSession  # noqa: B018
@@ -260,6 +262,57 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
     return (pre, dec, packed, file, grown, kv.nbytes, loaded, mapped_rss(store.directory / "engine"),
             mapped_rss(path) if held else 0, held)
 
+
+
+#: the ``accuracy`` argument of :func:`_ethen_quant` that runs the ggml engine (ethen.model.glayer)
+GGML = -1
+#: the ggml engine on the libggml llama-cpp-python built for this CPU in the bench's llama venv (AVX-512 /
+#: VNNI where the CPU has them) instead of the wheel's AVX2 build: what only a native build closes
+GGML_NATIVE = -2
+
+
+def _native_ggml_dir() -> Path:
+    return next(LLAMA_VENV.glob("lib/python3*/site-packages/llama_cpp/lib"))
+
+
+def _timed(stack: Any, d_model: int, steps: int) -> tuple[float, float, int]:
+    """(512-row prefill tok/s, decode tok/s, the KV cache's bytes) of ``stack``."""
+    x = np.random.default_rng(0).standard_normal((LONG_PREFILL, d_model)).astype(np.float32)
+    kv = stack.new_kv_cache()
+    t0 = time.perf_counter()
+    stack.forward(x, np.arange(LONG_PREFILL), kv)
+    pre = LONG_PREFILL / (time.perf_counter() - t0)
+    kv = stack.new_kv_cache()
+    stack.forward(x[:16], np.arange(16), kv)
+    t0 = time.perf_counter()
+    for i in range(steps):
+        stack.forward(x[16 + i:17 + i], np.array([16 + i]), kv)
+    return pre, steps / (time.perf_counter() - t0), kv.nbytes
+
+
+def _ethen_ggml(store: Any, path: Path, threads: int, steps: int, native: bool = False) -> tuple[float, ...]:
+    """:func:`_ethen_quant`'s figures for the ggml engine: the layers' weights are the GGUF's own pages (the
+    9th figure: the GGUF's resident pages after the runs) and the repacked Q4_0 / Q4_K matrices (in the
+    anonymous growth at load). ``native``: on the llama venv's libggml (:data:`GGML_NATIVE`)."""
+    from ethen.model import ggml_lib
+    from ethen.model.attend import warm
+    from ethen.model.glayer import GgmlEngine, load_ggml_layers
+    from ethen.model.heap import mapped_rss
+    from ethen.model.model import LayerStack
+
+    if native:
+        native_dir = _native_ggml_dir()
+        ggml_lib.library_dir = lambda: native_dir  # (before the first lib())
+
+    engine = GgmlEngine(threads)
+    warm()
+    anon0 = _rss_anon()
+    stack = LayerStack(store.config, load_ggml_layers([(0, store.config.n_layers - 1)], store, engine)[0])
+    loaded = _rss_anon() - anon0
+    file = sum(w.file_nbytes for w in stack.layers)
+    pre, dec, kvb = _timed(stack, store.config.d_model, steps)
+    grown = _rss_anon() - anon0
+    return pre, dec, file, file, grown, kvb, loaded, 0, mapped_rss(path), 0
 
 
 TINYLLAMA_TYPES = ("Q4_K", "Q8_0")
@@ -344,6 +397,17 @@ def _weights_resident(runs: Sequence[tuple[float, ...]], twin: tuple[float, ...]
             f"anonymous growth {rest / 2**20:.0f} MiB = {rest / file:.2f}x")
 
 
+def _ggml_resident(runs: Sequence[tuple[float, ...]]) -> str:
+    """The ggml engine's resident weights: the GGUF's pages resident after the runs (every layer matrix is
+    read in place) plus the anonymous growth at load (tensor metadata, the norms' float32 copies)."""
+    file = runs[0][3]
+    gguf = statistics.median(r[8] for r in runs)
+    loaded = statistics.median(r[6] for r in runs)
+    weights = gguf + loaded
+    return (f"resident weights {weights / 2**20:.0f} MiB = {weights / file:.3f}x the file (the GGUF's pages "
+            f"{gguf / 2**20:.0f} MiB + anonymous at load {loaded / 2**20:.1f} MiB)")
+
+
 def devices(model: Path | None, steps: int, repeats: int) -> None:
     """Per-device decode and prefill of the engine (``ethen worker --device``), the CPU first as the same
     run's baseline; a device this machine lacks is printed as skipped, with the reason. Each figure is a
@@ -400,19 +464,23 @@ def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, P
                                          ("int8-act", ACCURACY_FAST, False, {}),
                                          ("exact", ACCURACY_EXACT, False, {}),
                                          ("exact-int8", ACCURACY_EXACT_INT8, False, {}),
-                                         (pre, ACCURACY_EXACT_INT8, True, {})):
+                                         (pre, ACCURACY_EXACT_INT8, True, {}),
+                                         ("ggml", GGML, False, {}),
+                                         ("ggml-native", GGML_NATIVE, False, {})):
                 if modes and name not in modes:
                     continue
                 # with threads to share: also on one process-wide pool (ETHEN_THREAD_POOL=shared, `ethen
                 # worker`'s default), this tree only
                 for pool in ("", "shared") if threads > 1 else ("",):
                     for tag, root in roots.items():
-                        if tag and (acc == ACCURACY_EXACT_INT8 or pool or env):
+                        if acc in (GGML, GGML_NATIVE) and pool:
+                            continue  # (ggml: its own pool, the same either way)
+                        if tag and (acc in (ACCURACY_EXACT_INT8, GGML, GGML_NATIVE) or pool or env):
                             continue  # (modes the --ref tree may not have)
                         label = name + (" + shared pool" if pool else "") + tag
                         runs.setdefault(label, []).append(_ethen_run(root, path, threads, steps, acc, long,
                                                                      pool, env=env))
-                        if not tag and label not in twins:  # its weights' memory (_weights_resident)
+                        if not tag and label not in twins and acc >= 0:  # its weights' memory (not ggml)
                             twins[label] = _ethen_run(root, path, threads, steps, acc, long, pool, False, env)
         lp, ld = _median2(llama)
         print(f"  llama.cpp {threads} thread(s): prefill {lp:.0f} tok/s, decode {ld:.1f} tok/s")
@@ -427,7 +495,8 @@ def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, P
                   f"weights {packed / 1e6:.1f} MB = {packed / file:.3f}x the file's {file / 1e6:.1f} MB; "
                   f"RssAnon +{grown / 2**20:.0f} MiB = {(grown - kvb) / file:.2f}x the file + the KV cache's "
                   f"{kvb / 2**20:.0f} MiB (a fresh process: load, 512-row prefill, decode)"
-                  + (f"; {_weights_resident(rs, twins[label])}" if label in twins else ""))
+                  + (f"; {_weights_resident(rs, twins[label])}" if label in twins else "")
+                  + (f"; {_ggml_resident(rs)}" if label.startswith("ggml") else ""))
     print(f"load average (1/5/15 min) before {' '.join(f'{x:.2f}' for x in load0)}, after "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
 
@@ -643,7 +712,8 @@ def main() -> None:
     ap.add_argument("--modes", default=None,
                     help="with --vs-llama-cpp: Ethen's modes to run, comma-separated (default all: auto, "
                          "'auto + ETHEN_LAYER_KERNEL=on', int8-act, exact, exact-int8, "
-                         "'exact-int8 + ETHEN_PREFILL=float32')")
+                         "'exact-int8 + ETHEN_PREFILL=float32', ggml, ggml-native: the ggml engine on the "
+                         "llama venv's libggml built for this CPU)")
     ap.add_argument("--answers", action="store_true",
                     help="only the greedy answers to five prompts: llama.cpp's and each ETHEN_ACCURACY's")
     ap.add_argument("--devices", action="store_true",

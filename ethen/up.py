@@ -337,6 +337,12 @@ def up(
         "not loopback: also --tls-cert and --tls-key (ethen mesh certs)."),
     tls_cert: Path = typer.Option(None, "--tls-cert", help="PEM certificate of the --join registry."),  # noqa: B008
     tls_key: Path = typer.Option(None, "--tls-key", help="PEM private key of --tls-cert."),  # noqa: B008
+    engine: str = typer.Option(
+        None, "--engine", help="auto (by the model: ggml for 1B-class models, onnxruntime's float32 compute "
+        "for small ones), ggml or onnx; the workers and the head. Default: $ETHEN_ENGINE, else auto."),
+    accuracy: str = typer.Option(
+        None, "--accuracy", help="auto, exact (float32-grade products: onnx) or fast (int8 activations: "
+        "ggml). Default: $ETHEN_ACCURACY, else auto."),
 ) -> None:
     """Start a local 3-worker mesh and the gateway serving it; Ctrl-C stops them all."""
     t0 = _command_start()
@@ -387,8 +393,12 @@ def _up_locked(t0: float, level: str, port: int, host: str, layout: Path | None,
         raise typer.BadParameter(f"--log-format = {log_format!r}: use text or json")
     configure_logging(level, log_format)
     _startup_logging(level)
-    from ethen.mesh.worker.cli import one_blas_thread
+    from ethen.mesh.worker.cli import apply_engine, one_blas_thread
 
+    try:  # into the environment: the head's loader and the workers (which inherit it) read it
+        apply_engine(engine, accuracy)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     one_blas_thread()  # the orchestrator's head matmul shares the cores with the workers
     from ethen.model.errors import ModelError  # after one_blas_thread: it imports NumPy
     workers_spec = load_layout(layout)

@@ -48,6 +48,8 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
     ("ethen.model.gguf_loader", "gguf"): _WEIGHTS,
     ("ethen.model.gguf_loader", "tokenizers"): _WEIGHTS,
     ("ethen.model.qmodel", "gguf"): _WEIGHTS,
+    ("ethen.model.glayer", "gguf"): _WEIGHTS,
+    ("ethen.model.gqhead", "gguf"): _WEIGHTS,
     ("ethen.model.qhead", "numba"): _WEIGHTS,
     ("ethen.model.klayer", "numba"): _WEIGHTS,
     ("ethen.model.attend", "numba"): _WEIGHTS,

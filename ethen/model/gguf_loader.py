@@ -5,7 +5,8 @@ mmap-able float32 cache.
 Choices (the issue leaves them open):
 
 * **What is accepted.** Architectures of :data:`ethen.model.config.ARCHITECTURES` (``llama``, ``qwen2``) and
-  tensor types :data:`TENSOR_TYPES` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), dequantized with
+  tensor types :data:`TENSOR_TYPES` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) and, for the ggml
+  engine, :data:`GGML_ONLY_TYPES` (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ2_XXS, IQ3_S), dequantized with
   ``gguf.quants.dequantize`` (the gguf library's own routines). The file is checked before anything is
   written - the magic, every tensor's type, that every tensor's bytes lie inside the file (a truncated
   download), the architecture and the tokenizer kind - and each refusal names the value
@@ -79,6 +80,7 @@ from ethen.model.tokenizer import Tokenizer, build_hf_tokenizer, tokenizer_setti
 
 __all__ = [
     "CACHE_FORMAT",
+    "GGML_ONLY_TYPES",
     "GGUF_FILENAME",
     "GGUF_PACKAGE",
     "TENSOR_TYPES",
@@ -99,6 +101,8 @@ CACHE_FORMAT = 3  # bump when the cached layout changes (3: [d_out, d_in] copies
 WEIGHTS_MODES = ("quantized", "float32")
 #: GGML tensor types the loader dequantizes (names of ``gguf.GGMLQuantizationType``)
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+#: more types the ggml engine reads (:mod:`ethen.model.glayer`; the onnxruntime engine does not pack them)
+GGML_ONLY_TYPES = ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ3_S")
 GGUF_MAGIC = b"GGUF"
 
 F32 = NDArray[np.float32]
@@ -379,13 +383,13 @@ def _build_cache(gguf_path: Path, target: Path, weights: str = "float32") -> Non
         raise UnsupportedModelError(f"GGUF {gguf_path}: general.architecture = {arch!r} is not supported "
                                     f"(supported: {', '.join(ARCHITECTURES)})")
     tensors = {t.name: t for t in reader.tensors}
-    allowed = {GGMLQuantizationType[name] for name in TENSOR_TYPES}
+    allowed = {GGMLQuantizationType[name] for name in TENSOR_TYPES + GGML_ONLY_TYPES}
     for t in reader.tensors:
         if t.tensor_type not in allowed:
             kind = getattr(t.tensor_type, "name", str(t.tensor_type))
             raise UnsupportedModelError(
                 f"GGUF {gguf_path}: tensor {t.name!r} has type {kind}, which is not supported "
-                f"(supported: {', '.join(TENSOR_TYPES)})")
+                f"(supported: {', '.join(TENSOR_TYPES + GGML_ONLY_TYPES)})")
 
     tokens = [str(t) for t in _array_field(reader, gguf_path, "tokenizer.ggml.tokens") or []]
     merges = _array_field(reader, gguf_path, "tokenizer.ggml.merges", required=False)

@@ -20,21 +20,25 @@ Choices where the issue is silent:
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ethen.model.chat_template import ChatTemplate
+from ethen.model.choose import check_onnx, engine_kind
 from ethen.model.config import ModelConfig
 from ethen.model.engine import Engine
 from ethen.model.errors import ModelInputError
 from ethen.model.gguf_loader import LayerWeights, WeightStore, open_weight_store, weights_mode
+from ethen.model.glayer import GgmlEngine, GgmlLayer, ggml_block, load_ggml_layers, process_engine
+from ethen.model.gqhead import GgmlEmbedAndHead
 from ethen.model.heap import release_mapped, trim_after
 from ethen.model.klayer import KERNEL_ROWS
 from ethen.model.kv_cache import DEFAULT_INITIAL_CAPACITY, KVCache
 from ethen.model.layers import AttentionSegment, block, linear, rms_norm, rope_tables
-from ethen.model.qmodel import QuantEmbedAndHead, QuantLayer, load_quant_layers, quant_block
+from ethen.model.qmodel import QuantEmbedAndHead, QuantLayer, engine_from_env, load_quant_layers, quant_block
 from ethen.model.tokenizer import Tokenizer
 
 __all__ = [
@@ -42,6 +46,7 @@ __all__ = [
     "Ends",
     "LayerStack",
     "Model",
+    "engine_for",
     "load_embed_and_head",
     "load_layer_stack",
     "load_layer_stacks",
@@ -89,14 +94,14 @@ def _as_positions(positions: object, n: int) -> I64:
 class LayerStack:
     """Consecutive layers ``start..end`` (inclusive) with a pure-in-spirit ``forward`` over a KV cache."""
 
-    def __init__(self, config: ModelConfig, layers: Sequence[LayerWeights | QuantLayer]) -> None:
+    def __init__(self, config: ModelConfig, layers: Sequence[LayerWeights | QuantLayer | GgmlLayer]) -> None:
         if not layers:
             raise ModelInputError("a LayerStack needs at least one layer")
         idx = [w.index for w in layers]
         if idx != list(range(idx[0], idx[0] + len(idx))):
             raise ModelInputError(f"LayerStack layers must be consecutive, got {idx}")
         self.config = config
-        self.layers: tuple[LayerWeights | QuantLayer, ...] = tuple(layers)
+        self.layers: tuple[LayerWeights | QuantLayer | GgmlLayer, ...] = tuple(layers)
         self.start: int = idx[0]
         self.end: int = idx[-1]  # inclusive
         self._cos, self._sin = _rope(config.context_length, config.head_dim, config.rope_theta,
@@ -187,8 +192,12 @@ class LayerStack:
         for li, w in enumerate(self.layers):
             segments = [AttentionSegment(int(starts[i]), int(starts[i + 1]), kv.k[li], kv.v[li], kv.length)
                         for i, kv in enumerate(kvs)]
-            step = quant_block if isinstance(w, QuantLayer) else block
-            x = step(x, w, cos, sin, segments, cfg)  # type: ignore[arg-type]
+            if isinstance(w, GgmlLayer):
+                x = ggml_block(x, w, cos, sin, segments, cfg)
+            elif isinstance(w, QuantLayer):
+                x = quant_block(x, w, cos, sin, segments, cfg)
+            else:
+                x = block(x, w, cos, sin, segments, cfg)
         for kv, t in zip(kvs, lens, strict=True):
             kv.commit(t)
         if not trim_after(n, self._mapped) and n > KERNEL_ROWS:  # a prefill's freed buffers and read pages
@@ -286,31 +295,60 @@ def load_layer_stack(start: int, end: int, store: WeightStore | None = None) -> 
     return LayerStack(s.config, [s.load_layer(i) for i in range(start, end + 1)])
 
 
+def _use_ggml(s: WeightStore, engine: Engine | GgmlEngine | None) -> bool:
+    """Whether the quantized path runs on ggml: an engine given decides, else
+    :func:`~ethen.model.choose.engine_kind` (``$ETHEN_ENGINE``, ``$ETHEN_ACCURACY``, the model's size)."""
+    if engine is not None:
+        return isinstance(engine, GgmlEngine)
+    return engine_kind(s.tensors or {}) == "ggml"
+
+
+def engine_for(store: WeightStore, threads: int | None = None) -> Engine | GgmlEngine | None:
+    """The engine of ``threads`` that :func:`~ethen.model.choose.engine_kind` chooses for ``store``'s model
+    (None for the float32 path, ``$ETHEN_WEIGHTS=float32``)."""
+    if weights_mode() != "quantized":
+        return None
+    if engine_kind(store.tensors or {}) == "ggml":  # (threads: only where the process has its cores)
+        shared = os.environ.get("ETHEN_THREAD_POOL", "").strip() == "shared"
+        return process_engine(threads if shared else None)
+    return engine_from_env(threads)
+
+
 def load_layer_stacks(ranges: str | Sequence[tuple[int, int]], store: WeightStore | None = None,
-                      engine: Engine | None = None) -> list[LayerStack]:
+                      engine: Engine | GgmlEngine | None = None) -> list[LayerStack]:
     """One stack per fragment, e.g. ``"0-9,10-19"`` or ``[(0, 9), (10, 19)]``.
 
     ``$ETHEN_WEIGHTS`` (:func:`~ethen.model.gguf_loader.weights_mode`): ``quantized`` keeps the weights
-    in the GGUF's blocks (:mod:`ethen.model.qmodel`, on ``engine``, default from ``$ETHEN_DEVICE`` /
-    ``$ETHEN_ACCURACY``; the default); ``float32`` maps the float32 cache."""
+    in the GGUF's blocks (the default), run by ggml (:mod:`ethen.model.glayer`) or onnxruntime
+    (:mod:`ethen.model.qmodel`) as ``engine`` (an :class:`Engine` or a :class:`GgmlEngine`) or else
+    :func:`~ethen.model.choose.engine_kind` says; ``float32`` maps the float32 cache."""
     s = _store(store)
     pairs = parse_layer_ranges(ranges) if isinstance(ranges, str) else list(ranges)
     if weights_mode() == "quantized":
-        return [LayerStack(s.config, layers) for layers in load_quant_layers(pairs, s, engine)]
+        if _use_ggml(s, engine):
+            ge = engine if isinstance(engine, GgmlEngine) else None
+            return [LayerStack(s.config, layers) for layers in load_ggml_layers(pairs, s, ge)]
+        check_onnx(s.tensors or {})
+        oe = engine if isinstance(engine, Engine) else None
+        return [LayerStack(s.config, layers) for layers in load_quant_layers(pairs, s, oe)]
     return [load_layer_stack(lo, hi, s) for lo, hi in pairs]
 
 
-def load_embed_and_head(store: WeightStore | None = None, engine: Engine | None = None) -> Ends:
+def load_embed_and_head(store: WeightStore | None = None, engine: Engine | GgmlEngine | None = None) -> Ends:
     """The orchestrator's ends: over the GGUF's blocks (``$ETHEN_WEIGHTS=quantized``: the tied head is not
-    copied; the default) or the float32 cache (``float32``)."""
+    copied; the default; its matmul on ggml or onnxruntime as :func:`load_layer_stacks` chooses) or the
+    float32 cache (``float32``)."""
     s = _store(store)
     if weights_mode() == "quantized":
-        return QuantEmbedAndHead(s, engine)
+        if _use_ggml(s, engine):
+            return GgmlEmbedAndHead(s, engine if isinstance(engine, GgmlEngine) else None)
+        check_onnx(s.tensors or {})
+        return QuantEmbedAndHead(s, engine if isinstance(engine, Engine) else None)
     return EmbedAndHead(s.config, s.load_token_embeddings(), s.load_output_norm(), s.load_output_head(),
                         s.load_output_head_t())
 
 
-def load_model(store: WeightStore | None = None, engine: Engine | None = None) -> Model:
+def load_model(store: WeightStore | None = None, engine: Engine | GgmlEngine | None = None) -> Model:
     """The whole model in one process, in the weights :func:`~ethen.model.gguf_loader.weights_mode` names."""
     s = _store(store)
     stack = load_layer_stacks([(0, s.config.n_layers - 1)], s, engine)[0]

@@ -40,7 +40,8 @@ from ethen.model.layers import AttentionSegment, apply_rope, attention, rms_norm
 from ethen.model.qhead import BlockHead, build_block_head
 from ethen.model.quant import PACKED_BITS, Packed, pack
 
-__all__ = ["QuantEmbedAndHead", "QuantLayer", "engine_from_env", "load_quant_layers", "quant_block"]
+__all__ = ["QuantEmbedAndHead", "QuantLayer", "attend_rows", "engine_from_env", "load_quant_layers",
+           "quant_block"]
 
 F32 = NDArray[np.float32]
 
@@ -65,7 +66,7 @@ class QuantLayer:
     kernel: KernelLayer | None = None
 
 
-def _attend(qkv: F32, cos: F32, sin: F32, segments: Sequence[AttentionSegment], cfg: ModelConfig) -> F32:
+def attend_rows(qkv: F32, cos: F32, sin: F32, segments: Sequence[AttentionSegment], cfg: ModelConfig) -> F32:
     """RoPE, this step's K/V into each segment's cache, attention: ``qkv [N, qd + 2 kvd]`` -> ``[N, qd]``."""
     n = qkv.shape[0]
     h, hkv, hd, qd, kvd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.q_dim, cfg.kv_dim
@@ -94,12 +95,12 @@ def quant_block(x: F32, w: QuantLayer, cos: F32, sin: F32, segments: Sequence[At
     to :data:`~ethen.model.klayer.KERNEL_ROWS` rows); writes this step's K/V into the segments."""
     if w.kernel is not None and x.shape[0] <= KERNEL_ROWS:
         qkv_k = w.kernel.attn_in(x)  # [N, qd + 2 kvd]
-        return w.kernel.attn_out_ffn(x, _attend(qkv_k, cos, sin, segments, cfg))  # [N, d]
+        return w.kernel.attn_out_ffn(x, attend_rows(qkv_k, cos, sin, segments, cfg))  # [N, d]
     long = x.shape[0] >= PREFILL_ROWS
     attn_in = w.attn_in_long if long and w.attn_in_long is not None else w.attn_in
     attn_out_ffn = w.attn_out_ffn_long if long and w.attn_out_ffn_long is not None else w.attn_out_ffn
     qkv = attn_in.run(None, {"x": x})[0]  # [N, qd + 2 kvd]  RMSNorm + Q|K|V (+ biases)
-    att = _attend(qkv, cos, sin, segments, cfg)  # [N, qd]
+    att = attend_rows(qkv, cos, sin, segments, cfg)  # [N, qd]
     out: F32 = attn_out_ffn.run(None, {"x": x, "att": att})[0]  # [N, d]  x + o(att) + FFN(...)
     return out
 

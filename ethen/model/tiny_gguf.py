@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from ethen.model.ggml_lib import lib
+
 __all__ = ["TinySpec", "gpt2_vocab", "spm_vocab", "write_tiny_gguf"]
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -36,7 +38,10 @@ WORDS = ("the", "and", "hello", "world", "mesh", "layer", "token", "model", "is"
 
 # K-quant block layouts: (bytes per 256 values, byte offsets of the f16 scale fields, value of each)
 _KQUANT_SCALES = {"Q4_K": (144, ((0, 2e-4), (2, 1e-4))), "Q5_K": (176, ((0, 1e-4), (2, 1e-4))),
-                  "Q6_K": (210, ((208, 4e-5),))}
+                  "Q6_K": (210, ((208, 4e-5),)), "Q2_K": (84, ((80, 4e-3), (82, 4e-3))),
+                  "Q3_K": (110, ((108, 1.5e-3),)), "IQ4_XS": (136, ((0, 5e-5),)),
+                  "IQ4_NL": (144, tuple((18 * i, 1.5e-3) for i in range(8))),  # 8 blocks of 32
+                  "IQ2_XXS": (66, ((0, 1e-3),)), "IQ3_S": (110, ((0, 4e-4),))}
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -119,10 +124,13 @@ class TinySpec:
     seed: int = 0
     extra: dict[str, object] = field(default_factory=dict)  # more metadata keys (e.g. a bad RoPE scaling)
     drop: Sequence[str] = ()  # tensor names left out (a broken file)
+    #: block types gguf's quantizer cannot write: "random" blocks with small scales, or "ggml": the random
+    #: float weights quantized by ggml's own quantizer (libggml-python; realistic, zero-mean weights)
+    quantizer: str = "random"
 
 
 def _tensor(writer: object, name: str, values: NDArray[np.float32], kind: str,
-            rng: np.random.Generator, drop: Sequence[str] = ()) -> None:
+            rng: np.random.Generator, drop: Sequence[str] = (), quantizer: str = "random") -> None:
     """Add ``values`` ([rows, cols] or [n], numpy order) to the writer as ``kind``."""
     from gguf import GGMLQuantizationType, GGUFWriter
     from gguf.quants import quantize
@@ -135,11 +143,14 @@ def _tensor(writer: object, name: str, values: NDArray[np.float32], kind: str,
         writer.add_tensor(name, values.astype(np.float32))
     elif kind == "F16":
         writer.add_tensor(name, values.astype(np.float16))
+    elif quantizer == "ggml" and values.ndim == 2 and kind not in ("BF16",):
+        writer.add_tensor(name, lib().quantize(kind, values), raw_dtype=qtype)
     elif kind in _KQUANT_SCALES:
         block, fields = _KQUANT_SCALES[kind]
         rows, cols = values.shape
         if cols % 256:
             raise ValueError(f"{name}: {kind} needs rows of a multiple of 256 values, got {cols}")
+        # random blocks (gguf's quantizer has no K-quant / IQ encoder), their scales set to small values
         raw = rng.integers(0, 256, size=(rows, cols // 256, block), dtype=np.uint8)
         for offset, scale in fields:
             d = (scale * rng.uniform(0.5, 1.0, size=(rows, cols // 256))).astype(np.float16)
@@ -207,10 +218,10 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec | None = None) -> Path:
     def norm(n: int) -> NDArray[np.float32]:
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
-    _tensor(w, "token_embd.weight", mat(vocab, d), s.embd_type, rng, s.drop)
+    _tensor(w, "token_embd.weight", mat(vocab, d), s.embd_type, rng, s.drop, s.quantizer)
     _tensor(w, "output_norm.weight", norm(d), "F32", rng, s.drop)
     if s.output_type is not None:
-        _tensor(w, "output.weight", mat(vocab, d), s.output_type, rng, s.drop)
+        _tensor(w, "output.weight", mat(vocab, d), s.output_type, rng, s.drop, s.quantizer)
     if s.rope_freqs is not None:
         _tensor(w, "rope_freqs.weight", np.asarray(s.rope_freqs, dtype=np.float32), "F32", rng, s.drop)
     k = 0
@@ -221,7 +232,8 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec | None = None) -> Path:
         for name, rows, cols in (("attn_q", qd, d), ("attn_k", kvd, d), ("attn_v", kvd, d),
                                  ("attn_output", d, qd), ("ffn_gate", f, d), ("ffn_up", f, d),
                                  ("ffn_down", d, f)):
-            _tensor(w, p + name + ".weight", mat(rows, cols), s.types[k % len(s.types)], rng, s.drop)
+            _tensor(w, p + name + ".weight", mat(rows, cols), s.types[k % len(s.types)], rng, s.drop,
+                    s.quantizer)
             k += 1
         if s.arch == "qwen2":
             for name, n in (("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)):

@@ -132,8 +132,8 @@ def test_unsupported_architecture_is_refused(tmp_path: Path) -> None:
 
 
 def test_unsupported_tensor_type_is_refused(tmp_path: Path) -> None:
-    path = write_tiny_gguf(tmp_path / "m.gguf", TinySpec(types=("F16", "Q5_0")))
-    with pytest.raises(UnsupportedModelError, match=r"tensor 'blk\.0\.attn_k\.weight' has type Q5_0"):
+    path = write_tiny_gguf(tmp_path / "m.gguf", TinySpec(types=("F16", "TQ1_0")))
+    with pytest.raises(UnsupportedModelError, match=r"tensor 'blk\.0\.attn_k\.weight' has type TQ1_0"):
         open_weight_store(path, cache_root=tmp_path / "cache")
     _no_cache_left(tmp_path / "cache")
 

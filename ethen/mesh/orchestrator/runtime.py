@@ -66,9 +66,8 @@ from ethen.mesh.worker.batching import Job, StepBatcher
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS
 from ethen.model.chat_template import ChatTemplate
 from ethen.model.generate import GenerationChunk, GenerationResult, generate_stream
-from ethen.model.gguf_loader import WeightStore, open_weight_store, weights_mode
-from ethen.model.model import Ends, load_embed_and_head
-from ethen.model.qmodel import engine_from_env
+from ethen.model.gguf_loader import WeightStore, open_weight_store
+from ethen.model.model import Ends, engine_for, load_embed_and_head
 from ethen.model.sampling import SamplingParams
 from ethen.model.tokenizer import Tokenizer
 
@@ -253,8 +252,7 @@ class Orchestrator:
     def load(cls, workers: Mapping[str, str], store: WeightStore | None = None,
              **kwargs: Any) -> Orchestrator:
         s = store if store is not None else open_weight_store()
-        engine = (engine_from_env(threads=int(kwargs.get("head_threads", 2)))  # the head's threads
-                  if weights_mode() == "quantized" else None)
+        engine = engine_for(s, threads=int(kwargs.get("head_threads", 2)))  # the head's threads
         orch = cls(workers, load_embed_and_head(s, engine), s.load_tokenizer(), s.load_chat_template(),
                    **kwargs)
         path = s.meta.get("gguf_path")

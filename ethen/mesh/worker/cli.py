@@ -38,6 +38,8 @@ import typer
 
 from ethen.mesh.worker.launch import orphaned
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER
+from ethen.mesh.worker.memory import memory_refusal, parse_size
+from ethen.model.choose import ENGINES
 from ethen.model.engine import DEVICES, THREAD_POOLS
 
 if TYPE_CHECKING:
@@ -45,7 +47,12 @@ if TYPE_CHECKING:
     from ethen.mesh.worker.membership import JoinSpec
     from ethen.mesh.worker.server import WorkerConfig
 
-__all__ = ["apply_device", "apply_thread_pool", "one_blas_thread", "run_worker", "worker"]
+__all__ = ["ACCURACIES", "apply_device", "apply_engine", "apply_thread_pool", "one_blas_thread", "run_worker",
+           "worker"]
+
+#: ``--accuracy``: auto (the engine rule, :mod:`ethen.model.choose`), exact (float32-grade products:
+#: onnxruntime), fast (int8 activations: ggml, as llama.cpp)
+ACCURACIES = ("auto", "exact", "fast")
 
 
 def one_blas_thread() -> None:
@@ -121,6 +128,19 @@ def apply_device(device: str | None) -> None:
         os.environ["ETHEN_WEIGHTS"] = "quantized"
 
 
+def apply_engine(engine: str | None, accuracy: str | None) -> None:
+    """``--engine`` / ``--accuracy`` into ``$ETHEN_ENGINE`` / ``$ETHEN_ACCURACY`` (this process's, and the
+    workers it starts), which the model loader reads (:func:`~ethen.model.choose.engine_kind`)."""
+    if engine is not None:
+        if engine not in ENGINES:
+            raise ValueError(f"--engine {engine!r}: must be one of {', '.join(ENGINES)}")
+        os.environ["ETHEN_ENGINE"] = engine
+    if accuracy is not None:
+        if accuracy not in ACCURACIES:
+            raise ValueError(f"--accuracy {accuracy!r}: must be one of {', '.join(ACCURACIES)}")
+        os.environ["ETHEN_ACCURACY"] = accuracy
+
+
 def apply_thread_pool(pool: str | None) -> None:
     """``--thread-pool`` into ``$ETHEN_THREAD_POOL`` (this worker process's), which the engine reads
     (:func:`~ethen.model.qmodel.engine_from_env`). Unset, a worker takes ``$ETHEN_THREAD_POOL``, else
@@ -167,6 +187,16 @@ def worker(
     device: str = typer.Option(
         None, "--device", help="Compute device: auto (cuda when onnxruntime-gpu sees a GPU, else cpu), "
         "cpu or cuda (the quantized engine; default: $ETHEN_DEVICE, else auto)."),
+    engine: str = typer.Option(
+        None, "--engine", help="auto (by the model: ggml for 1B-class models, onnxruntime's float32 compute "
+        "for small ones), ggml (llama.cpp's kernels, int8 activations) or onnx. Default: $ETHEN_ENGINE, "
+        "else auto."),
+    accuracy: str = typer.Option(
+        None, "--accuracy", help="auto, exact (float32-grade products: the onnx engine) or fast (int8 "
+        "activations: the ggml engine). Default: $ETHEN_ACCURACY, else auto."),
+    max_memory: str = typer.Option(
+        None, "--max-memory", help="Refuse (before loading) layers whose weights exceed this size, e.g. "
+        "800M, 1.5G, 512MiB (their bytes in the GGUF)."),
     thread_pool: str = typer.Option(
         None, "--thread-pool", help="shared: one spinning pool of threads for the process (for a worker "
         "alone on its machine); session: a pool per session, asleep between ops (workers sharing cores). "
@@ -191,6 +221,7 @@ def worker(
         raise typer.BadParameter(str(exc)) from exc
     try:
         apply_device(device)
+        apply_engine(engine, accuracy)
         apply_thread_pool(thread_pool)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -207,6 +238,18 @@ def worker(
         raise typer.Exit(2) from None
     from ethen.model.errors import ModelError
 
+    if max_memory is not None:
+        from ethen.model.gguf_loader import open_weight_store
+
+        try:
+            limit = parse_size(max_memory)
+            refusal = memory_refusal(open_weight_store(model).tensors or {}, fragments, limit)
+        except (ValueError, ModelError) as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            raise typer.Exit(2) from None
+        if refusal is not None:
+            print(f"error: {refusal}", file=sys.stderr, flush=True)
+            raise typer.Exit(2)
     try:
         run_worker(config, host, port, model, tls=tls, auth=auth, join=join_spec,
                    drain_timeout_s=drain_timeout, peers=peers)

@@ -1,0 +1,77 @@
+"""Which engine runs a model's quantized layers and head: ggml (llama.cpp's kernels,
+:mod:`ethen.model.glayer`) or onnxruntime (:mod:`ethen.model.qmodel`).
+
+``$ETHEN_ENGINE`` (``ethen worker`` / ``ethen up`` ``--engine``): ``ggml``, ``onnx`` or ``auto`` (the
+default). ``auto`` follows ``$ETHEN_ACCURACY`` (``--accuracy``) first: ``fast`` is ggml (int8 activations,
+as llama.cpp), ``exact`` / ``exact-int8`` onnxruntime (float32-grade products); at accuracy ``auto`` (the
+default) a model with a tensor type only ggml reads (``GGML_ONLY_TYPES``) runs on ggml, else the rule
+:func:`auto_engine` picks by the model's size. ``$ETHEN_DEVICE=cuda`` runs onnxruntime
+(the wheel's ggml is a CPU build).
+
+The rule, measured (docs/decisions/0100-ggml-engine.md): int8 activations change SmolLM2-135M's greedy
+answer to ``ethen up``'s banner question (llama.cpp's own answer is also wrong there), so a model under
+:data:`GGML_MIN_PARAMS` parameters keeps the float32-compute engine; 1B-class models (TinyLlama's shape)
+decode 2-4x faster on ggml, where the int8 activations are what llama.cpp serves them with.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from ethen.model.errors import ModelInputError
+from ethen.model.gguf_loader import GGML_ONLY_TYPES, TensorInfo
+
+__all__ = ["ENGINES", "GGML_MIN_PARAMS", "auto_engine", "check_onnx", "engine_kind", "model_params"]
+
+ENGINES = ("auto", "ggml", "onnx")
+#: ``auto``: models with at least this many parameters run on ggml
+GGML_MIN_PARAMS = 500_000_000
+
+
+def model_params(tensors: Mapping[str, TensorInfo]) -> int:
+    """The model's parameter count (every tensor's elements)."""
+    total = 0
+    for t in tensors.values():
+        n = 1
+        for s in t.shape:
+            n *= int(s)
+        total += n
+    return total
+
+
+def auto_engine(params: int) -> str:
+    """``ggml`` for a model of ``params`` parameters at or over :data:`GGML_MIN_PARAMS`, else ``onnx``."""
+    return "ggml" if params >= GGML_MIN_PARAMS else "onnx"
+
+
+def _ggml_only(tensors: Mapping[str, TensorInfo]) -> TensorInfo | None:
+    return next((t for t in tensors.values() if t.kind in GGML_ONLY_TYPES), None)
+
+
+def check_onnx(tensors: Mapping[str, TensorInfo]) -> None:
+    """Refuse (naming the tensor and type) a model the onnxruntime engine cannot pack."""
+    t = _ggml_only(tensors)
+    if t is not None:
+        raise ModelInputError(f"tensor {t.name!r} has type {t.kind}, which only the ggml engine reads "
+                              "(--engine ggml, ETHEN_ENGINE=ggml)")
+
+
+def engine_kind(tensors: Mapping[str, TensorInfo]) -> str:
+    """The engine ``$ETHEN_ENGINE``, ``$ETHEN_ACCURACY`` and ``$ETHEN_DEVICE`` choose for the model whose
+    tensor table is ``tensors``: ``ggml`` or ``onnx``."""
+    kind = os.environ.get("ETHEN_ENGINE", "").strip() or "auto"
+    if kind not in ENGINES:
+        raise ModelInputError(f"ETHEN_ENGINE = {kind!r}: must be one of {', '.join(ENGINES)}")
+    if kind != "auto":
+        return kind
+    if os.environ.get("ETHEN_DEVICE", "").strip() == "cuda":
+        return "onnx"
+    if _ggml_only(tensors):
+        return "ggml"
+    acc = os.environ.get("ETHEN_ACCURACY", "").strip() or "auto"
+    if acc == "fast":
+        return "ggml"
+    if acc in ("exact", "exact-int8"):
+        return "onnx"
+    return auto_engine(model_params(tensors))
