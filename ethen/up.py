@@ -350,6 +350,12 @@ def up(
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise typer.BadParameter(f"--log-level = {log_level!r}: use debug, info, warning or error")
     user = _check_overlay(config, host, port, model) if config is not None else None  # before anything runs
+    from ethen.mesh.worker.cli import apply_engine
+
+    try:  # into the environment: the head's loader and the workers (which inherit it) read it
+        apply_engine(engine, accuracy)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     try:
         lock = lock_instance(data_dir())  # never overwrite the config of a running `ethen up`
     except InstanceRunning as exc:
@@ -393,12 +399,8 @@ def _up_locked(t0: float, level: str, port: int, host: str, layout: Path | None,
         raise typer.BadParameter(f"--log-format = {log_format!r}: use text or json")
     configure_logging(level, log_format)
     _startup_logging(level)
-    from ethen.mesh.worker.cli import apply_engine, one_blas_thread
+    from ethen.mesh.worker.cli import one_blas_thread
 
-    try:  # into the environment: the head's loader and the workers (which inherit it) read it
-        apply_engine(engine, accuracy)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
     one_blas_thread()  # the orchestrator's head matmul shares the cores with the workers
     from ethen.model.errors import ModelError  # after one_blas_thread: it imports NumPy
     workers_spec = load_layout(layout)
