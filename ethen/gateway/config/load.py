@@ -101,17 +101,8 @@ def _cross_check(cfg: GatewayConfig) -> None:
             raise GatewayConfigError(
                 f"canaries[{i}].candidate = {c.candidate!r}: no such provider/model in [[routes]]"
             )
-    hedged: dict[str, int] = {}
-    for i, h in enumerate(cfg.hedges):  # issue 27
-        if h.alias not in ALIASES:
-            raise GatewayConfigError(
-                f"hedges[{i}].alias = {h.alias!r}: unknown alias (known: {sorted(ALIASES)})"
-            )
-        if h.alias in hedged:
-            raise GatewayConfigError(
-                f"hedges[{i}].alias = {h.alias!r}: duplicate (also hedges[{hedged[h.alias]}])"
-            )
-        hedged[h.alias] = i
+    _check_aliases("hedges", [h.alias for h in cfg.hedges])  # issue 27
+    for i, h in enumerate(cfg.hedges):
         if h.after_percentile is not None and h.min_samples > RECENT_MAX_OUTCOMES:
             raise GatewayConfigError(
                 f"hedges[{i}].min_samples = {h.min_samples!r}: at most {RECENT_MAX_OUTCOMES} (a candidate's "
@@ -119,7 +110,7 @@ def _cross_check(cfg: GatewayConfig) -> None:
                 "window: a larger minimum would never be met and the rule would never hedge)"
             )
     _check_shadows(cfg, routes)
-    _check_wait_targets(cfg)
+    _check_aliases("wait_targets", [w.alias for w in cfg.wait_targets])  # issue 44
     chat_routes = [r for r in cfg.routes if r.endpoint == "chat"]
     chat = {r.model for r in chat_routes} | {f"{r.provider}/{r.model}" for r in chat_routes}
     for pattern, target in cfg.model_map.items():  # [model_map]: Messages API model names (issue 26)
@@ -310,16 +301,16 @@ def shared_redis_url(cfg: GatewayConfig, env: Mapping[str, str] | None = None) -
     return value
 
 
-def _check_wait_targets(cfg: GatewayConfig) -> None:
-    """``[[wait_targets]]`` (issue 44): a known alias, at most one entry per alias."""
+def _check_aliases(section: str, aliases: list[str]) -> None:
+    """Each entry of a per-alias section (``[[hedges]]``, ``[[wait_targets]]``): a known alias, once."""
     seen: dict[str, int] = {}
-    for i, w in enumerate(cfg.wait_targets):
-        if w.alias not in ALIASES:
+    for i, alias in enumerate(aliases):
+        if alias not in ALIASES:
             raise GatewayConfigError(
-                f"wait_targets[{i}].alias = {w.alias!r}: unknown alias (known: {sorted(ALIASES)})"
+                f"{section}[{i}].alias = {alias!r}: unknown alias (known: {sorted(ALIASES)})"
             )
-        if w.alias in seen:
+        if alias in seen:
             raise GatewayConfigError(
-                f"wait_targets[{i}].alias = {w.alias!r}: duplicate (also wait_targets[{seen[w.alias]}])"
+                f"{section}[{i}].alias = {alias!r}: duplicate (also {section}[{seen[alias]}])"
             )
-        seen[w.alias] = i
+        seen[alias] = i
