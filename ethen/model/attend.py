@@ -23,6 +23,7 @@ install, loaded from the cache later).
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -132,9 +133,9 @@ def warm() -> None:
     z = np.zeros((1, 4 * 16), np.float32)  # 2 query heads, 1 KV head of 16
     rope_attend(z, z[:, :8], z[:, :8], np.zeros((1, 2, 16), np.float32), np.zeros((1, 2, 16), np.float32),
                 0, 2, 1, np.zeros((1, 32), np.float32))
-    import llvmlite  # (numba's, imported by the compile above)
-
-    release_mapped(Path(llvmlite.__file__).parent)
+    llvm = sys.modules.get("llvmlite")  # numba's, imported by the compile above
+    if llvm is not None and llvm.__file__:
+        release_mapped(Path(llvm.__file__).parent)
     trim()
 
 
