@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ethen.model.attend import warm_in_background
 from ethen.model.config import ModelConfig
 from ethen.model.engine import default_threads
 from ethen.model.errors import GGUFFormatError, ModelInputError, WeightsNotFoundError
@@ -373,6 +374,7 @@ def load_ggml_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
     if not store.tensors:
         raise GGUFFormatError(f"weight cache {store.directory} lacks a tensor table (delete it)")
     eng = engine or process_engine()
+    warm_in_background()  # the decode attention kernel (and LLVM's pages released), while the layers load
     file = map_gguf(store)
     out = []
     for lo, hi in pairs:

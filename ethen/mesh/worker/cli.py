@@ -38,7 +38,7 @@ import typer
 
 from ethen.mesh.worker.launch import orphaned
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER
-from ethen.mesh.worker.memory import memory_refusal, parse_size
+from ethen.mesh.worker.memory import memory_refusal, parse_size, resident_bytes
 from ethen.model.choose import ENGINES
 from ethen.model.engine import DEVICES, THREAD_POOLS
 
@@ -72,6 +72,10 @@ def run_worker(config: WorkerConfig, host: str, port: int, model_path: Path | No
     from ethen.model.gguf_loader import open_weight_store
     from ethen.model.model import load_layer_stacks
 
+    rss = resident_bytes()
+    if rss is not None:  # what the layers cost is measured from here (tests/mesh/test_capped_workers.py)
+        print(f"ethen worker {config.node_id!r}: resident {rss} bytes before loading layers", file=sys.stderr,
+              flush=True)
     t0 = time.perf_counter()
     backend = ModelBackend(load_layer_stacks(list(config.fragments), open_weight_store(model_path)))
     service = WorkerService(config, backend, auth=auth, peers=peers)
