@@ -7,7 +7,7 @@ transformers' GGUF loader in the same run when the parity extra is installed.
 .venv/bin/python bench/model_decode.py --vs-llama-cpp [--model X.gguf]   (quantized engine vs llama.cpp)
 .venv/bin/python bench/model_decode.py --answers [--model X.gguf]   (greedy answers: llama.cpp, each accuracy)
 .venv/bin/python bench/model_decode.py --vs-llama-cpp --tinyllama [--types Q4_K] [--repeats 3] [--ref REV]
-    [--modes exact-int8,'exact-int8 + ETHEN_PREFILL=float32'] [--modes auto,ggml,ggml-native]
+    [--modes exact-int8,'exact-int8 + float32 prefill'] [--modes auto,ggml,ggml-native]
     (TinyLlama-1.1B shape, Q4_K and Q8_0; ``--ref``: the same Ethen runs of commit REV, interleaved)
 OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/model_decode.py --head [--repeats 21]   (the logits head alone)
 .venv/bin/python bench/model_decode.py --devices [--model X.gguf] [--repeats 3]   (per device: cpu, cuda)
@@ -204,9 +204,9 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
     """(prefill tok/s, decode tok/s, packed layer bytes, the layers' bytes in the file, RssAnon growth of
     this process over the load and the runs, the KV cache's bytes, RssAnon growth at load, the resident
     pages of the engine layout's files after the runs, the GGUF's resident pages after the runs (held by
-    Q8_0 kernel layers, if any, :mod:`ethen.model.klayer`), the bytes those layers hold (their quants and
+    Q8_0 kernel layers of an older --ref tree, if any), the bytes those layers hold (their quants and
     scales)). ``long_prefill`` "1": the engine's
-    ``long_prefill`` (``ETHEN_PREFILL=float32``). ``prepack`` "0": onnxruntime prepacks nothing
+    ``long_prefill`` (float32 prefill). ``prepack`` "0": onnxruntime prepacks nothing
     (``session.disable_prepacking``) and only the load is measured (no runs): the twin
     :func:`_weights_resident` subtracts."""
     from ethen.model.attend import warm
@@ -358,8 +358,7 @@ def _ethen_run(root: Path, path: Path, threads: int, steps: int, accuracy: int,
                env: dict[str, str] | None = None) -> tuple[float, ...]:
     """:func:`_ethen_quant` of the tree at ``root`` (this one or ``--ref``'s) in a fresh process; ``pool``
     ``shared``: the engine's one process-wide thread pool (``ETHEN_THREAD_POOL``); ``prepack`` False: the
-    load only, with onnxruntime prepacking nothing (this tree only); ``env``: more variables for it (e.g.
-    ``ETHEN_LAYER_KERNEL=on``)."""
+    load only, with onnxruntime prepacking nothing (this tree only); ``env``: more variables for it."""
     import subprocess
     import sys
 
@@ -368,7 +367,7 @@ def _ethen_run(root: Path, path: Path, threads: int, steps: int, accuracy: int,
         argv += ["cpu", "1" if long_prefill else "0", "0"]
     elif long_prefill:
         argv += ["cpu", "1"]
-    own = ("ETHEN_THREAD_POOL", "ETHEN_LAYER_KERNEL")  # (set per mode below)
+    own = ("ETHEN_THREAD_POOL",)  # (set per mode below)
     env = {k: v for k, v in os.environ.items() if k not in own} | (env or {})
     if pool:  # as `ethen worker` runs it: NumPy's BLAS on one thread next to the spinning pool (unless set)
         env |= {"ETHEN_THREAD_POOL": pool, "OPENBLAS_NUM_THREADS": env.get("OPENBLAS_NUM_THREADS", "1")}
@@ -458,9 +457,8 @@ def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, P
         twins: dict[str, tuple[float, ...]] = {}
         for _ in range(repeats):
             llama.append(_llama_cpp(path, threads, steps))
-            on, pre = {"ETHEN_LAYER_KERNEL": "on"}, "exact-int8 + ETHEN_PREFILL=float32"
+            pre = "exact-int8 + float32 prefill"
             for name, acc, long, env in (("auto", ACCURACY_AUTO, True, {}),
-                                         ("auto + ETHEN_LAYER_KERNEL=on", ACCURACY_AUTO, True, on),
                                          ("int8-act", ACCURACY_FAST, False, {}),
                                          ("exact", ACCURACY_EXACT, False, {}),
                                          ("exact-int8", ACCURACY_EXACT_INT8, False, {}),
@@ -711,9 +709,8 @@ def main() -> None:
                     help="with --vs-llama-cpp: the same Ethen runs of this commit too (interleaved)")
     ap.add_argument("--modes", default=None,
                     help="with --vs-llama-cpp: Ethen's modes to run, comma-separated (default all: auto, "
-                         "'auto + ETHEN_LAYER_KERNEL=on', int8-act, exact, exact-int8, "
-                         "'exact-int8 + ETHEN_PREFILL=float32', ggml, ggml-native: the ggml engine on the "
-                         "llama venv's libggml built for this CPU)")
+                         "int8-act, exact, exact-int8, 'exact-int8 + float32 prefill', ggml, ggml-native: "
+                         "the ggml engine on the llama venv's libggml built for this CPU)")
     ap.add_argument("--answers", action="store_true",
                     help="only the greedy answers to five prompts: llama.cpp's and each ETHEN_ACCURACY's")
     ap.add_argument("--devices", action="store_true",

@@ -105,7 +105,7 @@ def _kernels() -> dict[str, tuple[Any, ...]]:
         nb = d // 32
         x = np.empty(32, np.float32)
         for v in range(a, b):
-            qv, sv = q[v], sc[v]  # 1-D views: ~6 % faster than 2-D indexing (the layers' kernels, klayer)
+            qv, sv = q[v], sc[v]  # 1-D views: ~6 % faster than 2-D indexing
             for r in range(n):
                 hr = h[r]
                 x[:] = 0

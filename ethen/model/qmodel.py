@@ -35,7 +35,6 @@ from ethen.model.engine import (
 from ethen.model.errors import GGUFFormatError, ModelInputError, WeightsNotFoundError
 from ethen.model.gguf_loader import TensorInfo, WeightStore, unpermute_qk
 from ethen.model.heap import release_mapped, trim
-from ethen.model.klayer import KERNEL_ROWS, MATRICES, KernelLayer, build_kernel_layer, layer_kernel_mode
 from ethen.model.layers import AttentionSegment, apply_rope, attention, rms_norm
 from ethen.model.qhead import BlockHead, build_block_head
 from ethen.model.quant import PACKED_BITS, Packed, pack
@@ -61,9 +60,6 @@ class QuantLayer:
     attn_out_ffn_long: Any = None
     # the folder of the engine-layout files its sessions map (heap.release_mapped after long steps)
     backing: Path | None = None
-    # Q8_0 layers with ETHEN_LAYER_KERNEL=on (klayer): steps of up to KERNEL_ROWS rows run these block
-    # kernels; the graphs above are then the float32-compute variants, for longer steps
-    kernel: KernelLayer | None = None
 
 
 def attend_rows(qkv: F32, cos: F32, sin: F32, segments: Sequence[AttentionSegment], cfg: ModelConfig) -> F32:
@@ -91,11 +87,7 @@ def attend_rows(qkv: F32, cos: F32, sin: F32, segments: Sequence[AttentionSegmen
 
 def quant_block(x: F32, w: QuantLayer, cos: F32, sin: F32, segments: Sequence[AttentionSegment],
                 cfg: ModelConfig) -> F32:
-    """:func:`ethen.model.layers.block` over engine graphs (or a Q8_0 layer's block kernels, for steps of up
-    to :data:`~ethen.model.klayer.KERNEL_ROWS` rows); writes this step's K/V into the segments."""
-    if w.kernel is not None and x.shape[0] <= KERNEL_ROWS:
-        qkv_k = w.kernel.attn_in(x)  # [N, qd + 2 kvd]
-        return w.kernel.attn_out_ffn(x, attend_rows(qkv_k, cos, sin, segments, cfg))  # [N, d]
+    """:func:`ethen.model.layers.block` over engine graphs; writes this step's K/V into the segments."""
     long = x.shape[0] >= PREFILL_ROWS
     attn_in = w.attn_in_long if long and w.attn_in_long is not None else w.attn_in
     attn_out_ffn = w.attn_out_ffn_long if long and w.attn_out_ffn_long is not None else w.attn_out_ffn
@@ -190,27 +182,10 @@ def _norm_qkv(g: GraphBuilder, x: str, tensors: _Tensors, i: int, cfg: ModelConf
     g.output("qkv", cfg.q_dim + 2 * cfg.kv_dim)
 
 
-def _kernel_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) -> KernelLayer | None:
-    """Layer ``i``'s block kernels (:mod:`ethen.model.klayer`) where asked and they apply:
-    ``$ETHEN_LAYER_KERNEL=on``, a CPU engine asked for float32-grade products at float32 prefill (accuracy
-    ``auto`` or ``exact``, ``long_prefill``), and seven Q8_0 matrices; else None."""
-    if layer_kernel_mode() != "on" or engine.device != "cpu" or not engine.long_prefill \
-            or engine.accuracy not in (ACCURACY_AUTO, ACCURACY_EXACT):
-        return None
-    p = f"blk.{i}."
-    qh, kh = (cfg.n_heads, cfg.n_kv_heads) if cfg.qk_permuted else (None, None)
-    return build_kernel_layer({n: tensors.get(p + n + ".weight") for n in MATRICES},
-                              tensors.f32(p + "attn_norm.weight"), tensors.f32(p + "ffn_norm.weight"),
-                              cfg.rms_eps, qh, kh, _qkv_bias(tensors, i, cfg), engine.threads)
-
-
 def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) -> QuantLayer:
     p = f"blk.{i}."
     d, f = cfg.d_model, cfg.d_ff
-    kernel = _kernel_layer(tensors, i, cfg, engine)
-    # a kernel layer's graphs serve its long steps only: built at exact-int8, whose long variant (below)
-    # reads the 8-bit blocks in place at float32 compute
-    acc = engine.accuracy if kernel is None else ACCURACY_EXACT_INT8
+    acc = engine.accuracy
     a = GraphBuilder(f"layer{i}-attn-in")
     _norm_qkv(a, a.input("x", d), tensors, i, cfg, acc)  # [N, d] -> qkv [N, qd + 2 kvd]
     b = GraphBuilder(f"layer{i}-attn-out-ffn")
@@ -231,12 +206,6 @@ def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) 
     b.output("out", d)
     nbytes = a.weight_bytes + b.weight_bytes  # (before the sessions take the initializers' bytes)
     back = tensors.backing_dir
-    if kernel is not None:
-        a_long, b_long = a.long_variant(), b.long_variant()
-        if a_long is not None and b_long is not None:  # (always, for seven Q8_0 matrices)
-            return QuantLayer(i, engine.session(a_long, back / f"{a.name}-kernel.bin"),
-                              engine.session(b_long, back / f"{b.name}-kernel.bin"), kernel.nbytes,
-                              tensors.nbytes(p), backing=back, kernel=kernel)
     a_short, a_long = _sessions(engine, a, back / f"{a.name}-acc{engine.accuracy}.bin")
     b_short, b_long = _sessions(engine, b, back / f"{b.name}-acc{engine.accuracy}.bin")
     return QuantLayer(i, a_short, b_short, nbytes, tensors.nbytes(p), a_long, b_long, back)
