@@ -226,15 +226,12 @@ def engine_from_env(threads: int | None = None) -> Engine:
     exact-int8) ask for. exact: float32 compute, greedy text as the float32 path's; exact-int8: float32-grade
     products from the int8 kernel over 3 rows per row (:meth:`GraphBuilder.split3`); auto (the default):
     exact-int8 for 8-bit blocks, exact for the rest (``ACCURACY_AUTO``). ``threads`` default
-    :func:`~ethen.model.engine.default_threads`. ``$ETHEN_PREFILL`` (float32|int8, default float32):
-    float32 runs steps of ``PREFILL_ROWS`` rows or more of exact-int8 8-bit matrices through onnxruntime's
-    float32-compute kernel (2.1-2.6x faster prefill, float32 compute's error); int8 keeps the split.
+    :func:`~ethen.model.engine.default_threads`. Steps of ``PREFILL_ROWS`` rows or more of exact-int8 8-bit
+    matrices always run through onnxruntime's float32-compute kernel (``long_prefill``: 2.1-2.6x faster
+    prefill, float32 compute's error).
     ``$ETHEN_THREAD_POOL`` (session|shared, default session; ``ethen worker`` defaults to shared):
     :data:`~ethen.model.engine.THREAD_POOLS`."""
     device = os.environ.get("ETHEN_DEVICE", "").strip() or "auto"
-    prefill = os.environ.get("ETHEN_PREFILL", "").strip() or "float32"
-    if prefill not in ("int8", "float32"):
-        raise ModelInputError(f"ETHEN_PREFILL = {prefill!r}: must be 'int8' or 'float32'")
     acc = os.environ.get("ETHEN_ACCURACY", "").strip() or "auto"
     levels = {"auto": ACCURACY_AUTO, "exact": ACCURACY_EXACT, "fast": ACCURACY_FAST,
               "exact-int8": ACCURACY_EXACT_INT8}
@@ -243,7 +240,7 @@ def engine_from_env(threads: int | None = None) -> Engine:
     pool = os.environ.get("ETHEN_THREAD_POOL", "").strip() or "session"
     if pool not in THREAD_POOLS:
         raise ModelInputError(f"ETHEN_THREAD_POOL = {pool!r}: must be one of {', '.join(THREAD_POOLS)}")
-    return Engine(device, threads, levels[acc], long_prefill=prefill == "float32", pool=pool)
+    return Engine(device, threads, levels[acc], long_prefill=True, pool=pool)
 
 
 def load_quant_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
