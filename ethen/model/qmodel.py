@@ -265,8 +265,8 @@ class QuantEmbedAndHead:
     """:class:`~ethen.model.model.EmbedAndHead` over the GGUF's blocks: ``embed`` dequantizes the asked rows
     of the (memory-mapped) token embedding; ``logits`` is the final RMSNorm and the head's matmul over its
     own blocks (the tied embedding is not copied): a :class:`~ethen.model.qhead.BlockHead` kernel reading
-    the mapped file in place (Q8_0 heads; Q4_0 / Q4_1 too with ``$ETHEN_HEAD=kernel``, none with
-    ``engine``: :func:`~ethen.model.qhead.build_block_head`), else one engine graph (RMSNorm +
+    the mapped file in place (Q8_0 heads where the engine would compute in float32:
+    :func:`~ethen.model.qhead.build_block_head`), else one engine graph (RMSNorm +
     ``MatMulNBits``)."""
 
     def __init__(self, store: WeightStore, engine: Engine | None = None) -> None:
