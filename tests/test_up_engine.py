@@ -69,7 +69,8 @@ def test_ethen_up_engine_ggml_runs_the_workers_and_the_head_on_ggml(tmp_path: Pa
                 proc.wait(timeout=10)
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--engine", "cuda"), ("--accuracy", "exact-int4")])
+@pytest.mark.parametrize(("flag", "value"), [("--engine", "cuda"), ("--accuracy", "exact-int4"),
+                                             ("--accuracy", "exact-int8")])
 def test_ethen_up_refuses_a_bad_engine_or_accuracy(tmp_path: Path, flag: str, value: str) -> None:
     out = subprocess.run([sys.executable, "-m", "ethen", "up", "--port", "0", flag, value],
                          capture_output=True, text=True, timeout=120, env=_env(tmp_path))

@@ -3,7 +3,7 @@
 
 ``$ETHEN_ENGINE`` (``ethen worker`` / ``ethen up`` ``--engine``): ``ggml``, ``onnx`` or ``auto`` (the
 default). ``auto`` follows ``$ETHEN_ACCURACY`` (``--accuracy``) first: ``fast`` is ggml (int8 activations,
-as llama.cpp), ``exact`` / ``exact-int8`` onnxruntime (float32-grade products); at accuracy ``auto`` (the
+as llama.cpp), ``exact`` onnxruntime (float32-grade products); at accuracy ``auto`` (the
 default) a model with a tensor type only ggml reads (``GGML_ONLY_TYPES``) runs on ggml, else the rule
 :func:`auto_engine` picks by the model's size. ``$ETHEN_DEVICE=cuda`` runs onnxruntime
 (the wheel's ggml is a CPU build).
@@ -22,11 +22,24 @@ from collections.abc import Mapping
 from ethen.model.errors import ModelInputError
 from ethen.model.gguf_loader import GGML_ONLY_TYPES, TensorInfo
 
-__all__ = ["ENGINES", "GGML_MIN_PARAMS", "auto_engine", "check_onnx", "engine_kind", "model_params"]
+__all__ = ["ACCURACIES", "ENGINES", "GGML_MIN_PARAMS", "accuracy_from_env", "auto_engine", "check_onnx",
+           "engine_kind", "model_params"]
 
 ENGINES = ("auto", "ggml", "onnx")
+#: ``--accuracy`` values (``$ETHEN_ACCURACY`` carries the flag to the processes ``ethen up`` starts)
+ACCURACIES = ("auto", "exact", "fast")
 #: ``auto``: models with at least this many parameters run on ggml
 GGML_MIN_PARAMS = 500_000_000
+
+
+def accuracy_from_env() -> str:
+    """``$ETHEN_ACCURACY`` (default ``auto``), one of :data:`ACCURACIES`; anything else is refused, named
+    (``exact-int8`` is no longer a user value: ``auto`` runs it for 8-bit blocks on the onnx engine)."""
+    acc = os.environ.get("ETHEN_ACCURACY", "").strip() or "auto"
+    if acc not in ACCURACIES:
+        hint = " (auto runs exact-int8 where it applies)" if acc == "exact-int8" else ""
+        raise ModelInputError(f"ETHEN_ACCURACY = {acc!r}: must be one of {', '.join(ACCURACIES)}{hint}")
+    return acc
 
 
 def model_params(tensors: Mapping[str, TensorInfo]) -> int:
@@ -69,9 +82,9 @@ def engine_kind(tensors: Mapping[str, TensorInfo]) -> str:
         return "onnx"
     if _ggml_only(tensors):
         return "ggml"
-    acc = os.environ.get("ETHEN_ACCURACY", "").strip() or "auto"
+    acc = accuracy_from_env()
     if acc == "fast":
         return "ggml"
-    if acc in ("exact", "exact-int8"):
+    if acc == "exact":
         return "onnx"
     return auto_engine(model_params(tensors))

@@ -20,11 +20,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ethen.model.attend import MAX_ROWS, rope_attend, warm_in_background
+from ethen.model.choose import accuracy_from_env
 from ethen.model.config import ModelConfig
 from ethen.model.engine import (
     ACCURACY_AUTO,
     ACCURACY_EXACT,
-    ACCURACY_EXACT_INT8,
     ACCURACY_FAST,
     PREFILL_ROWS,
     THREAD_POOLS,
@@ -222,21 +222,18 @@ def _sessions(engine: Engine, g: GraphBuilder, backing: Path) -> tuple[Any, Any]
 
 
 def engine_from_env(threads: int | None = None) -> Engine:
-    """The engine ``$ETHEN_DEVICE`` (auto|cpu|cuda, default auto) and ``$ETHEN_ACCURACY`` (auto|exact|fast|
-    exact-int8) ask for. exact: float32 compute, greedy text as the float32 path's; exact-int8: float32-grade
-    products from the int8 kernel over 3 rows per row (:meth:`GraphBuilder.split3`); auto (the default):
-    exact-int8 for 8-bit blocks, exact for the rest (``ACCURACY_AUTO``). ``threads`` default
-    :func:`~ethen.model.engine.default_threads`. Steps of ``PREFILL_ROWS`` rows or more of exact-int8 8-bit
-    matrices always run through onnxruntime's float32-compute kernel (``long_prefill``: 2.1-2.6x faster
-    prefill, float32 compute's error).
+    """The engine ``$ETHEN_DEVICE`` (auto|cpu|cuda, default auto) and ``$ETHEN_ACCURACY`` (auto|exact|fast:
+    :func:`~ethen.model.choose.accuracy_from_env`) ask for. exact: float32 compute, greedy text as the
+    float32 path's; auto (the default): exact-int8 (float32-grade products from the int8 kernel over 3 rows
+    per row, :meth:`GraphBuilder.split3`) for 8-bit blocks, exact for the rest (``ACCURACY_AUTO``).
+    ``threads`` default :func:`~ethen.model.engine.default_threads`. Steps of ``PREFILL_ROWS`` rows or more
+    of exact-int8 8-bit matrices always run through onnxruntime's float32-compute kernel (``long_prefill``:
+    2.1-2.6x faster prefill, float32 compute's error).
     ``$ETHEN_THREAD_POOL`` (session|shared, default session; ``ethen worker`` defaults to shared):
     :data:`~ethen.model.engine.THREAD_POOLS`."""
     device = os.environ.get("ETHEN_DEVICE", "").strip() or "auto"
-    acc = os.environ.get("ETHEN_ACCURACY", "").strip() or "auto"
-    levels = {"auto": ACCURACY_AUTO, "exact": ACCURACY_EXACT, "fast": ACCURACY_FAST,
-              "exact-int8": ACCURACY_EXACT_INT8}
-    if acc not in levels:
-        raise ModelInputError(f"ETHEN_ACCURACY = {acc!r}: must be 'auto', 'exact', 'fast' or 'exact-int8'")
+    levels = {"auto": ACCURACY_AUTO, "exact": ACCURACY_EXACT, "fast": ACCURACY_FAST}
+    acc = accuracy_from_env()
     pool = os.environ.get("ETHEN_THREAD_POOL", "").strip() or "session"
     if pool not in THREAD_POOLS:
         raise ModelInputError(f"ETHEN_THREAD_POOL = {pool!r}: must be one of {', '.join(THREAD_POOLS)}")

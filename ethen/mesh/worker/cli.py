@@ -39,7 +39,7 @@ import typer
 from ethen.mesh.worker.launch import orphaned
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER
 from ethen.mesh.worker.memory import memory_refusal, parse_size
-from ethen.model.choose import ENGINES
+from ethen.model.choose import ACCURACIES, ENGINES
 from ethen.model.engine import DEVICES, THREAD_POOLS
 
 if TYPE_CHECKING:
@@ -52,7 +52,6 @@ __all__ = ["ACCURACIES", "apply_device", "apply_engine", "apply_thread_pool", "o
 
 #: ``--accuracy``: auto (the engine rule, :mod:`ethen.model.choose`), exact (float32-grade products:
 #: onnxruntime), fast (int8 activations: ggml, as llama.cpp)
-ACCURACIES = ("auto", "exact", "fast")
 
 
 def one_blas_thread() -> None:
@@ -137,7 +136,8 @@ def apply_engine(engine: str | None, accuracy: str | None) -> None:
         os.environ["ETHEN_ENGINE"] = engine
     if accuracy is not None:
         if accuracy not in ACCURACIES:
-            raise ValueError(f"--accuracy {accuracy!r}: must be one of {', '.join(ACCURACIES)}")
+            hint = " (auto runs exact-int8 where it applies)" if accuracy == "exact-int8" else ""
+            raise ValueError(f"--accuracy {accuracy!r}: must be one of {', '.join(ACCURACIES)}{hint}")
         os.environ["ETHEN_ACCURACY"] = accuracy
 
 
