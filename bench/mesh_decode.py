@@ -5,8 +5,8 @@
     .venv/bin/python bench/mesh_decode.py --lanes-ab 1,2 [--tokens 32] [--rounds 3]
     .venv/bin/python bench/mesh_decode.py --threads-ab 1,2 [--tokens 32] [--rounds 4]
 
-``--head-ab``: the logits head's block kernel (``ETHEN_HEAD=kernel``: :mod:`ethen.model.qhead`) against the
-engine graph (``ETHEN_HEAD=engine``; what ``auto``, the default, runs for a Q8_0 head at the default
+``--head-ab``: the logits head's block kernel (accuracy ``exact``: :mod:`ethen.model.qhead`) against the
+engine graph (accuracy ``auto``; what ``auto``, the default, runs for a Q8_0 head at the default
 accuracy: exact-int8), in one run over the same three workers: two
 orchestrators (and two single-process models sharing one layer stack), measured alternately per round:
 single-process decode, mesh one session, and 1 / 4 / 8 concurrent sessions (medians, ratios).
@@ -259,18 +259,18 @@ def head_ab(workers: dict[str, WorkerProcess], tokens: int, rounds: int) -> None
     ids = tok.encode(model.chat_template.render(PROMPT, add_generation_prompt=True))
     params = SamplingParams(temperature=0.0, max_tokens=tokens)
     addrs = {n: w.address for n, w in workers.items()}
-    old = os.environ.get("ETHEN_HEAD")
+    old = os.environ.get("ETHEN_ACCURACY")
     built = {}
     try:
         for mode in ("kernel", "engine"):
-            os.environ["ETHEN_HEAD"] = mode
+            os.environ["ETHEN_ACCURACY"] = "exact" if mode == "kernel" else "auto"  # (the head's choice)
             built[mode] = (Model(model.config, QuantEmbedAndHead(open_weight_store()), model.stack, tok,
                                  model.chat_template), Orchestrator.load(addrs))
     finally:
         if old is None:
-            os.environ.pop("ETHEN_HEAD", None)
+            os.environ.pop("ETHEN_ACCURACY", None)
         else:
-            os.environ["ETHEN_HEAD"] = old
+            os.environ["ETHEN_ACCURACY"] = old
     (model_k, orch_k), (model_e, orch_e) = built["kernel"], built["engine"]
     kinds = {"kernel": (model_k, orch_k), "engine": (model_e, orch_e)}
     for name, (m, o) in kinds.items():

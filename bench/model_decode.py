@@ -7,16 +7,16 @@ transformers' GGUF loader in the same run when the parity extra is installed.
 .venv/bin/python bench/model_decode.py --vs-llama-cpp [--model X.gguf]   (quantized engine vs llama.cpp)
 .venv/bin/python bench/model_decode.py --answers [--model X.gguf]   (greedy answers: llama.cpp, each accuracy)
 .venv/bin/python bench/model_decode.py --vs-llama-cpp --tinyllama [--types Q4_K] [--repeats 3] [--ref REV]
-    [--modes exact-int8,'exact-int8 + ETHEN_PREFILL=float32'] [--modes auto,ggml,ggml-native]
+    [--modes exact-int8,'exact-int8 + float32 prefill'] [--modes auto,ggml,ggml-native]
     (TinyLlama-1.1B shape, Q4_K and Q8_0; ``--ref``: the same Ethen runs of commit REV, interleaved)
 OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/model_decode.py --head [--repeats 21]   (the logits head alone)
 .venv/bin/python bench/model_decode.py --devices [--model X.gguf] [--repeats 3]   (per device: cpu, cuda)
 
 ``--head`` times the orchestrator's head alone (final RMSNorm + the vocabulary matmul) for 1/2/4/8 rows,
 one thread, interleaved in one run: the numba block kernel (:mod:`ethen.model.qhead`, the default) against
-the engine graph it replaces (``ETHEN_HEAD=engine``: ``MatMulNBits`` over nibble halves) and the float32
+the engine graph it replaces (``MatMulNBits`` over nibble halves) and the float32
 head; the kernel split over 2 threads (``SplitHead``, the orchestrator's default) too. On the model's own
-head (SmolLM2: tied Q8_0) and on random Q4_0 / Q4_1 heads of the same shape. Then the kernels' first-call
+head (SmolLM2: tied Q8_0; the Q4_0 / Q4_1 / Q6_K kernels were removed, slower). Then the kernels' first-call
 cost in fresh processes (numba import + cache load, and a compile with an empty cache).
 
 ``--vs-llama-cpp`` builds ``llama-cpp-python`` into ``~/.cache/ethen-bench/llama-venv`` on first use (a
@@ -204,9 +204,9 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
     """(prefill tok/s, decode tok/s, packed layer bytes, the layers' bytes in the file, RssAnon growth of
     this process over the load and the runs, the KV cache's bytes, RssAnon growth at load, the resident
     pages of the engine layout's files after the runs, the GGUF's resident pages after the runs (held by
-    Q8_0 kernel layers, if any, :mod:`ethen.model.klayer`), the bytes those layers hold (their quants and
+    Q8_0 kernel layers of an older --ref tree, if any), the bytes those layers hold (their quants and
     scales)). ``long_prefill`` "1": the engine's
-    ``long_prefill`` (``ETHEN_PREFILL=float32``). ``prepack`` "0": onnxruntime prepacks nothing
+    ``long_prefill`` (float32 prefill). ``prepack`` "0": onnxruntime prepacks nothing
     (``session.disable_prepacking``) and only the load is measured (no runs): the twin
     :func:`_weights_resident` subtracts."""
     from ethen.model.attend import warm
@@ -358,8 +358,7 @@ def _ethen_run(root: Path, path: Path, threads: int, steps: int, accuracy: int,
                env: dict[str, str] | None = None) -> tuple[float, ...]:
     """:func:`_ethen_quant` of the tree at ``root`` (this one or ``--ref``'s) in a fresh process; ``pool``
     ``shared``: the engine's one process-wide thread pool (``ETHEN_THREAD_POOL``); ``prepack`` False: the
-    load only, with onnxruntime prepacking nothing (this tree only); ``env``: more variables for it (e.g.
-    ``ETHEN_LAYER_KERNEL=on``)."""
+    load only, with onnxruntime prepacking nothing (this tree only); ``env``: more variables for it."""
     import subprocess
     import sys
 
@@ -368,7 +367,7 @@ def _ethen_run(root: Path, path: Path, threads: int, steps: int, accuracy: int,
         argv += ["cpu", "1" if long_prefill else "0", "0"]
     elif long_prefill:
         argv += ["cpu", "1"]
-    own = ("ETHEN_THREAD_POOL", "ETHEN_LAYER_KERNEL")  # (set per mode below)
+    own = ("ETHEN_THREAD_POOL",)  # (set per mode below)
     env = {k: v for k, v in os.environ.items() if k not in own} | (env or {})
     if pool:  # as `ethen worker` runs it: NumPy's BLAS on one thread next to the spinning pool (unless set)
         env |= {"ETHEN_THREAD_POOL": pool, "OPENBLAS_NUM_THREADS": env.get("OPENBLAS_NUM_THREADS", "1")}
@@ -458,9 +457,8 @@ def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, P
         twins: dict[str, tuple[float, ...]] = {}
         for _ in range(repeats):
             llama.append(_llama_cpp(path, threads, steps))
-            on, pre = {"ETHEN_LAYER_KERNEL": "on"}, "exact-int8 + ETHEN_PREFILL=float32"
+            pre = "exact-int8 + float32 prefill"
             for name, acc, long, env in (("auto", ACCURACY_AUTO, True, {}),
-                                         ("auto + ETHEN_LAYER_KERNEL=on", ACCURACY_AUTO, True, on),
                                          ("int8-act", ACCURACY_FAST, False, {}),
                                          ("exact", ACCURACY_EXACT, False, {}),
                                          ("exact-int8", ACCURACY_EXACT_INT8, False, {}),
@@ -608,19 +606,6 @@ def _first_call_s(model: Path | None, cache_dir: str | None) -> float:
     return float(out.stdout.split()[-1])
 
 
-def _random_head(kind: str, rows: int, cols: int) -> Any:
-    """A random ``[rows, cols]`` head quantized to ``kind`` (GGUF bytes)."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import quantize
-
-    if kind == "Q6_K":  # gguf's Python quantizer has no Q6_K: random quants, one fixed scale d
-        raw = np.random.default_rng(0).integers(0, 256, (rows, cols // 256, 210), dtype=np.uint8)
-        raw[:, :, 208:210] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
-        return raw.reshape(rows, -1)
-    w = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32) * 0.05
-    return np.ascontiguousarray(quantize(w, GGMLQuantizationType[kind])).reshape(rows, -1)
-
-
 def _engine_head(kind: str, raw: Any, rows: int, cols: int, norm: Any, eps: float) -> Any:
     """The engine graph the kernel replaced (RMSNorm + ``MatMulNBits`` at exact accuracy), as a callable."""
     from ethen.model.engine import ACCURACY_EXACT, Engine, GraphBuilder
@@ -638,9 +623,7 @@ def _engine_head(kind: str, raw: Any, rows: int, cols: int, norm: Any, eps: floa
 def head_bench(model: Path | None, repeats: int) -> None:
     """The head alone, old vs new, 1/2/4/8 rows, interleaved in one run (medians, ratios to the engine)."""
     from ethen.mesh.orchestrator.head import SplitHead
-    from ethen.model.layers import rms_norm
     from ethen.model.model import EmbedAndHead
-    from ethen.model.qhead import BlockHead
     from ethen.model.qmodel import QuantEmbedAndHead
 
     load0 = os.getloadavg()
@@ -648,6 +631,7 @@ def head_bench(model: Path | None, repeats: int) -> None:
           f"median of {repeats}, variants interleaved; ms per call (all rows)")
     store = open_weight_store(model, weights="quantized")
     cfg = store.config
+    os.environ["ETHEN_ACCURACY"] = "exact"  # where the kernel runs (the engine would compute in float32)
     kernel = QuantEmbedAndHead(store)
     assert kernel.block_head is not None, f"the head's type {kernel.head_kind} has no kernel"
     norm, eps = kernel.output_norm, cfg.rms_eps
@@ -660,15 +644,6 @@ def head_bench(model: Path | None, repeats: int) -> None:
     heads: dict[str, dict[str, Any]] = {f"{t.kind} (this model, [{t.rows}, {t.cols}])": {
         "engine (old)": _engine_head(t.kind, np.asarray(t.quants).view(np.uint8), t.rows, t.cols, norm, eps),
         "float32": f32.logits, "kernel": kernel.logits, "kernel, 2 threads": split}}
-    for kind in ("Q4_0", "Q4_1", "Q6_K"):
-        cols = -(-cfg.d_model // 256) * 256 if kind == "Q6_K" else cfg.d_model  # Q6_K: 256 per block
-        g = norm if cols == cfg.d_model else np.ones(cols, np.float32)
-        raw = _random_head(kind, cfg.vocab_size, cols)
-        bh = BlockHead(kind, raw, cfg.vocab_size, cols)
-        widths[f"{kind} (random, [{cfg.vocab_size}, {cols}])"] = cols
-        heads[f"{kind} (random, [{cfg.vocab_size}, {cols}])"] = {
-            "engine (old)": _engine_head(kind, raw, cfg.vocab_size, cols, g, eps),
-            "kernel": lambda h, bh=bh, g=g: bh(np.ascontiguousarray(rms_norm(h, g, np.float32(eps))))}
     rng = np.random.default_rng(0)
     for name, variants in heads.items():
         print(f"{name}")
@@ -711,9 +686,8 @@ def main() -> None:
                     help="with --vs-llama-cpp: the same Ethen runs of this commit too (interleaved)")
     ap.add_argument("--modes", default=None,
                     help="with --vs-llama-cpp: Ethen's modes to run, comma-separated (default all: auto, "
-                         "'auto + ETHEN_LAYER_KERNEL=on', int8-act, exact, exact-int8, "
-                         "'exact-int8 + ETHEN_PREFILL=float32', ggml, ggml-native: the ggml engine on the "
-                         "llama venv's libggml built for this CPU)")
+                         "int8-act, exact, exact-int8, 'exact-int8 + float32 prefill', ggml, ggml-native: "
+                         "the ggml engine on the llama venv's libggml built for this CPU)")
     ap.add_argument("--answers", action="store_true",
                     help="only the greedy answers to five prompts: llama.cpp's and each ETHEN_ACCURACY's")
     ap.add_argument("--devices", action="store_true",

@@ -15,22 +15,11 @@ thread, cache-warm, every variant interleaved in one run, ms medians:
 .venv/bin/python bench/quant_profile.py [--model X.gguf] [--layer 0] [--repeats 30]
 .venv/bin/python bench/quant_profile.py --stack [--accuracy fast|exact]
 .venv/bin/python bench/quant_profile.py --zero-points [--model X.gguf] [--repeats 15]
-.venv/bin/python bench/quant_profile.py --q8-kernel [--model X.gguf] [--layers 22] [--repeats 7]
 
 ``--zero-points``: a 4-bit ``MatMulNBits`` with a zero-point input (all 0, as Q4_1 had) against none (the
 default, 8; what Q4_1 packs as since 2026-12-07, :func:`ethen.model.quant._q4_1_shifted_mins`), the model's
 four matrix shapes with random blocks, 30 copies of each cycled per timing (the model's layers streamed
 as in decode, not one matrix warm in cache), 1 row, 1 thread, interleaved, microseconds per matmul.
-
-``--q8-kernel``: could a numba kernel over 8-bit blocks, float32 compute, replace onnxruntime's int8 layout
-(40 bytes per Q8_0 block: 1.18x the file) for decode? Random Q8_0 blocks in the model's seven matrix shapes
-(``--layers`` layers of them, so the weights stream from DRAM as in decode), 1 row, 1 thread, interleaved,
-ms per pass over all layers and G weights/s: ``MatMulNBits`` 8-bit at int8 activations (``fast``: what
-llama.cpp computes with), at ``exact-int8`` (three rows), and the kernel ``ETHEN_LAYER_KERNEL=on`` runs
-(:class:`ethen.model.klayer.Q8Matrix`: ``w = d q``, ``acc[j] += w x[j]`` over int8 quants copied from the
-blocks and float32 scales, 1.06x the file). Max error over ``max |y|`` against float64 is printed per
-variant. (Its first version timed a copy of the kernel, and a 2-rows-of-``W`` variant: 4.95 G weights/s
-against 5.00.)
 
 ``--stack``: all layers of the model, one thread, decode tok/s of 16 steps in a fresh process without and
 then in one after a 512-row prefill. It uses only APIs an older tree has too, so the same script measures
@@ -51,7 +40,6 @@ import numpy as np
 
 from ethen.model import open_weight_store
 from ethen.model.engine import ACCURACY_EXACT, ACCURACY_EXACT_INT8, ACCURACY_FAST, Engine, GraphBuilder
-from ethen.model.klayer import Q8Matrix
 from ethen.model.qmodel import _packed_rows, _Tensors
 from ethen.model.quant import NBits
 
@@ -180,62 +168,6 @@ def _zero_points(model: Path, repeats: int) -> None:
           f"({total[False] / total[True]:.2f}x the time)")
 
 
-def _q8_kernel(model: Path, layers: int, repeats: int) -> None:
-    cfg = open_weight_store(model, weights="quantized").config
-    d, kv, ff = cfg.d_model, cfg.kv_dim, cfg.d_ff
-    shapes = [(cfg.q_dim, d), (kv, d), (kv, d), (d, cfg.q_dim), (ff, d), (ff, d), (d, ff)]  # [R, K] each
-    rng = np.random.default_rng(0)
-    mats: list[tuple[Any, Any, Any, Q8Matrix]] = []  # (int8 q [R, K], float32 d [R, K / 32], NBits, kernel)
-    for _ in range(layers):
-        for rows, cols in shapes:
-            nb = cols // 32
-            q = rng.integers(-128, 128, (rows, cols), dtype=np.int8)
-            sc16 = (rng.random((rows, nb)) * 0.01).astype(np.float16)
-            sc = sc16.astype(np.float32)
-            data = (q.view(np.uint8) ^ np.uint8(128)).reshape(rows, nb, 32)  # zero point 128
-            blocks = np.empty((rows, nb, 34), np.uint8)  # the file's Q8_0 blocks: float16 d, 32 int8 q
-            blocks[:, :, :2] = sc16.view(np.uint8).reshape(rows, nb, 2)
-            blocks[:, :, 2:] = q.view(np.uint8).reshape(rows, nb, 32)
-            mats.append((q, sc, NBits(rows, cols, 8, 32, data, sc.reshape(-1), None),
-                         Q8Matrix(blocks.reshape(rows, nb * 34), rows, cols)))
-    n_weights = sum(r * c for r, c in shapes) * layers
-    xs = {c: rng.standard_normal((1, c)).astype(np.float32) for _, c in shapes}
-    ys = [np.empty((1, m[0].shape[0]), np.float32) for m in mats]
-    graphs = {"MatMulNBits, int8 activations": (ACCURACY_FAST,
-                                                lambda g, x, w: _nbits(g, x, w, ACCURACY_FAST)),
-              "MatMulNBits, exact-int8": (ACCURACY_EXACT_INT8,
-                                          lambda g, x, w: g.linear(x, w, ACCURACY_EXACT_INT8))}
-    sess = {k: [_session(w, lambda g, x, w=w, b=b: b(g, x, w), acc) for _, _, w, _ in mats]
-            for k, (acc, b) in graphs.items()}
-
-    def run_graph(k: str) -> list[Any]:
-        return [s.run(None, {"x": xs[m[0].shape[1]]})[0][0] for s, m in zip(sess[k], mats, strict=True)]
-
-    def run_kernel() -> list[Any]:
-        for (_, _, _, km), y in zip(mats, ys, strict=True):
-            km.matmul_into(xs[km.cols], y, 0, km.rows)
-        return [y[0] for y in ys]
-
-    runs: dict[str, Any] = {k: (lambda k=k: run_graph(k)) for k in sess}
-    runs["kernel (klayer.Q8Matrix)"] = run_kernel
-    q, sc, _, _ = mats[4]
-    ref = (sc.astype(np.float64).repeat(32, axis=1) * q) @ xs[q.shape[1]][0].astype(np.float64)
-    errs = {k: float(np.abs(f()[4] - ref).max() / np.abs(ref).max()) for k, f in runs.items()}
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(repeats):
-        for k, f in runs.items():
-            t0 = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t0)
-    print(f"{model.name}'s shapes, {layers} layers of random Q8_0 blocks ({n_weights / 1e6:.0f} M weights), "
-          f"1 row, 1 thread, medians of {repeats}")
-    base = statistics.median(times["MatMulNBits, int8 activations"])
-    for k, t in times.items():
-        m = statistics.median(t)
-        print(f"  {k:31} {m * 1e3:7.1f} ms  {n_weights / m / 1e9:5.2f} G weights/s  {base / m:.2f}x the int8 "
-              f"activations'  max error / max |y| {errs[k]:.1e}")
-
-
 def main() -> None:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -249,15 +181,8 @@ def main() -> None:
     ap.add_argument("--accuracy", choices=("fast", "exact"), default="fast")
     ap.add_argument("--zero-points", action="store_true",
                     help="4-bit MatMulNBits with a zero-point input (all 0) against none, the model's shapes")
-    ap.add_argument("--q8-kernel", action="store_true",
-                    help="a numba float32 kernel over Q8_0 blocks against MatMulNBits' int8 kernel")
-    ap.add_argument("--layers", type=int, default=22, help="with --q8-kernel: layers of weights streamed")
     args = ap.parse_args()
     load0 = os.getloadavg()
-    if args.q8_kernel:
-        _q8_kernel(args.model, args.layers, min(args.repeats, 7))
-        print(f"load average before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
-        return
     if args.zero_points:
         _zero_points(args.model, min(args.repeats, 15))
         print(f"load average before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")

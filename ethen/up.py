@@ -343,6 +343,9 @@ def up(
     accuracy: str = typer.Option(
         None, "--accuracy", help="auto, exact (float32-grade products: onnx) or fast (int8 activations: "
         "ggml). Default: $ETHEN_ACCURACY, else auto."),
+    device: str = typer.Option(
+        None, "--device", help="auto, cpu, cuda (the onnx engine), metal or vulkan (refused unless ggml has "
+        "the backend); the workers and the head. Default: auto."),
 ) -> None:
     """Start a local 3-worker mesh and the gateway serving it; Ctrl-C stops them all."""
     t0 = _command_start()
@@ -350,9 +353,10 @@ def up(
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise typer.BadParameter(f"--log-level = {log_level!r}: use debug, info, warning or error")
     user = _check_overlay(config, host, port, model) if config is not None else None  # before anything runs
-    from ethen.mesh.worker.cli import apply_engine
+    from ethen.mesh.worker.cli import apply_device, apply_engine
 
     try:  # into the environment: the head's loader and the workers (which inherit it) read it
+        apply_device(device)
         apply_engine(engine, accuracy)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None

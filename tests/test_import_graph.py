@@ -51,7 +51,6 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
     ("ethen.model.glayer", "gguf"): _WEIGHTS,
     ("ethen.model.gqhead", "gguf"): _WEIGHTS,
     ("ethen.model.qhead", "numba"): _WEIGHTS,
-    ("ethen.model.klayer", "numba"): _WEIGHTS,
     ("ethen.model.attend", "numba"): _WEIGHTS,
     ("ethen.model.tiny_gguf", "gguf"): _WEIGHTS,
     ("ethen.admin.observe_data", "ethen.gateway.providers.mesh"): _MESH_STACK,

@@ -69,9 +69,21 @@ def test_ethen_up_engine_ggml_runs_the_workers_and_the_head_on_ggml(tmp_path: Pa
                 proc.wait(timeout=10)
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--engine", "cuda"), ("--accuracy", "exact-int4")])
+@pytest.mark.parametrize(("flag", "value"), [("--engine", "cuda"), ("--accuracy", "exact-int4"),
+                                             ("--accuracy", "exact-int8"), ("--device", "tpu")])
 def test_ethen_up_refuses_a_bad_engine_or_accuracy(tmp_path: Path, flag: str, value: str) -> None:
     out = subprocess.run([sys.executable, "-m", "ethen", "up", "--port", "0", flag, value],
                          capture_output=True, text=True, timeout=120, env=_env(tmp_path))
     assert out.returncode == 2, out.stderr[-2000:]
     assert f"{flag} {value!r}: must be one of" in " ".join(out.stderr.split()), out.stderr
+
+
+def test_ethen_up_refuses_a_device_no_installed_engine_runs(tmp_path: Path) -> None:
+    from ethen.model.ggml_lib import backends
+
+    if "vulkan" in backends():
+        pytest.skip("ggml's vulkan backend is installed here (libggml-vulkan.so): not the refusal case")
+    out = subprocess.run([sys.executable, "-m", "ethen", "up", "--port", "0", "--device", "vulkan"],
+                         capture_output=True, text=True, timeout=120, env=_env(tmp_path))
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "device 'vulkan' needs a libggml build with the Vulkan backend" in " ".join(out.stderr.split())

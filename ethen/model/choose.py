@@ -3,10 +3,10 @@
 
 ``$ETHEN_ENGINE`` (``ethen worker`` / ``ethen up`` ``--engine``): ``ggml``, ``onnx`` or ``auto`` (the
 default). ``auto`` follows ``$ETHEN_ACCURACY`` (``--accuracy``) first: ``fast`` is ggml (int8 activations,
-as llama.cpp), ``exact`` / ``exact-int8`` onnxruntime (float32-grade products); at accuracy ``auto`` (the
+as llama.cpp), ``exact`` onnxruntime (float32-grade products); at accuracy ``auto`` (the
 default) a model with a tensor type only ggml reads (``GGML_ONLY_TYPES``) runs on ggml, else the rule
-:func:`auto_engine` picks by the model's size. ``$ETHEN_DEVICE=cuda`` runs onnxruntime
-(the wheel's ggml is a CPU build).
+:func:`auto_engine` picks by the model's size. ``$ETHEN_DEVICE=cuda`` (``--device``) runs onnxruntime
+(the wheel's ggml is a CPU build: ``metal`` / ``vulkan`` are refused, :func:`check_device`).
 
 The rule, measured (docs/decisions/0100-ggml-engine.md): int8 activations change SmolLM2-135M's greedy
 answer to ``ethen up``'s banner question (llama.cpp's own answer is also wrong there), so a model under
@@ -20,13 +20,49 @@ import os
 from collections.abc import Mapping
 
 from ethen.model.errors import ModelInputError
+from ethen.model.ggml_lib import backends
 from ethen.model.gguf_loader import GGML_ONLY_TYPES, TensorInfo
 
-__all__ = ["ENGINES", "GGML_MIN_PARAMS", "auto_engine", "check_onnx", "engine_kind", "model_params"]
+__all__ = ["ACCURACIES", "DEVICES", "ENGINES", "GGML_MIN_PARAMS", "accuracy_from_env", "auto_engine",
+           "check_device", "check_onnx", "engine_kind", "model_params"]
 
 ENGINES = ("auto", "ggml", "onnx")
+#: ``--device`` values (``$ETHEN_DEVICE`` carries the flag to the processes ``ethen up`` starts): ``cuda``
+#: is onnxruntime-gpu's; ``metal`` / ``vulkan`` would be ggml backends (:func:`check_device`)
+DEVICES = ("auto", "cpu", "cuda", "metal", "vulkan")
+_GGML_GPUS = {"metal": "Metal", "vulkan": "Vulkan"}
+#: ``--accuracy`` values (``$ETHEN_ACCURACY`` carries the flag to the processes ``ethen up`` starts)
+ACCURACIES = ("auto", "exact", "fast")
 #: ``auto``: models with at least this many parameters run on ggml
 GGML_MIN_PARAMS = 500_000_000
+
+
+def accuracy_from_env() -> str:
+    """``$ETHEN_ACCURACY`` (default ``auto``), one of :data:`ACCURACIES`; anything else is refused, named
+    (``exact-int8`` is no longer a user value: ``auto`` runs it for 8-bit blocks on the onnx engine)."""
+    acc = os.environ.get("ETHEN_ACCURACY", "").strip() or "auto"
+    if acc not in ACCURACIES:
+        hint = " (auto runs exact-int8 where it applies)" if acc == "exact-int8" else ""
+        raise ModelInputError(f"ETHEN_ACCURACY = {acc!r}: must be one of {', '.join(ACCURACIES)}{hint}")
+    return acc
+
+
+def check_device(device: str) -> None:
+    """Refuse (naming it) a device outside :data:`DEVICES`, and ``metal`` / ``vulkan``, which no installed
+    engine runs: the ggml engine computes on ggml's CPU backend (the ``libggml-python`` wheel is a CPU
+    build; a build with the device's backend, ``libggml-<device>.so``, is named as what is missing) and
+    onnxruntime has neither. ``cuda`` is checked where the onnx engine starts
+    (:class:`~ethen.model.engine.Engine`)."""
+    if device not in DEVICES:
+        raise ModelInputError(f"device {device!r} is not one of {', '.join(DEVICES)}")
+    if device in _GGML_GPUS:
+        have = backends()
+        if device not in have:
+            raise ModelInputError(
+                f"device {device!r} needs a libggml build with the {_GGML_GPUS[device]} backend "
+                f"(libggml-{device}.so); the installed ggml backends: {', '.join(have) or 'none'}")
+        raise ModelInputError(f"device {device!r}: the ggml engine runs on ggml's CPU backend only (its "
+                              f"{_GGML_GPUS[device]} backend is installed but not used yet)")
 
 
 def model_params(tensors: Mapping[str, TensorInfo]) -> int:
@@ -65,13 +101,15 @@ def engine_kind(tensors: Mapping[str, TensorInfo]) -> str:
         raise ModelInputError(f"ETHEN_ENGINE = {kind!r}: must be one of {', '.join(ENGINES)}")
     if kind != "auto":
         return kind
-    if os.environ.get("ETHEN_DEVICE", "").strip() == "cuda":
+    device = os.environ.get("ETHEN_DEVICE", "").strip() or "auto"
+    check_device(device)
+    if device == "cuda":
         return "onnx"
     if _ggml_only(tensors):
         return "ggml"
-    acc = os.environ.get("ETHEN_ACCURACY", "").strip() or "auto"
+    acc = accuracy_from_env()
     if acc == "fast":
         return "ggml"
-    if acc in ("exact", "exact-int8"):
+    if acc == "exact":
         return "onnx"
     return auto_engine(model_params(tensors))

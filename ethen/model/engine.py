@@ -68,7 +68,7 @@ ACCURACY_EXACT_INT8 = 16
 #: 2x its decode speed, no nibble halves), ``ACCURACY_EXACT`` for 4-bit blocks (where the int8 split runs a
 #: 512-row prefill 2x slower) and float weights; resolved per matrix in :meth:`GraphBuilder.linear`
 ACCURACY_AUTO = 32
-#: with ``Engine(long_prefill=True)`` (``ETHEN_PREFILL=float32``, the default of :func:`engine_from_env
+#: with ``Engine(long_prefill=True)`` (always from :func:`engine_from_env
 #: <ethen.model.qmodel.engine_from_env>`), steps of at least this many rows (a prefill) run a graph's long
 #: variant when it has one (:meth:`GraphBuilder.long_variant`): its 8-bit block matrices at exact-int8 go
 #: through onnxruntime's float32-compute 8-bit kernel, which dequantizes the matrix on each call (~100 ms for

@@ -28,7 +28,7 @@ import numpy as np
 from ethen.model.errors import ModelError
 
 __all__ = ["GGML_TYPES", "MAX_DIMS", "MAX_NAME", "MAX_OP_PARAMS", "MAX_SRC", "GgmlCPlan", "GgmlError",
-           "GgmlInitParams", "GgmlLib", "GgmlTensor", "include_dir", "lib", "library_dir"]
+           "GgmlInitParams", "GgmlLib", "GgmlTensor", "backends", "include_dir", "lib", "library_dir"]
 
 MAX_DIMS = 4
 MAX_SRC = 10
@@ -122,6 +122,17 @@ def library_dir() -> Path:
         if (base / sub / "libggml-base.so").exists():
             return base / sub
     raise GgmlError(f"no libggml-base.so under {base}")
+
+
+def backends() -> tuple[str, ...]:
+    """The ggml backends the installed wheel ships (``libggml-<name>.so`` beside ``libggml-base.so``:
+    ``cpu``; a GPU build adds e.g. ``metal``, ``vulkan``, ``cuda``); none without the wheel."""
+    try:
+        directory = library_dir()
+    except GgmlError:
+        return ()
+    names = {p.name.split(".so")[0].removeprefix("libggml-") for p in directory.glob("libggml-*.so*")}
+    return tuple(sorted(names - {"base"}))
 
 
 def include_dir() -> Path:

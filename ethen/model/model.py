@@ -34,8 +34,7 @@ from ethen.model.errors import ModelInputError
 from ethen.model.gguf_loader import LayerWeights, WeightStore, open_weight_store, weights_mode
 from ethen.model.glayer import GgmlEngine, GgmlLayer, ggml_block, load_ggml_layers, process_engine
 from ethen.model.gqhead import GgmlEmbedAndHead
-from ethen.model.heap import release_mapped, trim_after
-from ethen.model.klayer import KERNEL_ROWS
+from ethen.model.heap import trim_after
 from ethen.model.kv_cache import DEFAULT_INITIAL_CAPACITY, KVCache
 from ethen.model.layers import AttentionSegment, block, linear, rms_norm, rope_tables
 from ethen.model.qmodel import QuantEmbedAndHead, QuantLayer, engine_from_env, load_quant_layers, quant_block
@@ -110,12 +109,7 @@ class LayerStack:
         # with long variants, which read the weights in place (a release costs ~13 ms of /proc/self/smaps
         # and the pages other kernels read again, e.g. Q4_1's scales: +2.5 ms on SmolLM2's next step)
         self._mapped = tuple(sorted({w.backing for w in layers if isinstance(w, QuantLayer) and w.backing
-                                     and (w.attn_in_long is not None or w.attn_out_ffn_long is not None
-                                          or w.kernel is not None)}))
-        # Q8_0 kernel layers (klayer): steps over KERNEL_ROWS rows read their engine layout too, released
-        # after any such step (a decode step reads the kernels' own copy instead)
-        self._kernel_mapped = tuple(sorted({w.backing for w in layers if isinstance(w, QuantLayer)
-                                            and w.backing and w.kernel is not None}))
+                                     and (w.attn_in_long is not None or w.attn_out_ffn_long is not None)}))
 
     def __repr__(self) -> str:
         return f"LayerStack(layers={self.start}-{self.end})"
@@ -200,9 +194,7 @@ class LayerStack:
                 x = block(x, w, cos, sin, segments, cfg)
         for kv, t in zip(kvs, lens, strict=True):
             kv.commit(t)
-        if not trim_after(n, self._mapped) and n > KERNEL_ROWS:  # a prefill's freed buffers and read pages
-            for directory in self._kernel_mapped:  # back to the OS (heap.py)
-                release_mapped(directory)
+        trim_after(n, self._mapped)  # a prefill's freed buffers and read pages back to the OS (heap.py)
         return x
 
 

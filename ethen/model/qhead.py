@@ -1,41 +1,25 @@
 """The logits head over the GGUF's own blocks, read in place from the memory-mapped file (numba kernels).
 
 ``BlockHead`` computes ``h [N, d] @ W.T`` for the head ``W [V, d]`` (the tied token embedding or
-``output.weight``) straight from the file's blocks: the int8 / 4-bit quants are read where they lie in the
-mapped GGUF, the float16 block scales (and Q4_1's minimums) are converted once to small float32 arrays
+``output.weight``) straight from the file's blocks: the int8 quants are read where they lie in the
+mapped GGUF, the float16 block scales are converted once to small float32 arrays
 (``[V, d / 32]``: 3.5 MB for SmolLM2 against the file's 30 MB head). No float32 copy of the head, no repack.
 
-Kernels (one per type, :data:`KERNEL_TYPES`):
+The kernel (:data:`KERNEL_TYPES`): ``Q8_0``, 34 bytes per 32 weights, ``w = d q`` (``q`` int8).
 
-* ``Q8_0``: 34 bytes per 32 weights, ``w = d q`` (``q`` int8);
-* ``Q4_0``: 18 bytes, ``w = d (q - 8)`` (element ``j`` in the low nibble of byte ``j``, ``j + 16`` in its
-  high nibble);
-* ``Q4_1``: 20 bytes, ``w = d q + m``;
-* ``Q6_K``: 210 bytes per 256 weights, ``w = d sc (q - 32)`` with 16 int8 sub-block scales ``sc`` (read
-  from the file like the quants) and 6-bit ``q`` split over two arrays.
+Which head runs where (automatic, chosen by measurement: ``bench/model_decode.py --head``, SmolLM2's shape
+``[49152, 576]``, 1 thread, one run): the engine graph wherever the engine runs the head on its int8
+kernel (accuracy ``auto``, the default, for a Q8_0 head: exact-int8; or ``fast``): measured 1.5-1.6x
+faster than the kernel (ms, kernel / exact-int8 graph: 1 row 3.87 / 2.48, 2 rows 5.28 / 4.02, 4 rows
+9.66 / 6.69, 8 rows 19.04 / 11.93; logits within 7e-7 of the largest). Otherwise the kernel for Q8_0
+heads at ``exact`` (ms, kernel / nibble-halves graph: 1 row 4.10 / 7.64, 2 rows 6.29 / 13.96, 4 rows
+9.51 / 16.10, 8 rows 18.28 / 20.24), the engine graph for every other type. (Kernels for Q4_0 / Q4_1 /
+Q6_K heads and ``$ETHEN_HEAD`` were removed, issue 43: onnxruntime's graphs beat them, 1 row 2.1-2.4 ms
+against 4.9-5.0 on Q4_0 / Q4_1, 8 rows 26.5 against 75.1 on Q6_K.) :func:`build_block_head` returns None
+for the engine graph (:class:`~ethen.model.qmodel.QuantEmbedAndHead`'s other path).
 
-Which head runs where (``$ETHEN_HEAD``, :func:`head_mode`), chosen by measurement (``bench/model_decode.py
---head``, SmolLM2's shape ``[49152, 576]``, 1 thread, one run):
-
-* ``auto`` (the default): the engine graph wherever the engine runs the head on its int8 kernel
-  (``ETHEN_ACCURACY`` auto, the default, for a Q8_0 head: exact-int8; or fast): measured 1.5-1.6x faster than
-  the kernel (SmolLM2's head, 1 thread, ms, kernel / exact-int8 graph: 1 row 3.87 / 2.48, 2 rows 5.28 / 4.02,
-  4 rows 9.66 / 6.69, 8 rows 19.04 / 11.93; logits within 7e-7 of the largest). Otherwise the kernel for
-  Q8_0 heads at ``exact`` (ms, kernel / nibble-halves graph: 1 row 4.10 / 7.64, 2 rows 6.29 / 13.96, 4 rows
-  9.51 / 16.10, 8 rows 18.28 / 20.24), the engine graph for every other type:
-  onnxruntime's 4-bit ``MatMulNBits`` beats these kernels on Q4_0 / Q4_1 (1 row 2.1-2.4 ms against
-  4.9-5.0, 8 rows 10-11 against 38-39); on Q6_K (``[49152, 768]``) the kernel wins at one row (9.9 ms
-  against 12.3) and loses from 2 rows on (8 rows 75.1 against 26.5), so the engine keeps it too;
-* ``kernel``: the kernel for every type that has one (Q8_0, Q4_0, Q4_1, Q6_K);
-* ``engine``: the engine graph (RMSNorm + ``MatMulNBits``) for every type.
-
-Q4_K, Q5_K, F16, BF16 and F32 heads (untied heads exist) have no kernel here: they keep the engine
-graph (:class:`~ethen.model.qmodel.QuantEmbedAndHead`'s existing path); :func:`build_block_head` returns
-None.
-
-Numerics: float32 throughout, over the file's weights: each weight ``w = d q`` (Q8_0 / Q4_0: exact in
-float32, an 11-bit scale times a <= 8-bit integer; Q4_1 adds ``m``, Q6_K's ``(d sc) q`` has up to 25
-bits: one rounding) is multiplied by the input and added to one of 32 (Q6_K: 64) float32 lane
+Numerics: float32 throughout, over the file's weights: each weight ``w = d q`` (exact in float32, an
+11-bit scale times an 8-bit integer) is multiplied by the input and added to one of 32 float32 lane
 accumulators (lane = position in the block), summed at the end of
 the vocabulary row (``fastmath``: the vectorizer's order for that final sum). SmolLM2's head, random input:
 at most 3.9e-6 from a float64 reference (logits up to 17.5); ``tests/model/test_qhead.py`` checks each
@@ -43,8 +27,7 @@ type on tiny models.
 
 Speed: Q8_0 has 1-, 2- and 4-row kernels (a call with N rows runs groups of 4, then 2, then 1): in a group,
 each converted weight is used for every row of it, so the group reads the head once (batched decode rounds;
-a prefill asks for its last row only). Q4_0 / Q4_1 / Q6_K: one kernel, the rows one after the other over each
-vocabulary row (the weight row stays in L1). ``nogil``: the orchestrator's
+a prefill asks for its last row only). ``nogil``: the orchestrator's
 :class:`~ethen.mesh.orchestrator.head.SplitHead` runs vocabulary ranges on its threads; one call is one
 thread (no numba threading layer, ``ETHEN_THREADS`` untouched).
 
@@ -57,7 +40,6 @@ compiling (once per numba / CPU / source version) and 0.33-0.35 s from the cache
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import numpy as np
@@ -65,34 +47,23 @@ from numpy.typing import NDArray
 
 from ethen.model.errors import ModelInputError
 
-__all__ = ["AUTO_TYPES", "HEAD_MODES", "KERNEL_TYPES", "BlockHead", "build_block_head", "head_mode"]
+__all__ = ["AUTO_TYPES", "KERNEL_TYPES", "BlockHead", "build_block_head"]
 
 F32 = NDArray[np.float32]
 U8 = NDArray[np.uint8]
 
 #: Head types with a block kernel here (others: the engine graph)
-KERNEL_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q6_K")
-#: Types whose kernel ``ETHEN_HEAD=auto`` (the default) runs: measured faster than the engine graph
+KERNEL_TYPES = ("Q8_0",)
+#: Types whose kernel runs where the engine would compute the head in float32: measured faster than its graph
 AUTO_TYPES = ("Q8_0",)
-#: ``$ETHEN_HEAD`` values (default ``auto``)
-HEAD_MODES = ("auto", "kernel", "engine")
 #: (weights per block, bytes per block, offset of the float16 scale ``d``) of each kernel type
-_BLOCKS = {"Q8_0": (32, 34, 0), "Q4_0": (32, 18, 0), "Q4_1": (32, 20, 0), "Q6_K": (256, 210, 208)}
-
-
-def head_mode() -> str:
-    """``$ETHEN_HEAD`` (``auto`` | ``kernel`` | ``engine``, default ``auto``); anything else is refused,
-    named."""
-    raw = os.environ.get("ETHEN_HEAD", "").strip() or "auto"
-    if raw not in HEAD_MODES:
-        raise ModelInputError(f"ETHEN_HEAD = {raw!r}: must be one of {', '.join(HEAD_MODES)}")
-    return raw
+_BLOCKS = {"Q8_0": (32, 34, 0)}
 
 
 @functools.cache
 def _kernels() -> dict[str, tuple[Any, ...]]:
-    """The compiled kernels by type: ``(1 row, 2 rows, 4 rows)`` for Q8_0, one (any rows) for Q4_0 / Q4_1
-    (numba is imported here, on the first head a process builds)."""
+    """The compiled kernels by type: ``(1 row, 2 rows, 4 rows)`` for Q8_0 (numba is imported here, on the
+    first head a process builds)."""
     import numba
 
     jit = numba.njit(nogil=True, cache=True, fastmath=True, boundscheck=False)
@@ -105,7 +76,7 @@ def _kernels() -> dict[str, tuple[Any, ...]]:
         nb = d // 32
         x = np.empty(32, np.float32)
         for v in range(a, b):
-            qv, sv = q[v], sc[v]  # 1-D views: ~6 % faster than 2-D indexing (the layers' kernels, klayer)
+            qv, sv = q[v], sc[v]  # 1-D views: ~6 % faster than 2-D indexing
             for r in range(n):
                 hr = h[r]
                 x[:] = 0
@@ -191,93 +162,7 @@ def _kernels() -> dict[str, tuple[Any, ...]]:
                 out[r2, v] = t2
                 out[r3, v] = t3
 
-    # Q4_0 ``w = d (q - 8)`` and Q4_1 ``w = d q + m``: element j in the low nibble of byte j, j + 16 in
-    # its high nibble
-    @jit
-    def q4_0(q: Any, sc: Any, mn: Any, h: Any, out: Any, a: int, b: int) -> None:
-        n, d = h.shape
-        nb = d // 32
-        x = np.empty(32, np.float32)
-        for v in range(a, b):
-            for r in range(n):
-                x[:] = 0
-                for blk in range(nb):
-                    base = blk * 18 + 2
-                    c = blk * 32
-                    s = sc[v, blk]
-                    for j in range(16):
-                        byte = np.int32(q[v, base + j])
-                        x[j] += (s * np.float32((byte & 15) - 8)) * h[r, c + j]
-                        x[j + 16] += (s * np.float32((byte >> 4) - 8)) * h[r, c + j + 16]
-                t = np.float32(0)
-                for j in range(32):
-                    t += x[j]
-                out[r, v] = t
-
-    @jit
-    def q4_1(q: Any, sc: Any, mn: Any, h: Any, out: Any, a: int, b: int) -> None:
-        n, d = h.shape
-        nb = d // 32
-        x = np.empty(32, np.float32)
-        for v in range(a, b):
-            for r in range(n):
-                x[:] = 0
-                for blk in range(nb):
-                    base = blk * 20 + 4
-                    c = blk * 32
-                    s = sc[v, blk]
-                    m = mn[v, blk]
-                    for j in range(16):
-                        byte = np.int32(q[v, base + j])
-                        x[j] += (s * np.float32(byte & 15) + m) * h[r, c + j]
-                        x[j + 16] += (s * np.float32(byte >> 4) + m) * h[r, c + j + 16]
-                t = np.float32(0)
-                for j in range(32):
-                    t += x[j]
-                out[r, v] = t
-
-    # Q6_K: superblocks of 256 (210 bytes: ql[128], qh[64], int8 scales[16], f16 d), w = d sc (q - 32),
-    # q = 4 low bits from ql | 2 high bits from qh; element e of a 128-half: ql[e % 64] (>> 4 if e >= 64),
-    # qh[e % 32] >> 2 (e // 32), scale index e // 16 (``gguf.quants.Q6_K``)
-    @jit
-    def q6_k(q: Any, sc: Any, mn: Any, h: Any, out: Any, a: int, b: int) -> None:
-        n, d = h.shape
-        nsb = d // 256
-        x = np.empty(64, np.float32)
-        for v in range(a, b):
-            for r in range(n):
-                x[:] = 0
-                for sbk in range(nsb):
-                    base = sbk * 210
-                    dd = sc[v, sbk]
-                    for half in range(2):
-                        ql = base + half * 64
-                        qh = base + 128 + half * 32
-                        scb = base + 192 + half * 8
-                        c = sbk * 256 + half * 128
-                        for g in range(2):
-                            s0 = dd * np.float32(np.int8(q[v, scb + g]))
-                            s1 = dd * np.float32(np.int8(q[v, scb + g + 2]))
-                            s2 = dd * np.float32(np.int8(q[v, scb + g + 4]))
-                            s3 = dd * np.float32(np.int8(q[v, scb + g + 6]))
-                            for j in range(16):
-                                lo = np.int32(q[v, ql + g * 16 + j])
-                                hi = np.int32(q[v, ql + g * 16 + j + 32])
-                                hb = np.int32(q[v, qh + g * 16 + j])
-                                e = c + g * 16 + j
-                                x[j] += (s0 * np.float32(((lo & 15) | ((hb & 3) << 4)) - 32)) * h[r, e]
-                                x[16 + j] += (s1 * np.float32(((hi & 15) | (((hb >> 2) & 3) << 4)) - 32)) \
-                                    * h[r, e + 32]
-                                x[32 + j] += (s2 * np.float32(((lo >> 4) | (((hb >> 4) & 3) << 4)) - 32)) \
-                                    * h[r, e + 64]
-                                x[48 + j] += (s3 * np.float32(((hi >> 4) | (((hb >> 6) & 3) << 4)) - 32)) \
-                                    * h[r, e + 96]
-                t = np.float32(0)
-                for j in range(64):
-                    t += x[j]
-                out[r, v] = t
-
-    return {"Q8_0": (q8_0_1, q8_0_2, q8_0_4), "Q4_0": (q4_0,), "Q4_1": (q4_1,), "Q6_K": (q6_k,)}
+    return {"Q8_0": (q8_0_1, q8_0_2, q8_0_4)}
 
 
 class BlockHead:
@@ -297,26 +182,24 @@ class BlockHead:
                              f"{arr.dtype} {list(arr.shape)}")
         self.kind, self.rows, self.cols = kind, rows, cols
         blocks = arr.reshape(rows, nb, size)  # a view
-        # float16 fields -> float32 once ([V, nb]; the quants, and Q6_K's int8 sub-block scales, stay in
-        # the file)
+        # float16 scales -> float32 once ([V, nb]; the quants stay in the file)
         self.scales: F32 = np.ascontiguousarray(blocks[:, :, d_at:d_at + 2]).view(np.float16)[..., 0].astype(
             np.float32)
-        self.mins: F32 = (np.ascontiguousarray(blocks[:, :, 2:4]).view(np.float16)[..., 0].astype(np.float32)
-                          if kind == "Q4_1" else np.zeros((1, 1), np.float32))
-        self.quants: NDArray[Any] = arr.view(np.int8) if kind == "Q8_0" else arr  # [V, row bytes]
+        self.mins: F32 = np.zeros((1, 1), np.float32)  # (the kernels' signature: no type here has minimums)
+        self.quants: NDArray[Any] = arr.view(np.int8)  # [V, row bytes]
         self._kernels = _kernels()[kind]
 
     @property
     def nbytes(self) -> int:
         """Bytes this head holds in memory (the scales; the quants are the file's pages)."""
-        return int(self.scales.nbytes + (self.mins.nbytes if self.kind == "Q4_1" else 0))
+        return int(self.scales.nbytes)
 
     def matmul_into(self, h: F32, out: F32, start: int, stop: int) -> None:
         """``out[:, start:stop] = h @ W[start:stop].T`` (``h`` float32 C-contiguous ``[N, d]``, ``out``
         float32 C-contiguous ``[N, V]``); releases the GIL."""
         kernels = self._kernels
         n, lo = h.shape[0], 0
-        while lo < n:  # groups of the widest kernel that fits: 4, 2, 1 rows (Q8_0); others: one for all
+        while lo < n:  # groups of the widest kernel that fits: 4, 2, 1 rows
             k = len(kernels) - 1
             while k and n - lo < (1 << k):
                 k -= 1
@@ -335,14 +218,11 @@ class BlockHead:
 
 
 def build_block_head(kind: str, raw: U8, rows: int, cols: int, engine_int8: bool = False) -> BlockHead | None:
-    """The block-kernel head of a ``kind`` head, or None for the engine graph: ``kind`` has no kernel, or
-    ``$ETHEN_HEAD`` (:func:`head_mode`) asks for the engine (``engine``; ``auto`` and a type outside
+    """The block-kernel head of a ``kind`` head, or None for the engine graph: ``kind`` is outside
     :data:`AUTO_TYPES`, or ``engine_int8``: the engine would run this head on its int8 kernel, at
-    ``exact-int8`` (the default accuracy for 8-bit blocks) or ``fast``, which measured faster than these
-    kernels at every row count)."""
-    mode = head_mode()
-    auto = () if engine_int8 else AUTO_TYPES
-    types = auto if mode == "auto" else KERNEL_TYPES if mode == "kernel" else ()
+    ``exact-int8`` (the default accuracy for 8-bit blocks) or ``fast``, which measured faster than the
+    kernel at every row count."""
+    types = () if engine_int8 else AUTO_TYPES
     if kind not in types or cols % _BLOCKS[kind][0]:
         return None
     return BlockHead(kind, raw, rows, cols)

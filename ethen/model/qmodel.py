@@ -20,11 +20,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ethen.model.attend import MAX_ROWS, rope_attend, warm_in_background
+from ethen.model.choose import accuracy_from_env
 from ethen.model.config import ModelConfig
 from ethen.model.engine import (
     ACCURACY_AUTO,
     ACCURACY_EXACT,
-    ACCURACY_EXACT_INT8,
     ACCURACY_FAST,
     PREFILL_ROWS,
     THREAD_POOLS,
@@ -35,7 +35,6 @@ from ethen.model.engine import (
 from ethen.model.errors import GGUFFormatError, ModelInputError, WeightsNotFoundError
 from ethen.model.gguf_loader import TensorInfo, WeightStore, unpermute_qk
 from ethen.model.heap import release_mapped, trim
-from ethen.model.klayer import KERNEL_ROWS, MATRICES, KernelLayer, build_kernel_layer, layer_kernel_mode
 from ethen.model.layers import AttentionSegment, apply_rope, attention, rms_norm
 from ethen.model.qhead import BlockHead, build_block_head
 from ethen.model.quant import PACKED_BITS, Packed, pack
@@ -61,9 +60,6 @@ class QuantLayer:
     attn_out_ffn_long: Any = None
     # the folder of the engine-layout files its sessions map (heap.release_mapped after long steps)
     backing: Path | None = None
-    # Q8_0 layers with ETHEN_LAYER_KERNEL=on (klayer): steps of up to KERNEL_ROWS rows run these block
-    # kernels; the graphs above are then the float32-compute variants, for longer steps
-    kernel: KernelLayer | None = None
 
 
 def attend_rows(qkv: F32, cos: F32, sin: F32, segments: Sequence[AttentionSegment], cfg: ModelConfig) -> F32:
@@ -91,11 +87,7 @@ def attend_rows(qkv: F32, cos: F32, sin: F32, segments: Sequence[AttentionSegmen
 
 def quant_block(x: F32, w: QuantLayer, cos: F32, sin: F32, segments: Sequence[AttentionSegment],
                 cfg: ModelConfig) -> F32:
-    """:func:`ethen.model.layers.block` over engine graphs (or a Q8_0 layer's block kernels, for steps of up
-    to :data:`~ethen.model.klayer.KERNEL_ROWS` rows); writes this step's K/V into the segments."""
-    if w.kernel is not None and x.shape[0] <= KERNEL_ROWS:
-        qkv_k = w.kernel.attn_in(x)  # [N, qd + 2 kvd]
-        return w.kernel.attn_out_ffn(x, attend_rows(qkv_k, cos, sin, segments, cfg))  # [N, d]
+    """:func:`ethen.model.layers.block` over engine graphs; writes this step's K/V into the segments."""
     long = x.shape[0] >= PREFILL_ROWS
     attn_in = w.attn_in_long if long and w.attn_in_long is not None else w.attn_in
     attn_out_ffn = w.attn_out_ffn_long if long and w.attn_out_ffn_long is not None else w.attn_out_ffn
@@ -190,27 +182,10 @@ def _norm_qkv(g: GraphBuilder, x: str, tensors: _Tensors, i: int, cfg: ModelConf
     g.output("qkv", cfg.q_dim + 2 * cfg.kv_dim)
 
 
-def _kernel_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) -> KernelLayer | None:
-    """Layer ``i``'s block kernels (:mod:`ethen.model.klayer`) where asked and they apply:
-    ``$ETHEN_LAYER_KERNEL=on``, a CPU engine asked for float32-grade products at float32 prefill (accuracy
-    ``auto`` or ``exact``, ``long_prefill``), and seven Q8_0 matrices; else None."""
-    if layer_kernel_mode() != "on" or engine.device != "cpu" or not engine.long_prefill \
-            or engine.accuracy not in (ACCURACY_AUTO, ACCURACY_EXACT):
-        return None
-    p = f"blk.{i}."
-    qh, kh = (cfg.n_heads, cfg.n_kv_heads) if cfg.qk_permuted else (None, None)
-    return build_kernel_layer({n: tensors.get(p + n + ".weight") for n in MATRICES},
-                              tensors.f32(p + "attn_norm.weight"), tensors.f32(p + "ffn_norm.weight"),
-                              cfg.rms_eps, qh, kh, _qkv_bias(tensors, i, cfg), engine.threads)
-
-
 def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) -> QuantLayer:
     p = f"blk.{i}."
     d, f = cfg.d_model, cfg.d_ff
-    kernel = _kernel_layer(tensors, i, cfg, engine)
-    # a kernel layer's graphs serve its long steps only: built at exact-int8, whose long variant (below)
-    # reads the 8-bit blocks in place at float32 compute
-    acc = engine.accuracy if kernel is None else ACCURACY_EXACT_INT8
+    acc = engine.accuracy
     a = GraphBuilder(f"layer{i}-attn-in")
     _norm_qkv(a, a.input("x", d), tensors, i, cfg, acc)  # [N, d] -> qkv [N, qd + 2 kvd]
     b = GraphBuilder(f"layer{i}-attn-out-ffn")
@@ -231,12 +206,6 @@ def _compile_layer(tensors: _Tensors, i: int, cfg: ModelConfig, engine: Engine) 
     b.output("out", d)
     nbytes = a.weight_bytes + b.weight_bytes  # (before the sessions take the initializers' bytes)
     back = tensors.backing_dir
-    if kernel is not None:
-        a_long, b_long = a.long_variant(), b.long_variant()
-        if a_long is not None and b_long is not None:  # (always, for seven Q8_0 matrices)
-            return QuantLayer(i, engine.session(a_long, back / f"{a.name}-kernel.bin"),
-                              engine.session(b_long, back / f"{b.name}-kernel.bin"), kernel.nbytes,
-                              tensors.nbytes(p), backing=back, kernel=kernel)
     a_short, a_long = _sessions(engine, a, back / f"{a.name}-acc{engine.accuracy}.bin")
     b_short, b_long = _sessions(engine, b, back / f"{b.name}-acc{engine.accuracy}.bin")
     return QuantLayer(i, a_short, b_short, nbytes, tensors.nbytes(p), a_long, b_long, back)
@@ -253,28 +222,22 @@ def _sessions(engine: Engine, g: GraphBuilder, backing: Path) -> tuple[Any, Any]
 
 
 def engine_from_env(threads: int | None = None) -> Engine:
-    """The engine ``$ETHEN_DEVICE`` (auto|cpu|cuda, default auto) and ``$ETHEN_ACCURACY`` (auto|exact|fast|
-    exact-int8) ask for. exact: float32 compute, greedy text as the float32 path's; exact-int8: float32-grade
-    products from the int8 kernel over 3 rows per row (:meth:`GraphBuilder.split3`); auto (the default):
-    exact-int8 for 8-bit blocks, exact for the rest (``ACCURACY_AUTO``). ``threads`` default
-    :func:`~ethen.model.engine.default_threads`. ``$ETHEN_PREFILL`` (float32|int8, default float32):
-    float32 runs steps of ``PREFILL_ROWS`` rows or more of exact-int8 8-bit matrices through onnxruntime's
-    float32-compute kernel (2.1-2.6x faster prefill, float32 compute's error); int8 keeps the split.
+    """The engine ``$ETHEN_DEVICE`` (auto|cpu|cuda, default auto) and ``$ETHEN_ACCURACY`` (auto|exact|fast:
+    :func:`~ethen.model.choose.accuracy_from_env`) ask for. exact: float32 compute, greedy text as the
+    float32 path's; auto (the default): exact-int8 (float32-grade products from the int8 kernel over 3 rows
+    per row, :meth:`GraphBuilder.split3`) for 8-bit blocks, exact for the rest (``ACCURACY_AUTO``).
+    ``threads`` default :func:`~ethen.model.engine.default_threads`. Steps of ``PREFILL_ROWS`` rows or more
+    of exact-int8 8-bit matrices always run through onnxruntime's float32-compute kernel (``long_prefill``:
+    2.1-2.6x faster prefill, float32 compute's error).
     ``$ETHEN_THREAD_POOL`` (session|shared, default session; ``ethen worker`` defaults to shared):
     :data:`~ethen.model.engine.THREAD_POOLS`."""
     device = os.environ.get("ETHEN_DEVICE", "").strip() or "auto"
-    prefill = os.environ.get("ETHEN_PREFILL", "").strip() or "float32"
-    if prefill not in ("int8", "float32"):
-        raise ModelInputError(f"ETHEN_PREFILL = {prefill!r}: must be 'int8' or 'float32'")
-    acc = os.environ.get("ETHEN_ACCURACY", "").strip() or "auto"
-    levels = {"auto": ACCURACY_AUTO, "exact": ACCURACY_EXACT, "fast": ACCURACY_FAST,
-              "exact-int8": ACCURACY_EXACT_INT8}
-    if acc not in levels:
-        raise ModelInputError(f"ETHEN_ACCURACY = {acc!r}: must be 'auto', 'exact', 'fast' or 'exact-int8'")
+    levels = {"auto": ACCURACY_AUTO, "exact": ACCURACY_EXACT, "fast": ACCURACY_FAST}
+    acc = accuracy_from_env()
     pool = os.environ.get("ETHEN_THREAD_POOL", "").strip() or "session"
     if pool not in THREAD_POOLS:
         raise ModelInputError(f"ETHEN_THREAD_POOL = {pool!r}: must be one of {', '.join(THREAD_POOLS)}")
-    return Engine(device, threads, levels[acc], long_prefill=prefill == "float32", pool=pool)
+    return Engine(device, threads, levels[acc], long_prefill=True, pool=pool)
 
 
 def load_quant_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
@@ -299,8 +262,8 @@ class QuantEmbedAndHead:
     """:class:`~ethen.model.model.EmbedAndHead` over the GGUF's blocks: ``embed`` dequantizes the asked rows
     of the (memory-mapped) token embedding; ``logits`` is the final RMSNorm and the head's matmul over its
     own blocks (the tied embedding is not copied): a :class:`~ethen.model.qhead.BlockHead` kernel reading
-    the mapped file in place (Q8_0 heads; Q4_0 / Q4_1 too with ``$ETHEN_HEAD=kernel``, none with
-    ``engine``: :func:`~ethen.model.qhead.build_block_head`), else one engine graph (RMSNorm +
+    the mapped file in place (Q8_0 heads where the engine would compute in float32:
+    :func:`~ethen.model.qhead.build_block_head`), else one engine graph (RMSNorm +
     ``MatMulNBits``)."""
 
     def __init__(self, store: WeightStore, engine: Engine | None = None) -> None:

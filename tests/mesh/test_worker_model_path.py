@@ -26,7 +26,7 @@ SPECS = {
     "qwen2": TinySpec(arch="qwen2", types=("Q8_0", "Q4_K", "Q6_K"), output_type="Q5_K", n_kv_heads=1,
                       name="tiny-qwen2"),
     "llama": TinySpec(types=("Q4_1", "BF16", "Q5_K"), embd_type="Q4_0", tokenizer="llama", name="tiny-llama"),
-    # every layer matrix Q8_0, ETHEN_LAYER_KERNEL=on: decode steps on the block kernels (ethen.model.klayer)
+    # every layer matrix Q8_0
     "llama-q8_0": TinySpec(types=("Q8_0",), embd_type="Q8_0", name="tiny-llama-q8_0"),
 }
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10)
@@ -42,9 +42,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.mark.parametrize("name", list(SPECS))
-def test_real_workers_serve_the_given_gguf(cache: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if name == "llama-q8_0":
-        monkeypatch.setenv("ETHEN_LAYER_KERNEL", "on")  # here and in the workers (they inherit it)
+def test_real_workers_serve_the_given_gguf(cache: Path, name: str) -> None:
     path = write_tiny_gguf(cache / f"{name}.gguf", SPECS[name])
     store = open_weight_store(path)  # built once here; the workers map it
     single = load_model(store)

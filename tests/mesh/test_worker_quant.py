@@ -84,7 +84,21 @@ def test_a_bad_device_is_refused_naming_the_value(root: Path) -> None:
     path = write_tiny_gguf(root / "device.gguf", TinySpec())
     out = _worker_run(path, "--device", "tpu")
     assert out.returncode == 2 and "READY" not in out.stdout
-    assert "--device 'tpu': must be one of auto, cpu, cuda" in out.stderr
+    assert "--device 'tpu': must be one of auto, cpu, cuda, metal, vulkan" in out.stderr
+
+
+@pytest.mark.parametrize("device", ["metal", "vulkan"])
+def test_a_gpu_device_ggml_lacks_is_refused_before_serving(root: Path, device: str) -> None:
+    """The libggml-python wheel is a CPU build: ``--device metal`` / ``vulkan`` name the missing backend."""
+    from ethen.model.ggml_lib import backends
+
+    if device in backends():
+        pytest.skip(f"ggml's {device} backend is installed here (libggml-{device}.so): not the refusal case")
+    path = write_tiny_gguf(root / "device.gguf", TinySpec())
+    out = _worker_run(path, "--device", device)
+    assert out.returncode == 2 and "READY" not in out.stdout
+    assert f"device {device!r} needs a libggml build with the" in out.stderr
+    assert f"(libggml-{device}.so); the installed ggml backends: cpu" in " ".join(out.stderr.split())
 
 
 def test_device_cuda_without_a_gpu_is_refused_before_serving(root: Path) -> None:

@@ -20,6 +20,7 @@ import pytest
 
 from ethen.model import ModelInputError, load_layer_stacks, load_model, open_weight_store
 from ethen.model.choose import GGML_MIN_PARAMS, auto_engine, engine_kind, model_params
+from ethen.model.ggml_lib import backends
 from ethen.model.glayer import GgmlLayer, process_engine
 from ethen.model.gqhead import GgmlEmbedAndHead
 from ethen.model.qmodel import QuantEmbedAndHead, QuantLayer
@@ -125,6 +126,11 @@ def test_engine_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ETHEN_ENGINE", "cuda")
     with pytest.raises(ModelInputError, match="ETHEN_ENGINE = 'cuda': must be one of auto, ggml, onnx"):
         engine_kind(store.tensors)
+    monkeypatch.setenv("ETHEN_ENGINE", "auto")
+    monkeypatch.setenv("ETHEN_DEVICE", "metal")  # (the --device flag's carrier) the wheel is a CPU build
+    if "metal" not in backends():
+        with pytest.raises(ModelInputError, match=r"device 'metal' needs a libggml build with the Metal"):
+            engine_kind(store.tensors)
 
 
 def test_a_ggml_only_type_runs_on_ggml_and_onnx_refuses_it(tmp_path: Path,

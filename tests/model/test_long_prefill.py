@@ -1,7 +1,8 @@
-"""``ETHEN_PREFILL=float32`` (the default; ``Engine(long_prefill=True)``): steps of ``PREFILL_ROWS`` rows or
-more run each layer graph's long variant, whose 8-bit exact-int8 matmuls are one float32-compute
-``MatMulNBits`` over the same weights instead of the int8 split (3 rows per row): float32 compute's accuracy,
-2.1-2.6x faster at 512 rows (``bench/model_decode.py``). Shorter steps (decode) keep the split."""
+"""Float32 prefill (always, from :func:`engine_from_env`; ``Engine(long_prefill=True)``): steps of
+``PREFILL_ROWS`` rows or more run each layer graph's long variant, whose 8-bit exact-int8 matmuls are one
+float32-compute ``MatMulNBits`` over the same weights instead of the int8 split (3 rows per row):
+float32 compute's accuracy, 2.1-2.6x faster at 512 rows (``bench/model_decode.py``).
+Shorter steps (decode) keep the split."""
 
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ from ethen.model.engine import (
     Engine,
     GraphBuilder,
 )
-from ethen.model.errors import ModelInputError
 from ethen.model.qmodel import QuantLayer, engine_from_env, load_quant_layers
 from ethen.model.quant import pack
 from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
@@ -129,16 +129,13 @@ def test_without_the_option_no_variant_is_built(eight_bit: Path, tmp_path: Path)
     assert layers[0].attn_in_long is None and layers[0].attn_out_ffn_long is None
 
 
-def test_ethen_prefill_is_read_and_a_bad_value_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ETHEN_PREFILL", "float32")
-    assert engine_from_env(threads=1).long_prefill is True
-    monkeypatch.setenv("ETHEN_PREFILL", "int8")
-    assert engine_from_env(threads=1).long_prefill is False
+def test_float32_prefill_is_unconditional(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ETHEN_PREFILL`` is gone: the engine always builds the long variants, whatever the variable says."""
+    for value in ("int8", "fp32"):
+        monkeypatch.setenv("ETHEN_PREFILL", value)
+        assert engine_from_env(threads=1).long_prefill is True
     monkeypatch.delenv("ETHEN_PREFILL")
-    assert engine_from_env(threads=1).long_prefill is True  # the default
-    monkeypatch.setenv("ETHEN_PREFILL", "fp32")
-    with pytest.raises(ModelInputError, match="ETHEN_PREFILL = 'fp32'"):
-        engine_from_env(threads=1)
+    assert engine_from_env(threads=1).long_prefill is True
 
 
 MEMORY_PROBE = """

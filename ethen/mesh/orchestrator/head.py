@@ -23,8 +23,8 @@ Choices where the issue is silent:
   before the 2+ row head went over ``head [V, d]`` (``h @ head_t``) it took 38-46 ms unsplit at 2-8 rows.
 - ``threads = 1`` is the unsplit head (``Orchestrator(head_threads=1)``); the default is 2.
 - Ends over the GGUF's blocks (:class:`~ethen.model.qmodel.QuantEmbedAndHead`, ``ETHEN_WEIGHTS=quantized``,
-  the default) with a block kernel (:class:`~ethen.model.qhead.BlockHead`: Q8_0 heads; Q4_0 / Q4_1 / Q6_K
-  too with ``ETHEN_HEAD=kernel``) are split the same way: the norm once, then each thread runs the kernel
+  the default) with a block kernel (:class:`~ethen.model.qhead.BlockHead`: Q8_0 heads at accuracy
+  ``exact``) are split the same way: the norm once, then each thread runs the kernel
   (it releases the GIL) over its vocabulary range of one output array. Each logit is computed by the same
   kernel call path for its row whatever the range, so the split logits are bitwise the unsplit ones
   (tests). Other head types are one engine graph whose session runs on the engine's own intra-op threads:

@@ -39,8 +39,8 @@ import typer
 from ethen.mesh.worker.launch import orphaned
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER
 from ethen.mesh.worker.memory import memory_refusal, parse_size, resident_bytes
-from ethen.model.choose import ENGINES
-from ethen.model.engine import DEVICES, THREAD_POOLS
+from ethen.model.choose import ACCURACIES, DEVICES, ENGINES, check_device
+from ethen.model.engine import THREAD_POOLS
 
 if TYPE_CHECKING:
     from ethen.mesh.auth import ClientCredentials, TokenAuth
@@ -52,7 +52,6 @@ __all__ = ["ACCURACIES", "apply_device", "apply_engine", "apply_thread_pool", "o
 
 #: ``--accuracy``: auto (the engine rule, :mod:`ethen.model.choose`), exact (float32-grade products:
 #: onnxruntime), fast (int8 activations: ggml, as llama.cpp)
-ACCURACIES = ("auto", "exact", "fast")
 
 
 def one_blas_thread() -> None:
@@ -124,6 +123,7 @@ def apply_device(device: str | None) -> None:
         return
     if device not in DEVICES:
         raise ValueError(f"--device {device!r}: must be one of {', '.join(DEVICES)}")
+    check_device(device)  # metal / vulkan: refused (a ValueError), naming the missing ggml backend
     os.environ["ETHEN_DEVICE"] = device
     if device == "cuda":
         if os.environ.get("ETHEN_WEIGHTS", "").strip() == "float32":
@@ -141,7 +141,8 @@ def apply_engine(engine: str | None, accuracy: str | None) -> None:
         os.environ["ETHEN_ENGINE"] = engine
     if accuracy is not None:
         if accuracy not in ACCURACIES:
-            raise ValueError(f"--accuracy {accuracy!r}: must be one of {', '.join(ACCURACIES)}")
+            hint = " (auto runs exact-int8 where it applies)" if accuracy == "exact-int8" else ""
+            raise ValueError(f"--accuracy {accuracy!r}: must be one of {', '.join(ACCURACIES)}{hint}")
         os.environ["ETHEN_ACCURACY"] = accuracy
 
 
@@ -190,7 +191,7 @@ def worker(
         30.0, "--drain-timeout", help="SIGTERM: seconds to let open sessions finish."),
     device: str = typer.Option(
         None, "--device", help="Compute device: auto (cuda when onnxruntime-gpu sees a GPU, else cpu), "
-        "cpu or cuda (the quantized engine; default: $ETHEN_DEVICE, else auto)."),
+        "cpu, cuda (the onnx engine), metal or vulkan (refused unless ggml has the backend). Default: auto."),
     engine: str = typer.Option(
         None, "--engine", help="auto (by the model: ggml for 1B-class models, onnxruntime's float32 compute "
         "for small ones), ggml (llama.cpp's kernels, int8 activations) or onnx. Default: $ETHEN_ENGINE, "
