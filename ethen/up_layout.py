@@ -49,7 +49,7 @@ def check_layout(workers: list[tuple[str, str, float]], n_layers: int, source: s
     fragments from which no chain of whole fragments covers layers 0..n-1."""
     from ethen.mesh.orchestrator.planning import plan_route
     from ethen.mesh.routing import NodeState, RouteWeights
-    from ethen.mesh.worker.server import parse_fragments
+    from ethen.mesh.worker.config import parse_fragments
 
     states = []
     for node, layers, score in workers:
@@ -72,7 +72,7 @@ def load_layout(path: Path | None) -> list[tuple[str, str, float]]:
     (for 30 layers; ``ethen up`` derives them from the model, :func:`default_layout`)."""
     if path is None:
         return list(DEFAULT_LAYOUT)
-    from ethen.mesh.worker.server import parse_fragments
+    from ethen.mesh.worker.config import parse_fragments
 
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))

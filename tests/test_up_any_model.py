@@ -17,7 +17,7 @@ import pytest
 
 from ethen.mesh.orchestrator.planning import plan_route
 from ethen.mesh.routing import NodeState, RouteWeights
-from ethen.mesh.worker.server import parse_fragments
+from ethen.mesh.worker.config import parse_fragments
 from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
 from ethen.up import DEFAULT_LAYOUT, default_layout
 

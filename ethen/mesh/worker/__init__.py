@@ -46,9 +46,9 @@ _HOME = {
     "WorkerInputError": "errors",
     "HealthSnapshot": "health",
     "HealthTracker": "health",
-    "WorkerConfig": "server",
+    "WorkerConfig": "config",
     "WorkerService": "server",
-    "parse_fragments": "server",
+    "parse_fragments": "config",
     "serve": "server",
     "SessionStore": "sessions",
 }

@@ -44,8 +44,8 @@ from ethen.model.engine import THREAD_POOLS
 
 if TYPE_CHECKING:
     from ethen.mesh.auth import ClientCredentials, TokenAuth
+    from ethen.mesh.worker.config import WorkerConfig
     from ethen.mesh.worker.membership import JoinSpec
-    from ethen.mesh.worker.server import WorkerConfig
 
 __all__ = ["ACCURACIES", "apply_device", "apply_engine", "apply_thread_pool", "one_blas_thread", "run_worker",
            "worker"]
@@ -213,7 +213,7 @@ def worker(
     die_with_parent()  # first: a parent killed while this worker loads must not leave it behind
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     one_blas_thread()
-    from ethen.mesh.worker.server import WorkerConfig, parse_fragments
+    from ethen.mesh.worker.config import WorkerConfig, parse_fragments
 
     try:
         fragments = parse_fragments(layers)

@@ -1,0 +1,62 @@
+"""A worker's settings (:class:`WorkerConfig`) and its ``--layers`` syntax (:func:`parse_fragments`)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from ethen.mesh.worker.limits import MAX_DECODE_BATCH, MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER
+from ethen.model.model import parse_layer_ranges
+
+__all__ = ["WorkerConfig", "parse_fragments"]
+
+
+def parse_fragments(text: str) -> list[tuple[int, int]]:
+    """``"0-9,10-19"`` -> ``[(0, 9), (10, 19)]`` (sorted; a single layer may be written ``"7"``); overlapping
+    fragments are refused. Raises ``ValueError`` naming the text."""
+    out = sorted(parse_layer_ranges(text))
+    for (_, a_last), (b_first, _) in itertools.pairwise(out):
+        if b_first <= a_last:
+            raise ValueError(f"layers {text!r}: fragments overlap")
+    return out
+
+
+class WorkerConfig:
+    def __init__(
+        self,
+        node_id: str,
+        fragments: Sequence[tuple[int, int]],
+        capacity_score: float = 1.0,
+        max_cache_bytes: int = 512 * 1024 * 1024,
+        session_ttl_s: float = 300.0,
+        max_sessions: int = 256,
+        batch_window_s: float = 0.001,
+        max_batch: int = MAX_DECODE_BATCH,
+        max_prefill_tokens: int = MAX_PREFILL_TOKENS,
+        max_sessions_per_caller: int = MAX_SESSIONS_PER_CALLER,
+        max_prefix_bytes: int | None = None,
+    ) -> None:
+        if not node_id:
+            raise ValueError("node_id must be non-empty")
+        if not fragments:
+            raise ValueError("a worker serves at least one fragment")
+        if max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
+        if max_sessions_per_caller < 1:
+            raise ValueError(f"max_sessions_per_caller must be >= 1, got {max_sessions_per_caller}")
+        self.node_id = node_id
+        self.fragments = sorted(fragments)
+        self.capacity_score = capacity_score
+        self.max_cache_bytes = max_cache_bytes
+        self.session_ttl_s = session_ttl_s
+        self.max_sessions = max_sessions
+        self.batch_window_s = batch_window_s
+        self.max_batch = max_batch
+        self.max_prefill_tokens = max_prefill_tokens
+        self.max_sessions_per_caller = max_sessions_per_caller
+        # the prefix cache (issue 45): a quarter of the sessions' cap unless set
+        self.max_prefix_bytes = max_cache_bytes // 4 if max_prefix_bytes is None else max_prefix_bytes
+
+    @property
+    def layers(self) -> list[int]:
+        return [layer for first, last in self.fragments for layer in range(first, last + 1)]
