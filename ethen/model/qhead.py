@@ -15,8 +15,8 @@ faster than the kernel (ms, kernel / exact-int8 graph: 1 row 3.87 / 2.48, 2 rows
 heads at ``exact`` (ms, kernel / nibble-halves graph: 1 row 4.10 / 7.64, 2 rows 6.29 / 13.96, 4 rows
 9.51 / 16.10, 8 rows 18.28 / 20.24), the engine graph for every other type. (Kernels for Q4_0 / Q4_1 /
 Q6_K heads and the head-choice setting were removed, issue 43: onnxruntime's graphs beat them, 1 row
-2.1-2.4 ms against 4.9-5.0 on Q4_0 / Q4_1, 8 rows 26.5 against 75.1 on Q6_K.) :func:`build_block_head` returns None
-for the engine graph (:class:`~ethen.model.qmodel.QuantEmbedAndHead`'s other path).
+2.1-2.4 ms against 4.9-5.0 on Q4_0 / Q4_1, 8 rows 26.5 against 75.1 on Q6_K.) :func:`build_block_head`
+returns None for the engine graph (:class:`~ethen.model.qmodel.QuantEmbedAndHead`'s other path).
 
 Numerics: float32 throughout, over the file's weights: each weight ``w = d q`` (exact in float32, an
 11-bit scale times an 8-bit integer) is multiplied by the input and added to one of 32 float32 lane
