@@ -17,13 +17,13 @@ Per client address (issue 23: one host reopening 1,000 trickling sockets as they
 ``max_connections`` budget, and 111 of 116 other requests got 503). One record per address
 (:class:`ClientAddress`), kept by the protocol:
 
-- ``max_connections_per_client`` (default half of ``max_connections``, at most all of it): open connections
-  of one address. A new socket past it closes the address's oldest *slow* socket (below), else its oldest
-  socket still sending its first request's headers, and takes its place; when the address has neither (all
-  its connections are in requests or idle keep-alive), the new socket is refused: 429
-  ``too_many_connections`` with ``Retry-After: 1`` is written and the socket closed at once, before uvicorn
-  counts it, so it takes nothing from the global budget (a client that already sent its request may see a
-  reset instead). One address alone holds at most half the global cap by default: the rest stays for others.
+- ``max_connections_per_client`` (default half of ``max_connections``, at most all of it): open connections of
+  one address. A new socket past it closes the address's oldest *slow* socket (below), else its oldest socket
+  still sending its first request's headers, and takes its place; when the address has neither (all its
+  connections are in requests or idle keep-alive), the new socket is refused: 429 ``too_many_connections``
+  with ``Retry-After: 1`` is written and the socket closed at once, before uvicorn counts it, so it takes
+  nothing from the global budget (then the lingering close below). One address alone holds at most half the
+  global cap by default: the rest stays for others.
 - The **fair share** (issue 42: two addresses trickling that way held half each, so all 1,000, and a third
   client got 503 on 76 of 113 requests): while ``k`` >= 2 addresses hold connections (the new socket's
   counted), one address may hold at most ``max_connections // (k + 1)`` of them
@@ -68,10 +68,15 @@ them from 127.0.0.1 by default, so a local client could log any address it liked
 throttle by naming a new one each time).
 
 The 408/429/503 bodies are the OpenAI error envelope, written straight to the socket (they never reach the
-app). The hot path pays two timer operations per request (arm and cancel of a ``loop.call_later`` handle,
-as uvicorn's own keep-alive timer does) and per connection two lookups of its address's record
-(``connection_made``; ``connection_lost`` deletes it with the last one) and an insert and delete in its
-header-phase set; the slow set is touched only by sockets still sending headers after a second.
+app). The 408 and 429 are followed by a *lingering close* (nginx's ``lingering_close``): the write side is
+shut (the client reads the answer, then end of file), what the client still sends is read and dropped, and the
+socket is closed when the client closes or :data:`LINGER_S` later; meanwhile it counts under no cap. Closing
+at once with unread input makes the kernel send a reset, which can destroy the answer before the client reads
+it (a trickling client that wrote one more byte got ``ECONNRESET`` instead of its 408). The hot path pays two
+timer operations per request (arm and cancel of a ``loop.call_later`` handle, as uvicorn's own keep-alive
+timer does) and per connection two lookups of its address's record (``connection_made``; ``connection_lost``
+deletes it with the last one) and an insert and delete in its header-phase set; the slow set is touched only
+by sockets still sending headers after a second.
 """
 
 from __future__ import annotations
@@ -115,6 +120,9 @@ _OVERLOADED_HEADERS = [(b"content-type", b"application/json"),
 _TOO_MANY = _raw_response(b"429 Too Many Requests\r\nretry-after: 1", _envelope(
     "too_many_connections", "Too many connections from your address are open or still sending headers; "
     "retry shortly.", "rate_limit_error"))
+
+
+LINGER_S = 2.0  # how long a refused or timed-out socket is drained before it is closed
 
 
 def client_key(peer: Any) -> str | None:
@@ -196,6 +204,7 @@ class SlowClientProtocol(HttpToolsProtocol):
         self._pending = False  # listed in _address.pending
         self._slow = False  # listed in _address.slow
         self._admitted = False
+        self._lingering = False  # answered and half-closed: input is dropped until the peer closes
 
     def _arm(self, seconds: float, on_timeout: Callable[[], None]) -> None:
         if self._read_timer is not None:
@@ -224,8 +233,7 @@ class SlowClientProtocol(HttpToolsProtocol):
                 # first headers; none: refused before uvicorn counts it (nothing taken from the global cap)
                 victim = address.victim()
                 if victim is None:
-                    transport.write(_TOO_MANY)
-                    transport.close()
+                    self._close_lingering(transport, _TOO_MANY)
                     return
                 victim._evict()
                 clients[key] = address  # back in, had the victim been its last connection
@@ -248,6 +256,33 @@ class SlowClientProtocol(HttpToolsProtocol):
         victim = worst.victim() if worst is not None else None
         if victim is not None:
             victim._evict()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._lingering:
+            super().data_received(data)
+
+    def _close_lingering(self, transport: asyncio.Transport, answer: bytes | None) -> None:
+        """Write ``answer``, shut the write side and drop input until the peer closes (asyncio closes the
+        transport at its end of file) or :data:`LINGER_S` later (module docstring)."""
+        self._lingering = True
+        if self._admitted:  # a closing socket holds no place under the caps (it is closed within LINGER_S)
+            self._release()
+            self._disarm()
+            self.connections.discard(self)
+        cycle = self.cycle if self._admitted else None
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True  # the app's receive() sees a disconnect, its sends are dropped
+            cycle.message_event.set()
+        if answer is not None:
+            transport.write(answer)
+        if transport.can_write_eof():
+            transport.write_eof()
+            self.loop.call_later(LINGER_S, transport.close)
+        else:
+            transport.close()
+
+    def _closed(self) -> bool:
+        return self._lingering or self.transport.is_closing()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._admitted:
@@ -285,7 +320,7 @@ class SlowClientProtocol(HttpToolsProtocol):
         slow socket is closed. Then the rest of the header timeout runs."""
         self._read_timer = None
         address = self._address
-        if address is not None and not self.transport.is_closing():
+        if address is not None and not self._closed():
             address.slow[self] = None
             self._slow = True
             if len(address.slow) > self.max_pending_headers_per_client:
@@ -313,26 +348,25 @@ class SlowClientProtocol(HttpToolsProtocol):
         it is still being written)."""
         self._release()
         self._disarm()
-        if not self.transport.is_closing():
-            if self.cycle is None or self.cycle.response_complete:
-                self.transport.write(_TOO_MANY)
-            self.transport.close()
+        if not self._closed():
+            complete = self.cycle is None or self.cycle.response_complete
+            self._close_lingering(self.transport, _TOO_MANY if complete else None)
 
     def _headers_too_slow(self) -> None:
         self._read_timer = None
-        if not self.transport.is_closing():
-            self.transport.write(_HEADER_TIMEOUT)
-            self.transport.close()
+        if not self._closed():
+            self._close_lingering(self.transport, _HEADER_TIMEOUT)
 
     def _body_too_slow(self) -> None:
         self._read_timer = None
-        if self.transport.is_closing():
+        if self._closed():
             return
         cycle = self.cycle
+        answer = None
         if cycle is not None and not cycle.response_started:
             cycle.response_started = True  # nothing the app sends after this reaches the socket
-            self.transport.write(_BODY_TIMEOUT)
-        self.transport.close()  # the app's receive() sees a disconnect
+            answer = _BODY_TIMEOUT
+        self._close_lingering(self.transport, answer)
 
 
 def slow_client_protocol(limits: ServerConfig) -> type[SlowClientProtocol]:

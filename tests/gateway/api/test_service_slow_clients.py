@@ -195,3 +195,26 @@ def test_the_per_client_cap_may_not_exceed_the_global_one() -> None:
     assert parse_config(data).server.connections_per_client == 10
     data["server"] = {"max_connections": 1}
     assert parse_config(data).server.connections_per_client == 1
+
+
+def test_a_client_still_writing_after_its_408_reads_the_answer_and_no_reset(tmp_path: Path) -> None:
+    """Lingering close: after the 408 the server shuts its write side and drops what the client still sends,
+    so the client's writes do not draw a reset (closing a socket with unread input sends one, and a reset
+    can destroy the answer before the client reads it: a CI run's trickler got ECONNRESET, not its 408)."""
+
+    async def run(port: int) -> tuple[bytes, bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"POST {CHAT} HTTP/1.1\r\nhost: 127.0.0.1\r\nx-slow: ".encode())
+        answer = await asyncio.wait_for(reader.readuntil(b"}}"), HEADER_TIMEOUT_S + 5)  # the 408's envelope
+        for _ in range(5):  # the client goes on: each write must be taken (a closed socket resets the 2nd)
+            writer.write(b"a" * 1000)
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        rest = await asyncio.wait_for(reader.read(), 5)  # then a clean end of file
+        writer.close()
+        return answer, rest
+
+    with gateway(tmp_path, header_timeout_s=HEADER_TIMEOUT_S) as (port, _):
+        answer, rest = asyncio.run(run(port))
+    assert (_error_of(answer)[0], _error_of(answer)[1]["code"]) == (408, "request_timeout")
+    assert rest == b""
