@@ -6,9 +6,10 @@ transformers' GGUF loader in the same run when the parity extra is installed.
 .venv/bin/python bench/model_decode.py [--steps 32] [--repeats 5] [--skip-cold] [--skip-tiny] [--model X.gguf]
 .venv/bin/python bench/model_decode.py --vs-llama-cpp [--model X.gguf]   (quantized engine vs llama.cpp)
 .venv/bin/python bench/model_decode.py --answers [--model X.gguf]   (greedy answers: llama.cpp, each accuracy)
-.venv/bin/python bench/model_decode.py --vs-llama-cpp --tinyllama [--types Q4_K] [--repeats 3] [--ref REV]
+.venv/bin/python bench/model_decode.py --vs-llama-cpp --tinyllama [--types Q4_K_M] [--repeats 3] [--ref REV]
     [--modes exact-int8,'exact-int8 + float32 prefill'] [--modes auto,ggml,ggml-native]
-    (TinyLlama-1.1B shape, Q4_K and Q8_0; ``--ref``: the same Ethen runs of commit REV, interleaved)
+    (TinyLlama-1.1B shape, llama.cpp's Q4_K_M and Q8_0; ``--ref``: the same Ethen runs of commit REV,
+    interleaved)
 OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/model_decode.py --head [--repeats 21]   (the logits head alone)
 .venv/bin/python bench/model_decode.py --devices [--model X.gguf] [--repeats 3]   (per device: cpu, cuda)
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -315,14 +317,31 @@ def _ethen_ggml(store: Any, path: Path, threads: int, steps: int, native: bool =
     return pre, dec, file, file, grown, kvb, loaded, 0, mapped_rss(path), 0
 
 
-TINYLLAMA_TYPES = ("Q4_K", "Q8_0")
+TINYLLAMA_TYPES = ("Q4_K_M", "Q8_0")
+
+
+_QUANTIZE = """
+import sys, llama_cpp
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+params.nthread = 2
+sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), params))
+"""
 
 
 def tinyllama_gguf(kind: str) -> Path:
     """A random-weight llama of TinyLlama-1.1B's shape (22 layers, d_model 2048, FFN 5632, 32 heads / 4 KV
     heads; the tiny generator's 327-token vocabulary) in ``kind``, written once next to the llama.cpp venv
-    (``ethen.model.tiny_gguf``; several minutes, cached)."""
+    (``ethen.model.tiny_gguf``; several minutes, cached). ``Q4_K_M`` is llama.cpp's own quantizer's mix
+    (Q4_K, with Q6_K where it puts it) of the random F16 model, run in the llama venv."""
     path = LLAMA_VENV.parent / f"tinyllama-shape-{kind}.gguf"
+    if kind == "Q4_K_M" and not path.is_file():
+        f16 = tinyllama_gguf("F16")
+        print(f"quantizing {f16} to {path} with llama.cpp (one time)...")
+        tmp = path.with_suffix(".part")
+        subprocess.run([str(_llama_python()), "-c", _QUANTIZE, str(f16), str(tmp)], check=True,
+                       stdout=subprocess.DEVNULL)
+        tmp.rename(path)
     if not path.is_file():
         print(f"writing {path} (one time, several minutes)...")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -680,8 +699,8 @@ def main() -> None:
     ap.add_argument("--vs-llama-cpp", action="store_true", help="quantized engine vs llama.cpp, same GGUF")
     ap.add_argument("--head", action="store_true", help="the logits head alone: block kernel vs engine")
     ap.add_argument("--tinyllama", action="store_true",
-                    help="with --vs-llama-cpp: TinyLlama-1.1B-shape random llamas in Q4_K and Q8_0")
-    ap.add_argument("--types", default=None, help="with --tinyllama: e.g. Q4_K (default: Q4_K,Q8_0)")
+                    help="with --vs-llama-cpp: TinyLlama-1.1B-shape random llamas in Q4_K_M and Q8_0")
+    ap.add_argument("--types", default=None, help="with --tinyllama: e.g. Q4_K (default: Q4_K_M,Q8_0)")
     ap.add_argument("--ref", default=None,
                     help="with --vs-llama-cpp: the same Ethen runs of this commit too (interleaved)")
     ap.add_argument("--modes", default=None,

@@ -23,8 +23,8 @@ from numpy.typing import NDArray
 from ethen.model.config import ModelConfig
 from ethen.model.gguf_loader import LayerWeights
 
-__all__ = ["ROW_BLOCK", "SMALL_BATCH_ROWS", "AttentionSegment", "apply_rope", "attention", "block", "linear",
-           "rms_norm", "rope_tables", "swiglu"]
+__all__ = ["ATTENTION_BLOCK", "ROW_BLOCK", "SMALL_BATCH_ROWS", "AttentionSegment", "apply_rope", "attention",
+           "block", "linear", "rms_norm", "rope_tables", "swiglu"]
 
 F32 = NDArray[np.float32]
 
@@ -60,23 +60,34 @@ def apply_rope(x: F32, cos: F32, sin: F32) -> F32:
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)  # [N, h, hd]
 
 
+#: query rows per block of :func:`attention`: a block's queries score only the keys up to its last row (a
+#: causal prefill skips the masked half), and its scores stay in the CPU cache (512 rows of TinyLlama's
+#: shape, 1 thread: 59 ms per layer for one [T, S] pass, 17 ms in blocks of 64 or 128)
+ATTENTION_BLOCK = 128
+
+
 def attention(q: F32, k: F32, v: F32, n_past: int) -> F32:
-    """Causal grouped-query attention of T new queries over S = n_past + T cached keys/values."""
+    """Causal grouped-query attention of T new queries over S = n_past + T cached keys/values, in blocks of
+    :data:`ATTENTION_BLOCK` query rows."""
     t, h, hd = q.shape  # [T, H, hd]
-    hkv, s, _ = k.shape  # [Hkv, S, hd]
+    hkv = k.shape[0]  # k, v: [Hkv, S, hd]
     g = h // hkv
-    qg = q.reshape(t, hkv, g, hd).transpose(1, 2, 0, 3).reshape(hkv, g * t, hd)  # [Hkv, G*T, hd]
-    scores = (qg @ k.transpose(0, 2, 1)) * np.float32(1.0 / np.sqrt(hd))  # [Hkv, G*T, S]
-    if t > 1:  # query i sits at position n_past + i and sees keys 0 .. n_past + i
-        future = np.arange(s)[None, :] > (n_past + np.arange(t))[:, None]  # [T, S]
-        scores = scores.reshape(hkv, g, t, s)  # [Hkv, G, T, S]
-        scores[:, :, future] = -np.inf
-        scores = scores.reshape(hkv, g * t, s)  # [Hkv, G*T, S]
-    scores -= scores.max(axis=-1, keepdims=True)  # [Hkv, G*T, S]
-    p = np.exp(scores)  # [Hkv, G*T, S]
-    p /= p.sum(axis=-1, keepdims=True)  # [Hkv, G*T, S]
-    out = p @ v  # [Hkv, G*T, hd]
-    res: F32 = out.reshape(hkv, g, t, hd).transpose(2, 0, 1, 3).reshape(t, h * hd)  # [T, H*hd]
+    qg = np.ascontiguousarray(q.transpose(1, 0, 2)).reshape(hkv, g, t, hd)  # [Hkv, G, T, hd] (BLAS's layout)
+    out = np.empty((hkv, g, t, hd), np.float32)  # [Hkv, G, T, hd]
+    scale = np.float32(1.0 / np.sqrt(hd))
+    for a in range(0, t, ATTENTION_BLOCK):
+        b = min(t, a + ATTENTION_BLOCK)
+        end = n_past + b  # the block's last query sits at position end - 1 and sees keys 0 .. end - 1
+        scores = np.matmul(qg[:, :, a:b], k[:, None, :end].transpose(0, 1, 3, 2))  # [Hkv, G, B, end]
+        scores *= scale
+        if b - a > 1:  # query i (position n_past + i) does not see keys past n_past + i
+            future = np.arange(n_past + a, end)[None, :] > np.arange(n_past + a, end)[:, None]  # [B, B]
+            scores[..., n_past + a:] += np.where(future, np.float32(-np.inf), np.float32(0))
+        scores -= scores.max(axis=-1, keepdims=True)  # [Hkv, G, B, end]
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        np.matmul(scores, v[:, None, :end], out=out[:, :, a:b])  # [Hkv, G, B, hd]
+    res: F32 = out.transpose(2, 0, 1, 3).reshape(t, h * hd)  # [T, H*hd]
     return res
 
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ethen.model.gguf_loader import unpermute_qk
 from ethen.model.layers import (
+    ATTENTION_BLOCK,
     ROW_BLOCK,
     SMALL_BATCH_ROWS,
     apply_rope,
@@ -95,6 +98,18 @@ def test_gqa_attention_matches_naive_loop() -> None:
         out = attention(q, k, v, n_past)
         assert out.dtype == np.float32 and out.shape == (t, 48)
         np.testing.assert_allclose(out, _naive_attention(q, k, v, n_past), rtol=1e-4, atol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(t=st.integers(1, 2 * ATTENTION_BLOCK + 3), n_past=st.integers(0, 40), seed=st.integers(0, 2**16))
+def test_blocked_attention_matches_the_naive_loop_across_block_edges(t: int, n_past: int, seed: int) -> None:
+    """Query blocks of ATTENTION_BLOCK rows see only the keys up to their last row: every row's result is the
+    naive loop's, whatever the block edges (the last block short, a cache with past rows)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((t, 4, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((2, n_past + t, 8)).astype(np.float32) for _ in range(2))
+    np.testing.assert_allclose(attention(q, k, v, n_past), _naive_attention(q, k, v, n_past),
+                               rtol=1e-4, atol=1e-5)
 
 
 def test_unpermute_inverts_llama_cpp_permutation() -> None:
