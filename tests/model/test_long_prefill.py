@@ -153,7 +153,7 @@ def anon():
         if line.startswith("Anonymous:"):
             return int(line.split()[1]) * 1024
 
-store = open_weight_store(Path(sys.argv[1]), cache_root=Path(sys.argv[2]), weights="quantized")
+store = open_weight_store(Path(sys.argv[1]), cache_root=Path(sys.argv[2]))
 warm()
 before = anon()
 layers = load_quant_layers([(0, store.config.n_layers - 1)], store,

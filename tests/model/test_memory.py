@@ -62,7 +62,7 @@ def anon():
         if line.startswith("RssAnon:"):
             return int(line.split()[1]) * 1024
 
-store = open_weight_store(weights="quantized")
+store = open_weight_store()
 import onnxruntime  # its own start-up memory is not the weights'
 onnxruntime.InferenceSession  # noqa
 from ethen.model.attend import warm
@@ -104,7 +104,7 @@ def anon():
         if line.startswith("RssAnon:"):
             return int(line.split()[1]) * 1024
 
-(stack,) = load_layer_stacks([(0, 19)], open_weight_store(weights="quantized"))
+(stack,) = load_layer_stacks([(0, 19)], open_weight_store())
 d = stack.config.d_model
 stack.forward(np.ones((4, d), np.float32), np.arange(4), stack.new_kv_cache())
 before = anon()

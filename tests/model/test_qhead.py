@@ -35,7 +35,7 @@ def _tiny(tmp: Path, kind: str, tied: bool) -> WeightStore:
     spec = TinySpec(types=("Q8_0",), embd_type=kind if tied else "F32", output_type=None if tied else kind,
                     n_layers=1, name=f"tiny-head-{kind}", seed=11)
     path = write_tiny_gguf(tmp / f"head-{kind}-{tied}.gguf", spec)
-    return open_weight_store(path, cache_root=tmp / "cache", weights="quantized")
+    return open_weight_store(path, cache_root=tmp / "cache")
 
 
 def _reference(store: WeightStore, hidden: np.ndarray) -> np.ndarray:
@@ -235,7 +235,7 @@ import numpy as np
 from ethen.model import open_weight_store
 from ethen.model.qhead import _kernels
 from ethen.model.qmodel import QuantEmbedAndHead
-ends = QuantEmbedAndHead(open_weight_store(sys.argv[1], cache_root=sys.argv[2], weights="quantized"))
+ends = QuantEmbedAndHead(open_weight_store(sys.argv[1], cache_root=sys.argv[2]))
 h = np.ones((7, ends.config.d_model), np.float32)
 ends.logits(h)
 ks = [k for kind in _kernels().values() for k in kind]

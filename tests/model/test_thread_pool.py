@@ -25,7 +25,7 @@ from ethen.model.engine import Engine
 from ethen.model.qmodel import engine_from_env, load_quant_layers
 from ethen.model.model import LayerStack
 
-store = open_weight_store(weights="quantized")
+store = open_weight_store()
 eng = engine_from_env()
 stack = LayerStack(store.config, load_quant_layers([(0, 7)], store, eng)[0])
 kv = stack.new_kv_cache()
