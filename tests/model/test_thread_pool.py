@@ -50,7 +50,7 @@ print(json.dumps({"pool": eng.pool, "other": [other.pool, other.threads, bool(np
 
 
 def _probe(pool: str) -> dict[str, Any]:
-    env = {**os.environ, "ETHEN_THREADS": "2", "ETHEN_THREAD_POOL": pool, "ETHEN_WEIGHTS": "quantized"}
+    env = {**os.environ, "ETHEN_THREADS": "2", "ETHEN_THREAD_POOL": pool}
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300,
                          check=True, env=env)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
