@@ -341,9 +341,8 @@ def prune_stale_caches(root: Path, stem: str, keep: Path, keep_others: int = 1) 
     """Delete the complete cache directories of ``stem`` other than ``keep``, except the ``keep_others`` most
     recently built ones; returns what was deleted.
 
-    A reinstalled wheel has a new mtime, so its cache key changes and the old ~1.1 GB directory would stay
-    behind forever (a float32 weight cache of an earlier ethen, ``<stem>-...-v<format>``, ~1.1 GB, goes the
-    same way). One other is kept so two installs used in turn do not rebuild each time. Directories
+    A reinstalled wheel has a new mtime, so its cache key changes and the old directory would stay behind
+    forever. One other is kept so two installs used in turn do not rebuild each time. Directories
     being built (``.tmp-``), lock files of live keys and anything not named ``<stem>-...`` are left alone. A
     process still mapping a deleted directory keeps its pages (unlinked files live on while mapped).
     """

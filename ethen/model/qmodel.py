@@ -223,9 +223,10 @@ def _sessions(engine: Engine, g: GraphBuilder, backing: Path) -> tuple[Any, Any]
 
 def engine_from_env(threads: int | None = None) -> Engine:
     """The engine ``$ETHEN_DEVICE`` (auto|cpu|cuda, default auto) and ``$ETHEN_ACCURACY`` (auto|exact|fast:
-    :func:`~ethen.model.choose.accuracy_from_env`) ask for. exact: float32 compute, greedy text as the
-    float32 path's; auto (the default): exact-int8 (float32-grade products from the int8 kernel over 3 rows
-    per row, :meth:`GraphBuilder.split3`) for 8-bit blocks, exact for the rest (``ACCURACY_AUTO``).
+    :func:`~ethen.model.choose.accuracy_from_env`) ask for. exact: float32 compute (greedy text as a
+    float64 reference's on the banner prompt); auto (the default): exact-int8 (float32-grade products from
+    the int8 kernel over 3 rows per row, :meth:`GraphBuilder.split3`) for 8-bit blocks, exact for the rest
+    (``ACCURACY_AUTO``).
     ``threads`` default :func:`~ethen.model.engine.default_threads`. Steps of ``PREFILL_ROWS`` rows or more
     of exact-int8 8-bit matrices always run through onnxruntime's float32-compute kernel (``long_prefill``:
     2.1-2.6x faster prefill, float32 compute's error).
