@@ -15,10 +15,10 @@ OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/model_decode.py --head [--repeats 
 
 ``--head`` times the orchestrator's head alone (final RMSNorm + the vocabulary matmul) for 1/2/4/8 rows,
 one thread, interleaved in one run: the numba block kernel (:mod:`ethen.model.qhead`, the default) against
-the engine graph it replaces (``MatMulNBits`` over nibble halves) and the float32
-head; the kernel split over 2 threads (``SplitHead``, the orchestrator's default) too. On the model's own
-head (SmolLM2: tied Q8_0; the Q4_0 / Q4_1 / Q6_K kernels were removed, slower). Then the kernels' first-call
-cost in fresh processes (numba import + cache load, and a compile with an empty cache).
+the engine graph it replaces (``MatMulNBits`` over nibble halves); the kernel split over 2 threads
+(``SplitHead``, the orchestrator's default) too. On the model's own head (SmolLM2: tied Q8_0; the Q4_0 /
+Q4_1 / Q6_K kernels were removed, slower). Then the kernels' first-call cost in fresh processes (numba
+import + cache load, and a compile with an empty cache).
 
 ``--vs-llama-cpp`` builds ``llama-cpp-python`` into ``~/.cache/ethen-bench/llama-venv`` on first use (a
 source build, ~7-25 minutes, cached; ``CMAKE_BUILD_PARALLEL_LEVEL=1``) and prints, in one run, decode and
@@ -217,7 +217,7 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
     from ethen.model.model import LayerStack
     from ethen.model.qmodel import QuantLayer, load_quant_layers
 
-    store = open_weight_store(path, weights="quantized")
+    store = open_weight_store(path)
     if accuracy in (GGML, GGML_NATIVE):
         return _ethen_ggml(store, path, threads, steps, accuracy == GGML_NATIVE)
     import onnxruntime  # (its library's own memory is not the weights')
@@ -572,7 +572,7 @@ def greedy_answers(path: Path, modes: Sequence[str] = ("exact", "exact-int8", "f
     import subprocess
     import sys
 
-    env = {**os.environ, "ETHEN_WEIGHTS": "quantized", "ETHEN_THREADS": "1", "ETHEN_THREAD_POOL": "session"}
+    env = {**os.environ, "ETHEN_THREADS": "1", "ETHEN_THREAD_POOL": "session"}
     answers: dict[str, list[dict[str, Any]]] = {}
     for mode in modes:
         argv = [sys.executable, "-c", _ETHEN_GREEDY, str(ROOT), str(path), json.dumps(ANSWER_PROMPTS),
@@ -602,7 +602,7 @@ t0 = time.perf_counter()
 from ethen.model import open_weight_store
 from ethen.model.qmodel import QuantEmbedAndHead
 import numpy as np
-store = open_weight_store(sys.argv[1] or None, weights="quantized")
+store = open_weight_store(sys.argv[1] or None)
 t1 = time.perf_counter()
 ends = QuantEmbedAndHead(store)
 h = np.ones((7, store.config.d_model), np.float32)
@@ -642,27 +642,23 @@ def _engine_head(kind: str, raw: Any, rows: int, cols: int, norm: Any, eps: floa
 def head_bench(model: Path | None, repeats: int) -> None:
     """The head alone, old vs new, 1/2/4/8 rows, interleaved in one run (medians, ratios to the engine)."""
     from ethen.mesh.orchestrator.head import SplitHead
-    from ethen.model.model import EmbedAndHead
     from ethen.model.qmodel import QuantEmbedAndHead
 
     load0 = os.getloadavg()
     print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}; "
           f"median of {repeats}, variants interleaved; ms per call (all rows)")
-    store = open_weight_store(model, weights="quantized")
+    store = open_weight_store(model)
     cfg = store.config
     os.environ["ETHEN_ACCURACY"] = "exact"  # where the kernel runs (the engine would compute in float32)
     kernel = QuantEmbedAndHead(store)
     assert kernel.block_head is not None, f"the head's type {kernel.head_kind} has no kernel"
     norm, eps = kernel.output_norm, cfg.rms_eps
-    f32_store = open_weight_store(model, weights="float32")
-    f32 = EmbedAndHead(cfg, f32_store.load_token_embeddings(), f32_store.load_output_norm(),
-                       f32_store.load_output_head(), f32_store.load_output_head_t())
     t = kernel.block_head
     split = SplitHead(kernel, 2)
     widths: dict[str, int] = {f"{t.kind} (this model, [{t.rows}, {t.cols}])": t.cols}
     heads: dict[str, dict[str, Any]] = {f"{t.kind} (this model, [{t.rows}, {t.cols}])": {
         "engine (old)": _engine_head(t.kind, np.asarray(t.quants).view(np.uint8), t.rows, t.cols, norm, eps),
-        "float32": f32.logits, "kernel": kernel.logits, "kernel, 2 threads": split}}
+        "kernel": kernel.logits, "kernel, 2 threads": split}}
     rng = np.random.default_rng(0)
     for name, variants in heads.items():
         print(f"{name}")

@@ -98,7 +98,7 @@ from ethen.model.engine import Engine
 from ethen.model.model import LayerStack
 from ethen.model.qmodel import load_quant_layers
 path, acc, pre = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
-store = open_weight_store(path, weights="quantized")
+store = open_weight_store(path)
 n = store.config.n_layers
 stack = LayerStack(store.config, load_quant_layers([(0, n - 1)], store, Engine("cpu", 1, acc))[0])
 x = np.random.default_rng(0).standard_normal((512, store.config.d_model)).astype(np.float32)
@@ -133,7 +133,7 @@ def _stack(model: Path, accuracy: str, repeats: int) -> None:
 
 
 def _zero_points(model: Path, repeats: int) -> None:
-    cfg = open_weight_store(model, weights="quantized").config
+    cfg = open_weight_store(model).config
     d, kv, ff = cfg.d_model, cfg.kv_dim, cfg.d_ff
     shapes = {"qkv": (cfg.q_dim + 2 * kv, d), "o": (d, cfg.q_dim), "gate|up": (2 * ff, d), "down": (d, ff)}
     rng, copies = np.random.default_rng(0), 30
@@ -191,7 +191,7 @@ def main() -> None:
         _stack(args.model, args.accuracy, min(args.repeats, 3))
         print(f"load average before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
         return
-    tensors = _Tensors(open_weight_store(args.model, weights="quantized"))
+    tensors = _Tensors(open_weight_store(args.model))
     p = f"blk.{args.layer}."
     groups = {"qkv": ["attn_q", "attn_k", "attn_v"], "o": ["attn_output"], "gate|up": ["ffn_gate", "ffn_up"],
               "down": ["ffn_down"]}

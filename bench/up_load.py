@@ -1,12 +1,10 @@
-"""``ethen up`` load time and each worker's resident memory, ``ETHEN_WEIGHTS=quantized`` (the default) next to
-``float32`` in the same run (issue 24: load <= 5 s on a warm page cache; resident weight memory per worker
-<= 1.15x the bytes its layers take in the GGUF).
+"""``ethen up`` load time and each worker's resident memory (issue 24: load <= 5 s on a warm page cache;
+resident weight memory per worker <= 1.15x the bytes its layers take in the GGUF).
 
-.venv/bin/python bench/up_load.py [--repeats 3] [--modes quantized,float32] [--ref REV]
-                                  [--skip-up] [--skip-probe]
+.venv/bin/python bench/up_load.py [--repeats 3] [--ref REV] [--skip-up] [--skip-probe]
 
-* **Load**: ``ethen up --port 0`` in a data directory kept per mode (so the store and the caches exist: a
-  second start, the page cache warm after one unmeasured run per mode); runs interleaved mode by mode; the
+* **Load**: ``ethen up --port 0`` in a data directory kept per tree (so the store and the caches exist: a
+  second start, the page cache warm after one unmeasured run per tree); runs interleaved tree by tree; the
   figure is the banner's "ready in N s" with ``ETHEN_UP_T0`` set at the spawn (three workers started one
   after the other, the gateway, the orchestrator's head and first route), and the CPU seconds ``ethen up``
   and its workers used until then (``/proc/<pid>/stat``): the workers start one after the other, so on an
@@ -21,7 +19,7 @@
   over the bytes of those layers' tensors in the GGUF (the issue's measure; the KV cache of one short step
   is in it, a few hundred KB).
 
-Medians over ``--repeats``; the ratio quantized / float32 of the medians is printed.
+Medians over ``--repeats``; with ``--ref``, the ratio of this tree's median to the reference's is printed.
 """
 
 from __future__ import annotations
@@ -102,10 +100,10 @@ ROOT = Path(__file__).resolve().parents[1]
 Workers = list[tuple[str, int, int, dict[str, int]]]
 
 
-def run_up(mode: str, data: Path, root: Path = ROOT) -> tuple[float, float, Workers]:
+def run_up(data: Path, root: Path = ROOT) -> tuple[float, float, Workers]:
     """One ``ethen up`` of the tree at ``root``: seconds to ready, CPU seconds its processes (``ethen up``
     and its workers) used until then, and each worker's (node, first, last, /proc status)."""
-    env = {**os.environ, "ETHEN_DATA_DIR": str(data), "ETHEN_WEIGHTS": mode, "PYTHONPATH": str(root),
+    env = {**os.environ, "ETHEN_DATA_DIR": str(data), "PYTHONPATH": str(root),
            "ETHEN_UP_T0": str(time.time())}
     for var in ("ETHEN_API_KEY", "ETHEN_ADMIN_KEY", "ETHEN_DATABASE_URL"):
         env.pop(var, None)
@@ -122,7 +120,7 @@ def run_up(mode: str, data: Path, root: Path = ROOT) -> tuple[float, float, Work
         text = "\n".join(lines)
         m = READY.search(text)
         if not m:
-            raise RuntimeError(f"ethen up ({mode}) did not come up:\n{text}")
+            raise RuntimeError(f"ethen up ({root}) did not come up:\n{text}")
         workers = [(w.group(1), *_span(w.group(2))) for w in WORKER.finditer(text)]
         pids = [int(p) for p in PID.findall(text)]
         cpu = _cpu_s(proc.pid) + sum(_cpu_s(p) for p in pids)
@@ -136,8 +134,8 @@ def run_up(mode: str, data: Path, root: Path = ROOT) -> tuple[float, float, Work
             proc.kill()
 
 
-def probe(mode: str, lo: int, hi: int, root: Path = ROOT) -> dict[str, int]:
-    env = {**os.environ, "ETHEN_WEIGHTS": mode, "PYTHONPATH": str(root)}
+def probe(lo: int, hi: int, root: Path = ROOT) -> dict[str, int]:
+    env = {**os.environ, "PYTHONPATH": str(root)}
     out = subprocess.run([sys.executable, "-c", PROBE, str(lo), str(hi)], capture_output=True, text=True,
                          timeout=600, check=True, env=env, cwd=root)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -150,21 +148,19 @@ def _mib(n: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--modes", default="quantized,float32")
     ap.add_argument("--ref", default=None, help="also run ethen up of this commit (same run, interleaved)")
     ap.add_argument("--skip-up", action="store_true")
     ap.add_argument("--skip-probe", action="store_true")
     args = ap.parse_args()
-    modes = args.modes.split(",")
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="ethen-up-ref-") as ref:
-        roots = {"": ROOT}
+        roots = {"this tree": ROOT}
         if args.ref is not None:
             archive = subprocess.run(["git", "archive", args.ref], cwd=ROOT, capture_output=True,
                                      check=True).stdout
             subprocess.run(["tar", "-x", "-C", ref], input=archive, check=True)
             roots[f"@{args.ref}"] = Path(ref)
-        labels = [(m + tag, m, root) for m in modes for tag, root in roots.items()]
+        labels = list(roots.items())
         if not args.skip_up:
             _bench_up(labels, args.repeats)
         if not args.skip_probe:
@@ -174,37 +170,37 @@ def main() -> None:
           f"after {' '.join(f'{x:.2f}' for x in load_after)}")
 
 
-Labels = list[tuple[str, str, Path]]  # (label, ETHEN_WEIGHTS, source tree)
+Labels = list[tuple[str, Path]]  # (label, source tree)
 
 
 def _bench_up(labels: Labels, repeats: int) -> None:
-    ready: dict[str, list[float]] = {label: [] for label, _, _ in labels}
-    cpu: dict[str, list[float]] = {label: [] for label, _, _ in labels}
+    ready: dict[str, list[float]] = {label: [] for label, _ in labels}
+    cpu: dict[str, list[float]] = {label: [] for label, _ in labels}
     rss: dict[tuple[str, str], list[dict[str, int]]] = {}
     layouts: dict[str, tuple[int, int]] = {}
     with tempfile.TemporaryDirectory(prefix="ethen-up-bench-") as tmp:
-        for label, mode, root in labels:  # unmeasured: builds the caches, warms the page cache
-            run_up(mode, Path(tmp) / label, root)
+        for i, (_, root) in enumerate(labels):  # unmeasured: builds the caches, warms the page cache
+            run_up(Path(tmp) / str(i), root)
         for _ in range(repeats):
-            for label, mode, root in labels:
-                took, used, workers = run_up(mode, Path(tmp) / label, root)
+            for i, (label, root) in enumerate(labels):
+                took, used, workers = run_up(Path(tmp) / str(i), root)
                 ready[label].append(took)
                 cpu[label].append(used)
                 for node, lo, hi, st in workers:
                     layouts[node] = (lo, hi)
                     rss.setdefault((label, node), []).append(st)
     print(f"ethen up, ready in (s), median of {repeats} (warm page cache, second start), interleaved:")
-    for label, _, _ in labels:
+    for label, _ in labels:
         runs = [round(c, 2) for c in cpu[label]]
         print(f"  {label:22s} {statistics.median(ready[label]):6.2f}  runs {ready[label]}; CPU s of ethen up "
               f"+ workers until ready {statistics.median(cpu[label]):.2f} (runs {runs})")
     base = labels[0][0]
-    for label, _, _ in labels[1:]:
+    for label, _ in labels[1:]:
         print(f"  {base} / {label}: {statistics.median(ready[base]) / statistics.median(ready[label]):.2f}x")
     print("each worker's process at ready (median VmRSS / RssAnon / RssFile; layers' bytes in the GGUF):")
     for node, (lo, hi) in layouts.items():
         fb = _layer_bytes(lo, hi)
-        for label, _, _ in labels:
+        for label, _ in labels:
             sts = rss[(label, node)]
             med = {k: statistics.median(s[k] for s in sts) for k in ("VmRSS", "RssAnon", "RssFile")}
             print(f"  {node:7s} layers {lo}-{hi} ({_mib(fb)} in file) {label:22s} "
@@ -216,11 +212,11 @@ def _bench_probe(labels: Labels, repeats: int) -> None:
     print(f"weights' resident growth on load + one step (fresh process, median of {repeats}, interleaved):")
     for lo, hi in ranges:
         fb = _layer_bytes(lo, hi)
-        runs: dict[str, list[dict[str, int]]] = {label: [] for label, _, _ in labels}
+        runs: dict[str, list[dict[str, int]]] = {label: [] for label, _ in labels}
         for _ in range(repeats):
-            for label, mode, root in labels:
-                runs[label].append(probe(mode, lo, hi, root))
-        for label, _, _ in labels:
+            for label, root in labels:
+                runs[label].append(probe(lo, hi, root))
+        for label, _ in labels:
             anon = statistics.median(r["RssAnon"] for r in runs[label])
             file_ = statistics.median(r["RssFile"] for r in runs[label])
             print(f"  layers {lo}-{hi} ({_mib(fb)} in file) {label:22s} anon {_mib(anon)} ({anon / fb:.2f}x) "

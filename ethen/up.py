@@ -1,7 +1,7 @@
 """``ethen up``: the main job on embedded defaults. One command starts a local mesh and the gateway:
 
 1. the model's metadata (config, tokenizer, tensor table; cached on first run): workers keep the GGUF's own
-   blocks (``ETHEN_WEIGHTS=float32``: a float32 weight cache, built from the GGUF on first run);
+   blocks;
 2. three ``ethen worker`` processes with a heterogeneous, partly replicated layout
    (``examples/mesh-layout.toml``, embedded as :data:`DEFAULT_LAYOUT`, derived from the model's layer count
    by :func:`default_layout`; ``--layout FILE`` replaces it, refused before any worker starts when it does
@@ -254,16 +254,8 @@ def _say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def _weights_line() -> str:
-    from ethen.model.gguf_loader import weights_mode
-
-    if weights_mode() == "float32":
-        return "the float32 cache (ETHEN_WEIGHTS=float32; the first run builds it from the GGUF)"
-    return "the GGUF's own blocks (the first run caches its metadata; ETHEN_WEIGHTS=float32 for float32)"
-
-
 def _open_weights(model: Path | None = None) -> Any:
-    """The weight store (:func:`~ethen.model.gguf_loader.weights_mode`), with a spinner and elapsed time while
+    """The weight store (the model's metadata cache), with a spinner and elapsed time while
     the first run builds its cache."""
     from rich.console import Console
 
@@ -417,7 +409,7 @@ def _up_locked(t0: float, level: str, port: int, host: str, layout: Path | None,
 
     supervisor = Supervisor()
     try:
-        _say(f"[1/4] model weights: {_weights_line()} ...")
+        _say("[1/4] model weights: the GGUF's own blocks (the first run caches its metadata) ...")
         store = _open_weights(model)
         n_layers = int(store.config.n_layers)
         if layout is None:
@@ -456,8 +448,7 @@ def _up_locked(t0: float, level: str, port: int, host: str, layout: Path | None,
         model_args = [] if model is None else ["--model", model_path or ""]
         model_args += ["--token-file", token_file]
         # the workers start at once: ready in 4.4 s against 6.1 s one after the other (2-core VM, quantized,
-        # bench/up_load.py --ref, medians of 3; each load is ~1.5-2 CPU s, most of it on one core). When
-        # loads took ~4 s of float32 cache work each, at once was slower (17.5 against 13.7 s).
+        # bench/up_load.py --ref, medians of 3; each load is ~1.5-2 CPU s, most of it on one core).
         n = len(workers_spec)
         _say(f"[2/4] workers: starting {n}{' at once' if n > 1 else ''} ...")
         with ThreadPoolExecutor(max_workers=n) as pool:  # leaving it waits for every spawn (stopped below)

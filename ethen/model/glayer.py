@@ -14,7 +14,7 @@ attend_rows`, the numba kernel for decode rows), so the KV cache, the mesh's wir
 unchanged. Q/K rows: llama GGUFs store Q and K rows permuted for ggml's interleaved RoPE (``GGML_ROPE_TYPE
 _NORM``); ggml reads them in place, so Q and K come out in the file's order, and one gather per step
 (``qkv[:, order]``, :func:`qk_order`) puts their columns in the rotate-half order the attention kernel
-rotates (the float32 loader un-permutes the rows instead: :func:`ethen.model.gguf_loader.unpermute_qk`).
+rotates (the onnxruntime engine un-permutes the rows instead: :func:`ethen.model.gguf_loader.unpermute_qk`).
 Rotating pairs ``(2i, 2i+1)`` of the file's order and rotating halves of the un-permuted order are the same
 numbers, so the gather is exact.
 
@@ -284,7 +284,7 @@ class GgmlLayer:
 
 def ggml_block(x: F32, w: GgmlLayer, cos: F32, sin: F32, segments: Sequence[AttentionSegment],
                cfg: ModelConfig) -> F32:
-    """One layer step (:func:`ethen.model.layers.block` over ggml): RoPE, the cache writes and attention
+    """One layer step (a pre-norm Llama block over ggml): RoPE, the cache writes and attention
     as the onnxruntime engine's (:func:`ethen.model.qmodel.attend_rows`)."""
     qkv = w.attn_in(x, cfg)  # [N, qd + 2 kvd]
     return w.attn_out_ffn(x, attend_rows(qkv, cos, sin, segments, cfg), cfg)  # [N, d]

@@ -1,5 +1,7 @@
-"""The pieces a pipeline is made of: :class:`LayerStack` (a worker's layers), :class:`EmbedAndHead` (the
-orchestrator's embeddings, final norm and tied head) and :class:`Model` (all of it, in one process).
+"""The pieces a pipeline is made of: :class:`LayerStack` (a worker's layers), the orchestrator's ends
+(:data:`Ends`: embeddings, final norm and head, over the GGUF's blocks) and :class:`Model` (all of it, in one
+process). The layers and ends run on ggml (:mod:`ethen.model.glayer`, :mod:`ethen.model.gqhead`) or
+onnxruntime (:mod:`ethen.model.qmodel`), as :func:`~ethen.model.choose.engine_kind` chooses.
 
 Choices where the issue is silent:
 
@@ -31,23 +33,21 @@ from ethen.model.choose import check_onnx, engine_kind
 from ethen.model.config import ModelConfig
 from ethen.model.engine import Engine
 from ethen.model.errors import ModelInputError
-from ethen.model.gguf_loader import LayerWeights, WeightStore, open_weight_store, weights_mode
+from ethen.model.gguf_loader import WeightStore, open_weight_store
 from ethen.model.glayer import GgmlEngine, GgmlLayer, ggml_block, load_ggml_layers, process_engine
 from ethen.model.gqhead import GgmlEmbedAndHead
 from ethen.model.heap import trim_after
 from ethen.model.kv_cache import DEFAULT_INITIAL_CAPACITY, KVCache
-from ethen.model.layers import AttentionSegment, block, linear, rms_norm, rope_tables
+from ethen.model.layers import AttentionSegment, rope_tables
 from ethen.model.qmodel import QuantEmbedAndHead, QuantLayer, engine_from_env, load_quant_layers, quant_block
 from ethen.model.tokenizer import Tokenizer
 
 __all__ = [
-    "EmbedAndHead",
     "Ends",
     "LayerStack",
     "Model",
     "engine_for",
     "load_embed_and_head",
-    "load_layer_stack",
     "load_layer_stacks",
     "load_model",
     "parse_layer_ranges",
@@ -93,14 +93,14 @@ def _as_positions(positions: object, n: int) -> I64:
 class LayerStack:
     """Consecutive layers ``start..end`` (inclusive) with a pure-in-spirit ``forward`` over a KV cache."""
 
-    def __init__(self, config: ModelConfig, layers: Sequence[LayerWeights | QuantLayer | GgmlLayer]) -> None:
+    def __init__(self, config: ModelConfig, layers: Sequence[QuantLayer | GgmlLayer]) -> None:
         if not layers:
             raise ModelInputError("a LayerStack needs at least one layer")
         idx = [w.index for w in layers]
         if idx != list(range(idx[0], idx[0] + len(idx))):
             raise ModelInputError(f"LayerStack layers must be consecutive, got {idx}")
         self.config = config
-        self.layers: tuple[LayerWeights | QuantLayer | GgmlLayer, ...] = tuple(layers)
+        self.layers: tuple[QuantLayer | GgmlLayer, ...] = tuple(layers)
         self.start: int = idx[0]
         self.end: int = idx[-1]  # inclusive
         self._cos, self._sin = _rope(config.context_length, config.head_dim, config.rope_theta,
@@ -188,59 +188,16 @@ class LayerStack:
                         for i, kv in enumerate(kvs)]
             if isinstance(w, GgmlLayer):
                 x = ggml_block(x, w, cos, sin, segments, cfg)
-            elif isinstance(w, QuantLayer):
-                x = quant_block(x, w, cos, sin, segments, cfg)
             else:
-                x = block(x, w, cos, sin, segments, cfg)
+                x = quant_block(x, w, cos, sin, segments, cfg)
         for kv, t in zip(kvs, lens, strict=True):
             kv.commit(t)
         trim_after(n, self._mapped)  # a prefill's freed buffers and read pages back to the OS (heap.py)
         return x
 
 
-class EmbedAndHead:
-    """The orchestrator's ends of the model: token embeddings in, final RMSNorm + (tied) head out."""
-
-    def __init__(self, config: ModelConfig, token_embd: F32, output_norm: F32, output_head: F32,
-                 output_head_t: F32 | None = None) -> None:
-        self.config = config
-        self.token_embd = token_embd  # [V, d]
-        self.output_norm = output_norm  # [d]
-        self.output_head = output_head  # [V, d] (the same array as token_embd when tied)
-        # [d, V] C-contiguous: the one-row head (a gemv over it is ~1.5x faster than over head [V, d])
-        self.output_head_t: F32 = (np.ascontiguousarray(output_head.T) if output_head_t is None
-                                   else output_head_t)
-        want = (output_head.shape[1], output_head.shape[0])
-        if self.output_head_t.shape != want:
-            raise ModelInputError(
-                f"output_head_t must have shape {list(want)}, got {list(self.output_head_t.shape)}")
-
-    def embed(self, token_ids: Sequence[int] | NDArray[np.integer]) -> F32:
-        """``token_ids[T]`` -> ``hidden[T, d]`` float32."""
-        ids = np.asarray(token_ids)
-        if ids.ndim != 1 or ids.shape[0] == 0:
-            raise ModelInputError(f"token_ids must be a non-empty 1-D sequence, got shape {list(ids.shape)}")
-        if not np.issubdtype(ids.dtype, np.integer):
-            raise ModelInputError(f"token_ids must be integers, got dtype {ids.dtype}")
-        bad = (ids < 0) | (ids >= self.config.vocab_size)
-        if bad.any():
-            raise ModelInputError(
-                f"token id {int(ids[bad][0])} is outside [0, {self.config.vocab_size})")
-        return np.ascontiguousarray(self.token_embd[ids])  # [T, d]
-
-    def logits(self, hidden: F32) -> F32:
-        """``hidden[N, d]`` (output of the last layer) -> ``logits[N, V]`` float32."""
-        if not isinstance(hidden, np.ndarray) or hidden.dtype != np.float32 or hidden.ndim != 2 \
-                or hidden.shape[1] != self.config.d_model:
-            shape = list(hidden.shape) if isinstance(hidden, np.ndarray) else type(hidden).__name__
-            raise ModelInputError(f"hidden must be float32 [N, {self.config.d_model}], got {shape}")
-        h = rms_norm(hidden, self.output_norm, np.float32(self.config.rms_eps))  # [N, d]
-        # 1 row: gemv over head_t [d, V]; 2+ rows over head [V, d] (:func:`linear`): 8 rows 48 -> 17 ms
-        return linear(h, self.output_head_t, self.output_head)  # [N, V] (N > 1: a view of [V, N])
-
-
-#: The orchestrator's ends, float32 or over the GGUF's blocks (the same ``embed`` / ``logits``).
-Ends = EmbedAndHead | QuantEmbedAndHead
+#: The orchestrator's ends over the GGUF's blocks (:class:`~ethen.model.gqhead.GgmlEmbedAndHead` is one).
+Ends = QuantEmbedAndHead
 
 
 class Model:
@@ -278,15 +235,6 @@ def _store(store: WeightStore | None) -> WeightStore:
     return store if store is not None else open_weight_store()
 
 
-def load_layer_stack(start: int, end: int, store: WeightStore | None = None) -> LayerStack:
-    """Layers ``start..end`` inclusive; only their weight files are mapped."""
-    s = _store(store)
-    n = s.config.n_layers
-    if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end < n):
-        raise ModelInputError(f"layer range {start!r}-{end!r} must satisfy 0 <= start <= end <= {n - 1}")
-    return LayerStack(s.config, [s.load_layer(i) for i in range(start, end + 1)])
-
-
 def _use_ggml(s: WeightStore, engine: Engine | GgmlEngine | None) -> bool:
     """Whether the quantized path runs on ggml: an engine given decides, else
     :func:`~ethen.model.choose.engine_kind` (``$ETHEN_ENGINE``, ``$ETHEN_ACCURACY``, the model's size)."""
@@ -295,11 +243,8 @@ def _use_ggml(s: WeightStore, engine: Engine | GgmlEngine | None) -> bool:
     return engine_kind(s.tensors or {}) == "ggml"
 
 
-def engine_for(store: WeightStore, threads: int | None = None) -> Engine | GgmlEngine | None:
-    """The engine of ``threads`` that :func:`~ethen.model.choose.engine_kind` chooses for ``store``'s model
-    (None for the float32 path, ``$ETHEN_WEIGHTS=float32``)."""
-    if weights_mode() != "quantized":
-        return None
+def engine_for(store: WeightStore, threads: int | None = None) -> Engine | GgmlEngine:
+    """The engine of ``threads`` that :func:`~ethen.model.choose.engine_kind` chooses for ``store``."""
     if engine_kind(store.tensors or {}) == "ggml":  # (threads: only where the process has its cores)
         shared = os.environ.get("ETHEN_THREAD_POOL", "").strip() == "shared"
         return process_engine(threads if shared else None)
@@ -310,38 +255,31 @@ def load_layer_stacks(ranges: str | Sequence[tuple[int, int]], store: WeightStor
                       engine: Engine | GgmlEngine | None = None) -> list[LayerStack]:
     """One stack per fragment, e.g. ``"0-9,10-19"`` or ``[(0, 9), (10, 19)]``.
 
-    ``$ETHEN_WEIGHTS`` (:func:`~ethen.model.gguf_loader.weights_mode`): ``quantized`` keeps the weights
-    in the GGUF's blocks (the default), run by ggml (:mod:`ethen.model.glayer`) or onnxruntime
+    The weights stay in the GGUF's blocks, run by ggml (:mod:`ethen.model.glayer`) or onnxruntime
     (:mod:`ethen.model.qmodel`) as ``engine`` (an :class:`Engine` or a :class:`GgmlEngine`) or else
-    :func:`~ethen.model.choose.engine_kind` says; ``float32`` maps the float32 cache."""
+    :func:`~ethen.model.choose.engine_kind` says."""
     s = _store(store)
     pairs = parse_layer_ranges(ranges) if isinstance(ranges, str) else list(ranges)
-    if weights_mode() == "quantized":
-        if _use_ggml(s, engine):
-            ge = engine if isinstance(engine, GgmlEngine) else None
-            return [LayerStack(s.config, layers) for layers in load_ggml_layers(pairs, s, ge)]
-        check_onnx(s.tensors or {})
-        oe = engine if isinstance(engine, Engine) else None
-        return [LayerStack(s.config, layers) for layers in load_quant_layers(pairs, s, oe)]
-    return [load_layer_stack(lo, hi, s) for lo, hi in pairs]
+    if _use_ggml(s, engine):
+        ge = engine if isinstance(engine, GgmlEngine) else None
+        return [LayerStack(s.config, layers) for layers in load_ggml_layers(pairs, s, ge)]
+    check_onnx(s.tensors or {})
+    oe = engine if isinstance(engine, Engine) else None
+    return [LayerStack(s.config, layers) for layers in load_quant_layers(pairs, s, oe)]
 
 
 def load_embed_and_head(store: WeightStore | None = None, engine: Engine | GgmlEngine | None = None) -> Ends:
-    """The orchestrator's ends: over the GGUF's blocks (``$ETHEN_WEIGHTS=quantized``: the tied head is not
-    copied; the default; its matmul on ggml or onnxruntime as :func:`load_layer_stacks` chooses) or the
-    float32 cache (``float32``)."""
+    """The orchestrator's ends over the GGUF's blocks (the tied head is not copied), the head's matmul on
+    ggml or onnxruntime as :func:`load_layer_stacks` chooses."""
     s = _store(store)
-    if weights_mode() == "quantized":
-        if _use_ggml(s, engine):
-            return GgmlEmbedAndHead(s, engine if isinstance(engine, GgmlEngine) else None)
-        check_onnx(s.tensors or {})
-        return QuantEmbedAndHead(s, engine if isinstance(engine, Engine) else None)
-    return EmbedAndHead(s.config, s.load_token_embeddings(), s.load_output_norm(), s.load_output_head(),
-                        s.load_output_head_t())
+    if _use_ggml(s, engine):
+        return GgmlEmbedAndHead(s, engine if isinstance(engine, GgmlEngine) else None)
+    check_onnx(s.tensors or {})
+    return QuantEmbedAndHead(s, engine if isinstance(engine, Engine) else None)
 
 
 def load_model(store: WeightStore | None = None, engine: Engine | GgmlEngine | None = None) -> Model:
-    """The whole model in one process, in the weights :func:`~ethen.model.gguf_loader.weights_mode` names."""
+    """The whole model in one process, on the engine :func:`load_layer_stacks` chooses."""
     s = _store(store)
     stack = load_layer_stacks([(0, s.config.n_layers - 1)], s, engine)[0]
     return Model(s.config, load_embed_and_head(s, engine), stack, s.load_tokenizer(), s.load_chat_template())

@@ -1,11 +1,11 @@
 """Layers whose weights stay in the GGUF's own blocks, run by the engine (:mod:`ethen.model.engine`).
 
-:func:`load_quant_layer_stack` reads the matrices of layers ``start..end`` straight from the GGUF (no
-float32 cache), packs them (:func:`ethen.model.quant.pack`, Q/K rows un-permuted like the float32 loader:
+:func:`load_quant_layer_stack` reads the matrices of layers ``start..end`` straight from the GGUF, packs
+them (:func:`ethen.model.quant.pack`, Q/K rows un-permuted by :func:`ethen.model.gguf_loader.unpermute_qk`:
 a row permutation never crosses a quantization block) and compiles two graphs per layer, their weights
 file-backed (``<cache dir>/engine/*.bin``, rewritten on each load, see :meth:`Engine.session`). The result
 is a :class:`~ethen.model.model.LayerStack` (same ``forward`` / ``forward_batch``, same KV cache); its
-:func:`quant_block` is :func:`ethen.model.layers.block` with the matmuls and norms moved into the graphs.
+:func:`quant_block` is one Llama block with the matmuls and norms in the graphs.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def attend_rows(qkv: F32, cos: F32, sin: F32, segments: Sequence[AttentionSegmen
 
 def quant_block(x: F32, w: QuantLayer, cos: F32, sin: F32, segments: Sequence[AttentionSegment],
                 cfg: ModelConfig) -> F32:
-    """:func:`ethen.model.layers.block` over engine graphs; writes this step's K/V into the segments."""
+    """One pre-norm Llama block over engine graphs; writes this step's K/V into the segments."""
     long = x.shape[0] >= PREFILL_ROWS
     attn_in = w.attn_in_long if long and w.attn_in_long is not None else w.attn_in
     attn_out_ffn = w.attn_out_ffn_long if long and w.attn_out_ffn_long is not None else w.attn_out_ffn
@@ -223,9 +223,10 @@ def _sessions(engine: Engine, g: GraphBuilder, backing: Path) -> tuple[Any, Any]
 
 def engine_from_env(threads: int | None = None) -> Engine:
     """The engine ``$ETHEN_DEVICE`` (auto|cpu|cuda, default auto) and ``$ETHEN_ACCURACY`` (auto|exact|fast:
-    :func:`~ethen.model.choose.accuracy_from_env`) ask for. exact: float32 compute, greedy text as the
-    float32 path's; auto (the default): exact-int8 (float32-grade products from the int8 kernel over 3 rows
-    per row, :meth:`GraphBuilder.split3`) for 8-bit blocks, exact for the rest (``ACCURACY_AUTO``).
+    :func:`~ethen.model.choose.accuracy_from_env`) ask for. exact: float32 compute (greedy text as a
+    float64 reference's on the banner prompt); auto (the default): exact-int8 (float32-grade products from
+    the int8 kernel over 3 rows per row, :meth:`GraphBuilder.split3`) for 8-bit blocks, exact for the rest
+    (``ACCURACY_AUTO``).
     ``threads`` default :func:`~ethen.model.engine.default_threads`. Steps of ``PREFILL_ROWS`` rows or more
     of exact-int8 8-bit matrices always run through onnxruntime's float32-compute kernel (``long_prefill``:
     2.1-2.6x faster prefill, float32 compute's error).
@@ -259,7 +260,7 @@ def load_quant_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
 
 
 class QuantEmbedAndHead:
-    """:class:`~ethen.model.model.EmbedAndHead` over the GGUF's blocks: ``embed`` dequantizes the asked rows
+    """The orchestrator's ends over the GGUF's blocks: ``embed`` dequantizes the asked rows
     of the (memory-mapped) token embedding; ``logits`` is the final RMSNorm and the head's matmul over its
     own blocks (the tied embedding is not copied): a :class:`~ethen.model.qhead.BlockHead` kernel reading
     the mapped file in place (Q8_0 heads where the engine would compute in float32:
@@ -302,7 +303,7 @@ class QuantEmbedAndHead:
             raise ModelInputError(f"hidden must be float32 [N, {self.config.d_model}], got {shape}")
 
     def normed(self, hidden: F32) -> F32:
-        """The final RMSNorm of ``hidden[N, d]`` (as :meth:`EmbedAndHead.logits` computes it), checked."""
+        """The final RMSNorm of ``hidden[N, d]`` (what :meth:`logits` computes first), checked."""
         self._check(hidden)
         return np.ascontiguousarray(rms_norm(hidden, self.output_norm, np.float32(self.config.rms_eps)))
 

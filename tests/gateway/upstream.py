@@ -380,7 +380,7 @@ class ServerThread:
     def __enter__(self) -> ServerThread:
         self.thread.start()
         # a bound, not a timing: a gateway with a mesh provider loads the model's ends at start, and on a
-        # fresh machine the first one builds the float32 weight cache first (~10-20 s on a loaded 2-core VM)
+        # fresh machine the first one parses the GGUF and builds its caches first (seconds on a loaded VM)
         deadline = time.monotonic() + 120
         while not self.server.started:
             if time.monotonic() > deadline or not self.thread.is_alive():

@@ -46,7 +46,6 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     r = tmp_path_factory.mktemp("capped-workers")
     mp = pytest.MonkeyPatch()
     mp.setenv("ETHEN_CACHE_DIR", str(r / "cache"))  # the workers inherit it
-    mp.delenv("ETHEN_WEIGHTS", raising=False)
     yield r
     mp.undo()
 

@@ -1,31 +1,34 @@
-"""The orchestrator's head with its ``[d, V]`` matmul split by columns over threads (real weights)."""
+"""The orchestrator's head with its matmul split by vocabulary ranges over threads, on the real model's head:
+SmolLM2's tied Q8_0 embedding through the block kernel (:class:`~ethen.model.qhead.BlockHead`, accuracy
+``exact``), the head ``SplitHead`` splits (a head on one engine graph runs on the engine's own threads)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from ethen.mesh.orchestrator.head import SplitHead
-from ethen.model import load_model
+from ethen.model import open_weight_store
 from ethen.model.errors import ModelInputError
-from ethen.model.model import EmbedAndHead
+from ethen.model.qmodel import QuantEmbedAndHead
 
 
 @pytest.fixture(scope="module")
-def ends() -> EmbedAndHead:
-    """The float32 head (what ``SplitHead`` splits; a quantized head is one engine graph, called as is)."""
+def ends() -> Iterator[QuantEmbedAndHead]:
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ETHEN_WEIGHTS", "float32")
-        head = load_model().ends
-    assert isinstance(head, EmbedAndHead)
-    return head
+        mp.setenv("ETHEN_ACCURACY", "exact")  # the block kernel (auto: the engine's exact-int8 graph)
+        head = QuantEmbedAndHead(open_weight_store())
+        assert head.block_head is not None and head.block_head.kind == "Q8_0"
+        yield head
 
 
-def test_split_head_gives_the_unsplit_logits(ends: EmbedAndHead) -> None:
+def test_split_head_gives_the_unsplit_logits(ends: QuantEmbedAndHead) -> None:
     head = SplitHead(ends, 2)
     try:
-        assert len(head._parts) == 2 and head._parts[0][1] % 256 == 0
-        assert head._parts[-1][1] == ends.output_head_t.shape[1]
+        assert head.split and len(head._parts) == 2 and head._parts[0][1] % 256 == 0
+        assert head._parts[-1][1] == ends.config.vocab_size
         rng = np.random.default_rng(7)
         real = ends.embed([1, 42, 314, 2718])  # real embedding rows as hidden states
         for rows in (1, 2, 3, 4, 8):
@@ -36,16 +39,15 @@ def test_split_head_gives_the_unsplit_logits(ends: EmbedAndHead) -> None:
         hidden = rng.standard_normal((12, ends.config.d_model)).astype(np.float32)  # prefill-sized
         got, want = head(hidden), ends.logits(hidden)
         assert got.shape == want.shape == (12, ends.config.vocab_size)
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
-        assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
+        np.testing.assert_array_equal(got, want)
     finally:
         head.close()
 
 
-def test_one_thread_is_the_unsplit_head_and_bad_input_is_refused(ends: EmbedAndHead) -> None:
+def test_one_thread_is_the_unsplit_head_and_bad_input_is_refused(ends: QuantEmbedAndHead) -> None:
     one = SplitHead(ends, 1)
     hidden = ends.embed([5])
-    assert np.array_equal(one(hidden), ends.logits(hidden))
+    assert not one.split and np.array_equal(one(hidden), ends.logits(hidden))
     two = SplitHead(ends, 2)
     try:
         two.split = False  # switched off: the unsplit head itself
@@ -62,16 +64,20 @@ def test_one_thread_is_the_unsplit_head_and_bad_input_is_refused(ends: EmbedAndH
         SplitHead(ends, 0)
 
 
-def test_batched_head_gives_each_row_its_one_row_logits(ends: EmbedAndHead) -> None:
-    """The 2-8 row head (blocks over ``head [V, d]``) and the one-row gemv (over ``head_t [d, V]``) are two
-    BLAS calls; each row's logits agree to float32 rounding and pick the same greedy token."""
+def test_batched_head_gives_each_row_its_one_row_logits(ends: QuantEmbedAndHead) -> None:
+    """The kernel's 4-, 2- and 1-row paths: each row of a 2-8 row call agrees with its own one-row call to
+    float32 rounding and picks the same greedy token, split over two threads or not."""
     rng = np.random.default_rng(3)
     hidden = ends.embed([7, 99, 1234, 4321, 17, 5, 3000, 12]) + rng.standard_normal((8, ends.config.d_model),
                                                                                   dtype=np.float32)
-    assert ends.output_head.flags.c_contiguous  # the blocked path slices its rows
-    for rows in (2, 5, 8):
-        batch = ends.logits(np.ascontiguousarray(hidden[:rows]))
-        for i in range(rows):
-            one = ends.logits(np.ascontiguousarray(hidden[i:i + 1]))[0]
-            np.testing.assert_allclose(batch[i], one, rtol=0, atol=1e-4)
-            assert int(batch[i].argmax()) == int(one.argmax())
+    split = SplitHead(ends, 2)
+    try:
+        for rows in (2, 5, 8):
+            block = np.ascontiguousarray(hidden[:rows])
+            for batch in (ends.logits(block), split(block)):
+                for i in range(rows):
+                    one = ends.logits(np.ascontiguousarray(hidden[i:i + 1]))[0]
+                    np.testing.assert_allclose(batch[i], one, rtol=0, atol=1e-4)
+                    assert int(batch[i].argmax()) == int(one.argmax())
+    finally:
+        split.close()

@@ -97,7 +97,7 @@ def test_the_right_token_over_tls_runs_forward_and_the_result_is_exact(
     creds = ClientCredentials.load(certs["ca.pem"], certs["token"])
     client = WorkerClient("w", f"127.0.0.1:{port}", credentials=creds)
     x = _hidden(4)
-    stack = load_layer_stacks([(0, 9)])[0]  # the worker's weights ($ETHEN_WEIGHTS)
+    stack = load_layer_stacks([(0, 9)])[0]  # the worker's weights
     expected = stack.forward(x, np.arange(4), stack.new_kv_cache())
     np.testing.assert_array_equal(client.forward("s-exact", 0, 9, x, 0).hidden, expected)
     assert client.health().node_id == "w"
@@ -124,7 +124,7 @@ def test_another_caller_can_neither_extend_nor_close_a_session_it_did_not_open(
     mine = ClientCredentials(ca, read_tokens(certs["token"])[0])
     owner = WorkerClient("w", f"127.0.0.1:{port}", credentials=mine)
     other = WorkerClient("w", f"127.0.0.1:{port}", credentials=ClientCredentials(ca, second_token))
-    stack = load_layer_stacks([(0, 9)])[0]  # the worker's weights ($ETHEN_WEIGHTS)
+    stack = load_layer_stacks([(0, 9)])[0]  # the worker's weights
     kv = stack.new_kv_cache()
     x, y = _hidden(5), _hidden(1)
     expected_x = stack.forward(x, np.arange(5), kv)

@@ -64,7 +64,7 @@ def _code(excinfo: pytest.ExceptionInfo[grpc.RpcError]) -> grpc.StatusCode:
 
 
 def test_forward_matches_the_layer_stacks_and_continues_a_session(worker: Worker) -> None:
-    a, b = load_layer_stacks([(0, 9), (10, 19)])  # the workers' weights ($ETHEN_WEIGHTS)
+    a, b = load_layer_stacks([(0, 9), (10, 19)])  # the workers' weights
     ka, kb = a.new_kv_cache(), b.new_kv_cache()
     x = _hidden(6)
     expected = b.forward(a.forward(x, np.arange(6), ka), np.arange(6), kb)
@@ -202,7 +202,7 @@ def test_concurrent_decode_steps_are_batched_and_match_unbatched(worker: Worker)
     steps = [_hidden(1) for _ in range(n)]
     for i in range(n):
         worker.forward(f"batch-{i}", 0, 19, prompts[i])
-    a, b = load_layer_stacks([(0, 9), (10, 19)])  # the workers' weights ($ETHEN_WEIGHTS)
+    a, b = load_layer_stacks([(0, 9), (10, 19)])  # the workers' weights
     expected = []
     for i in range(n):
         ka, kb = a.new_kv_cache(), b.new_kv_cache()
@@ -277,7 +277,7 @@ NEXT_FORWARD_BOUND_S = 3.0
 
 
 def test_a_prefill_past_its_deadline_stops_and_the_session_is_left_as_it_was(worker: Worker) -> None:
-    a, b = load_layer_stacks([(0, 9), (10, 19)])  # the workers' weights ($ETHEN_WEIGHTS)
+    a, b = load_layer_stacks([(0, 9), (10, 19)])  # the workers' weights
     ka, kb = a.new_kv_cache(), b.new_kv_cache()
     x = _hidden(3)
     b.forward(a.forward(x, np.arange(3), ka), np.arange(3), kb)
@@ -319,7 +319,7 @@ def test_a_cancelled_prefill_stops(worker: Worker) -> None:
 
 
 def test_a_long_step_is_computed_in_chunks_with_the_same_result(worker: Worker) -> None:
-    a, b = load_layer_stacks([(0, 9), (10, 19)])  # the workers' weights ($ETHEN_WEIGHTS)
+    a, b = load_layer_stacks([(0, 9), (10, 19)])  # the workers' weights
     x = _hidden(300)  # > PREFILL_CHUNK_TOKENS: three chunks
     got = worker.forward("long-ok", 0, 19, x)
     expected = b.forward(a.forward(x, np.arange(300), a.new_kv_cache()), np.arange(300), b.new_kv_cache())

@@ -1,4 +1,5 @@
-"""Locating the GGUF without importing its package, and the float32 weight cache."""
+"""Locating the GGUF without importing its package, and the metadata cache (config, tokenizer, tensor
+table; no weights)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,16 @@ import sys
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from ethen.model import (
-    ModelInputError,
     WeightsNotFoundError,
     WeightStore,
     find_gguf_path,
     gguf_loader,
     open_weight_store,
 )
-from ethen.model.gguf_loader import CACHE_FORMAT, weights_mode
+from ethen.model.gguf_loader import CACHE_FORMAT
 from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
 
 
@@ -48,15 +47,15 @@ def test_missing_gguf_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_cold_build_matches_and_is_reused(tmp_path: Path, store: WeightStore) -> None:
     """Two concurrent openers build the cache once (flock + atomic rename); a later open reuses it."""
     gguf = find_gguf_path()
-    stale = tmp_path / gguf_loader._cache_key(gguf, "float32")
+    stale = tmp_path / gguf_loader._cache_key(gguf)
     stale.mkdir()  # an incomplete directory left by a crash: rebuilt, not trusted
-    (stale / "junk.npy").write_bytes(b"x")
+    (stale / "junk.json").write_bytes(b"x")
     results: list[WeightStore] = []
     errors: list[BaseException] = []
 
     def opener() -> None:
         try:
-            results.append(open_weight_store(gguf, cache_root=tmp_path, weights="float32"))
+            results.append(open_weight_store(gguf, cache_root=tmp_path))
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -68,57 +67,30 @@ def test_cold_build_matches_and_is_reused(tmp_path: Path, store: WeightStore) ->
     assert not errors and len(results) == 2
     built = results[0]
     assert built.directory == results[1].directory == stale
-    assert not (stale / "junk.npy").exists()
+    assert not (stale / "junk.json").exists()
     assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
     assert built.config == store.config and built.meta["format"] == CACHE_FORMAT
-    for i in (0, 29):
-        a, b = built.load_layer(i), store.load_layer(i)
-        np.testing.assert_array_equal(a.wqkv, b.wqkv)
-        np.testing.assert_array_equal(a.w_down, b.w_down)
-        assert a.wqkv.flags.c_contiguous and a.wqkv.dtype == np.float32
+    assert built.tensors == store.tensors and len(built.tensors) == 2 + 9 * 30
     meta = built.directory / "meta.json"
     stamp = meta.stat().st_mtime_ns
     assert open_weight_store(gguf, cache_root=tmp_path).directory == built.directory
     assert meta.stat().st_mtime_ns == stamp
 
 
-def test_layers_are_memory_mapped(store: WeightStore) -> None:
-    w = store.load_layer(3)
-    assert isinstance(w.wqkv.base, np.memmap) or isinstance(w.wqkv, np.memmap)
-    assert w.wqkv.shape == (576, 576 + 2 * 192) and w.w_gate_up.shape == (576, 2 * 1536)
-    assert w.wo.shape == (576, 576) and w.w_down.shape == (1536, 576)
-    with pytest.raises(ModelInputError, match="outside"):
-        store.load_layer(30)
-
-
-def test_each_matrix_is_also_cached_as_its_transpose(store: WeightStore) -> None:
-    """The ``[d_out, d_in]`` copies (used for 2+ rows) hold exactly the ``[d_in, d_out]`` matrices."""
-    for i in (0, 29):
-        w = store.load_layer(i)
-        pairs = ((w.wqkv, w.wqkv_t), (w.wo, w.wo_t), (w.w_gate_up, w.w_gate_up_t), (w.w_down, w.w_down_t))
-        for a, t in pairs:
-            assert t.shape == a.shape[::-1] and t.flags.c_contiguous and t.dtype == np.float32
-            assert isinstance(t.base, np.memmap) or isinstance(t, np.memmap)
-            np.testing.assert_array_equal(t, a.T)
-
-
 def test_a_cache_of_another_format_is_rebuilt_not_read(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A cache written by an older layout (format CACHE_FORMAT - 1, without the transposed copies) is refused
-    by WeightStore, naming both formats, and open_weight_store builds the current one beside it."""
+    """A cache written by an older layout (format CACHE_FORMAT - 1) is refused by WeightStore, naming both
+    formats, and open_weight_store builds the current one beside it."""
     gguf = write_tiny_gguf(tmp_path / "m.gguf", TinySpec(n_layers=2))
     with monkeypatch.context() as m:
         m.setattr(gguf_loader, "CACHE_FORMAT", CACHE_FORMAT - 1)
         old = open_weight_store(gguf, cache_root=tmp_path / "cache")
     assert old.meta["format"] == CACHE_FORMAT - 1
-    for f in old.directory.glob("*_t.npy"):
-        f.unlink()  # as the old layout wrote it
     with pytest.raises(WeightsNotFoundError, match=f"format {CACHE_FORMAT - 1}.*reads format {CACHE_FORMAT}"):
         WeightStore(old.directory)
     new = open_weight_store(gguf, cache_root=tmp_path / "cache")
     assert new.directory != old.directory and new.meta["format"] == CACHE_FORMAT
-    w = new.load_layer(1)
-    np.testing.assert_array_equal(w.w_gate_up_t, w.w_gate_up.T)
+    assert new.tensors == old.tensors and new.config == old.config
 
 
 def test_unwritable_cache_root_is_a_clear_error(tmp_path: Path) -> None:
@@ -153,28 +125,25 @@ def test_a_new_build_prunes_older_caches_of_the_same_gguf(tmp_path: Path) -> Non
     assert building.name in kept and other.name in kept
 
 
-def test_the_default_cache_holds_metadata_and_no_float32_weights(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 24: with ``ETHEN_WEIGHTS`` unset (``quantized``) the cache is meta.json + tokenizer.json only,
-    with the tensor table the quantized loader maps the GGUF by; asking it for a float32 tensor builds the
-    float32 cache."""
+@pytest.mark.parametrize("weights_env", [None, "float32"])
+def test_the_cache_holds_metadata_and_no_float32_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         weights_env: str | None) -> None:
+    """Issue 24: the cache is meta.json + tokenizer.json only, with the tensor table the engines map the
+    GGUF by. Issue 43: whatever ``ETHEN_WEIGHTS`` says (it once selected a float32 ``.npy`` cache of
+    every tensor, ~1.1 GB for SmolLM2): nothing reads it any more."""
     from gguf import GGUFReader
 
-    monkeypatch.delenv("ETHEN_WEIGHTS", raising=False)
-    assert weights_mode() == "quantized"
+    if weights_env is None:
+        monkeypatch.delenv("ETHEN_WEIGHTS", raising=False)
+    else:
+        monkeypatch.setenv("ETHEN_WEIGHTS", weights_env)
     gguf = write_tiny_gguf(tmp_path / "m.gguf", TinySpec(n_layers=2))
     store = open_weight_store(gguf, cache_root=tmp_path / "cache")
-    assert store.weights == "quantized" and store.directory.name.endswith(f"-m{CACHE_FORMAT}")
+    assert store.directory.name.endswith(f"-m{CACHE_FORMAT}")
     assert sorted(p.name for p in store.directory.iterdir()) == ["meta.json", "tokenizer.json"]
     reader = GGUFReader(str(gguf))
     assert {t.name: (t.tensor_type.name, int(t.data_offset), int(t.n_bytes)) for t in reader.tensors} == {
         n: (t.kind, t.offset, t.nbytes) for n, t in store.tensors.items()}
     assert store.load_tokenizer().encode("hello") and store.config.n_layers == 2
-    assert not list((tmp_path / "cache").glob(f"*-v{CACHE_FORMAT}"))
-    w = store.load_layer(1)  # the float32 path, asked for explicitly: built now, once
-    assert w.wqkv.dtype == np.float32 and store.weights == "float32"
-    assert len(list((tmp_path / "cache").glob(f"*-v{CACHE_FORMAT}"))) == 1
-    assert store.directory.name.endswith(f"-v{CACHE_FORMAT}")
-    monkeypatch.setenv("ETHEN_WEIGHTS", "int3")
-    with pytest.raises(ModelInputError, match="ETHEN_WEIGHTS = 'int3'"):
-        open_weight_store(gguf, cache_root=tmp_path / "cache")
+    assert [p.name for p in (tmp_path / "cache").iterdir() if p.is_dir()] == [store.directory.name]
+    assert not hasattr(store, "load_layer")  # no float32 weights to ask for

@@ -3,22 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ethen.model.gguf_loader import unpermute_qk
-from ethen.model.layers import (
-    ATTENTION_BLOCK,
-    ROW_BLOCK,
-    SMALL_BATCH_ROWS,
-    apply_rope,
-    attention,
-    linear,
-    rms_norm,
-    rope_tables,
-    swiglu,
-)
+from ethen.model.layers import ATTENTION_BLOCK, apply_rope, attention, rms_norm, rope_tables
 
 RNG = np.random.default_rng(0)
 
@@ -33,24 +22,6 @@ def test_rms_norm_matches_formula_and_stays_float32() -> None:
     ref = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5) * w
     assert out.dtype == np.float32
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
-
-
-def test_swiglu_matches_formula() -> None:
-    g, u = _f32(2, 5), _f32(2, 5)
-    out = swiglu(g, u)
-    assert out.dtype == np.float32
-    np.testing.assert_allclose(out, g / (1 + np.exp(-g.astype(np.float64))) * u, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("rows", [1, 2, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 1, 130])
-def test_linear_is_x_at_w_on_every_path(rows: int) -> None:
-    """One row (gemv over w), 2..SMALL_BATCH_ROWS (blocks of w_t rows, the last block partial) and more (one
-    call over w_t) all compute x @ w."""
-    w = _f32(40, 2 * ROW_BLOCK + 44)  # [in, out]: out is not a multiple of the block
-    x = _f32(rows, 40)
-    out = linear(x, w, np.ascontiguousarray(w.T))
-    assert out.shape == (rows, w.shape[1]) and out.dtype == np.float32
-    np.testing.assert_allclose(out, x.astype(np.float64) @ w, rtol=1e-5, atol=1e-4)
 
 
 def test_rope_is_a_relative_rotation() -> None:

@@ -32,7 +32,7 @@ from ethen.model.qmodel import QuantLayer, engine_from_env, load_quant_layers
 from ethen.model.quant import pack
 from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
 from tests.model.test_quant_engine import K, R, _raw
-from tests.model.test_quant_stack import float32_ends
+from tests.model.test_quant_stack import exact_ends
 from tests.model.tiny_reference import reference_logits
 
 
@@ -104,7 +104,7 @@ def test_a_long_prefill_runs_the_variant_and_matches_the_float64_reference(eight
         attn_in_long=_Recorder(w.attn_in_long, "long", log),
         attn_out_ffn_long=_Recorder(w.attn_out_ffn_long, "long", log)) for w in layers]
     stack = LayerStack(store.config, rec)
-    ends = float32_ends(store)
+    ends = exact_ends(store)
     tok = open_weight_store(eight_bit, cache_root=tmp_path / "cache")
     ids = [int(i) for i in np.random.default_rng(2).integers(3, store.config.vocab_size, PREFILL_ROWS + 22)]
     from ethen.model import load_model
@@ -153,7 +153,7 @@ def anon():
         if line.startswith("Anonymous:"):
             return int(line.split()[1]) * 1024
 
-store = open_weight_store(Path(sys.argv[1]), cache_root=Path(sys.argv[2]), weights="quantized")
+store = open_weight_store(Path(sys.argv[1]), cache_root=Path(sys.argv[2]))
 warm()
 before = anon()
 layers = load_quant_layers([(0, store.config.n_layers - 1)], store,

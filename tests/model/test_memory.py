@@ -1,5 +1,5 @@
-"""Resident memory of a worker holding k of n layers: about k/n of the layer weights (they are memory-mapped
-from the float32 cache, and a process only has the pages it touched), measured in fresh processes."""
+"""Resident memory of a worker holding k of n layers: about k/n of the model's (a worker packs and maps
+only its own layers' blocks), measured in fresh processes."""
 
 from __future__ import annotations
 
@@ -15,17 +15,21 @@ from ethen.model import WeightStore
 PROBE = """
 import json, sys
 import numpy as np
-from ethen.model import load_layer_stack, open_weight_store
+from ethen.model import load_layer_stacks, open_weight_store
 
 def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
 
-store = open_weight_store(weights="float32")  # this test is about the float32 cache
+store = open_weight_store()
+import onnxruntime  # its own start-up memory is not the weights'
+onnxruntime.InferenceSession  # noqa
+from ethen.model.attend import warm
+warm()  # nor is numba's
 before = rss()
 lo, hi = int(sys.argv[1]), int(sys.argv[2])
-stack = load_layer_stack(lo, hi, store)
+(stack,) = load_layer_stacks([(lo, hi)], store)
 kv = stack.new_kv_cache()
 h = np.ones((4, stack.config.d_model), dtype=np.float32)
 stack.forward(h, np.arange(4), kv)  # touches every weight page of the stack
@@ -62,7 +66,7 @@ def anon():
         if line.startswith("RssAnon:"):
             return int(line.split()[1]) * 1024
 
-store = open_weight_store(weights="quantized")
+store = open_weight_store()
 import onnxruntime  # its own start-up memory is not the weights'
 onnxruntime.InferenceSession  # noqa
 from ethen.model.attend import warm
@@ -86,7 +90,7 @@ def test_a_quantized_worker_keeps_its_weights_out_of_anonymous_memory() -> None:
     onnxruntime's last optimization level turned each Q4_1 min term's float16 ``Cast`` into a float32 copy
     (``Engine.session_options``)."""
     out = subprocess.run([sys.executable, "-c", QUANT_PROBE, "20"], capture_output=True, text=True,
-                         timeout=300, check=True, env={**os.environ, "ETHEN_WEIGHTS": "quantized"})
+                         timeout=300, check=True, env=dict(os.environ))
     got = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"RssAnon growth {got['anon'] / 2**20:.0f} MiB ({got['loaded'] / 2**20:.0f} MiB at load) for "
           f"{got['file'] / 2**20:.1f} MiB of layers in file")
@@ -104,7 +108,7 @@ def anon():
         if line.startswith("RssAnon:"):
             return int(line.split()[1]) * 1024
 
-(stack,) = load_layer_stacks([(0, 19)], open_weight_store(weights="quantized"))
+(stack,) = load_layer_stacks([(0, 19)], open_weight_store())
 d = stack.config.d_model
 stack.forward(np.ones((4, d), np.float32), np.arange(4), stack.new_kv_cache())
 before = anon()
@@ -124,7 +128,7 @@ def test_a_large_prefill_step_does_not_stay_in_the_workers_memory() -> None:
     retained heap; a step of 128 rows or more ends with ``malloc_trim`` (``ethen.model.heap``): +29-31 MiB,
     the KV cache's 30 MiB."""
     out = subprocess.run([sys.executable, "-c", PREFILL_PROBE], capture_output=True, text=True,
-                         timeout=300, check=True, env={**os.environ, "ETHEN_WEIGHTS": "quantized"})
+                         timeout=300, check=True, env=dict(os.environ))
     got = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"RssAnon growth after a 512-row step: {got['growth'] / 2**20:.0f} MiB (KV cache "
           f"{got['kv'] / 2**20:.0f} MiB)")

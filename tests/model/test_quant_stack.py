@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ethen.model import EmbedAndHead, LayerStack, Model, WeightStore
+from ethen.model import LayerStack, Model, WeightStore
 from ethen.model.engine import ACCURACY_AUTO, ACCURACY_EXACT, ACCURACY_EXACT_INT8, Engine
 from ethen.model.qmodel import QuantEmbedAndHead, QuantLayer, load_quant_layers
 from tests.model.conftest import TINY_SPECS, Tiny
-from tests.model.tiny_reference import reference_logits
+from tests.model.tiny_reference import reference_embeddings, reference_head_logits, reference_logits
 
 CHAT = [{"role": "user", "content": "hello world, the mesh is a model of layers"}]
 
@@ -23,9 +23,10 @@ def load_quant_layer_stack(start: int, end: int, store: WeightStore, engine: Eng
     return LayerStack(store.config, load_quant_layers([(start, end)], store, engine)[0])
 
 
-def float32_ends(store: WeightStore) -> EmbedAndHead:
-    return EmbedAndHead(store.config, store.load_token_embeddings(), store.load_output_norm(),
-                        store.load_output_head(), store.load_output_head_t())
+def exact_ends(store: WeightStore) -> QuantEmbedAndHead:
+    """The ends at ``ACCURACY_EXACT`` (float32 products of the file's blocks: the head's own check is
+    :func:`test_quantized_head_matches_the_float64_reference_without_a_float32_copy`)."""
+    return QuantEmbedAndHead(store, Engine("cpu", 1, ACCURACY_EXACT))
 
 
 @pytest.mark.parametrize("accuracy", [ACCURACY_EXACT, ACCURACY_EXACT_INT8, ACCURACY_AUTO])
@@ -38,7 +39,7 @@ def test_quantized_layers_match_the_float64_reference(tiny_models: dict[str, Tin
     n = t.model.config.n_layers
     stack = load_quant_layer_stack(0, n - 1, t.store, Engine("cpu", 1, accuracy))
     assert all(isinstance(w, QuantLayer) for w in stack.layers)
-    m = Model(t.model.config, float32_ends(t.store), stack, t.model.tokenizer, t.model.chat_template)
+    m = Model(t.model.config, exact_ends(t.store), stack, t.model.tokenizer, t.model.chat_template)
     ours = m.logits(ids, m.new_kv_cache(), all_positions=True)
     assert ref.std() > 0.3
     assert float(np.abs(ours - ref).max()) <= 1e-3, name
@@ -66,15 +67,16 @@ def test_q4_0_q4_1_q8_0_layers_stay_within_1_15x_of_the_file(tiny_models: dict[s
 
 
 @pytest.mark.parametrize("name", ["llama-mixed", "qwen2"])
-def test_quantized_head_gives_the_float32_heads_logits_without_a_float32_copy(tiny_models: dict[str, Tiny],
-                                                                              name: str) -> None:
+def test_quantized_head_matches_the_float64_reference_without_a_float32_copy(tiny_models: dict[str, Tiny],
+                                                                             name: str) -> None:
+    """Embedding rows: the dequantized rows (float32 of the float64 values); logits within 1e-4 of the
+    largest (float32 compute over the blocks, against float64)."""
     t = tiny_models[name]  # llama-mixed: tied Q8_0 embedding; qwen2: Q6_K output, F16 embedding
-    q = QuantEmbedAndHead(t.store, Engine("cpu", 1, ACCURACY_EXACT))
-    ref = float32_ends(t.store)
+    q = exact_ends(t.store)
     ids = [1, 5, 9, 200]
-    np.testing.assert_array_equal(q.embed(ids), ref.embed(ids))
+    np.testing.assert_allclose(q.embed(ids), reference_embeddings(t.path, ids), rtol=1e-6, atol=0)
     h = np.random.default_rng(0).standard_normal((3, t.model.config.d_model)).astype(np.float32)
-    want = ref.logits(h)
+    want = reference_head_logits(t.path, h)
     np.testing.assert_allclose(q.logits(h), want, rtol=0, atol=1e-4 * float(np.abs(want).max()))
     head_file = 2 * t.model.config.vocab_size * t.model.config.d_model * 4  # float32 head + its transpose
     assert q.nbytes < head_file / 3

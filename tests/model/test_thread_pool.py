@@ -25,7 +25,7 @@ from ethen.model.engine import Engine
 from ethen.model.qmodel import engine_from_env, load_quant_layers
 from ethen.model.model import LayerStack
 
-store = open_weight_store(weights="quantized")
+store = open_weight_store()
 eng = engine_from_env()
 stack = LayerStack(store.config, load_quant_layers([(0, 7)], store, eng)[0])
 kv = stack.new_kv_cache()
@@ -50,7 +50,7 @@ print(json.dumps({"pool": eng.pool, "other": [other.pool, other.threads, bool(np
 
 
 def _probe(pool: str) -> dict[str, Any]:
-    env = {**os.environ, "ETHEN_THREADS": "2", "ETHEN_THREAD_POOL": pool, "ETHEN_WEIGHTS": "quantized"}
+    env = {**os.environ, "ETHEN_THREADS": "2", "ETHEN_THREAD_POOL": pool}
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300,
                          check=True, env=env)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))

@@ -5,11 +5,16 @@ stored in the file (no un-permutation, no fusion, no transposed cache), RoPE is 
 architecture - adjacent pairs (``NORM``) for ``llama``, whose converter permuted Q/K for it, and halves
 (``NEOX``) for ``qwen2`` - and everything runs in float64 over the whole sequence with a dense causal mask.
 If the loader un-permuted the wrong architecture, dropped a bias, or mis-read a RoPE setting, the logits
-would differ.
+would differ. It runs the real SmolLM2 GGUF too (~5 s, ~1.2 GB of float64 weights).
+
+:func:`greedy_gaps` turns reference logits into a check of greedy tokens (teacher forcing: one forward pass
+over prompt + generated tokens instead of a reference generation), :func:`reference_head_logits` /
+:func:`reference_embeddings` are the orchestrator's ends alone.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +26,12 @@ F64 = np.ndarray
 
 
 def _weights(path: Path) -> tuple[dict[str, Any], dict[str, F64]]:
-    reader = GGUFReader(str(path))
+    return _load(str(path), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1)  # the last file's (SmolLM2's: ~1.2 GB, ~4 s to dequantize)
+def _load(path: str, _mtime_ns: int) -> tuple[dict[str, Any], dict[str, F64]]:
+    reader = GGUFReader(path)
     meta: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if not key.startswith("tokenizer.ggml."):
@@ -46,6 +56,35 @@ def _rope(x: F64, positions: F64, inv_freq: F64, neox: bool) -> F64:
     return out
 
 
+def _norm(x: F64, g: F64, eps: float) -> F64:
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+
+
+def _eps(meta: dict[str, Any]) -> float:
+    return float(meta[f"{meta['general.architecture']}.attention.layer_norm_rms_epsilon"])
+
+
+def reference_embeddings(path: Path, token_ids: list[int]) -> F64:
+    """Rows ``token_ids`` of the dequantized token embedding ``[T, d]``."""
+    return _weights(path)[1]["token_embd.weight"][token_ids]
+
+
+def reference_head_logits(path: Path, hidden: F64) -> F64:
+    """The final RMSNorm and the head (``output.weight``, else the tied embedding) of ``hidden[N, d]``."""
+    meta, w = _weights(path)
+    head = w.get("output.weight", w["token_embd.weight"])
+    return np.asarray(_norm(np.asarray(hidden, np.float64), w["output_norm.weight"], _eps(meta)) @ head.T)
+
+
+def greedy_gaps(ref: F64, prompt_len: int, tokens: list[int]) -> F64:
+    """For reference logits ``ref`` of prompt + ``tokens`` (fed at once), how far below the reference's
+    best logit each generated token's logit is, at the position that chose it: all zeros iff the
+    reference's own greedy decoding gives ``tokens``; a generation within logit error ``e`` of the
+    reference has gaps <= 2e."""
+    rows = ref[prompt_len - 1:prompt_len - 1 + len(tokens)]  # [n, V] the logits each token was chosen from
+    return np.asarray(rows.max(axis=1) - rows[np.arange(len(tokens)), tokens])
+
+
 def reference_logits(path: Path, token_ids: list[int]) -> F64:
     """Logits [T, V] of ``token_ids`` fed from position 0."""
     meta, w = _weights(path)
@@ -65,7 +104,7 @@ def reference_logits(path: Path, token_ids: list[int]) -> F64:
     neox = arch == "qwen2"
 
     def norm(x: F64, g: F64) -> F64:
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+        return _norm(x, g, eps)
 
     t = len(token_ids)
     pos = np.arange(t, dtype=np.float64)

@@ -116,20 +116,13 @@ def run_worker(config: WorkerConfig, host: str, port: int, model_path: Path | No
 
 
 def apply_device(device: str | None) -> None:
-    """``--device`` into the environment the model loader reads (``$ETHEN_DEVICE``, this worker process's).
-    ``cuda`` runs the quantized engine (the float32 path is NumPy on the CPU), so it selects
-    ``ETHEN_WEIGHTS=quantized`` unless the environment asked for ``float32``, which is refused."""
+    """``--device`` into the environment the model loader reads (``$ETHEN_DEVICE``, this worker process's)."""
     if device is None:
         return
     if device not in DEVICES:
         raise ValueError(f"--device {device!r}: must be one of {', '.join(DEVICES)}")
     check_device(device)  # metal / vulkan: refused (a ValueError), naming the missing ggml backend
     os.environ["ETHEN_DEVICE"] = device
-    if device == "cuda":
-        if os.environ.get("ETHEN_WEIGHTS", "").strip() == "float32":
-            raise ValueError(
-                "--device cuda runs the quantized engine; ETHEN_WEIGHTS = 'float32' runs on the cpu")
-        os.environ["ETHEN_WEIGHTS"] = "quantized"
 
 
 def apply_engine(engine: str | None, accuracy: str | None) -> None:
