@@ -4,6 +4,13 @@
     .venv/bin/python bench/mesh_decode.py --head-ab [--tokens 32] [--rounds 3]
     .venv/bin/python bench/mesh_decode.py --lanes-ab 1,2 [--tokens 32] [--rounds 3]
     .venv/bin/python bench/mesh_decode.py --threads-ab 1,2 [--tokens 32] [--rounds 4]
+    .venv/bin/python bench/mesh_decode.py --model X.gguf [--tokens 32] [--rounds 3]
+
+``--model``: issue 43's mesh targets on any GGUF (e.g. ``bench/model_decode.py``'s TinyLlama-shape Q4_K_M,
+``~/.cache/ethen-bench/tinyllama-shape-Q4_K_M.gguf``): three workers on thirds of its layers, each on the
+engine ``auto`` picks (ggml for a 1B-class K-quant), against the same model in this process, interleaved
+per round: one session's decode (target >= 80 % of the single process) and the aggregate of 1 / 4 / 8
+concurrent sessions through the mesh (target 8 >= 1.5x 1), on a 64-token prompt of random token ids.
 
 ``--head-ab``: the logits head's block kernel (accuracy ``exact``: :mod:`ethen.model.qhead`) against the
 engine graph (accuracy ``auto``; what ``auto``, the default, runs for a Q8_0 head at the default
@@ -148,6 +155,8 @@ def aggregate(orch: Orchestrator, ids: list[int], sessions: int, tokens: int) ->
         t.join()
     start = max(s[0] for s in stamps)
     end = min(s[-1] for s in stamps)
+    if end <= start:  # a session ended before the last one started: no window where all decode
+        return float("nan")
     produced = sum(1 for s in stamps for t in s if start < t <= end)
     return produced / (end - start)
 
@@ -385,6 +394,55 @@ def threads_ab(tokens: int, rounds: int, counts: list[str]) -> None:
           f"after {' '.join(f'{x:.2f}' for x in load_after)} on {os.cpu_count()} CPUs")
 
 
+def thirds(n_layers: int) -> dict[str, str]:
+    """Three workers' fragments over ``n_layers`` layers (e.g. 22: 0-7, 8-14, 15-21)."""
+    cuts = [round(n_layers * i / 3) for i in range(4)]
+    return {f"w{i}": f"{cuts[i]}-{cuts[i + 1] - 1}" for i in range(3)}
+
+
+def model_mesh(path: str, tokens: int, rounds: int) -> None:
+    """``--model``: single process against three workers on ``path`` (module docstring)."""
+    store = open_weight_store(path)
+    layout = thirds(store.config.n_layers)
+    load_before = os.getloadavg()
+    print(f"starting 3 workers {layout} on {path} ...", flush=True)
+    workers = {n: spawn_worker(n, layers, extra_args=("--model", path)) for n, layers in layout.items()}
+    try:
+        model = load_model(store)
+        ids = [int(i) for i in np.random.default_rng(0).integers(3, store.config.vocab_size, 64)]
+        params = SamplingParams(temperature=0.0, max_tokens=tokens)
+        with Orchestrator.load({n: w.address for n, w in workers.items()}, store) as orch:
+            run_single(model, ids, SamplingParams(temperature=0.0, max_tokens=2))  # page both in
+            run_mesh(orch, ids, SamplingParams(temperature=0.0, max_tokens=2))
+            single, mesh, same = [], [], []
+            agg: dict[int, list[float]] = {1: [], 4: [], 8: []}
+            for _ in range(rounds):
+                _, s_steps, _ = run_single(model, ids, params)
+                _, m_steps, _ = run_mesh(orch, ids, params)
+                single.append(median(s_steps))
+                mesh.append(median(m_steps))
+                a = [c.token_id for c in generate_stream(model_step(model), model.tokenizer, ids, params,
+                                                         model.config.context_length)]
+                b = [c.token_id for c in orch.generate(ids, params)]
+                same.append(a == b)
+                for n in agg:
+                    agg[n].append(aggregate(orch, ids, n, tokens))
+        s_step, m_step = median(single), median(mesh)
+        print(f"\n{'metric':44} {'single-process':>15} {'3-worker mesh':>15} {'ratio':>8}")
+        print(f"{'decode tokens/s (1 session, median step)':44} {1 / s_step:15.1f} {1 / m_step:15.1f} "
+              f"{s_step / m_step:8.1%}   target >= 80%")
+        for n in (1, 4, 8):
+            label = f"aggregate decode tokens/s, {n} sessions"
+            print(f"{label:44} {'':15} {median(agg[n]):15.1f} {median(agg[n]) / median(agg[1]):8.2f}x"
+                  + ("   target >= 1.5x" if n == 8 else ""))
+        print(f"greedy tokens equal to the single process: {sum(same)}/{len(same)} rounds")
+        print(f"load average before {' '.join(f'{x:.2f}' for x in load_before)}, after "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+    finally:
+        for w in workers.values():
+            w.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=48, help="decode tokens per measured generation")
@@ -396,7 +454,11 @@ def main() -> None:
                     help="aggregate decode of orchestrators with these round_lanes, alternated")
     ap.add_argument("--threads-ab", default=None, metavar="1,2",
                     help="three workers per ETHEN_THREADS value, alternated (one session, 1/4/8 sessions)")
+    ap.add_argument("--model", default=None, help="a GGUF: single process vs three workers on it (docstring)")
     args = ap.parse_args()
+    if args.model:
+        model_mesh(args.model, args.tokens, args.rounds)
+        return
     if args.threads_ab:
         threads_ab(args.tokens, args.rounds, args.threads_ab.split(","))
         return
