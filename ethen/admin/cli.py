@@ -36,7 +36,15 @@ from ethen.admin.shadows_cli import shadows_app
 from ethen.gateway.config import load_config, store_url
 from ethen.gateway.errors import GatewayError
 from ethen.paths import default_store_url, up_config_path
-from ethen.store import UNSET, Store, StoreConflictError, StoreError, StoreNotFoundError, parse_key
+from ethen.store import (
+    UNSET,
+    Store,
+    StoreConflictError,
+    StoreError,
+    StoreNotFoundError,
+    parse_key,
+    usage_report,
+)
 from ethen.store.requests import RequestQuery, list_requests, parse_status
 from ethen.store.store import MAX_RATE
 
@@ -314,10 +322,11 @@ def usage_command(
     db: str | None = _DB,
     config: Path | None = _CONFIG,
 ) -> None:
-    """Settled usage per project, key and model over a time range."""
+    """Settled usage per project, key and model over a time range, with the prompt-cache tokens read and
+    written and what the reads saved."""
     s, u = _time("--since", since), _time("--until", until)
     rows = _run(db, config, lambda st: st.usage(project=project, since=s, until=u))
-    _print({"data": [r.to_dict() for r in rows], "total_cost_usd": sum(r.cost_usd for r in rows)})
+    _print(usage_report(rows))
 
 
 def certify_command(
