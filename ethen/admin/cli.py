@@ -357,6 +357,9 @@ def certify_command(
 def _log_line(r: dict[str, Any]) -> str:
     served = f"{r['selected_provider']}/{r['selected_model']}" if r["selected_model"] else "-"
     tokens = f"{r['prompt_tokens']}+{r['completion_tokens']} tok" if r["prompt_tokens"] is not None else "-"
+    if r.get("cache_read_tokens") or r.get("cache_write_tokens"):  # issue 45: the prompt cache's part
+        tokens += (f" (cache {r['cache_read_tokens']} read {r['cache_write_tokens']} written, "
+                   f"saved ${r.get('saved_usd') or 0.0:.6f})")
     cost = f"${r['cost_usd']:.6f}" if r["cost_usd"] is not None else "-"
     flags = " fallback" if r["fallback_used"] else ""
     flags += " canary" if r["canary_hit"] else ""

@@ -60,12 +60,16 @@ def _logged(a: httpx.Client, rid: str) -> dict[str, Any]:
     return row
 
 
-def _ethen(*args: str) -> dict[str, Any]:
+def _ethen_text(*args: str) -> str:
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     out = subprocess.run([sys.executable, "-m", "ethen", *args], capture_output=True, text=True, timeout=120,
                          env=env, check=False)
     assert out.returncode == 0, out.stderr
-    doc: dict[str, Any] = json.loads(out.stdout)
+    return out.stdout
+
+
+def _ethen(*args: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(_ethen_text(*args))
     return doc
 
 
@@ -110,6 +114,9 @@ def test_request_log_and_ethen_usage_show_cache_tokens_and_savings(db_url: str) 
         assert report["total_saved_usd"] == pytest.approx(2 * saving, abs=1e-8)
         assert report["total_cache_read_tokens"] == 2 * READ
         assert report == {k: v for k, v in api.items() if k != "object"}
+        logs = _ethen_text("logs", "--db", db_url, "--project", "agents").splitlines()
+        assert len(logs) == 2 and all(f"(cache {READ} read {WRITE} written, saved ${saving:.6f})" in line
+                                      for line in logs), logs
 
 
 def test_a_database_from_before_the_cache_columns_opens(db_url: str) -> None:
