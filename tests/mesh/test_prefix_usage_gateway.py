@@ -8,6 +8,7 @@ the mesh's price)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -85,6 +86,20 @@ def test_a_reused_prefix_is_reported_as_cached_tokens(workers: dict[str, WorkerP
         row = _row(lv, "mesh-cache-2")
         assert (row["cache_read_tokens"], row["cache_write_tokens"], row["saved_nano"]) == (reused, 0, 0)
         assert _row(lv, "mesh-cache-1")["cache_read_tokens"] == 0
+        metrics = httpx.get(f"{lv.base_url}/metrics", timeout=5).text
+        counter = 'ethen_gateway_prompt_cache_tokens_total{kind="read",provider="mesh"}'
+        assert f"{counter} {float(reused)}" in metrics  # counted by the log's writer, before the ring
+
+        _wait_held(lv)  # streamed: the usage chunk carries the reads too
+        body = {"model": MODEL, "temperature": 0, "max_tokens": 3, "stream": True,
+                "stream_options": {"include_usage": True},
+                "messages": [{"role": "system", "content": SHARED}, {"role": "user", "content": "Hello?"}]}
+        with httpx.stream("POST", f"{lv.base_url}/chat/completions", json=body, headers=HEADERS,
+                          timeout=120) as s:
+            chunks = [json.loads(line[6:]) for line in s.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+        (usage,) = [c["usage"] for c in chunks if c.get("usage")]
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= 256
 
         _wait_held(lv)
         r = httpx.post(f"{lv.gateway.url}/v1/messages", headers={"x-api-key": CLIENT_KEY}, timeout=120,
