@@ -50,7 +50,8 @@ async def run(url: str, gaps: list[float], n: int) -> None:
         def entry() -> list[Entry]:
             row = {"request_id": uuid.uuid4().hex, "project_id": pid, "key_id": "k", "provider": "up",
                    "model": "m", "prompt_tokens": 10, "completion_tokens": 16, "cost_nano": 1000,
-                   "estimated": 0, "at": datetime.now(UTC)}  # fmt: skip
+                   "estimated": 0, "at": datetime.now(UTC), "cache_read_tokens": 0,
+                   "cache_write_tokens": 0, "saved_nano": 0}  # fmt: skip
             return [Entry(row, pid, 1000, loop.create_future())]
 
         variants: dict[str, tuple[str, Callable[[], list[Any]]]] = {

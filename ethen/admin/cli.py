@@ -36,7 +36,15 @@ from ethen.admin.shadows_cli import shadows_app
 from ethen.gateway.config import load_config, store_url
 from ethen.gateway.errors import GatewayError
 from ethen.paths import default_store_url, up_config_path
-from ethen.store import UNSET, Store, StoreConflictError, StoreError, StoreNotFoundError, parse_key
+from ethen.store import (
+    UNSET,
+    Store,
+    StoreConflictError,
+    StoreError,
+    StoreNotFoundError,
+    parse_key,
+    usage_report,
+)
 from ethen.store.requests import RequestQuery, list_requests, parse_status
 from ethen.store.store import MAX_RATE
 
@@ -314,10 +322,11 @@ def usage_command(
     db: str | None = _DB,
     config: Path | None = _CONFIG,
 ) -> None:
-    """Settled usage per project, key and model over a time range."""
+    """Settled usage per project, key and model over a time range, with the prompt-cache tokens read and
+    written and what the reads saved."""
     s, u = _time("--since", since), _time("--until", until)
     rows = _run(db, config, lambda st: st.usage(project=project, since=s, until=u))
-    _print({"data": [r.to_dict() for r in rows], "total_cost_usd": sum(r.cost_usd for r in rows)})
+    _print(usage_report(rows))
 
 
 def certify_command(
@@ -348,6 +357,9 @@ def certify_command(
 def _log_line(r: dict[str, Any]) -> str:
     served = f"{r['selected_provider']}/{r['selected_model']}" if r["selected_model"] else "-"
     tokens = f"{r['prompt_tokens']}+{r['completion_tokens']} tok" if r["prompt_tokens"] is not None else "-"
+    if r.get("cache_read_tokens") or r.get("cache_write_tokens"):  # issue 45: the prompt cache's part
+        tokens += (f" (cache {r['cache_read_tokens']} read {r['cache_write_tokens']} written, "
+                   f"saved ${r.get('saved_usd') or 0.0:.6f})")
     cost = f"${r['cost_usd']:.6f}" if r["cost_usd"] is not None else "-"
     flags = " fallback" if r["fallback_used"] else ""
     flags += " canary" if r["canary_hit"] else ""

@@ -53,6 +53,7 @@ from ethen.store import (
     StoreError,
     StoreInvalidError,
     StoreNotFoundError,
+    usage_report,
 )
 from ethen.store.requests import RequestQuery, parse_status
 from ethen.store.store import MAX_RATE
@@ -223,8 +224,7 @@ async def _usage(request: Request, st: Store) -> Response:
         since=_time(request, "since"),
         until=_time(request, "until"),
     )
-    total = sum(r.cost_usd for r in rows)
-    return _json({"object": "list", "data": [r.to_dict() for r in rows], "total_cost_usd": total})
+    return _json({"object": "list", **usage_report(rows)})
 
 
 async def _certifications(request: Request, st: Store) -> Response:

@@ -14,7 +14,7 @@ from .errors import (
 from .keys import KEY_PREFIX, generate_key, parse_key
 from .members import MemberRow, MemberTable, SyncMemberTable, open_member_table
 from .migrations import MIGRATIONS
-from .models import CertificationReceipt, KeyInfo, Principal, Project, Spend, UsageRow
+from .models import CertificationReceipt, KeyInfo, Principal, Project, Spend, UsageRow, usage_report
 from .store import UNSET, Store
 from .values import WINDOWS, window_start
 
@@ -43,5 +43,6 @@ __all__ = [
     "generate_key",
     "open_member_table",
     "parse_key",
+    "usage_report",
     "window_start",
 ]

@@ -83,6 +83,14 @@ def _dashboard_sessions(conn: Connection) -> None:
     conn.execute(s.store_secrets.insert().values(name=SESSION_SECRET, value=secrets.token_bytes(32)))
 
 
+def _prompt_cache(conn: Connection) -> None:
+    """Issue 45: the prompt-cache reads and writes and what the reads saved, per ledger and request-log row
+    (NULL on the rows before)."""
+    cols = {"cache_read_tokens": "BIGINT", "cache_write_tokens": "BIGINT", "saved_nano": "BIGINT"}
+    for table in ("ledger", "request_log"):
+        _add_columns(conn, table, cols)
+
+
 MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("0001_initial", _initial),
     ("0002_daily_spend", _daily_spend),
@@ -93,6 +101,7 @@ MIGRATIONS: tuple[tuple[str, Callable[[Connection], None]], ...] = (
     ("0007_request_attempts", create_request_attempts),  # issue 14: the log's attempts, one per row
     ("0008_mesh_members", create_mesh_members),  # issue 12: ethen.store.members
     ("0009_shadow_pairs", create_shadow_pairs),  # issue 27: ethen.store.shadows
+    ("0010_prompt_cache", _prompt_cache),  # issue 45: cache reads/writes and savings, ledger and request log
 )
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from .values import Window
 
-__all__ = ["CertificationReceipt", "KeyInfo", "Principal", "Project", "Spend", "UsageRow"]
+__all__ = ["CertificationReceipt", "KeyInfo", "Principal", "Project", "Spend", "UsageRow", "usage_report"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +104,10 @@ class UsageRow:
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
+    #: of ``prompt_tokens``: read from / written to the provider's prompt cache; what the reads saved (USD)
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    saved_usd: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -114,7 +119,22 @@ class UsageRow:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cost_usd": self.cost_usd,
+            "cache_read_tokens": self.cache_read_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "saved_usd": self.saved_usd,
         }
+
+
+def usage_report(rows: Sequence[UsageRow]) -> dict[str, Any]:
+    """``ethen usage``'s and the admin API's report: the rows and their totals (cost, cache reads and
+    writes, what the reads saved)."""
+    return {
+        "data": [r.to_dict() for r in rows],
+        "total_cost_usd": sum(r.cost_usd for r in rows),
+        "total_cache_read_tokens": sum(r.cache_read_tokens for r in rows),
+        "total_cache_write_tokens": sum(r.cache_write_tokens for r in rows),
+        "total_saved_usd": sum(r.saved_usd for r in rows),
+    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,9 @@ Rows are written in batches by the gateway's log writer (:mod:`ethen.gateway.obs
 request
 path; this module only knows the table. A row (:data:`COLUMNS`) holds the request's outcome: when it arrived,
 its request id, project, key id (never the key), endpoint, requested model, the selected and primary
-candidate, the attempts, whether a fallback served it, the canary hit, tokens, cost (nano-USD), TTFT, total
+candidate, the attempts, whether a fallback served it, the canary hit, tokens (of the prompt's, those read
+from and written to the provider's prompt cache: migration ``0010``), cost and what the cache reads saved
+(nano-USD; shown as ``cost_usd`` / ``saved_usd``), TTFT, total
 latency, the HTTP status, the outcome and error code, and the full ``ethen.routing`` receipt (JSON).
 
 Choices where the issue is silent:
@@ -118,6 +120,11 @@ request_log = Table(
     Column("prompt_tokens", BigInteger, nullable=True),
     Column("completion_tokens", BigInteger, nullable=True),
     Column("cost_nano", BigInteger, nullable=True),
+    # 0010 (issue 45): of prompt_tokens, read from / written to the provider's prompt cache, and what the
+    # reads saved (nano-USD; ``ethen.gateway.accounting.pricing``); NULL on rows logged before
+    Column("cache_read_tokens", BigInteger, nullable=True),
+    Column("cache_write_tokens", BigInteger, nullable=True),
+    Column("saved_nano", BigInteger, nullable=True),
     Column("ttft_ms", Float, nullable=True),
     Column("latency_ms", Float, nullable=False),
     Column("overhead_ms", Float, nullable=True),
@@ -234,6 +241,8 @@ def _public(m: Mapping[str, Any], receipt: bool) -> dict[str, Any]:
     out["at"] = at.isoformat() if at is not None else None
     nano = out.pop("cost_nano")
     out["cost_usd"] = nano / 1e9 if nano is not None else None
+    saved = out.pop("saved_nano")
+    out["saved_usd"] = saved / 1e9 if saved is not None else None
     return out
 
 
@@ -284,6 +293,8 @@ class EncodedRow:
 #: without its cycle check (a row holds no cycles; one would fail the row with a RecursionError)
 _dumps = json.JSONEncoder(check_circular=False).encode
 _PLAIN = COLUMNS[:-2]
+#: the columns a row may leave out (NULL): the ones added after the table (``0010``)
+_OPTIONAL = frozenset({"cache_read_tokens", "cache_write_tokens", "saved_nano"})
 
 
 def _number(v: Any) -> float | None:
@@ -329,7 +340,7 @@ def _json_text(v: Any) -> str:
 
 def _plain(row: Mapping[str, Any]) -> list[Any]:
     """The plain columns' values: text made :func:`storable` and cut to its column's length."""
-    out = [row[c] for c in _PLAIN]
+    out = [row[c] if c not in _OPTIONAL else row.get(c) for c in _PLAIN]
     for i, n in _TEXTS:
         v = out[i]
         if isinstance(v, str):

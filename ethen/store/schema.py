@@ -88,6 +88,11 @@ ledger = Table(
     Column("cost_nano", BigInteger, nullable=False),
     Column("estimated", Integer, nullable=False, default=0),
     Column("at", DateTime(timezone=True), nullable=False),
+    # 0010 (issue 45): of prompt_tokens, read from / written to the provider's prompt cache, and what the
+    # reads saved against the input price (nano-USD); NULL on rows settled before
+    Column("cache_read_tokens", BigInteger, nullable=True),
+    Column("cache_write_tokens", BigInteger, nullable=True),
+    Column("saved_nano", BigInteger, nullable=True),
     Index("ix_ledger_project_at", "project_id", "at"),
 )
 

@@ -35,6 +35,10 @@ class LedgerEntry(TypedDict):
     cost_usd: float
     estimated: NotRequired[bool]
     now: NotRequired[datetime | None]
+    #: issue 45: of ``prompt_tokens``, read from / written to the provider's prompt cache; what reads saved
+    cache_read_tokens: NotRequired[int]
+    cache_write_tokens: NotRequired[int]
+    saved_usd: NotRequired[float]
 
 
 def ledger_row(project: Project, entry: LedgerEntry) -> dict[str, Any]:
@@ -50,6 +54,9 @@ def ledger_row(project: Project, entry: LedgerEntry) -> dict[str, Any]:
         "cost_nano": to_nano(entry["cost_usd"]),
         "estimated": int(entry.get("estimated", False)),
         "at": now_utc(entry.get("now")),
+        "cache_read_tokens": max(0, int(entry.get("cache_read_tokens", 0))),
+        "cache_write_tokens": max(0, int(entry.get("cache_write_tokens", 0))),
+        "saved_nano": max(0, to_nano(entry.get("saved_usd", 0.0))),
     }
 
 
@@ -230,7 +237,8 @@ class SpendLedger(EngineBase):
         since: datetime | None = None,
         until: datetime | None = None,
     ) -> list[UsageRow]:
-        """Settled usage on ``[since, until)`` grouped by project, key, model and provider."""
+        """Settled usage on ``[since, until)`` grouped by project, key, model and provider, with the prompt
+        cache's reads and writes and what the reads saved (issue 45; rows settled before count 0)."""
         lc = s.ledger.c
         conds = []
         if project is not None:
@@ -249,6 +257,9 @@ class SpendLedger(EngineBase):
                 func.sum(lc.prompt_tokens),
                 func.sum(lc.completion_tokens),
                 func.sum(lc.cost_nano),
+                func.sum(lc.cache_read_tokens),
+                func.sum(lc.cache_write_tokens),
+                func.sum(lc.saved_nano),
             )
             .join(s.projects, s.projects.c.id == lc.project_id)
             .where(and_(True, *conds))
@@ -260,7 +271,8 @@ class SpendLedger(EngineBase):
                 rows = list(await conn.execute(q))
         return [
             UsageRow(
-                r[0], r[1], r[2], r[3], int(r[4]), int(r[5] or 0), int(r[6] or 0), from_nano(int(r[7] or 0))
+                r[0], r[1], r[2], r[3], int(r[4]), int(r[5] or 0), int(r[6] or 0), from_nano(int(r[7] or 0)),
+                int(r[8] or 0), int(r[9] or 0), from_nano(int(r[10] or 0)),
             )
             for r in rows
         ]

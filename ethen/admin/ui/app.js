@@ -94,6 +94,11 @@ async function showRequest(id, tr) {
     `${r.primary_model ? r.primary_provider + "/" + r.primary_model : "-"} · cost $${num(r.cost_usd, 6)} · ` +
     `latency ${num(r.latency_ms, 1)} ms · TTFT ${num(r.ttft_ms, 1)} ms · reasons ` +
     (rc.reason_codes || []).join(", ") + hedgeSummary(rc.hedge);
+  // issue 45: the prompt cache's part of the prompt, and what its reads saved against the input price
+  $("d-cache").textContent = r.cache_read_tokens === null || r.cache_read_tokens === undefined
+    ? "prompt cache: not logged for this request"
+    : `prompt cache: ${r.cache_read_tokens} tokens read, ${r.cache_write_tokens} written ` +
+      `(of ${r.prompt_tokens} prompt tokens) · saved $${num(r.saved_usd, 6)}`;
   $("d-chain").replaceChildren(...(rc.chain || []).map((c) => el("li", c)));
   $("d-attempts").replaceChildren(...r.attempts.map((a, i) => row([i + 1, a.candidate, a.outcome,
     a.code || "", a.status || "", num(a.latency_ms, 1)],
@@ -181,7 +186,7 @@ async function loadSpend() {
       const bar = el("td", null, "barchart"); const b = el("div");
       b.style.width = Math.round(200 * u.cost_usd / top) + "px"; bar.appendChild(b);
       return row([u.project, u.key_id || "-", u.model, u.requests, u.prompt_tokens + "/" + u.completion_tokens,
-        num(u.cost_usd, 6), bar]);
+        u.cache_read_tokens + "/" + u.cache_write_tokens, num(u.cost_usd, 6), num(u.saved_usd, 6), bar]);
     }));
     $("spend-error").textContent = "";
   } catch (e) { $("spend-error").textContent = "Spend needs the gateway's store: " + e.message; }

@@ -229,6 +229,7 @@ class Hold:
     ) -> asyncio.Future[None]:
         assert self._store is not None and self._access.principal is not None
         req = self._decision.requirements if self._decision is not None else None
+        saved = 0.0  # what the usage's cache reads saved (issue 45; the ledger's saved_nano)
         if usage is not None and not credible_usage(candidate, usage, req):
             log.warning(
                 "request %s: %s reported %d prompt + %d completion tokens, not credible for this request "
@@ -241,7 +242,8 @@ class Hold:
             cost = max_cost_usd(candidate, req) if req is not None else 0.0
             usage = None
         elif usage is not None:  # genai-prices' calculation (cache reads/writes, tiers), else route prices
-            cost = cost_of(candidate, usage).total_usd
+            priced = cost_of(candidate, usage)
+            cost, saved = priced.total_usd, priced.saved_usd
         elif input_cost is not None:  # a cancelled hedge loser (settle_input_soon)
             cost = input_cost
         else:
@@ -267,6 +269,9 @@ class Hold:
             completion_tokens=usage.completion_tokens if usage else 0,
             cost_usd=cost,
             estimated=usage is None,
+            cache_read_tokens=usage.cache_read_tokens if usage else 0,
+            cache_write_tokens=usage.cache_write_tokens if usage else 0,
+            saved_usd=saved,
         )
 
     def _top_up(self, cost: float) -> bool:

@@ -14,6 +14,11 @@ its provider kind (``anthropic``, ``google`` for ``gemini``, ``azure``), the fir
 is cached per model; a price calculation is cached per (model, usage) (the executor's telemetry, the budget
 settlement and the request log price the same usage).
 
+Savings (issue 45): ``Cost.saved_usd`` is what the cache reads saved against paying them at the input
+price: the same calculation with the reads counted as plain input, minus the actual input price (so
+reads x (input price - cache-read price), with genai-prices' tiers); 0 under route prices (they have no
+cache-read price: a read is billed as input) and so 0 on the mesh (its input price is its cache-read price).
+
 Reservations do not use this: they stay the naive upper bound (all input at the full input price, the
 catalog's highest tier), and a settlement never exceeds its reservation
 (:mod:`ethen.gateway.accounting.hold`).
@@ -43,6 +48,7 @@ class Cost:
     source: str
     model: str | None = None  # genai-prices' model id (None: route prices)
     provider: str | None = None  # genai-prices' provider id
+    saved_usd: float = 0.0  # what the cache reads saved (see the module docstring)
 
     def to_dict(self) -> dict[str, Any]:
         """The breakdown on the receipt and in the request log."""
@@ -52,7 +58,7 @@ class Cost:
             "input_tokens": u.prompt_tokens, "cache_read_tokens": u.cache_read_tokens,
             "cache_write_tokens": u.cache_write_tokens, "output_tokens": u.completion_tokens,
             "reasoning_tokens": u.reasoning_tokens, "source": self.source,
-            "priced_model": self.model, "priced_provider": self.provider,
+            "priced_model": self.model, "priced_provider": self.provider, "saved_usd": self.saved_usd,
         }
 
 
@@ -71,7 +77,8 @@ def _model(providers: tuple[str, ...], model_ref: str) -> Any:
 
 
 @lru_cache(maxsize=4096)
-def _priced(ref: tuple[tuple[str, ...], str], usage: Usage) -> tuple[float, float, str, str] | None:
+def _priced(ref: tuple[tuple[str, ...], str], usage: Usage) -> tuple[float, float, float, str, str] | None:
+    """(input, output, saved) USD, genai-prices' model and provider ids; ``None`` when it cannot price."""
     found = _model(*ref)
     if found is None:
         return None
@@ -85,17 +92,21 @@ def _priced(ref: tuple[tuple[str, ...], str], usage: Usage) -> tuple[float, floa
         calc = price.calc_price(PriceUsage(input_tokens=usage.prompt_tokens, cache_read_tokens=cache_read,
                                            cache_write_tokens=cache_write,
                                            output_tokens=usage.completion_tokens))
+        plain = PriceUsage(input_tokens=usage.prompt_tokens, cache_write_tokens=cache_write, output_tokens=0)
+        uncached = price.calc_price(plain) if cache_read else None  # the reads billed as input
     except (ValueError, LookupError, ArithmeticError):  # a table genai-prices cannot apply: route prices
         return None
-    return float(calc["input_price"]), float(calc["output_price"]), str(model.id), str(provider.id)
+    inp = float(calc["input_price"])
+    saved = max(0.0, float(uncached["input_price"]) - inp) if uncached is not None else 0.0
+    return inp, float(calc["output_price"]), saved, str(model.id), str(provider.id)
 
 
 def cost_of(candidate: Candidate, usage: Usage) -> Cost:
     """The price of ``usage`` served by ``candidate`` (genai-prices when it knows the model)."""
     priced = _priced(candidate.price_ref, usage) if candidate.price_ref is not None else None
     if priced is not None:
-        inp, out, model, provider = priced
-        return Cost(inp + out, inp, out, usage, "genai-prices", model, provider)
+        inp, out, saved, model, provider = priced
+        return Cost(inp + out, inp, out, usage, "genai-prices", model, provider, saved)
     p = candidate.prices
     inp, out = usage.prompt_tokens * p.input_per_mtok / 1e6, usage.completion_tokens * p.output_per_mtok / 1e6
     return Cost(inp + out, inp, out, usage, "route prices")

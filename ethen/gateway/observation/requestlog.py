@@ -33,7 +33,9 @@ Choices where the issue is silent:
   is logged (the requested model and the receipt only).
 - Cost: the served candidate's usage priced by :func:`ethen.gateway.accounting.pricing.cost_of`
 (genai-prices with cache
-  reads/writes, else the route's prices); the breakdown is the receipt's ``cost``. The ledger's settled
+  reads/writes, else the route's prices); the breakdown is the receipt's ``cost``; the row keeps the cache
+  reads and writes and what the reads saved (``saved_usd``: reads x (input - cache-read price), issue 45).
+  The ledger's settled
   amount may differ when the usage was not credible (then it settles the reservation).
 - A request that failed on its only attempt records that attempt from its error (provider and code; the
   model is the chain's first candidate of that provider); a failed fallback chain records every attempt. An
@@ -178,6 +180,9 @@ def to_row(rec: RequestRecord) -> dict[str, Any]:
         "prompt_tokens": usage.prompt_tokens if usage is not None else None,
         "completion_tokens": usage.completion_tokens if usage is not None else None,
         "cost_nano": round(cost * 1e9) if cost is not None else None,
+        "cache_read_tokens": usage.cache_read_tokens if usage is not None else None,
+        "cache_write_tokens": usage.cache_write_tokens if usage is not None else None,
+        "saved_nano": round(priced.saved_usd * 1e9) if priced is not None else None,
         "ttft_ms": round(rec.ttft_s * 1000, 3) if rec.ttft_s is not None else None,
         "latency_ms": round(rec.latency_s * 1000, 3),
         "overhead_ms": round(rec.overhead_s * 1000, 3) if rec.overhead_s is not None else None,

