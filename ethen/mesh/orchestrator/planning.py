@@ -1,6 +1,9 @@
 """Pure route planning for the orchestrator: the first route of a session, and its recomposition on failure.
 
 - :func:`plan_route` is ``score_route`` over the model's whole layer window.
+- :func:`route_options` (issue 44, a bounded queue per chain): that route and, for each of its workers, the
+  route planned without it, cheapest first, one per chain: where a generation goes when its preferred
+  chain's queue is full (:func:`~ethen.mesh.orchestrator.load.pick_chain`).
 - :func:`recompose` follows spec §6 with ``failover``. The router's failover substitutes per layer and does
   not check that a substitute's fragment starts at the hand-off layer, but a worker only runs whole
   fragments (spec §3). So when the failover route asks some node for a span that is not a union of its whole
@@ -15,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
+from ethen.mesh.errors import MeshError
 from ethen.mesh.orchestrator.errors import DegradedRoute
 from ethen.mesh.routing import (
     NodeState,
@@ -27,7 +31,7 @@ from ethen.mesh.routing import (
     score_route_cached,
 )
 
-__all__ = ["mark_dead", "plan_route", "recompose", "runs_whole_fragments"]
+__all__ = ["mark_dead", "plan_route", "recompose", "route_options", "runs_whole_fragments"]
 
 
 def plan_route(states: Iterable[NodeState], n_layers: int, prompt_tokens: int, weights: RouteWeights,
@@ -39,6 +43,23 @@ def plan_route(states: Iterable[NodeState], n_layers: int, prompt_tokens: int, w
     if cached:
         return score_route_cached(request, tuple(states), weights, model, cached)
     return score_route(request, tuple(states), weights, model)
+
+
+def route_options(states: Iterable[NodeState], n_layers: int, prompt_tokens: int, weights: RouteWeights,
+                  model: str, cached: Mapping[str, Mapping[int, int]] | None = None) -> tuple[Route, ...]:
+    """:func:`plan_route` (raises ``NoRouteAvailable``) then, cheapest first (ties by nodes), the routes
+    planned with one of its workers left out, each on a chain (``Route.nodes``) not offered before."""
+    states = tuple(states)
+    best = plan_route(states, n_layers, prompt_tokens, weights, model, cached)
+    others: dict[tuple[str, ...], Route] = {}
+    for node in dict.fromkeys(best.nodes):
+        try:
+            alt = plan_route(mark_dead(states, [node]), n_layers, prompt_tokens, weights, model, cached)
+        except MeshError:
+            continue
+        if not alt.degraded and alt.nodes != best.nodes:
+            others.setdefault(alt.nodes, alt)
+    return (best, *sorted(others.values(), key=lambda r: (r.cost, r.nodes)))
 
 
 def mark_dead(states: Iterable[NodeState], node_ids: Iterable[str]) -> tuple[NodeState, ...]:
