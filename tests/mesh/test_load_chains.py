@@ -1,0 +1,208 @@
+"""Issue 44 item 3, a bounded queue per chain: the load book counts per chain (a chain: the route's workers
+in order), ``max_queue`` bounds each chain's queue, a generation takes the first route option with room, a
+chain's predicted wait is its own (its busiest worker's, every chain through that worker counted), and the
+slot wait uses the session caps the workers report. The pure functions against brute-force oracles."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ethen.mesh.orchestrator.load import (
+    Chain,
+    LoadBook,
+    chain_counts,
+    chain_slot_wait_ms,
+    pick_chain,
+    session_cap,
+    slot_wait_ms,
+)
+from ethen.mesh.orchestrator.planning import route_options
+from ethen.mesh.routing import NodeState, RouteWeights
+from ethen.mesh.worker.limits import MAX_SESSIONS_PER_CALLER
+
+A: Chain = ("w0", "w1")
+B: Chain = ("w2", "w3")
+SHARED: Chain = ("w0", "w4")  # shares w0 with A
+
+_NODES = ["w0", "w1", "w2", "w3"]
+_CHAINS = st.lists(st.sampled_from(_NODES), min_size=1, max_size=3).map(tuple)
+_GENS = st.lists(st.tuples(_CHAINS, st.booleans(), st.integers(0, 500)), max_size=40)  # chain, decoding, tokens
+_CAPS = st.dictionaries(st.sampled_from(_NODES), st.integers(1, 8))
+
+
+# ---- pure functions against brute force ---------------------------------------------------------------------
+
+@given(st.lists(_CHAINS, max_size=6), st.dictionaries(_CHAINS, st.integers(0, 5)),
+       st.one_of(st.none(), st.integers(1, 5)))
+def test_pick_chain_is_the_first_offered_chain_with_room(chains: list[Chain], waiting: dict[Chain, int],
+                                                         max_queue: int | None) -> None:
+    room = [max_queue is None or waiting.get(c, 0) + 1 <= max_queue for c in chains]
+    oracle = room.index(True) if True in room else None
+    assert pick_chain(chains, waiting, max_queue) == oracle
+
+
+def _brute_slot(sessions: int, cap: int, gen_ms: float) -> float:
+    waves, ahead = 0, sessions
+    while ahead + 1 > cap:
+        ahead -= cap
+        waves += 1
+    return waves * gen_ms
+
+
+@given(_CHAINS, _GENS, _CAPS, st.floats(0, 10_000), st.integers(1, 8))
+def test_chain_counts_match_a_walk_of_every_generation(chain: Chain, gens: list[tuple[Chain, bool, int]],
+                                                       caps: dict[str, int], gen_ms: float,
+                                                       default_cap: int) -> None:
+    """Oracle: per worker of the chain, walk every generation and count one session per stage it has on
+    that worker (a waiting one also its prompt tokens, a decoding one a decode step); the chain's figures
+    are its own generations and, over its workers, the largest per-worker totals; the slot wait is the
+    largest per-worker wave count x the generation time."""
+    counts: dict[Chain, tuple[int, int, int]] = {}
+    for c, decoding, tokens in gens:
+        w, d, q = counts.get(c, (0, 0, 0))
+        counts[c] = (w + (not decoding), d + decoding, q + (0 if decoding else tokens))
+    got = chain_counts(chain, counts, caps, gen_ms, default_cap)
+    own = [(d, t) for c, d, t in gens if c == chain]
+    assert (got.waiting, got.decoding) == (sum(not d for d, _ in own), sum(d for d, _ in own))
+    per_node = {}
+    for node in chain:
+        sessions = sum(c.count(node) for c, _, _ in gens)
+        decoding = sum(c.count(node) for c, d, _ in gens if d)
+        queued = sum(c.count(node) * t for c, d, t in gens if not d)
+        per_node[node] = (sessions, decoding, queued)
+    assert got.queued_tokens == max(q for _, _, q in per_node.values())
+    assert got.busy_decoding == max(d for _, d, _ in per_node.values())
+    slot = max(_brute_slot(s, caps.get(n, default_cap), gen_ms) for n, (s, _, _) in per_node.items())
+    assert got.slot_ms == pytest.approx(slot)
+    assert chain_slot_wait_ms(chain, {c: w + d for c, (w, d, _) in counts.items()}, caps, gen_ms,
+                              default_cap) == pytest.approx(slot)
+
+
+@given(st.integers(0, 1000), st.integers(0, 1000))
+def test_session_cap_is_the_smaller_reported_limit_else_the_default(total: int, per_caller: int) -> None:
+    reported = [x for x in (total, per_caller) if x > 0]
+    assert session_cap(total, per_caller) == (min(reported) if reported else MAX_SESSIONS_PER_CALLER)
+
+
+# ---- the book: per chain -----------------------------------------------------------------------------------
+
+def test_max_queue_bounds_each_chain_not_the_orchestrator() -> None:
+    book = LoadBook()
+    assert book.try_begin(100, 1, A) is not None
+    assert book.try_begin(100, 1, A) is None  # A's queue is full
+    assert book.try_begin(100, 1, B) is not None  # B's is not: another chain, its own bound
+    assert book.try_begin(100, 1, B) is None
+    assert (book.load(A).prefilling, book.load(B).prefilling) == (1, 1)
+
+
+def test_a_generation_takes_the_first_route_option_with_room() -> None:
+    book = LoadBook()
+    first = book.try_begin_any(300, 1, [A, B])
+    assert first is not None and first[1] == 0  # the preferred chain while it has room
+    second = book.try_begin_any(50, 1, [A, B])
+    assert second is not None and second[1] == 1  # A full: B
+    assert book.try_begin_any(50, 1, [A, B]) is None  # both full: refused, nothing counted
+    assert (book.load(A).queued_tokens, book.load(B).queued_tokens) == (300, 50)
+    book.first_token(first[0], 100.0)
+    got = book.try_begin_any(10, 1, [A, B])
+    assert got is not None and got[1] == 0  # A has room again
+
+
+def test_the_predicted_wait_is_the_chain_s_own() -> None:
+    """A long prompt queued on A: A's wait grows, B's (other workers) does not; a chain sharing A's first
+    worker waits behind it too. The snapshot is the chain a new request would take."""
+    book = LoadBook(alpha=1.0)
+    book.begin(2000, A)
+    a, b, shared = book.load(A), book.load(B), book.load(SHARED)
+    assert a.wait_ms(10) > 1000.0
+    assert b.wait_ms(10) == pytest.approx(10 * b.prefill_ms_per_token)  # nothing ahead on B
+    assert shared.queued_tokens == 2000 and shared.wait_ms(10) == pytest.approx(a.wait_ms(10))
+    assert book.snapshot([A, B]).chain == A  # A has room (no bound): a new request goes to A
+    assert book.snapshot([A, B], max_queue=1).chain == B  # A full: B's load
+    assert book.snapshot([B, A]).wait_ms(10) == pytest.approx(b.wait_ms(10))
+    assert set(book.chains()) == {A}
+
+
+def test_decode_steps_are_measured_per_chain() -> None:
+    book = LoadBook(alpha=1.0)
+    ta = book.begin(10, A)
+    book.first_token(ta, 30.0)
+    book.step(50.0, ta)
+    assert book.load(A).step_ms == 50.0
+    tb = book.begin(10, B)
+    assert book.load(B).step_ms == 50.0  # not measured yet: the book's
+    book.first_token(tb, 30.0)
+    book.step(200.0, tb)
+    assert (book.load(A).step_ms, book.load(B).step_ms) == (50.0, 200.0)
+
+
+def test_the_slot_wait_uses_the_worker_s_reported_cap() -> None:
+    """A worker started with --max-sessions-per-caller 2 says so in Health: a third session on it waits
+    for a generation to end; a chain through other workers does not. Without caps: 64 per worker."""
+    now = [0.0]
+    book = LoadBook(alpha=1.0, clock=lambda: now[0])
+    t = book.begin(10, A)
+    book.first_token(t, 10.0)
+    now[0] = 4.0
+    book.end(t)  # a generation of 4 s
+    book.begin(10, A)
+    book.begin(10, A)
+    assert book.load(A).slot_ms == 0.0  # 2 of 64
+    book.caps = {"w1": session_cap(256, 2)}
+    assert book.load(A).slot_ms == pytest.approx(4000.0)
+    assert book.load(A).max_sessions == 2
+    assert book.load(B).slot_ms == 0.0
+    assert book.load(SHARED).slot_ms == 0.0  # w0 and w4: no cap reported, 2 sessions on w0
+    assert book.load(A).wait_ms(0) >= 4000.0
+
+
+def test_a_busy_first_token_does_not_recalibrate_the_prefill_cost() -> None:
+    """The prefill cost per token comes from first tokens of requests that ran alone; one that arrived
+    while others decoded or were queued (its time mostly theirs) stands in only until a clean one exists."""
+    book = LoadBook(alpha=1.0)
+    first = book.begin(100, A)
+    behind = book.begin(60, A)  # 100 tokens ahead of it
+    book.first_token(behind, 320.0)  # (100 + 60) x 2 ms: no clean measurement yet, it stands in
+    assert book.load(A).prefill_ms_per_token == pytest.approx(2.0)
+    book.first_token(first, 100.0)  # arrived alone: 1 ms per token
+    assert book.load(A).prefill_ms_per_token == pytest.approx(1.0)
+    book.step(100.0, first)  # sessions decoding, a step of 100 ms
+    probe = book.begin(40, A)
+    book.first_token(probe, 101.0)  # arrived while 2 decode: 100 ms turn + 1 ms (would say 0.025 ms/token)
+    assert book.load(A).prefill_ms_per_token == pytest.approx(1.0)
+    load = book.load(A)  # 3 decoding: one turn (one batched step) per chunk
+    assert load.wait_ms(500) == pytest.approx(500 * 1.0 + math.ceil(500 / 128) * 100.0)
+
+
+def test_the_history_keeps_the_queue_per_chain() -> None:
+    now = [10.0]
+    book = LoadBook(clock=lambda: now[0])
+    book.begin(500, A)
+    now[0] = 11.0
+    book.begin(20, B)
+    last = book.history()[-1]
+    assert {c: (w, d) for c, w, d, _ in last.chains} == {A: (1, 0), B: (1, 0)}
+    per = {c: q for c, _, _, q in last.chains}
+    assert per[A] > per[B] and last.queue_ms == pytest.approx(per[B])
+    assert (last.prefilling, last.queued_tokens) == (2, 520)
+
+
+# ---- route options -----------------------------------------------------------------------------------------
+
+def _node(node_id: str, latency: float, *layers: tuple[int, int]) -> NodeState:
+    return NodeState(node_id, latency, 0.0, 1.0, list(layers))
+
+
+def test_route_options_offer_the_other_chains_cheapest_first() -> None:
+    states = [_node("fast", 1.0, (0, 29)), _node("mid", 5.0, (0, 14)), _node("tail", 5.0, (15, 29)),
+              _node("slow", 500.0, (0, 29))]
+    options = route_options(states, 30, 8, RouteWeights(), "m")
+    assert options[0].nodes == ("fast",)
+    assert [r.nodes for r in options[1:]] == [("mid", "tail")]  # without fast: the next cheapest chain
+    assert len({r.nodes for r in options}) == len(options)
+    only = route_options([_node("solo", 1.0, (0, 29))], 30, 8, RouteWeights(), "m")
+    assert [r.nodes for r in only] == [("solo",)]  # no other chain: the bound refuses
