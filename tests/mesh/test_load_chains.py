@@ -18,7 +18,6 @@ from ethen.mesh.orchestrator.load import (
     chain_slot_wait_ms,
     pick_chain,
     session_cap,
-    slot_wait_ms,
 )
 from ethen.mesh.orchestrator.planning import route_options
 from ethen.mesh.routing import NodeState, RouteWeights
@@ -30,7 +29,8 @@ SHARED: Chain = ("w0", "w4")  # shares w0 with A
 
 _NODES = ["w0", "w1", "w2", "w3"]
 _CHAINS = st.lists(st.sampled_from(_NODES), min_size=1, max_size=3).map(tuple)
-_GENS = st.lists(st.tuples(_CHAINS, st.booleans(), st.integers(0, 500)), max_size=40)  # chain, decoding, tokens
+# (chain, decoding, prompt tokens) per generation
+_GENS = st.lists(st.tuples(_CHAINS, st.booleans(), st.integers(0, 500)), max_size=40)
 _CAPS = st.dictionaries(st.sampled_from(_NODES), st.integers(1, 8))
 
 
