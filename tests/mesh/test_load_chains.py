@@ -34,7 +34,7 @@ _GENS = st.lists(st.tuples(_CHAINS, st.booleans(), st.integers(0, 500)), max_siz
 _CAPS = st.dictionaries(st.sampled_from(_NODES), st.integers(1, 8))
 
 
-# ---- pure functions against brute force ---------------------------------------------------------------------
+# ---- pure functions against brute force ----------------------------------------------------------------
 
 @given(st.lists(_CHAINS, max_size=6), st.dictionaries(_CHAINS, st.integers(0, 5)),
        st.one_of(st.none(), st.integers(1, 5)))
