@@ -18,13 +18,16 @@ them the decoding sessions get a turn of one batched step (``step_ms``, when any
 chunk, not ``ceil(decoding / batch_limit)`` (the earlier model): a worker alternates a prefill's slices with
 one batched decode step of what is queued on it *now*, and the decode round of the sessions is spread over
 the chain's stages (while one stage computes the round's batch the others are free), so a prefill crosses
-about one batched step per chunk whatever the number of sessions. Measured on three real workers
-(SmolLM2-135M, ``tests/mesh/test_wait_tracks_ttft.py``): 42 prompt tokens, first token 75 ms idle, 120-190
-ms with 48 sessions decoding (the step 80 ms, so the old model predicted 250 ms and, worse, calibrated the
-prefill cost from it down to its 0.01 ms floor, under-predicting a long prompt tenfold). This is a FIFO
-bound (a worker computes the prefills round robin, so a short prompt behind long ones finishes earlier) and
-linear in ``own`` as the router wants it: :meth:`MeshLoad.linear` gives ``(queue_ms, ms_per_own_token)`` (a
-bound). Before any measurement the prefill cost is :data:`DEFAULT_PREFILL_MS_PER_TOKEN` and the step
+about one batched step per chunk whatever the number of sessions. And the prefill cost per token is
+calibrated from the first tokens of requests that ran alone (nothing queued ahead, nothing decoding): one that
+arrived while others decoded measures mostly their turn, and calibrating from it let the model's error in the
+turn flow into the per-token cost (down to its 0.01 ms floor), so a long prompt was under-predicted; those
+stand in only until a clean measurement exists. Measured on three real workers (SmolLM2-135M, 48 sessions
+decoding, ``tests/mesh/test_wait_tracks_ttft.py``): a 42-token prompt's first token 171-183 ms against
+240-261 ms predicted, a fresh 900-token prompt 5.1 s against 5.6 s (the former model: 343-358 ms for 142-208
+ms, 4.2 s for 7.4 s). This is a FIFO bound (a worker computes the prefills round robin, so a short prompt
+behind long ones finishes earlier) and linear in ``own`` as the router wants it: :meth:`MeshLoad.linear`
+gives ``(queue_ms, ms_per_own_token)`` (a bound). Before any measurement the prefill cost is :data:`DEFAULT_PREFILL_MS_PER_TOKEN` and the step
 :data:`DEFAULT_STEP_MS` (SmolLM2-135M on three CPU workers, ``ethen up``).
 
 **Session slots** (:func:`slot_wait_ms`, per chain :func:`chain_slot_wait_ms`): a worker holds at most a
