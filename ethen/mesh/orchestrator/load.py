@@ -27,8 +27,9 @@ decoding, ``tests/mesh/test_wait_tracks_ttft.py``): a 42-token prompt's first to
 240-261 ms predicted, a fresh 900-token prompt 5.1 s against 5.6 s (the former model: 343-358 ms for 142-208
 ms, 4.2 s for 7.4 s). This is a FIFO bound (a worker computes the prefills round robin, so a short prompt
 behind long ones finishes earlier) and linear in ``own`` as the router wants it: :meth:`MeshLoad.linear`
-gives ``(queue_ms, ms_per_own_token)`` (a bound). Before any measurement the prefill cost is :data:`DEFAULT_PREFILL_MS_PER_TOKEN` and the step
-:data:`DEFAULT_STEP_MS` (SmolLM2-135M on three CPU workers, ``ethen up``).
+gives ``(queue_ms, ms_per_own_token)`` (a bound). Before any measurement the prefill cost is
+:data:`DEFAULT_PREFILL_MS_PER_TOKEN` and the step :data:`DEFAULT_STEP_MS` (SmolLM2-135M on three CPU
+workers, ``ethen up``).
 
 **Session slots** (:func:`slot_wait_ms`, per chain :func:`chain_slot_wait_ms`): a worker holds at most a
 number of sessions of this orchestrator, the one it reports in its ``Health`` (:func:`session_cap`: the
