@@ -58,8 +58,8 @@ def test_book_counts_the_queue_and_calibrates() -> None:
     assert (snap.prefilling, snap.decoding, snap.queued_tokens, snap.sessions) == (1, 1, 100, 2)
     book.step(40.0)  # one session decoding: one batched step
     assert book.step_ms == 40.0
-    busy = book.snapshot()
-    assert busy.wait_ms(50) == pytest.approx(150 * 2.0 + math.ceil(150 / 128) * 40.0)
+    busy = book.snapshot()  # 50 tokens share the worker with the 100 waiting: 2 x 50 token-times, one turn
+    assert busy.wait_ms(50) == pytest.approx(100 * 2.0 + math.ceil(100 / 128) * 40.0)
     book.end(b)  # ended before its first token: leaves the queue
     book.end(a)
     snap = book.snapshot()

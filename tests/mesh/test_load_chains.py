@@ -14,10 +14,13 @@ from hypothesis import strategies as st
 from ethen.mesh.orchestrator.load import (
     Chain,
     LoadBook,
+    MeshLoad,
     chain_counts,
     chain_slot_wait_ms,
     pick_chain,
+    predicted_wait_ms,
     session_cap,
+    shared_prefill_tokens,
 )
 from ethen.mesh.orchestrator.planning import route_options
 from ethen.mesh.routing import NodeState, RouteWeights
@@ -82,6 +85,50 @@ def test_chain_counts_match_a_walk_of_every_generation(chain: Chain, gens: list[
                               default_cap) == pytest.approx(slot)
 
 
+def _rounds(ahead: list[int], own: int, slots: int) -> int:
+    """Brute force: round by round, every prefill with a slot (at most ``slots``, taken in arrival order)
+    computes one token; a round costs one token-time per prefill in it. The token-times until own's last."""
+    jobs = [*ahead, own]
+    left = list(jobs)
+    active: list[int] = []
+    nxt, t = 0, 0
+    while True:
+        while len(active) < slots and nxt < len(jobs):
+            active.append(nxt)
+            nxt += 1
+        done = [j for j in active if left[j] == 0]
+        if len(jobs) - 1 in done:
+            return t
+        if done:
+            active = [j for j in active if left[j] > 0]
+            continue
+        for j in active:
+            left[j] -= 1
+        t += len(active)
+
+
+@given(st.lists(st.integers(0, 60), max_size=6), st.integers(0, 60), st.integers(1, 4))
+def test_shared_prefill_matches_round_robin(ahead: list[int], own: int, slots: int) -> None:
+    got = shared_prefill_tokens(ahead, own, slots)
+    assert got == _rounds(ahead, own, slots)
+    assert own <= got <= sum(ahead) + own  # never better than alone, never worse than first come first served
+    assert shared_prefill_tokens(ahead, own, 1) == sum(ahead) + own
+
+
+@given(st.lists(st.integers(0, 3000), max_size=6), st.integers(0, 2000), st.integers(0, 40),
+       st.floats(0, 200), st.floats(0, 5), st.integers(1, 4))
+def test_the_linear_form_bounds_the_shared_wait(ahead: list[int], own: int, decoding: int, step: float,
+                                                per_tok: float, slots: int) -> None:
+    """The router's linear form ``queue_ms + own x ms_per_own_token`` is an upper bound of the wait with
+    prefills sharing the worker, and within ``slots`` times the prefill part plus two decode turns of it."""
+    load = MeshLoad(len(ahead), decoding, sum(ahead), step, per_tok, ahead=tuple(ahead), slots=slots)
+    got = load.wait_ms(own)
+    assert got == pytest.approx(predicted_wait_ms(ahead, own, decoding, step, per_tok, slots))
+    q, k = load.linear()
+    turn = step if decoding else 0.0
+    assert got - 1e-6 <= q + own * k <= slots * got + 2 * turn + 1e-6
+
+
 @given(st.integers(0, 1000), st.integers(0, 1000))
 def test_session_cap_is_the_smaller_reported_limit_else_the_default(total: int, per_caller: int) -> None:
     reported = [x for x in (total, per_caller) if x > 0]
@@ -113,16 +160,17 @@ def test_a_generation_takes_the_first_route_option_with_room() -> None:
 
 
 def test_the_predicted_wait_is_the_chain_s_own() -> None:
-    """A long prompt queued on A: A's wait grows, B's (other workers) does not; a chain sharing A's first
-    worker waits behind it too. The snapshot is the chain a new request would take."""
+    """Two long prompts queued on A (its slots full): A's wait grows, B's (other workers) does not; a chain
+    sharing A's first worker waits behind them too. The snapshot is the chain a new request would take."""
     book = LoadBook(alpha=1.0)
+    book.begin(2000, A)
     book.begin(2000, A)
     a, b, shared = book.load(A), book.load(B), book.load(SHARED)
     assert a.wait_ms(10) > 1000.0
     assert b.wait_ms(10) == pytest.approx(10 * b.prefill_ms_per_token)  # nothing ahead on B
-    assert shared.queued_tokens == 2000 and shared.wait_ms(10) == pytest.approx(a.wait_ms(10))
+    assert shared.queued_tokens == 4000 and shared.wait_ms(10) == pytest.approx(a.wait_ms(10))
     assert book.snapshot([A, B]).chain == A  # A has room (no bound): a new request goes to A
-    assert book.snapshot([A, B], max_queue=1).chain == B  # A full: B's load
+    assert book.snapshot([A, B], max_queue=2).chain == B  # A full: B's load
     assert book.snapshot([B, A]).wait_ms(10) == pytest.approx(b.wait_ms(10))
     assert set(book.chains()) == {A}
 
@@ -165,8 +213,8 @@ def test_a_busy_first_token_does_not_recalibrate_the_prefill_cost() -> None:
     while others decoded or were queued (its time mostly theirs) stands in only until a clean one exists."""
     book = LoadBook(alpha=1.0)
     first = book.begin(100, A)
-    behind = book.begin(60, A)  # 100 tokens ahead of it
-    book.first_token(behind, 320.0)  # (100 + 60) x 2 ms: no clean measurement yet, it stands in
+    behind = book.begin(60, A)  # shares the worker with the 100 tokens ahead: 2 x 60 token-times
+    book.first_token(behind, 240.0)  # 120 x 2 ms: no clean measurement yet, it stands in
     assert book.load(A).prefill_ms_per_token == pytest.approx(2.0)
     book.first_token(first, 100.0)  # arrived alone: 1 ms per token
     assert book.load(A).prefill_ms_per_token == pytest.approx(1.0)
@@ -182,13 +230,14 @@ def test_the_history_keeps_the_queue_per_chain() -> None:
     now = [10.0]
     book = LoadBook(clock=lambda: now[0])
     book.begin(500, A)
+    book.begin(500, A)
     now[0] = 11.0
     book.begin(20, B)
     last = book.history()[-1]
-    assert {c: (w, d) for c, w, d, _ in last.chains} == {A: (1, 0), B: (1, 0)}
+    assert {c: (w, d) for c, w, d, _ in last.chains} == {A: (2, 0), B: (1, 0)}
     per = {c: q for c, _, _, q in last.chains}
     assert per[A] > per[B] and last.queue_ms == pytest.approx(per[B])
-    assert (last.prefilling, last.queued_tokens) == (2, 520)
+    assert (last.prefilling, last.queued_tokens) == (3, 1020)
 
 
 # ---- route options -----------------------------------------------------------------------------------------

@@ -1,13 +1,14 @@
 """Issue 44: the mesh's predicted wait tracks the first-token time it predicts, on real workers.
 
 Three ``ethen worker`` processes (SmolLM2-135M, layers 0-9 / 10-19 / 20-29: the ``ethen up`` mesh) and an
-orchestrator. Idle, then with ``N`` sessions decoding (each generating up to 200 tokens, restarted as they
-end), the load book's predicted wait for a next request (taken just before it starts) is within a factor 2
-of its measured first-token time, for a short chat prompt and a long fresh one (~900 tokens, no cached
-prefix). Before the fix, the decode turn was ``ceil(decoding / 16)`` batched steps per prefill chunk and the
-prefill cost was calibrated from every first token: under load that turn over-counts, the calibration
-absorbed the error and fell to its 0.01 ms/token floor, and the long prompt was predicted at less than half
-its time. Prints the figures (``-s``)."""
+orchestrator. Idle, behind 1 and 3 long prompts waiting for their first token, then with ``N`` sessions
+decoding (each generating up to 200 tokens, restarted as they end), the load book's predicted wait for a
+next request (taken just before it starts) is within a factor 2 of its measured first-token time, for a
+short chat prompt and a long fresh one (~900 tokens, no cached prefix). Before the fix the queue was first
+come, first served (a short prompt behind one long one: predicted 3.6 s, measured 0.17 s: the worker
+shares its compute between the 2 prefills the orchestrator's gate lets in), the decode turn was
+``ceil(decoding / 16)`` batched steps per prefill chunk (over-counted) and the prefill cost was calibrated
+from every first token (it absorbed the error). Prints the figures (``-s``)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,15 @@ def test_the_predicted_wait_is_within_2x_of_the_measured_first_token(orch: Orche
     rows: list[tuple[str, int, float, float]] = []
     for label, ids in (("short", short), ("long", _fresh_long(orch, rng))):
         rows.append((label, 0, *_probe(orch, ids)))
+    for k in (1, 3):  # behind k long prompts waiting for their first token (they share the workers' slots)
+        longs = [threading.Thread(target=_probe, args=(orch, _fresh_long(orch, rng)), daemon=True)
+                 for _ in range(k)]
+        for t in longs:
+            t.start()
+        time.sleep(0.3)
+        rows.append((f"short behind {k} long", 0, *_probe(orch, short)))
+        for t in longs:
+            t.join(timeout=60)
 
     stop = threading.Event()
 
@@ -102,7 +112,7 @@ def test_the_predicted_wait_is_within_2x_of_the_measured_first_token(orch: Orche
             t.join(timeout=30)
     print()
     for label, decoding, predicted, measured in rows:
-        print(f"{label:5} decoding={decoding:2d} predicted={predicted:7.0f} ms measured={measured:7.0f} ms "
+        print(f"{label:20} decoding={decoding:2d} predicted={predicted:7.0f} ms measured={measured:7.0f} ms "
               f"ratio={measured / predicted:.2f}")
     assert busy >= N // 2, f"only {busy} sessions decoding"
     for label, decoding, predicted, measured in rows:
