@@ -6,30 +6,41 @@ gateway's router reads (:mod:`ethen.gateway.routing.capacity`).
 this orchestrator per chain: those waiting for their first token with their prompt tokens (the chain's
 prefill queue) and those decoding, and keeps measurements as EWMAs per chain (the book-wide EWMA stands in
 for a chain not measured yet): the decode step time (the time between two tokens of one session, per
-batched step) and the prefill cost per token (calibrated from each first token:
+batched step) and the prefill cost per token (calibrated from first tokens, below:
 :func:`prefill_ms_per_token_of`). A worker serves every chain it is on, so a chain's load is that of its
 busiest worker (:func:`chain_counts`): the prefill tokens queued and the sessions decoding on each of its
-workers, summed over the chains through that worker, the largest of its workers.
+workers, summed over the chains through that worker, the largest of its workers. A generation stays counted
+on the chain it began on (a failover's new route is not re-counted).
 
-**Wait model** (:func:`predicted_wait_ms`), for a request of ``own`` prompt tokens arriving now on a chain:
-the prefills already queued there and its own run before its first token (``(queued + own) x
-prefill_ms_per_token``), and for every chunk of :data:`~ethen.mesh.worker.limits.PREFILL_CHUNK_TOKENS` of
-them the decoding sessions get a turn of one batched step (``step_ms``, when anything decodes). One step per
-chunk, not ``ceil(decoding / batch_limit)`` (the earlier model): a worker alternates a prefill's slices with
-one batched decode step of what is queued on it *now*, and the decode round of the sessions is spread over
-the chain's stages (while one stage computes the round's batch the others are free), so a prefill crosses
-about one batched step per chunk whatever the number of sessions. And the prefill cost per token is
-calibrated from the first tokens of requests that ran alone (nothing queued ahead, nothing decoding): one that
-arrived while others decoded measures mostly their turn, and calibrating from it let the model's error in the
-turn flow into the per-token cost (down to its 0.01 ms floor), so a long prompt was under-predicted; those
-stand in only until a clean measurement exists. Measured on three real workers (SmolLM2-135M, 48 sessions
-decoding, ``tests/mesh/test_wait_tracks_ttft.py``): a 42-token prompt's first token 171-183 ms against
-240-261 ms predicted, a fresh 900-token prompt 5.1 s against 5.6 s (the former model: 343-358 ms for 142-208
-ms, 4.2 s for 7.4 s). This is a FIFO bound (a worker computes the prefills round robin, so a short prompt
-behind long ones finishes earlier) and linear in ``own`` as the router wants it: :meth:`MeshLoad.linear`
-gives ``(queue_ms, ms_per_own_token)`` (a bound). Before any measurement the prefill cost is
-:data:`DEFAULT_PREFILL_MS_PER_TOKEN` and the step :data:`DEFAULT_STEP_MS` (SmolLM2-135M on three CPU
-workers, ``ethen up``).
+**Wait model** (:mod:`~ethen.mesh.orchestrator.wait_model`, pure; :func:`predicted_wait_ms`), for a
+request of ``own`` prompt tokens arriving now on a chain, three parts:
+
+- *The prefills waiting* (the prompts of the generations waiting for a first token on the chain's workers,
+  in arrival order) and its own: the orchestrator's gate lets 2 prefills into a worker at once (in arrival
+  order, :data:`~ethen.mesh.orchestrator.admission.GATE_SLOTS`) and the worker computes their slices round
+  robin, so they share it: :func:`shared_prefill_tokens` (processor sharing over 2 slots, first come first
+  served beyond) gives the token-times ``T`` until its own prefill ends, ``x prefill_ms_per_token``. (It was
+  first come, first served: a short prompt behind one long one was predicted at the long one's time, 2.2 s,
+  where it took 0.2 s.)
+- *The decoding sessions*: for every chunk of :data:`~ethen.mesh.worker.limits.PREFILL_CHUNK_TOKENS` of
+  those ``T`` they get a turn of one batched step (``step_ms``, when anything decodes). One step per chunk,
+  not ``ceil(decoding / batch_limit)`` (the earlier model): a worker alternates a prefill's slices with one
+  batched decode step of what is queued on it *now*, and a decode round is on one stage of the chain at a
+  time, so a prefill crosses about one batched step per chunk whatever the number of sessions.
+- *The prefill cost per token* is calibrated from the first tokens of requests that ran alone (nothing
+  waiting ahead, nothing decoding); one that arrived while others ran measures mostly them (calibrating from
+  it let the model's errors flow into the per-token cost, down to its 0.01 ms floor) and stands in only
+  until a clean measurement exists.
+
+Measured on three real workers (SmolLM2-135M, ``tests/mesh/test_wait_tracks_ttft.py``), predicted against
+measured first token: a 42-token prompt behind one ~1,200-token prompt 189 / 163 ms, behind three 5.7 /
+5.9 s; with 48 sessions decoding 232-237 / 151-169 ms, a fresh ~900-token prompt 4.9 / 4.8 s (the former
+model: 2.2 s / 200 ms, 5.9 / 5.3 s, 319-326 / 128-185 ms, 4.0 / 5.9 s). Linear in ``own`` as the router
+wants it: :meth:`MeshLoad.linear` gives ``(queue_ms, ms_per_own_token)``, an upper bound: the token-times
+until the request gets a slot, then ``k`` prefills sharing the worker with it (``T <= T0 + k x own``).
+Before any measurement the prefill cost is :data:`DEFAULT_PREFILL_MS_PER_TOKEN` and the step
+:data:`DEFAULT_STEP_MS` (SmolLM2-135M on three CPU workers, ``ethen up``). Not modelled: how far the
+prefills ahead have got (each counts its whole prompt: an over-estimate, within 2x in the test).
 
 **Session slots** (:func:`slot_wait_ms`, per chain :func:`chain_slot_wait_ms`): a worker holds at most a
 number of sessions of this orchestrator, the one it reports in its ``Health`` (:func:`session_cap`: the
