@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ethen.mesh.errors import MeshError
 from ethen.mesh.orchestrator.load import (
     Chain,
     LoadBook,
@@ -22,7 +23,7 @@ from ethen.mesh.orchestrator.load import (
     session_cap,
     shared_prefill_tokens,
 )
-from ethen.mesh.orchestrator.planning import route_options
+from ethen.mesh.orchestrator.planning import mark_dead, plan_route, route_options
 from ethen.mesh.routing import NodeState, RouteWeights
 from ethen.mesh.worker.limits import MAX_SESSIONS_PER_CALLER
 
@@ -251,7 +252,47 @@ def test_route_options_offer_the_other_chains_cheapest_first() -> None:
               _node("slow", 500.0, (0, 29))]
     options = route_options(states, 30, 8, RouteWeights(), "m")
     assert options[0].nodes == ("fast",)
-    assert [r.nodes for r in options[1:]] == [("mid", "tail")]  # without fast: the next cheapest chain
+    # without fast: the next cheapest chain; without fast and mid (or tail): slow
+    assert [r.nodes for r in options[1:]] == [("mid", "tail"), ("slow",)]
+    assert [r.nodes for r in route_options(states, 30, 8, RouteWeights(), "m", limit=2)] == [
+        ("fast",), ("mid", "tail")]
     assert len({r.nodes for r in options}) == len(options)
     only = route_options([_node("solo", 1.0, (0, 29))], 30, 8, RouteWeights(), "m")
     assert [r.nodes for r in only] == [("solo",)]  # no other chain: the bound refuses
+
+
+_LAYERS = 6
+_SPANS = st.sampled_from([(0, 5), (0, 2), (3, 5), (0, 3), (4, 5), (2, 5), (0, 1)])
+_MESH = st.lists(st.tuples(st.floats(1, 100), st.lists(_SPANS, min_size=1, max_size=2)), min_size=1,
+                 max_size=5)
+
+
+@given(_MESH, st.integers(1, 8))
+def test_route_options_are_the_chains_of_every_dead_set(mesh: list[tuple[float, list[tuple[int, int]]]],
+                                                        limit: int) -> None:
+    """Brute force: plan with every subset of the workers left out; the chains found (non-degraded) are the
+    options with no limit, the planned route first, then by cost; with a limit, as many of them (the first
+    ones found, breadth first), in the same order."""
+    states = [NodeState(f"n{i}", lat, 0.0, 1.0, sorted(set(spans))) for i, (lat, spans) in enumerate(mesh)]
+    ids = [x.node_id for x in states]
+    try:
+        best = plan_route(states, _LAYERS, 4, RouteWeights(), "m")
+    except MeshError:
+        with pytest.raises(MeshError):
+            route_options(states, _LAYERS, 4, RouteWeights(), "m")
+        return
+    every: dict[tuple[str, ...], float] = {}
+    for mask in range(1 << len(ids)):
+        dead = [n for i, n in enumerate(ids) if mask >> i & 1]
+        try:
+            r = plan_route(mark_dead(states, dead), _LAYERS, 4, RouteWeights(), "m")
+        except MeshError:
+            continue
+        if not r.degraded:
+            every[r.nodes] = r.cost
+    oracle = [best.nodes, *sorted((c for c in every if c != best.nodes), key=lambda c: (every[c], c))]
+    got = [r.nodes for r in route_options(states, _LAYERS, 4, RouteWeights(), "m", limit=64)]
+    assert got == oracle
+    few = [r.nodes for r in route_options(states, _LAYERS, 4, RouteWeights(), "m", limit=limit)]
+    assert len(few) == min(limit, len(oracle)) and few[0] == best.nodes
+    assert few == [c for c in oracle if c in few]
