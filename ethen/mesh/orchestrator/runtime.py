@@ -116,11 +116,11 @@ class MeshGeneration:
                                 f"{'>'.join(load.chain) or '-'} (max_queue = {o.max_queue} per chain, "
                                 f"{len(chains)} chain(s) tried)", queue_retry_after_s(load.linear()[0]))
         ticket, index = got
-        if index:  # the preferred chain's queue is full: this one has room
-            self.session.close()
-            self.session = o.open_session(len(self.prompt_ids), self.options[index], self.prompt_ids)
         begun = last = time.perf_counter()
         try:
+            if index:  # the preferred chain's queue is full: this one has room
+                self.session.close()
+                self.session = o.open_session(len(self.prompt_ids), self.options[index], self.prompt_ids)
             for chunk in generate_stream(self.session.step, o.tokenizer, self.prompt_ids, self.params,
                                          o.context_length):
                 if chunk.token_id is not None:
