@@ -72,7 +72,6 @@ from dataclasses import dataclass
 from ethen.mesh.orchestrator.wait_model import (
     DEFAULT_PREFILL_MS_PER_TOKEN,
     DEFAULT_STEP_MS,
-    HISTORY_S,
     Chain,
     ChainCounts,
     MeshLoad,
@@ -89,10 +88,13 @@ from ethen.mesh.orchestrator.wait_model import (
 )
 from ethen.mesh.worker.limits import MAX_DECODE_BATCH, MAX_SESSIONS_PER_CALLER
 
+HISTORY_S = 600.0  # the load book keeps a sample per second (when something happens) for this long
+
 __all__ = ["DEFAULT_PREFILL_MS_PER_TOKEN", "DEFAULT_STEP_MS", "HISTORY_S", "Chain", "ChainCounts", "LoadBook",
            "LoadSample", "MeshLoad", "chain_counts", "chain_slot_wait_ms", "pick_chain", "predicted_wait_ms",
            "prefill_ms_per_token_of", "queue_admits", "queue_retry_after_s", "session_cap",
            "shared_prefill_tokens", "slot_wait_ms"]
+
 
 @dataclass(frozen=True, slots=True)
 class LoadSample:

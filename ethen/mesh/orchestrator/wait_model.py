@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ethen.mesh.orchestrator.admission import GATE_SLOTS
 from ethen.mesh.worker.limits import MAX_DECODE_BATCH, MAX_SESSIONS_PER_CALLER, PREFILL_CHUNK_TOKENS
 
-__all__ = ["DEFAULT_PREFILL_MS_PER_TOKEN", "DEFAULT_STEP_MS", "HISTORY_S", "Chain", "ChainCounts", "MeshLoad",
+__all__ = ["DEFAULT_PREFILL_MS_PER_TOKEN", "DEFAULT_STEP_MS", "Chain", "ChainCounts", "MeshLoad",
            "chain_counts", "chain_slot_wait_ms", "pick_chain", "predicted_wait_ms", "prefill_ms_per_token_of",
            "queue_admits", "queue_retry_after_s", "session_cap", "shared_prefill_tokens", "slot_wait_ms"]
 
@@ -19,7 +19,6 @@ Chain = tuple[str, ...]
 DEFAULT_PREFILL_MS_PER_TOKEN = 1.0
 DEFAULT_STEP_MS = 30.0
 _MIN_PREFILL_MS_PER_TOKEN = 0.01
-HISTORY_S = 600.0  # the load book keeps a sample per second (when something happens) for this long
 _MAX_RETRY_AFTER_S = 60
 
 
@@ -104,7 +103,8 @@ def session_cap(max_sessions: int, max_per_caller: int) -> int:
 
 
 def slot_wait_ms(sessions: int, max_sessions: int, generation_ms: float) -> float:
-    """The wait for a session slot of a new request when ``sessions`` are in flight (module docstring)."""
+    """The wait for a session slot of a new request when ``sessions`` are in flight
+    (:mod:`~ethen.mesh.orchestrator.load`)."""
     over = sessions + 1 - max(1, max_sessions)
     return math.ceil(over / max(1, max_sessions)) * generation_ms if over > 0 else 0.0
 
