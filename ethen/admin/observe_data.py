@@ -230,20 +230,28 @@ def _terms(weights: Any, state: Any) -> dict[str, float]:
 
 
 def mesh_load(orch: Any, prompt_tokens: int, spilled: float) -> dict[str, Any]:
-    """Issue 44: the orchestrator's load now and over the last minutes (its load book), the predicted wait of
-    a request of ``prompt_tokens`` now, and the share of the requests it was preferred for that spilled
-    elsewhere (``spilled``: ``ethen_gateway_spillover_total{from=<this provider>}`` summed)."""
+    """Issue 44: the orchestrator's load now (of the chain a new request would take) and per chain, and over
+    the last minutes (its load book), the predicted wait of a request of ``prompt_tokens`` now, and the
+    share of the requests it was preferred for that spilled elsewhere (``spilled``:
+    ``ethen_gateway_spillover_total{from=<this provider>}`` summed)."""
     book = orch.load_book
-    now = book.snapshot()
+    now = orch.load_now()
     started = book.started
     return {
+        "chain": list(now.chain),
         "prefilling": now.prefilling, "decoding": now.decoding, "queued_tokens": now.queued_tokens,
         "step_ms": now.step_ms, "prefill_ms_per_token": now.prefill_ms_per_token,
-        "batch_limit": now.batch_limit, "predicted_wait_ms": now.wait_ms(prompt_tokens),
+        "batch_limit": now.batch_limit, "max_sessions": now.max_sessions,
+        "predicted_wait_ms": now.wait_ms(prompt_tokens),
         "started": started, "spilled": spilled,
         "spilled_share": spilled / (spilled + started) if spilled + started else None,
+        "chains": [{"nodes": list(c), "prefilling": x.prefilling, "decoding": x.decoding,
+                    "queued_tokens": x.queued_tokens, "max_sessions": x.max_sessions,
+                    "predicted_wait_ms": x.wait_ms(prompt_tokens)} for c, x in book.chains().items()],
         "history": [{"at": x.at, "prefilling": x.prefilling, "decoding": x.decoding,
-                     "queued_tokens": x.queued_tokens, "queue_ms": x.queue_ms, "started": x.started}
+                     "queued_tokens": x.queued_tokens, "queue_ms": x.queue_ms, "started": x.started,
+                     "chains": [{"nodes": list(c), "prefilling": w, "decoding": d, "queue_ms": q}
+                                for c, w, d, q in x.chains]}
                     for x in book.history()],
     }
 

@@ -360,6 +360,12 @@ def test_mesh_page_in_chromium(tmp_path: Path, browser: Any) -> None:
               return [...document.querySelectorAll('#m-body .uplot')].map((u) => {
                 const r = u.getBoundingClientRect(); return c.left <= r.left && r.right <= c.right; }); }""")
             assert fits == [True, True], fits  # each chart inside its card
+            # per chain (the route's workers in order): its queue, sessions, cap and predicted wait
+            chains = page.locator("#m-body table.mesh").filter(has_text="session cap")
+            assert chains.count() == 1 and chains.locator("th").first.inner_text() == "chain"
+            cells = chains.locator("tbody tr").first.locator("td").all_text_contents()
+            assert " → " in cells[0] and cells[1:4] == ["0", "0", "0"] and cells[4] == "64", cells
+            assert cells[5].endswith(" ms"), cells
             ctx.close()
     finally:
         for w in workers.values():

@@ -19,16 +19,13 @@ from ethen.mesh.orchestrator.load import (
 from ethen.mesh.worker.limits import MAX_DECODE_BATCH, PREFILL_CHUNK_TOKENS
 
 
-def brute_wait(queued: int, own: int, decoding: int, step: float, per_tok: float, batch: int) -> float:
+def brute_wait(queued: int, own: int, decoding: int, step: float, per_tok: float) -> float:
     """Token by token: every prefill token costs per_tok; every time a chunk of 128 starts, the decoding
-    sessions get one turn: batches of `batch` steps, one after the other."""
+    sessions (if any) get one turn: one batched step, whatever their number."""
     total = 0.0
     for i in range(queued + own):
-        if i % PREFILL_CHUNK_TOKENS == 0:
-            left = decoding
-            while left > 0:
-                total += step
-                left -= batch
+        if i % PREFILL_CHUNK_TOKENS == 0 and decoding > 0:
+            total += step
         total += per_tok
     return total
 
@@ -37,14 +34,15 @@ def brute_wait(queued: int, own: int, decoding: int, step: float, per_tok: float
        st.integers(1, 32))
 def test_wait_matches_brute_force(queued: int, own: int, decoding: int, step: float, per_tok: float,
                                   batch: int) -> None:
-    got = predicted_wait_ms(queued, own, decoding, step, per_tok, batch)
-    assert got == pytest.approx(brute_wait(queued, own, decoding, step, per_tok, batch), rel=1e-9, abs=1e-6)
+    got = predicted_wait_ms(queued, own, decoding, step, per_tok)
+    assert got == pytest.approx(brute_wait(queued, own, decoding, step, per_tok), rel=1e-9, abs=1e-6)
     load = MeshLoad(0, decoding, queued, step, per_tok, batch)
     q, k = load.linear()
-    turn = math.ceil(decoding / batch) * step
+    turn = step if decoding else 0.0
+    assert load.ms_per_output_token == pytest.approx(math.ceil((decoding + 1) / batch) * step)
     assert got - 1e-6 <= q + own * k <= got + 2 * turn + 1e-6  # the linear form: a bound, within 2 turns
     if own + queued > 0 and got > 0:
-        inv = prefill_ms_per_token_of(got, queued, own, decoding, step, batch)
+        inv = prefill_ms_per_token_of(got, queued, own, decoding, step)
         assert inv == pytest.approx(max(0.01, per_tok), rel=1e-6, abs=1e-6)
 
 
@@ -60,8 +58,8 @@ def test_book_counts_the_queue_and_calibrates() -> None:
     assert (snap.prefilling, snap.decoding, snap.queued_tokens, snap.sessions) == (1, 1, 100, 2)
     book.step(40.0)  # one session decoding: one batched step
     assert book.step_ms == 40.0
-    busy = book.snapshot()
-    assert busy.wait_ms(50) == pytest.approx(150 * 2.0 + math.ceil(150 / 128) * 40.0)
+    busy = book.snapshot()  # 50 tokens share the worker with the 100 waiting: 2 x 50 token-times, one turn
+    assert busy.wait_ms(50) == pytest.approx(100 * 2.0 + math.ceil(100 / 128) * 40.0)
     book.end(b)  # ended before its first token: leaves the queue
     book.end(a)
     snap = book.snapshot()

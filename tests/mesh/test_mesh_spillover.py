@@ -67,6 +67,10 @@ def test_a_loaded_mesh_spills_to_the_cloud_and_takes_the_traffic_back(worker: Wo
             assert max(s["queue_ms"] for s in view["history"]) > TARGET_MS
             assert (view["prefilling"], view["decoding"], view["queued_tokens"]) == (0, 0, 0)
             assert view["predicted_wait_ms"] > 0
+            # per chain (the one worker's): its own queue now and over time, and its reported session cap
+            assert view["chain"] == ["solo"] and [c["nodes"] for c in view["chains"]] == [["solo"]]
+            assert view["chains"][0]["max_sessions"] == view["max_sessions"] == 64
+            assert max(c["queue_ms"] for s in view["history"] for c in s["chains"]) > TARGET_MS
 
 
 def _scenario(base: str, gw: Any) -> None:

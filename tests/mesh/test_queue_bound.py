@@ -90,17 +90,18 @@ def test_a_full_queue_is_refused_at_once_before_any_worker_is_asked() -> None:
     orch = provider._loader()  # embeddings + head load; the worker address answers nothing
     try:
         assert orch.max_queue == 1
-        held = orch.load_book.try_begin(300, orch.max_queue)
+        route = _any_route(orch)
+        held = orch.load_book.try_begin(300, orch.max_queue, route.nodes)  # waits on the route's chain
         assert held is not None
-        gen = orch.generate([1, 2, 3, 4], SamplingParams(max_tokens=2), route=_any_route(orch))
+        gen = orch.generate([1, 2, 3, 4], SamplingParams(max_tokens=2), route=route)
         t0 = time.monotonic()
         with pytest.raises(MeshSaturated) as info:
             gen.result()
         assert time.monotonic() - t0 < 1.0
         assert "max_queue = 1" in str(info.value) and info.value.retry_after_s >= 1
-        snap = orch.load_book.snapshot()
+        snap = orch.load_book.load(route.nodes)
         assert (snap.prefilling, snap.queued_tokens) == (1, 300)  # the refused one left nothing counted
         orch.load_book.first_token(held, 50.0)
-        assert orch.load_book.try_begin(4, orch.max_queue) is not None  # room again
+        assert orch.load_book.try_begin(4, orch.max_queue, route.nodes) is not None  # room again
     finally:
         orch.close()

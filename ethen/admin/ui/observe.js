@@ -109,6 +109,20 @@ function meshLoad(box, m) {
     `${num(l.prefill_ms_per_token, 2)} ms/token · predicted wait for a ${m.prompt_tokens}-token prompt ` +
     `${num(l.predicted_wait_ms, 0)} ms · spilled elsewhere: ${l.spilled} of ${l.spilled + l.started} (${share})`,
     "load"));
+  if (l.chains && l.chains.length) {  // per chain (a route's workers in order): its own queue and wait
+    const t = el("table", null, "mesh");
+    const head = el("thead");
+    head.appendChild(row(["chain", "waiting", "decoding", "queued tokens", "session cap (busiest worker)",
+      `predicted wait (${m.prompt_tokens} tokens)`].map((h) => el("th", h))));
+    t.appendChild(head);
+    const body = el("tbody");
+    for (const c of l.chains) {
+      body.appendChild(row([c.nodes.join(" → ") || "-", c.prefilling, c.decoding, c.queued_tokens,
+        c.max_sessions, `${num(c.predicted_wait_ms, 0)} ms`]));
+    }
+    t.appendChild(body);
+    box.appendChild(scroller(t));
+  }
   const h = l.history;
   if (!h.length) { box.appendChild(el("p", "no generation yet", "muted")); return; }
   const xs = h.map((s) => s.at);
@@ -119,8 +133,14 @@ function meshLoad(box, m) {
   const common = (title, names, colors) => ({ width: chartWidth(queue), height: 180, title,
     series: [{}, ...names.map((label, i) => ({ label, stroke: colors[i], width: 2,
       paths: uPlot.paths.stepped({ align: 1 }) }))], scales: { x: { time: true } } });
-  meshCharts.push(new uPlot(common("predicted wait before the own prefill (ms)", ["queue ms"], [OBS_COLORS[1]]),
-    [xs, h.map((s) => s.queue_ms)], queue));
+  const keys = [...new Set(h.flatMap((s) => (s.chains || []).map((c) => c.nodes.join(" → "))))].slice(0, 6);
+  const perChain = keys.map((k) => h.map((s) => {
+    const c = (s.chains || []).find((x) => x.nodes.join(" → ") === k);
+    return c ? c.queue_ms : null;
+  }));
+  meshCharts.push(new uPlot(common("predicted wait before the own prefill (ms)", ["least of the chains", ...keys],
+    [OBS_COLORS[1], ...keys.map((_, i) => OBS_COLORS[(i + 2) % OBS_COLORS.length])]),
+    [xs, h.map((s) => s.queue_ms), ...perChain], queue));
   meshCharts.push(new uPlot(common("sessions and queued prompt tokens",
     ["waiting for first token", "decoding", "queued tokens / 100"], OBS_COLORS),
     [xs, h.map((s) => s.prefilling), h.map((s) => s.decoding), h.map((s) => s.queued_tokens / 100)], spill));

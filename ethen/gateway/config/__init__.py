@@ -14,7 +14,7 @@ Layout (see ``examples/gateway.toml``)::
                         unset = the spec's defaults), fallback_model, health_interval_s, forward_timeout_s,
                         progress_timeout_s (a stage call's deadline per 128 rows: stuck nodes),
                         admission_timeout_s (a request's wait for worker slots: 503 mesh_saturated),
-                        max_queue (requests waiting for a first token; one more: refused at once),
+                        max_queue (per chain: requests waiting for a first token; then another chain),
                         start_timeout_s, join, member_expiry_s (10: a joined worker silent this long
                         leaves; ethen.mesh.orchestrator.members), insecure (a join registry without a
                         token), allow_private_join (Joins at private addresses) (see

@@ -254,11 +254,12 @@ class MeshProvider(Provider):
 
     def capacity(self) -> ProviderCapacity | None:
         """Issue 44: the orchestrator's load book (:mod:`ethen.mesh.orchestrator.load`): the prefill queue,
-        the sessions decoding, the measured step and prefill cost, linear in the request's own prompt."""
+        the sessions decoding, the measured step and prefill cost, linear in the request's own prompt, of
+        the chain a new request would take (:meth:`Orchestrator.load_now`; no call to a worker)."""
         orch = self._orchestrator
         if orch is None:
             return None
-        load = orch.load_book.snapshot()
+        load = orch.load_now(_STALE_S)
         queue_ms, per_token = load.linear()
         return ProviderCapacity(queue_ms, per_token, "mesh", load.ms_per_output_token)
 

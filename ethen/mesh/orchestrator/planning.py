@@ -1,6 +1,10 @@
 """Pure route planning for the orchestrator: the first route of a session, and its recomposition on failure.
 
 - :func:`plan_route` is ``score_route`` over the model's whole layer window.
+- :func:`route_options` (issue 44, a bounded queue per chain): that route and the routes planned with some
+  of its workers left out (breadth first), cheapest first, one per chain, at most
+  :data:`MAX_ROUTE_OPTIONS`: where a generation goes when its preferred chain's queue is full
+  (:func:`~ethen.mesh.orchestrator.load.pick_chain`).
 - :func:`recompose` follows spec §6 with ``failover``. The router's failover substitutes per layer and does
   not check that a substitute's fragment starts at the hand-off layer, but a worker only runs whole
   fragments (spec §3). So when the failover route asks some node for a span that is not a union of its whole
@@ -15,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
+from ethen.mesh.errors import MeshError
 from ethen.mesh.orchestrator.errors import DegradedRoute
 from ethen.mesh.routing import (
     NodeState,
@@ -27,7 +32,10 @@ from ethen.mesh.routing import (
     score_route_cached,
 )
 
-__all__ = ["mark_dead", "plan_route", "recompose", "runs_whole_fragments"]
+__all__ = ["MAX_ROUTE_OPTIONS", "mark_dead", "plan_route", "recompose", "route_options",
+           "runs_whole_fragments"]
+
+MAX_ROUTE_OPTIONS = 8  # chains a generation may try when the preferred one's queue is full
 
 
 def plan_route(states: Iterable[NodeState], n_layers: int, prompt_tokens: int, weights: RouteWeights,
@@ -39,6 +47,37 @@ def plan_route(states: Iterable[NodeState], n_layers: int, prompt_tokens: int, w
     if cached:
         return score_route_cached(request, tuple(states), weights, model, cached)
     return score_route(request, tuple(states), weights, model)
+
+
+def route_options(states: Iterable[NodeState], n_layers: int, prompt_tokens: int, weights: RouteWeights,
+                  model: str, cached: Mapping[str, Mapping[int, int]] | None = None,
+                  limit: int = MAX_ROUTE_OPTIONS) -> tuple[Route, ...]:
+    """:func:`plan_route` (raises ``NoRouteAvailable``) then, cheapest first (ties by nodes), routes on other
+    chains (``Route.nodes``), at most ``limit`` in all: planned with a worker of an offered route left out,
+    then one of that route's too, and so on (breadth first, at most ``4 x limit`` plans)."""
+    states = tuple(states)
+    best = plan_route(states, n_layers, prompt_tokens, weights, model, cached)
+    found: dict[tuple[str, ...], Route] = {best.nodes: best}
+    frontier: list[tuple[frozenset[str], Route]] = [(frozenset(), best)]
+    tried: set[frozenset[str]] = {frozenset()}
+    plans = 0
+    while frontier and len(found) < limit and plans < 4 * limit:
+        dead, route = frontier.pop(0)
+        for node in dict.fromkeys(route.nodes):
+            out = dead | {node}
+            if out in tried or plans >= 4 * limit:
+                continue
+            tried.add(out)
+            plans += 1
+            try:
+                alt = plan_route(mark_dead(states, out), n_layers, prompt_tokens, weights, model, cached)
+            except MeshError:
+                continue
+            if not alt.degraded:
+                frontier.append((out, alt))
+                found.setdefault(alt.nodes, alt)
+    others = sorted((r for c, r in found.items() if c != best.nodes), key=lambda r: (r.cost, r.nodes))
+    return (best, *others[: max(0, limit - 1)])
 
 
 def mark_dead(states: Iterable[NodeState], node_ids: Iterable[str]) -> tuple[NodeState, ...]:

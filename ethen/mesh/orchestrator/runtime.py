@@ -24,9 +24,12 @@ Choices where the spec is silent:
   that gets no slot within ``admission_timeout_s`` before its first token is refused with
   :class:`~ethen.mesh.orchestrator.errors.MeshSaturated`), and a worker that makes progress is busy, not
   dead (its Health polls may time out, a call to it may run out of time: it is not backed off). With
-  ``max_queue`` (issue 44), a generation that finds that many waiting for their first token is refused at
-  once (:class:`~ethen.mesh.orchestrator.errors.MeshSaturated`,
-  :meth:`~ethen.mesh.orchestrator.load.LoadBook.try_begin`).
+  ``max_queue`` (issue 44), a bound per chain (the route's workers in order): a generation goes to the first
+  of its route options (:func:`~ethen.mesh.orchestrator.planning.route_options`) whose chain has fewer than
+  that many waiting for their first token, and with every chain full it is refused at once
+  (:class:`~ethen.mesh.orchestrator.errors.MeshSaturated`,
+  :meth:`~ethen.mesh.orchestrator.load.LoadBook.try_begin_any`). The load book's session caps are the
+  workers' own (their ``Health``, :meth:`~ethen.mesh.orchestrator.telemetry.HealthMonitor.session_caps`).
 - The async API (:meth:`MeshGeneration.__aiter__`) runs the blocking loop on a thread and hands chunks to the
   event loop, so an ASGI gateway can stream without blocking.
 """
@@ -44,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ethen.mesh.auth import ClientCredentials, TokenAuth
+from ethen.mesh.errors import MeshError
 from ethen.mesh.model_id import model_fingerprint
 from ethen.mesh.orchestrator.admission import NodeGate
 from ethen.mesh.orchestrator.backoff import Backoff
@@ -51,8 +55,8 @@ from ethen.mesh.orchestrator.chain import ChainReceiver
 from ethen.mesh.orchestrator.client import WorkerClient
 from ethen.mesh.orchestrator.errors import MeshSaturated
 from ethen.mesh.orchestrator.head import SplitHead
-from ethen.mesh.orchestrator.load import LoadBook, queue_retry_after_s
-from ethen.mesh.orchestrator.planning import plan_route, recompose
+from ethen.mesh.orchestrator.load import LoadBook, MeshLoad, queue_retry_after_s
+from ethen.mesh.orchestrator.planning import plan_route, recompose, route_options
 from ethen.mesh.orchestrator.prefix import (
     fragment_cached_tokens,
     prefix_chain,
@@ -82,9 +86,10 @@ class MeshGeneration:
     """One generation: route chosen at creation (routing errors raise there), chunks when iterated."""
 
     def __init__(self, orchestrator: Orchestrator, session: MeshSession, prompt_ids: Sequence[int],
-                 params: SamplingParams) -> None:
+                 params: SamplingParams, options: Sequence[Route] = ()) -> None:
         self.orchestrator = orchestrator
         self.session = session
+        self.options = tuple(options) or (session.route,)  # the session's route first, then other chains
         self.prompt_ids = list(prompt_ids)
         self.params = params
         self.token_ids: list[int] = []
@@ -100,14 +105,22 @@ class MeshGeneration:
 
     def __iter__(self) -> Iterator[GenerationChunk]:
         o = self.orchestrator
-        ticket = o.load_book.try_begin(len(self.prompt_ids), o.max_queue)  # issue 44: capacity signal, bound
-        if ticket is None:  # the queue is full: refused at once, before any worker is asked
+        book = o.load_book
+        book.caps = o.monitor.session_caps()  # the workers' own session caps (their Health)
+        chains = [r.nodes for r in self.options]
+        got = book.try_begin_any(len(self.prompt_ids), o.max_queue, chains)  # issue 44: signal and bound
+        if got is None:  # every chain's queue is full: refused at once, before any worker is asked
             self.session.close()
-            load = o.load_book.snapshot()
-            raise MeshSaturated(f"{load.prefilling} requests wait for their first token (max_queue = "
-                                f"{o.max_queue})", queue_retry_after_s(load.linear()[0]))
+            load = book.snapshot(chains)
+            raise MeshSaturated(f"{load.prefilling} requests wait for their first token on chain "
+                                f"{'>'.join(load.chain) or '-'} (max_queue = {o.max_queue} per chain, "
+                                f"{len(chains)} chain(s) tried)", queue_retry_after_s(load.linear()[0]))
+        ticket, index = got
         begun = last = time.perf_counter()
         try:
+            if index:  # the preferred chain's queue is full: this one has room
+                self.session.close()
+                self.session = o.open_session(len(self.prompt_ids), self.options[index], self.prompt_ids)
             for chunk in generate_stream(self.session.step, o.tokenizer, self.prompt_ids, self.params,
                                          o.context_length):
                 if chunk.token_id is not None:
@@ -117,7 +130,7 @@ class MeshGeneration:
                         self.first_token_s = now - self.started
                         o.load_book.first_token(ticket, (now - begun) * 1000.0)
                     else:
-                        o.load_book.step((now - last) * 1000.0)
+                        o.load_book.step((now - last) * 1000.0, ticket)
                     last = now
                 self.text += chunk.text
                 if chunk.finish_reason is not None:
@@ -354,6 +367,31 @@ class Orchestrator:
         return plan_route(states, self.config.n_layers, prompt_tokens, self.weights, self.model_name,
                           cached)
 
+    def route_options(self, prompt_tokens: int, prompt_ids: Sequence[int] | None = None,
+                      states: Sequence[NodeState] | None = None) -> tuple[Route, ...]:
+        """:meth:`route_for`'s route, then routes over other chains (cheapest first,
+        :func:`~ethen.mesh.orchestrator.planning.route_options`); raises ``NoRouteAvailable``. ``states``:
+        the workers' states to plan on (default: :meth:`states`, which polls a stale worker)."""
+        states = tuple(self.states() if states is None else states)
+        cached: dict[str, dict[int, int]] = {}
+        if prompt_ids:
+            chain = prefix_chain(self.prefix_key, prompt_ids)
+            cached = fragment_cached_tokens(chain, self.monitor.prefix_holdings(),
+                                            [s.node_id for s in states], prompt_tokens)
+        return route_options(states, self.config.n_layers, prompt_tokens, self.weights, self.model_name,
+                             cached)
+
+    def load_now(self, stale_s: float = 5.0) -> MeshLoad:
+        """Issue 44: the load of the chain a new request would take now (the first of its route options
+        with queue room, :meth:`~ethen.mesh.orchestrator.load.LoadBook.snapshot`), planned on the workers'
+        last Health polls (at most ``stale_s`` old): no call to any worker."""
+        self.load_book.caps = self.monitor.session_caps()
+        try:
+            options = self.route_options(1, states=[s for s, _ in self.monitor.polled(stale_s)])
+        except MeshError:
+            return self.load_book.snapshot()
+        return self.load_book.snapshot([r.nodes for r in options], self.max_queue)
+
     def open_session(self, prompt_tokens: int, route: Route | None = None,
                      prompt_ids: Sequence[int] | None = None) -> MeshSession:
         chosen = route if route is not None else self.route_for(prompt_tokens, prompt_ids)
@@ -375,8 +413,16 @@ class Orchestrator:
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams,
                  route: Route | None = None) -> MeshGeneration:
-        """Start a generation (routes now; iterate the result, sync or async, for chunks)."""
-        return MeshGeneration(self, self.open_session(len(prompt_ids), route, prompt_ids), prompt_ids, params)
+        """Start a generation (routes now; iterate the result, sync or async, for chunks). Without a
+        ``route``, the generation may move to another of the route options when the preferred chain's queue
+        is full (``max_queue``)."""
+        if route is not None:
+            return MeshGeneration(self, self.open_session(len(prompt_ids), route, prompt_ids), prompt_ids,
+                                  params)
+        options = self.route_options(len(prompt_ids), prompt_ids) if self.max_queue is not None else ()
+        first = options[0] if options else None
+        return MeshGeneration(self, self.open_session(len(prompt_ids), first, prompt_ids), prompt_ids, params,
+                              options)
 
     def chat(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams) -> MeshGeneration:
         return self.generate(self.chat_prompt(messages), params)

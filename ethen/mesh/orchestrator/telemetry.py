@@ -60,6 +60,7 @@ from ethen.mesh.orchestrator.admission import busy_not_dead
 from ethen.mesh.orchestrator.backoff import Backoff
 from ethen.mesh.orchestrator.client import WorkerClient
 from ethen.mesh.orchestrator.errors import NodeError
+from ethen.mesh.orchestrator.load import session_cap
 from ethen.mesh.orchestrator.prefix import PrefixHolding
 from ethen.mesh.proto import mesh_pb2
 from ethen.mesh.routing import NodeState
@@ -309,6 +310,15 @@ class HealthMonitor:
                     if n in self.clients and h.reply is not None}
         return {n: PrefixHolding(tuple((r.first, r.last) for r in reply.served_layers),
                                  frozenset(reply.cached_prefixes)) for n, reply in good.items()}
+
+    def session_caps(self) -> dict[str, int]:
+        """Per watched worker that answered a Health poll, the sessions it says it holds for this orchestrator
+        at most (:func:`~ethen.mesh.orchestrator.load.session_cap`: the smaller of its ``max_sessions`` and
+        ``max_sessions_per_caller``, the default for a worker that does not say); no call."""
+        with self._lock:
+            good = {n: h.reply for n, h in self._last_good.items()
+                    if n in self.clients and h.reply is not None}
+        return {n: session_cap(r.max_sessions, r.max_sessions_per_caller) for n, r in good.items()}
 
     def snapshot(self) -> dict[str, NodeHealth]:
         with self._lock:

@@ -139,7 +139,7 @@ class LayerRange(_message.Message):
     def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
 
 class HealthResponse(_message.Message):
-    __slots__ = ("node_id", "served_layers", "latency_ms", "load", "served_requests", "failed_requests", "alive", "capacity_score", "active_sessions", "cache_bytes", "cache_bytes_limit", "draining", "model_sha256", "cached_prefixes", "prefix_hits", "prefix_tokens_reused")
+    __slots__ = ("node_id", "served_layers", "latency_ms", "load", "served_requests", "failed_requests", "alive", "capacity_score", "active_sessions", "cache_bytes", "cache_bytes_limit", "draining", "model_sha256", "cached_prefixes", "prefix_hits", "prefix_tokens_reused", "max_sessions", "max_sessions_per_caller")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SERVED_LAYERS_FIELD_NUMBER: _ClassVar[int]
     LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,8 @@ class HealthResponse(_message.Message):
     CACHED_PREFIXES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HITS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_TOKENS_REUSED_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_PER_CALLER_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     served_layers: _containers.RepeatedCompositeFieldContainer[LayerRange]
     latency_ms: float
@@ -172,7 +174,9 @@ class HealthResponse(_message.Message):
     cached_prefixes: _containers.RepeatedScalarFieldContainer[str]
     prefix_hits: int
     prefix_tokens_reused: int
-    def __init__(self, node_id: _Optional[str] = ..., served_layers: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., latency_ms: _Optional[float] = ..., load: _Optional[float] = ..., served_requests: _Optional[int] = ..., failed_requests: _Optional[int] = ..., alive: _Optional[bool] = ..., capacity_score: _Optional[float] = ..., active_sessions: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_bytes_limit: _Optional[int] = ..., draining: _Optional[bool] = ..., model_sha256: _Optional[str] = ..., cached_prefixes: _Optional[_Iterable[str]] = ..., prefix_hits: _Optional[int] = ..., prefix_tokens_reused: _Optional[int] = ...) -> None: ...
+    max_sessions: int
+    max_sessions_per_caller: int
+    def __init__(self, node_id: _Optional[str] = ..., served_layers: _Optional[_Iterable[_Union[LayerRange, _Mapping]]] = ..., latency_ms: _Optional[float] = ..., load: _Optional[float] = ..., served_requests: _Optional[int] = ..., failed_requests: _Optional[int] = ..., alive: _Optional[bool] = ..., capacity_score: _Optional[float] = ..., active_sessions: _Optional[int] = ..., cache_bytes: _Optional[int] = ..., cache_bytes_limit: _Optional[int] = ..., draining: _Optional[bool] = ..., model_sha256: _Optional[str] = ..., cached_prefixes: _Optional[_Iterable[str]] = ..., prefix_hits: _Optional[int] = ..., prefix_tokens_reused: _Optional[int] = ..., max_sessions: _Optional[int] = ..., max_sessions_per_caller: _Optional[int] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)

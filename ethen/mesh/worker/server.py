@@ -516,7 +516,8 @@ class WorkerService(mesh_pb2_grpc.MeshWorkerServicer):
             failed_requests=snap.failed_requests, alive=not self.draining,
             capacity_score=self.config.capacity_score, active_sessions=sessions, cache_bytes=nbytes,
             cache_bytes_limit=self.store.max_bytes, draining=self.draining, model_sha256=self.model_sha256,
-            cached_prefixes=prefixes, prefix_hits=hits, prefix_tokens_reused=reused)
+            cached_prefixes=prefixes, prefix_hits=hits, prefix_tokens_reused=reused,
+            max_sessions=self.store.max_sessions, max_sessions_per_caller=self.store.max_per_owner)
 
     def CloseSession(
         self, request: mesh_pb2.CloseSessionRequest, context: Any
