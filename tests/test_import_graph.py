@@ -54,7 +54,7 @@ LAZY_ALLOWED: dict[tuple[str, str], str] = {
     ("ethen.model.attend", "numba"): _WEIGHTS,
     ("ethen.model.tiny_gguf", "gguf"): _WEIGHTS,
     ("ethen.admin.observe_data", "ethen.gateway.providers.mesh"): _MESH_STACK,
-    ("ethen.gateway.config.schema", "ethen.mesh.auth"): "start-up: gRPC loads only to check a mesh join",
+    ("ethen.gateway.config.providers", "ethen.mesh.auth"): "start-up: gRPC loads only to check a mesh join",
     ("ethen.gateway.providers", "ethen.gateway.providers.mesh"): _MESH_STACK,
     ("ethen.gateway_cli", "ethen.app"): _GATEWAY_CLI,
     ("ethen.gateway_cli", "ethen.gateway.accounting.auth"): _GATEWAY_CLI,

@@ -23,7 +23,8 @@ from ethen.gateway.errors import GatewayConfigError
 from ethen.paths import default_store_url
 
 from .load import parse_config
-from .schema import MESH_MODEL, GatewayConfig
+from .providers import MESH_MODEL
+from .schema import GatewayConfig
 
 __all__ = ["DB_ENV", "MERGED_SECTIONS", "embedded_store", "load_overlay", "merge_overlay", "parse_overlay",
            "read_overlay", "stand_in_document"]
