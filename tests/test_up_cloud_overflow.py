@@ -12,7 +12,7 @@ import pytest
 from ethen.gateway.config import GatewayConfig
 from ethen.gateway.config.overlay import MERGED_SECTIONS, load_overlay, merge_overlay, parse_overlay
 from ethen.gateway.errors import GatewayConfigError
-from ethen.up import gateway_document
+from ethen.up_config import gateway_document
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERLAY = ROOT / "examples" / "cloud-overflow.toml"

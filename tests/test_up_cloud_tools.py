@@ -1,10 +1,10 @@
 """``ethen up --config examples/cloud-tools.toml`` (issue 42 item 12): the overlay the README points
 tool-using clients at. It merges into ``ethen up``'s generated config with ``ethen up``'s own code
-(:func:`ethen.up.gateway_document`, written and loaded as ``ethen up`` does, keys from the environment), and
-with a scripted upstream standing in for Anthropic and OpenAI, what Claude Code and Codex send reaches a
-tool-capable long-context route: a tool request to ``ethen/auto``, and a Messages request for Claude Code's
-own model name (``[model_map]``) with a long system prompt and ``max_tokens`` 32,000. Without the overlay the
-same tool request is refused (only the mesh's SmolLM2 is configured: no tools)."""
+(:func:`ethen.up_config.gateway_document`, written and loaded as ``ethen up`` does, keys from the
+environment), and with a scripted upstream standing in for Anthropic and OpenAI, what Claude Code and Codex
+send reaches a tool-capable long-context route: a tool request to ``ethen/auto``, and a Messages request for
+Claude Code's own model name (``[model_map]``) with a long system prompt and ``max_tokens`` 32,000. Without
+the overlay the same tool request is refused (only the mesh's SmolLM2 is configured: no tools)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from ethen.app import PREFIX, create_app
 from ethen.gateway.accounting.auth import hash_key
 from ethen.gateway.catalog import Catalog
 from ethen.gateway.config import load_config, skip_providers_without_keys
-from ethen.up import gateway_document, write_config
+from ethen.up_config import gateway_document, write_config
 from tests.gateway.upstream import Behavior, Script, ServerThread, make_upstream_app
 
 ROOT = Path(__file__).resolve().parents[1]

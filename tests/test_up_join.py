@@ -92,7 +92,7 @@ def test_a_bad_join_stops_ethen_up_before_anything_loads_naming_the_flag(tmp_pat
 
 
 def test_the_gateway_document_carries_join_and_tls() -> None:
-    from ethen.up import gateway_document
+    from ethen.up_config import gateway_document
 
     doc = gateway_document("127.0.0.1", 8080, "k" * 32, {"a": "127.0.0.1:1"}, join="0.0.0.0:50050",
                            tls=("/c.pem", "/k.pem"), token_file="/t")

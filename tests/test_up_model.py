@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ethen.gateway.config import parse_config
 from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
-from ethen.up import gateway_document
+from ethen.up_config import gateway_document
 
 
 def test_the_gateway_document_names_the_model_path() -> None:

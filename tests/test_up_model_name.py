@@ -21,7 +21,7 @@ from ethen.gateway.errors import GatewayConfigError
 from ethen.gateway.providers.mesh import model_slug, served_model_id
 from ethen.model import open_weight_store
 from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
-from ethen.up import gateway_document, mesh_route
+from ethen.up_config import gateway_document, mesh_route
 
 NAME = "Tiny Llama Chat v0.1"
 SLUG = "tiny-llama-chat-v0.1"

@@ -3,7 +3,7 @@ reservations and live-certification receipts, on SQLAlchemy 2 async (SQLite in W
 Postgres). See :mod:`ethen.store.store` for the admission/settlement protocol, :mod:`ethen.store.migrations`
 for the schema versioning and :mod:`ethen.store.values` for money and windows."""
 
-from .admission import Admission, Ticket
+from .admission import Admission
 from .errors import (
     StoreConflictError,
     StoreError,
@@ -11,6 +11,7 @@ from .errors import (
     StoreNotFoundError,
     StoreUnavailableError,
 )
+from .escrow import Ticket
 from .keys import KEY_PREFIX, generate_key, parse_key
 from .members import MemberRow, MemberTable, SyncMemberTable, open_member_table
 from .migrations import MIGRATIONS

@@ -79,7 +79,7 @@ class Principal:
 class Spend:
     """A project's window: settled spend since ``window_start``, the active per-request reservations
     (:meth:`ethen.store.Store.reserve`) and the budget granted to live gateway instances (their in-flight
-    requests plus what they claimed ahead; see :mod:`ethen.store.admission`)."""
+    requests plus what they claimed ahead; see :mod:`ethen.store.escrow`)."""
 
     budget_usd: float | None
     settled_usd: float

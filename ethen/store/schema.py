@@ -132,7 +132,7 @@ daily_spend = Table(
     Column("settled_nano", BigInteger, nullable=False),
 )
 
-#: Live gateway processes (see :mod:`ethen.store.admission`): each renews its lease while it runs; a row whose
+#: Live gateway processes (see :mod:`ethen.store.escrow`): each renews its lease while it runs; a row whose
 #: ``lease_until_ms`` (Unix epoch milliseconds) has passed belongs to a dead (or stalled) process.
 gateway_instances = Table(
     "gateway_instances",

@@ -15,7 +15,7 @@ from ethen.gateway.catalog import Catalog
 from ethen.gateway.config import MeshProviderConfig, build_pool, load_config, parse_config
 from ethen.gateway.errors import GatewayConfigError
 from ethen.gateway.providers import PROVIDER_KINDS, build_providers
-from ethen.up import gateway_document
+from ethen.up_config import gateway_document
 
 ROOT = Path(__file__).resolve().parents[2]
 SHA = "0" * 64

@@ -13,7 +13,8 @@ from ethen.gateway.config import parse_config
 from ethen.gateway.errors import GatewayConfigError
 from ethen.gateway.providers.mesh import MeshProvider
 from ethen.mesh.certs import make_certs
-from ethen.up import gateway_document, mesh_token_file
+from ethen.up_config import gateway_document
+from ethen.up_state import mesh_token_file
 
 
 @pytest.fixture(scope="module")

@@ -275,7 +275,7 @@ def test_idle_grant_is_given_back_and_a_lost_lease_restarts_from_zero(
             async with st.writer.begin() as conn:
                 await conn.execute(update(s.gateway_instances).values(lease_until_ms=0))
             with caplog.at_level(logging.ERROR, logger="ethen.store.admission"):
-                await adm._heartbeat()
+                await adm._escrow.heartbeat()
             return claimed, trimmed, adm.held_nano(p.id)[0], await adm.reserve(p, 0.001)
         finally:
             await adm.aclose()
@@ -301,8 +301,8 @@ def test_a_heartbeat_giving_back_an_idle_grant_leaves_remaining_unchanged(store_
             await settle(adm, p, t, "r1", 0.01)
             before = await adm.remaining_usd(p)
             granted_before, _ = adm.held_nano(p.id)
-            adm._grants[p.id].last_claim -= 3600  # idle for a heartbeat
-            await adm._heartbeat()
+            adm._escrow._grants[p.id].last_claim -= 3600  # idle for a heartbeat
+            await adm._escrow.heartbeat()
             granted_after, _ = adm.held_nano(p.id)
             return before, await adm.remaining_usd(p), granted_before, granted_after
         finally:

@@ -157,11 +157,11 @@ def test_waiting_requests_share_one_budget_read_and_a_heartbeat_makes_none_wait(
             assert len(set(got)) == 1
             t = await b.reserve(p, 0.25)  # b takes 0.25 (and some budget ahead) from the window
             await settle_at(b, p, t, "b", 0.25, datetime.now(UTC))
-            a._grants[p.id].fresh = False  # what a heartbeat does (the lease's renewal is not needed here)
+            a._escrow._grants[p.id].fresh = False  # what a heartbeat does (no lease renewal needed here)
             with statements(st, "budget_nano") as stale_reads:
                 stale = await a.remaining_usd(p)  # served from the snapshot, no read awaited
                 during = len(stale_reads)
-                task = a._grants[p.id].reading
+                task = a._escrow._grants[p.id].reading
                 assert task is not None
                 await task
             return len(reads), stale, during, got[0], await a.remaining_usd(p)

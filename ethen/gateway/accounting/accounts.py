@@ -67,8 +67,8 @@ from ethen.store import (
     StoreError,
     parse_key,
 )
-from ethen.store.admission import DEFAULT_LEASE
 from ethen.store.engine import normalize_url
+from ethen.store.escrow import DEFAULT_LEASE
 
 __all__ = [
     "PROMPT_FACTOR",

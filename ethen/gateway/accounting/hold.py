@@ -31,7 +31,7 @@ Choices where the spec is silent:
   so does one that hangs up before the first byte (the stream's generator settles when the server closes it;
   ``test_service_budget.py::test_client_gone_before_the_first_byte_settles_and_releases``). A reservation
   that is somehow never settled (a gateway killed mid-request) stops counting when the process's lease
-  expires (``[store] lease_s``, 2.5 s; :mod:`ethen.store.admission`): budget is held back that long, never
+  expires (``[store] lease_s``, 2.5 s; :mod:`ethen.store.escrow`): budget is held back that long, never
   overspent.
 """
 

@@ -73,13 +73,33 @@ Choices where the issue is silent:
 
 from __future__ import annotations
 
+from .accounts import *  # noqa: F403
+from .accounts import __all__ as _accounts_all
 from .build import *  # noqa: F403
 from .build import __all__ as _build_all
 from .load import *  # noqa: F403
 from .load import __all__ as _load_all
 from .overlay import *  # noqa: F403
 from .overlay import __all__ as _overlay_all
+from .providers import *  # noqa: F403
+from .providers import __all__ as _providers_all
+from .routes import *  # noqa: F403
+from .routes import __all__ as _routes_all
 from .schema import *  # noqa: F403
 from .schema import __all__ as _schema_all
+from .server import *  # noqa: F403
+from .server import __all__ as _server_all
+from .services import *  # noqa: F403
+from .services import __all__ as _services_all
 
-__all__ = [*_schema_all, *_load_all, *_build_all, *_overlay_all]
+__all__ = [
+    *_schema_all,
+    *_server_all,
+    *_providers_all,
+    *_routes_all,
+    *_accounts_all,
+    *_services_all,
+    *_load_all,
+    *_build_all,
+    *_overlay_all,
+]

@@ -11,7 +11,8 @@ from ethen.gateway.catalog import Catalog
 from ethen.gateway.errors import GatewayConfigError
 from ethen.gateway.routing import CanaryTarget, Candidate, ProjectPolicy
 
-from .schema import GatewayConfig, RouteConfig
+from .routes import RouteConfig
+from .schema import GatewayConfig
 
 __all__ = [
     "build_canaries",

@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from ethen.gateway.errors import GatewayConfigError
 from ethen.gateway.routing import ALIASES, RECENT_MAX_OUTCOMES
 
-from .schema import _KINDS, MESH_MODEL, GatewayConfig, MeshProviderConfig, ProviderConfig
+from .providers import _KINDS, MESH_MODEL, MeshProviderConfig, ProviderConfig
+from .schema import GatewayConfig
 
 __all__ = [
     "load_config",

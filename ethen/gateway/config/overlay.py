@@ -1,11 +1,11 @@
 """``ethen up --config FILE``: a partial gateway config (an *overlay*) merged into the config ``ethen up``
 generates (its mesh provider, the mesh's route, its API key, its store).
 
-:func:`merge_overlay` is the one merge rule, used by ``ethen up`` (``ethen.up.gateway_document``) and by the
-commands that read an overlay (``ethen shadows promote --config``): its ``[[providers]]``, ``[[routes]]``,
-``[[api_keys]]``, ``[[canaries]]`` and ``[[wait_targets]]`` (issue 44) are appended after the generated ones,
-its ``[server]`` is ignored (``ethen up --host/--port`` decide), its ``[store]`` replaces the embedded one
-(the admin key's digest added when it sets none) and every other section is used as given.
+:func:`merge_overlay` is the one merge rule, used by ``ethen up`` (``ethen.up_config.gateway_document``) and
+by the commands that read an overlay (``ethen shadows promote --config``): its ``[[providers]]``,
+``[[routes]]``, ``[[api_keys]]``, ``[[canaries]]`` and ``[[wait_targets]]`` (issue 44) are appended after the
+generated ones, its ``[server]`` is ignored (``ethen up --host/--port`` decide), its ``[store]`` replaces the
+embedded one (the admin key's digest added when it sets none) and every other section is used as given.
 :func:`parse_overlay` validates an overlay as ``ethen up`` would serve it, over a stand-in of the generated
 part (a mesh provider at a placeholder address): its errors name the overlay file and say that its entries
 come after the mesh's ``providers[0]`` and ``routes[0]``.
@@ -23,7 +23,8 @@ from ethen.gateway.errors import GatewayConfigError
 from ethen.paths import default_store_url
 
 from .load import parse_config
-from .schema import MESH_MODEL, GatewayConfig
+from .providers import MESH_MODEL
+from .schema import GatewayConfig
 
 __all__ = ["DB_ENV", "MERGED_SECTIONS", "embedded_store", "load_overlay", "merge_overlay", "parse_overlay",
            "read_overlay", "stand_in_document"]
