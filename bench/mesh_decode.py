@@ -314,14 +314,20 @@ def head_ab(workers: dict[str, WorkerProcess], tokens: int, rounds: int) -> None
           f"after {' '.join(f'{x:.2f}' for x in load_after)} on {os.cpu_count()} CPUs")
 
 
-def lanes_ab(workers: dict[str, WorkerProcess], tokens: int, rounds: int, lanes: list[int]) -> None:
+def lanes_ab(workers: dict[str, WorkerProcess], tokens: int, rounds: int, lanes: list[int],
+             path: str | None = None) -> None:
     """Aggregate decode tok/s of 1 / 4 / 8 sessions through orchestrators with different ``round_lanes``
-    (same workers, alternated per round; medians)."""
+    (same workers, alternated per round; medians). ``path``: the workers' GGUF (``--model``; a prompt of
+    64 random token ids), else SmolLM2 and the chat prompt."""
     load_before = os.getloadavg()
-    model = load_model()
-    ids = model.tokenizer.encode(model.chat_template.render(PROMPT, add_generation_prompt=True))
+    store = open_weight_store(path)
+    if path:
+        ids = [int(i) for i in np.random.default_rng(0).integers(3, store.config.vocab_size, 64)]
+    else:
+        model = load_model(store)
+        ids = model.tokenizer.encode(model.chat_template.render(PROMPT, add_generation_prompt=True))
     addrs = {n: w.address for n, w in workers.items()}
-    orchs = {n: Orchestrator.load(addrs, round_lanes=n) for n in lanes}
+    orchs = {n: Orchestrator.load(addrs, store, round_lanes=n) for n in lanes}
     figs: dict[int, dict[int, list[float]]] = {n: {} for n in lanes}
     try:
         for o in orchs.values():
@@ -400,7 +406,7 @@ def thirds(n_layers: int) -> dict[str, str]:
     return {f"w{i}": f"{cuts[i]}-{cuts[i + 1] - 1}" for i in range(3)}
 
 
-def model_mesh(path: str, tokens: int, rounds: int) -> None:
+def model_mesh(path: str, tokens: int, rounds: int, lanes: int = 1) -> None:
     """``--model``: single process against three workers on ``path`` (module docstring)."""
     store = open_weight_store(path)
     layout = thirds(store.config.n_layers)
@@ -411,7 +417,7 @@ def model_mesh(path: str, tokens: int, rounds: int) -> None:
         model = load_model(store)
         ids = [int(i) for i in np.random.default_rng(0).integers(3, store.config.vocab_size, 64)]
         params = SamplingParams(temperature=0.0, max_tokens=tokens)
-        with Orchestrator.load({n: w.address for n, w in workers.items()}, store) as orch:
+        with Orchestrator.load({n: w.address for n, w in workers.items()}, store, round_lanes=lanes) as orch:
             run_single(model, ids, SamplingParams(temperature=0.0, max_tokens=2))  # page both in
             run_mesh(orch, ids, SamplingParams(temperature=0.0, max_tokens=2))
             single, mesh, same = [], [], []
@@ -455,18 +461,21 @@ def main() -> None:
     ap.add_argument("--threads-ab", default=None, metavar="1,2",
                     help="three workers per ETHEN_THREADS value, alternated (one session, 1/4/8 sessions)")
     ap.add_argument("--model", default=None, help="a GGUF: single process vs three workers on it (docstring)")
+    ap.add_argument("--round-lanes", type=int, default=1, help="with --model: the orchestrator's round_lanes")
     args = ap.parse_args()
-    if args.model:
-        model_mesh(args.model, args.tokens, args.rounds)
+    if args.model and not args.lanes_ab:
+        model_mesh(args.model, args.tokens, args.rounds, args.round_lanes)
         return
     if args.threads_ab:
         threads_ab(args.tokens, args.rounds, args.threads_ab.split(","))
         return
     if args.lanes_ab:
-        print(f"starting {len(LAYOUT)} workers {LAYOUT} on 127.0.0.1 ...", flush=True)
-        ws = {n: spawn_worker(n, layers) for n, layers in LAYOUT.items()}
+        layout = thirds(open_weight_store(args.model).config.n_layers) if args.model else LAYOUT
+        extra = ("--model", args.model) if args.model else ()
+        print(f"starting {len(layout)} workers {layout} on 127.0.0.1 ...", flush=True)
+        ws = {n: spawn_worker(n, layers, extra_args=extra) for n, layers in layout.items()}
         try:
-            lanes_ab(ws, args.tokens, args.rounds, [int(v) for v in args.lanes_ab.split(",")])
+            lanes_ab(ws, args.tokens, args.rounds, [int(v) for v in args.lanes_ab.split(",")], args.model)
         finally:
             for w in ws.values():
                 w.stop()
