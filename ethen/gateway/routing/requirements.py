@@ -102,6 +102,8 @@ SAMPLING_RANGES: Final = MappingProxyType({
     "seed": (-(2**63), 2**63 - 1, True),
 })
 LOGIT_BIAS_RANGE: Final = (-100.0, 100.0)
+#: every field :func:`_check_sampling` reads: a body naming none of them (most do) skips the checks at once
+_SAMPLING_KEYS: Final = frozenset((*SAMPLING_RANGES, "logprobs", "logit_bias"))
 
 
 class Requirements(NamedTuple):
@@ -279,6 +281,8 @@ def _in_range(key: str, value: object, lo: float, hi: float, integer: bool) -> N
 
 def _check_sampling(body: Mapping[str, Any]) -> None:
     """The sampling fields' types and ranges (:data:`SAMPLING_RANGES`, ``logprobs``, ``logit_bias``)."""
+    if _SAMPLING_KEYS.isdisjoint(body):  # none present: nothing to check (one hash lookup per body key)
+        return
     for key, (lo, hi, integer) in SAMPLING_RANGES.items():
         value = body.get(key)
         if value is not None:
