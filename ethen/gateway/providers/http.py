@@ -45,7 +45,7 @@ from ethen.gateway.errors import (
     UpstreamTimeoutError,
 )
 from ethen.gateway.providers.base import Provider, ProviderStream, Timeouts
-from ethen.gateway.providers.ratelimit import blocked_for_s, cloud_capacity
+from ethen.gateway.providers.ratelimit import IDLE, blocked_for_s, cloud_capacity
 from ethen.gateway.routing.capacity import ProviderCapacity
 
 __all__ = [
@@ -168,6 +168,8 @@ class HttpPool:
         self.call_ms = ms if self.call_ms is None else self.call_ms + 0.2 * (ms - self.call_ms)
 
     def capacity(self) -> ProviderCapacity:
+        if self.blocked_until is None and self.in_flight < max(1, self.max_connections):
+            return IDLE  # what cloud_capacity gives without a block or a queue, without reading the clock
         return cloud_capacity(time.monotonic(), self.blocked_until, self.in_flight, self.max_connections,
                               self.call_ms)
 
