@@ -18,6 +18,9 @@ Savings (issue 45): ``Cost.saved_usd`` is what the cache reads saved against pay
 price: the same calculation with the reads counted as plain input, minus the actual input price (so
 reads x (input price - cache-read price), with genai-prices' tiers); 0 under route prices (they have no
 cache-read price: a read is billed as input) and so 0 on the mesh (its input price is its cache-read price).
+It is worked out from the one calculation (:func:`_uncached_input`: the reads at the input and cache-read
+prices of the request's tier, exact in decimal arithmetic), a second calculation only for a model without
+both prices; a response without cache reads saves 0 with no further work.
 
 Reservations do not use this: they stay the naive upper bound (all input at the full input price, the
 catalog's highest tier), and a settlement never exceeds its reservation

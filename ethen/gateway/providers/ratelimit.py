@@ -26,7 +26,8 @@ from typing import Final
 
 from ethen.gateway.routing.capacity import ProviderCapacity
 
-__all__ = ["IDLE", "MAX_BLOCK_S", "UNKNOWN_RESET_S", "blocked_for_s", "cloud_capacity", "parse_duration_s"]
+__all__ = ["IDLE", "MAX_BLOCK_S", "REMAINING_HEADERS", "UNKNOWN_RESET_S", "blocked_for_s", "cloud_capacity",
+           "parse_duration_s"]
 
 UNKNOWN_RESET_S = 1.0
 #: an HTTP provider neither blocked nor out of connections: no queue (the router leaves it out)
@@ -35,6 +36,11 @@ MAX_BLOCK_S = 600.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _OPENAI = ("requests", "tokens")
 _ANTHROPIC = ("requests", "tokens", "input-tokens", "output-tokens")
+
+
+#: the headers whose 0 blocks (:func:`blocked_for_s`): an answer with none, not a 429/503, never blocks
+REMAINING_HEADERS: Final = (*(f"x-ratelimit-remaining-{k}" for k in _OPENAI),
+                            *(f"anthropic-ratelimit-{k}-remaining" for k in _ANTHROPIC))
 
 
 def parse_duration_s(value: str) -> float | None:

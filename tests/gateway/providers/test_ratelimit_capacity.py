@@ -15,6 +15,7 @@ from ethen.gateway.providers.http import HttpPool
 from ethen.gateway.providers.ratelimit import (
     IDLE,
     MAX_BLOCK_S,
+    REMAINING_HEADERS,
     UNKNOWN_RESET_S,
     blocked_for_s,
     cloud_capacity,
@@ -86,3 +87,15 @@ def test_a_pool_reports_what_cloud_capacity_gives_for_its_state(in_flight: int, 
         assert got.source == want.source and got.queue_ms == pytest.approx(want.queue_ms, abs=1.0)
     if in_flight >= conns and call_ms:
         assert got.queue_ms > 0 and got.source in ("connections", "rate_limit")
+
+
+_NAMES = sorted({*REMAINING_HEADERS, "retry-after", "retry-after-ms", "x-ratelimit-reset-requests",
+                 "x-ratelimit-reset-tokens", "anthropic-ratelimit-tokens-reset", "x-other"})
+
+
+@given(st.sampled_from([200, 201, 400, 404, 429, 500, 503]),
+       st.dictionaries(st.sampled_from(_NAMES), st.sampled_from(["0", "1", "0.0", "2s", "x", ""])))
+def test_only_a_429_503_or_a_remaining_header_can_block(status: int, headers: dict[str, str]) -> None:
+    """HttpPool._note skips the header copy when neither is there: blocked_for_s must then say None."""
+    if status not in (429, 503) and not any(h in headers for h in REMAINING_HEADERS):
+        assert blocked_for_s(status, headers, WALL) is None
