@@ -32,7 +32,7 @@ from ethen.gateway.observation.requestlog import RequestLog
 from ethen.gateway.observation.telemetry_store import TelemetryStore
 from ethen.gateway.observation.tracing import tracing_for
 from ethen.gateway.providers.base import Provider
-from ethen.gateway.routing import ALIASES, CapacitySnapshot, ProviderCapacity, RoutingContext
+from ethen.gateway.routing import ALIASES, EMPTY_CAPACITY, CapacitySnapshot, ProviderCapacity, RoutingContext
 from ethen.gateway.routing.hedge import HedgeRule
 from ethen.gateway.routing.shadow import ShadowRule
 from ethen.gateway.shared import SharedRuntime
@@ -112,7 +112,7 @@ class Gateway:
             cap = p.capacity()
             if cap is not None and (cap.queue_ms > 0 or cap.prefill_ms_per_token is not None):
                 caps[name] = cap  # an idle HTTP provider is left out: the same score, no spillover pass
-        return CapacitySnapshot(caps)
+        return CapacitySnapshot(caps) if caps else EMPTY_CAPACITY
 
     def context(self, request_id: str) -> RoutingContext:
         telemetry = self.store.snapshot()

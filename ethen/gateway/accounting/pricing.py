@@ -18,6 +18,9 @@ Savings (issue 45): ``Cost.saved_usd`` is what the cache reads saved against pay
 price: the same calculation with the reads counted as plain input, minus the actual input price (so
 reads x (input price - cache-read price), with genai-prices' tiers); 0 under route prices (they have no
 cache-read price: a read is billed as input) and so 0 on the mesh (its input price is its cache-read price).
+It is worked out from the one calculation (:func:`_uncached_input`: the reads at the input and cache-read
+prices of the request's tier, exact in decimal arithmetic), a second calculation only for a model without
+both prices; a response without cache reads saves 0 with no further work.
 
 Reservations do not use this: they stay the naive upper bound (all input at the full input price, the
 catalog's highest tier), and a settlement never exceeds its reservation
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
@@ -92,13 +96,36 @@ def _priced(ref: tuple[tuple[str, ...], str], usage: Usage) -> tuple[float, floa
         calc = price.calc_price(PriceUsage(input_tokens=usage.prompt_tokens, cache_read_tokens=cache_read,
                                            cache_write_tokens=cache_write,
                                            output_tokens=usage.completion_tokens))
-        plain = PriceUsage(input_tokens=usage.prompt_tokens, cache_write_tokens=cache_write, output_tokens=0)
-        uncached = price.calc_price(plain) if cache_read else None  # the reads billed as input
+        uncached = _uncached_input(price, calc["input_price"], cache_read, usage.prompt_tokens, cache_write)
     except (ValueError, LookupError, ArithmeticError):  # a table genai-prices cannot apply: route prices
         return None
     inp = float(calc["input_price"])
-    saved = max(0.0, float(uncached["input_price"]) - inp) if uncached is not None else 0.0
+    saved = max(0.0, float(uncached) - inp) if uncached is not None else 0.0
     return inp, float(calc["output_price"]), saved, str(model.id), str(provider.id)
+
+
+def _uncached_input(price: Any, input_usd: Decimal, reads: int, input_tokens: int, writes: int
+                    ) -> Decimal | None:
+    """The input price with the cache reads billed as input (``None`` without reads). With both an input and
+    a cache-read price, that is the actual input price plus the reads at the input price minus the reads at
+    the cache-read price (each at the tier of the request's ``input_tokens``, the tier genai-prices applies to
+    both: what ``calc_price`` of the uncached usage gives, exactly, in decimal arithmetic, without a second
+    calculation); otherwise genai-prices' calculation of the uncached usage."""
+    if not reads:
+        return None
+    from genai_prices.types import calc_unit_price
+
+    read_price, input_price = price.cache_read_mtok, price.input_mtok
+    if read_price is not None and input_price is not None:
+        return (input_usd + calc_unit_price(input_price, reads, input_tokens, _PER_MTOK)
+                - calc_unit_price(read_price, reads, input_tokens, _PER_MTOK))
+    from genai_prices import Usage as PriceUsage
+
+    plain = PriceUsage(input_tokens=input_tokens, cache_write_tokens=writes, output_tokens=0)
+    return Decimal(price.calc_price(plain)["input_price"])
+
+
+_PER_MTOK = 1_000_000
 
 
 def cost_of(candidate: Candidate, usage: Usage) -> Cost:

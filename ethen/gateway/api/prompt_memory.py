@@ -19,27 +19,39 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from ethen.gateway.errors import SharedStateUnavailableError
 from ethen.gateway.redis_state import SharedState
 from ethen.gateway.routing import Candidate, PrefixMemory, cache_ttl_s, prefix_hashes
+from ethen.gateway.routing.prefix import MIN_CACHED_TOKENS
 
 __all__ = ["PrefixSeen", "PromptMemory"]
 
 log = logging.getLogger("ethen.gateway.prompt_cache")
 #: the longest prompts' last prefixes read from Redis (a turn extends the previous one by a few messages)
 MAX_REMOTE_PREFIXES = 64
+_NOTHING: Mapping[tuple[str, str], int] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PrefixSeen:
-    """What admission learnt of a request's prompt: its scope, the hash of the whole prompt and, per
-    (provider, model), the tokens expected from its cache."""
+    """What admission learnt of a request's prompt: its scope, per (provider, model) the tokens expected from
+    its cache and :attr:`prompt`, the hash of the whole prompt (of ``body``; worked out when first read: a
+    scope with nothing recorded is looked up without hashing, and a prompt too short to be cached is never
+    recorded, so a short prompt of such a scope is never hashed)."""
 
     scope: str
-    prompt: str
+    body: Mapping[str, Any]
     cached: Mapping[tuple[str, str], int]
+    _prompt: str | None = None
+
+    @property
+    def prompt(self) -> str:
+        if self._prompt is None:
+            self._prompt = prefix_hashes(self.body)[-1]
+        return self._prompt
 
 
 class PromptMemory:
@@ -59,12 +71,21 @@ class PromptMemory:
         return self.state.key("pcache", scope, prompt)
 
     async def lookup(self, scope: str, body: Mapping[str, Any]) -> PrefixSeen | None:
-        hashes = prefix_hashes(body) if self.aware else []
+        """Who holds ``body``'s prompt (``None``: not a chat body, or cache-blind). Without ``[shared]`` Redis
+        and with nothing recorded for ``scope``, nothing can be found: the prompt is not hashed here."""
+        if not self.aware:
+            return None
+        if self.state is None and not self.memory.holds(scope):
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not any(isinstance(m, Mapping) for m in messages):
+                return None  # no prefix (as prefix_hashes would find)
+            return PrefixSeen(scope, body, _NOTHING)
+        hashes = prefix_hashes(body)
         if not hashes:
             return None
         if self.state is not None:
             await self._pull(scope, hashes[-MAX_REMOTE_PREFIXES:])
-        return PrefixSeen(scope, hashes[-1], self.memory.lookup(scope, hashes, time.time()))
+        return PrefixSeen(scope, body, self.memory.lookup(scope, hashes, time.time()), hashes[-1])
 
     async def _pull(self, scope: str, hashes: Sequence[str]) -> None:
         """Fold the shared holders of ``hashes`` into the local memory."""
@@ -98,8 +119,8 @@ class PromptMemory:
                  *bodies: Mapping[str, Any]) -> None:
         """``candidate`` answered the prompt ``seen`` names (``tokens`` long; ``bodies``: the forms it was
         sent in). The shared write runs in the background."""
-        if seen is None or candidate is None or tokens <= 0:
-            return
+        if seen is None or candidate is None or tokens < MIN_CACHED_TOKENS:
+            return  # shorter: no provider caches it, and a lookup would never report it
         ttl = cache_ttl_s(self.kinds.get(candidate.provider, ""), bodies, self.auto_breakpoints)
         if ttl is None:
             return

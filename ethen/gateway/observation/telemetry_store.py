@@ -162,9 +162,9 @@ class TelemetryStore:
         samples = successes = ttft_n = 0
         lat_sum = ttft_sum = 0.0
         oldest = nxt = float("inf")
-        last_ok = horizon  # finish time of the most recent counted success (the run of failures starts after)
         failed_at: list[float] = []
-        for rec in self._records.get(key, ()):
+        ring = self._records.get(key, ())
+        for rec in ring:
             at = rec.at
             if at > now:
                 nxt = min(nxt, at)
@@ -174,24 +174,26 @@ class TelemetryStore:
             if at < oldest:
                 oldest = at
             samples += 1
-            if not rec.success:
-                failed_at.append(at)
-            else:
+            if rec.success:
                 successes += 1
-                if at > last_ok:
-                    last_ok = at
                 lat_sum += rec.latency_ms
                 if rec.ttft_ms is not None:
                     ttft_sum += rec.ttft_ms
                     ttft_n += 1
+            else:
+                failed_at.append(at)
+        streak = len(failed_at)
+        if streak and successes:  # the run: the failures after the most recent counted success, by finish
+            # time, not ring order (other instances' records arrive late); a second pass only with failures
+            last_ok = max(rec.at for rec in ring if rec.success and horizon < rec.at <= now)
+            streak = sum(1 for at in failed_at if at > last_ok)
         if samples:
             self._stats[key] = CandidateStats(
                 samples=samples,
                 successes=successes,
                 latency_ms_mean=lat_sum / successes if successes else None,
                 ttft_ms_mean=ttft_sum / ttft_n if ttft_n else None,
-                # by finish time, not ring order (other instances' records arrive late)
-                streak=sum(1 for at in failed_at if at > last_ok) if successes else len(failed_at),
+                streak=streak,
             )
         else:
             self._stats.pop(key, None)

@@ -45,7 +45,7 @@ from ethen.gateway.errors import (
     UpstreamTimeoutError,
 )
 from ethen.gateway.providers.base import Provider, ProviderStream, Timeouts
-from ethen.gateway.providers.ratelimit import blocked_for_s, cloud_capacity
+from ethen.gateway.providers.ratelimit import IDLE, REMAINING_HEADERS, blocked_for_s, cloud_capacity
 from ethen.gateway.routing.capacity import ProviderCapacity
 
 __all__ = [
@@ -156,7 +156,12 @@ class HttpPool:
 
     def _note(self, resp: aiohttp.ClientResponse) -> None:
         """Read an answer's rate-limit headers (:func:`~.ratelimit.blocked_for_s`)."""
-        wait = blocked_for_s(resp.status, {k.lower(): v for k, v in resp.headers.items()}, time.time())
+        status, headers = resp.status, resp.headers
+        if status not in (429, 503) and not any(h in headers for h in REMAINING_HEADERS):
+            if status < 400:  # nothing blocks (blocked_for_s would say None): no copy of the headers
+                self.blocked_until = None
+            return
+        wait = blocked_for_s(status, {k.lower(): v for k, v in headers.items()}, time.time())
         if wait is not None:
             self.blocked_until = time.monotonic() + wait
         elif resp.status < 400:
@@ -168,6 +173,8 @@ class HttpPool:
         self.call_ms = ms if self.call_ms is None else self.call_ms + 0.2 * (ms - self.call_ms)
 
     def capacity(self) -> ProviderCapacity:
+        if self.blocked_until is None and self.in_flight < max(1, self.max_connections):
+            return IDLE  # what cloud_capacity gives without a block or a queue, without reading the clock
         return cloud_capacity(time.monotonic(), self.blocked_until, self.in_flight, self.max_connections,
                               self.call_ms)
 

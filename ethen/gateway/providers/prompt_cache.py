@@ -128,8 +128,12 @@ def place_breakpoints(body: Mapping[str, Any], model: str) -> dict[str, Any]:
     return out
 
 
+#: ``json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))``, its encoder built once
+_ENCODE = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode
+
+
 def _canonical(obj: object) -> bytes:
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+    return _ENCODE(obj).encode()
 
 
 def leading_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -22,16 +22,25 @@ import math
 import re
 from collections.abc import Mapping
 from datetime import datetime
+from typing import Final
 
 from ethen.gateway.routing.capacity import ProviderCapacity
 
-__all__ = ["MAX_BLOCK_S", "UNKNOWN_RESET_S", "blocked_for_s", "cloud_capacity", "parse_duration_s"]
+__all__ = ["IDLE", "MAX_BLOCK_S", "REMAINING_HEADERS", "UNKNOWN_RESET_S", "blocked_for_s", "cloud_capacity",
+           "parse_duration_s"]
 
 UNKNOWN_RESET_S = 1.0
+#: an HTTP provider neither blocked nor out of connections: no queue (the router leaves it out)
+IDLE: Final = ProviderCapacity(0.0, None, "idle")
 MAX_BLOCK_S = 600.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _OPENAI = ("requests", "tokens")
 _ANTHROPIC = ("requests", "tokens", "input-tokens", "output-tokens")
+
+
+#: the headers whose 0 blocks (:func:`blocked_for_s`): an answer with none, not a 429/503, never blocks
+REMAINING_HEADERS: Final = (*(f"x-ratelimit-remaining-{k}" for k in _OPENAI),
+                            *(f"anthropic-ratelimit-{k}-remaining" for k in _ANTHROPIC))
 
 
 def parse_duration_s(value: str) -> float | None:
@@ -115,5 +124,7 @@ def cloud_capacity(now: float, blocked_until: float | None, in_flight: int, max_
     conn = max(1, max_connections)
     ahead = in_flight + 1 - conn  # calls that must end before this one gets a connection
     queue_ms = math.ceil(ahead / conn) * (call_ms or 0.0) if ahead > 0 else 0.0
+    if block_ms == 0 and queue_ms == 0:
+        return IDLE  # the common case, built once (the router reads one snapshot per request)
     source = "rate_limit" if block_ms > 0 else ("connections" if queue_ms > 0 else "idle")
     return ProviderCapacity(block_ms + queue_ms, None, source)

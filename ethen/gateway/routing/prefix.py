@@ -62,8 +62,12 @@ def canonical_message(msg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: ``json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))``, its encoder built once
+_ENCODE = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode
+
+
 def _canonical(obj: object) -> bytes:
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+    return _ENCODE(obj).encode()
 
 
 def canonical_tools(tools: object) -> list[Any] | None:
@@ -79,13 +83,17 @@ def prefix_hashes(body: Mapping[str, Any]) -> tuple[str, ...]:
     messages = body.get("messages")
     if not isinstance(messages, list):
         return ()  # not a chat body (the decision refuses it with a 400)
-    h = hashlib.sha256(b"tools:" + _canonical(canonical_tools(body.get("tools")))).digest()
+    tools = canonical_tools(body.get("tools"))
+    h = _NO_TOOLS if tools is None else hashlib.sha256(b"tools:" + _canonical(tools)).digest()
     out: list[str] = []
     for msg in messages:
         if isinstance(msg, Mapping):
             h = hashlib.sha256(h + _canonical(canonical_message(msg))).digest()
             out.append(h.hex())
     return tuple(out)
+
+
+_NO_TOOLS = hashlib.sha256(b"tools:" + _canonical(None)).digest()  # the chain's seed of a body without tools
 
 
 def _marks(obj: object, found: list[Mapping[str, Any]]) -> None:
@@ -131,9 +139,21 @@ class PrefixMemory:
         self.max_bytes = max_bytes
         self.bytes = 0
         self._entries: OrderedDict[tuple[str, str], dict[tuple[str, str], _Held]] = OrderedDict()
+        self._scopes: dict[str, int] = {}  # scope -> its entries (a scope with none needs no hashing)
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def holds(self, scope: str) -> bool:
+        """Whether any prompt of ``scope`` is recorded (without one, :meth:`lookup` finds nothing)."""
+        return scope in self._scopes
+
+    def _dropped(self, scope: str) -> None:
+        left = self._scopes[scope] - 1
+        if left:
+            self._scopes[scope] = left
+        else:
+            del self._scopes[scope]
 
     @staticmethod
     def _size(key: tuple[str, str], holders: Mapping[tuple[str, str], _Held]) -> int:
@@ -146,6 +166,8 @@ class PrefixMemory:
         holders = self._entries.pop(key, None)
         if holders is not None:
             self.bytes -= self._size(key, holders)
+        else:
+            self._scopes[scope] = self._scopes.get(scope, 0) + 1
         holders = {h: v for h, v in (holders or {}).items() if v.expires > now}
         holders[holder] = _Held(tokens, now + ttl_s)
         self._entries[key] = holders
@@ -154,6 +176,7 @@ class PrefixMemory:
         while len(entries) > self.max_entries or (self.bytes > self.max_bytes and len(entries) > 1):
             old_key, old = entries.popitem(last=False)
             self.bytes -= self._size(old_key, old)
+            self._dropped(old_key[0])
 
     def lookup(self, scope: str, hashes: Sequence[str], now: float) -> dict[tuple[str, str], int]:
         """Per (provider, model): the prompt tokens expected from its cache for a prompt whose prefix hashes

@@ -102,6 +102,8 @@ SAMPLING_RANGES: Final = MappingProxyType({
     "seed": (-(2**63), 2**63 - 1, True),
 })
 LOGIT_BIAS_RANGE: Final = (-100.0, 100.0)
+#: every field :func:`_check_sampling` reads: a body naming none of them (most do) skips the checks at once
+_SAMPLING_KEYS: Final = frozenset((*SAMPLING_RANGES, "logprobs", "logit_bias"))
 
 
 class Requirements(NamedTuple):
@@ -266,19 +268,25 @@ def _positive_int(body: Mapping[str, Any], key: str) -> int | None:
 
 def _in_range(key: str, value: object, lo: float, hi: float, integer: bool) -> None:
     """``value`` (not ``None``) a number (an integer when ``integer``) within ``[lo, hi]``, else 400."""
-    what = f"an integer between {lo} and {hi}" if integer else f"a number between {lo:g} and {hi:g}"
     if not _is_number(value) or (integer and not isinstance(value, int)):
         code = "invalid_value" if _is_number(value) else "invalid_type"
-        raise _bad(key, f"'{key}' must be {what}, got {value!r:.40}", code)
+        raise _bad(key, f"'{key}' must be {_range_text(lo, hi, integer)}, got {value!r:.40}", code)
     assert isinstance(value, int | float)
     if not lo <= value <= hi:
         big = f"{value:.3g}" if isinstance(value, float) else "a huge integer"
         shown = repr(value) if abs(value) < 10**20 else big
-        raise _bad(key, f"'{key}' must be {what}, got {shown}")
+        raise _bad(key, f"'{key}' must be {_range_text(lo, hi, integer)}, got {shown}")
+
+
+def _range_text(lo: float, hi: float, integer: bool) -> str:
+    """The allowed range as an error message states it (built only for an error)."""
+    return f"an integer between {lo} and {hi}" if integer else f"a number between {lo:g} and {hi:g}"
 
 
 def _check_sampling(body: Mapping[str, Any]) -> None:
     """The sampling fields' types and ranges (:data:`SAMPLING_RANGES`, ``logprobs``, ``logit_bias``)."""
+    if _SAMPLING_KEYS.isdisjoint(body):  # none present: nothing to check (one hash lookup per body key)
+        return
     for key, (lo, hi, integer) in SAMPLING_RANGES.items():
         value = body.get(key)
         if value is not None:

@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ethen.gateway.providers.base import Timeouts
+from ethen.gateway.providers.http import HttpPool
 from ethen.gateway.providers.ratelimit import (
+    IDLE,
     MAX_BLOCK_S,
+    REMAINING_HEADERS,
     UNKNOWN_RESET_S,
     blocked_for_s,
     cloud_capacity,
@@ -61,3 +66,36 @@ def test_connection_queue_matches_brute_force(in_flight: int, conns: int, call_m
     expect = waves * (call_ms or 0.0) + max(0.0, block_s or 0.0) * 1000.0
     assert cap.queue_ms == pytest.approx(expect, rel=1e-9, abs=1e-6)
     assert cap.prefill_ms_per_token is None
+
+
+@given(st.integers(0, 200), st.integers(1, 100), st.one_of(st.none(), st.floats(0, 10_000)),
+       st.one_of(st.none(), st.floats(-100, -1), st.floats(1, 100)))  # no block ending while we read it
+def test_a_pool_reports_what_cloud_capacity_gives_for_its_state(in_flight: int, conns: int,
+                                                                 call_ms: float | None,
+                                                                 block_s: float | None) -> None:
+    """HttpPool.capacity answers the idle case without the clock (the shared IDLE value): never while calls
+    fill its connections or a block lasts; otherwise what cloud_capacity says now."""
+    pool = HttpPool("p", "http://127.0.0.1:9/v1", {}, Timeouts(), conns)
+    pool.in_flight, pool.call_ms = in_flight, call_ms
+    pool.blocked_until = None if block_s is None else time.monotonic() + block_s
+    before = time.monotonic()
+    got = pool.capacity()
+    want = cloud_capacity(before, pool.blocked_until, in_flight, conns, call_ms)
+    if want == IDLE:
+        assert got == IDLE
+    else:
+        assert got.source == want.source and got.queue_ms == pytest.approx(want.queue_ms, abs=1.0)
+    if in_flight >= conns and call_ms:
+        assert got.queue_ms > 0 and got.source in ("connections", "rate_limit")
+
+
+_NAMES = sorted({*REMAINING_HEADERS, "retry-after", "retry-after-ms", "x-ratelimit-reset-requests",
+                 "x-ratelimit-reset-tokens", "anthropic-ratelimit-tokens-reset", "x-other"})
+
+
+@given(st.sampled_from([200, 201, 400, 404, 429, 500, 503]),
+       st.dictionaries(st.sampled_from(_NAMES), st.sampled_from(["0", "1", "0.0", "2s", "x", ""])))
+def test_only_a_429_503_or_a_remaining_header_can_block(status: int, headers: dict[str, str]) -> None:
+    """HttpPool._note skips the header copy when neither is there: blocked_for_s must then say None."""
+    if status not in (429, 503) and not any(h in headers for h in REMAINING_HEADERS):
+        assert blocked_for_s(status, headers, WALL) is None

@@ -163,3 +163,21 @@ def test_prefix_hashes_of_a_body_that_is_no_chat_body() -> None:
     for messages in (True, 1, 1.5, "x", {"role": "user"}, None):
         assert prefix_hashes({"messages": messages, "tools": 3}) == ()
     assert len(prefix_hashes({"messages": [1, {"role": "user", "content": {"x": [1]}}], "tools": "t"})) == 1
+
+
+@settings(max_examples=600, deadline=None)
+@given(OPS, st.sampled_from([1, 2, 3, 100]), st.sampled_from([300, 800, 10**9]))
+def test_holds_names_exactly_the_scopes_with_an_entry(ops: list[Any], entries: int, nbytes: int) -> None:
+    """The shell skips hashing a prompt of a scope ``holds`` denies: it must never deny one with an entry
+    (evictions included), and a scope it denies finds nothing."""
+    mem = PrefixMemory(max_entries=entries, max_bytes=nbytes)
+    t = 0.0
+    for op in ops:
+        t += op[-1]
+        if op[0] == "record":
+            _, scope, h, holder, tokens, ttl, _dt = op
+            mem.record(scope, h, holder, tokens, ttl, t)
+        for scope in ("p1", "p2"):
+            assert mem.holds(scope) == any(key[0] == scope for key in mem._entries)
+            if not mem.holds(scope):
+                assert mem.lookup(scope, HASHES, t) == {}
