@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -55,8 +56,13 @@ def test_ggml_workers_give_the_single_process_greedy_tokens(root: Path, kind: st
                                         timeout_s=120))
         orch = Orchestrator.load({w.node_id: w.address for w in workers}, store).start()
         try:
+            assert orch.rounds.lanes == 2  # a model on ggml: two decode-round lanes (default_round_lanes)
             wait_routable(orch, len(ids))  # bounded: the first Health polls
             got = orch.generate(ids, GREEDY).result().token_ids
+            if kind == "Q4_K":  # concurrent sessions in two lanes: each the single process's tokens
+                with ThreadPoolExecutor(4) as pool:
+                    runs = list(pool.map(lambda _: orch.generate(ids, GREEDY).result().token_ids, range(4)))
+                assert all(tuple(r) == tuple(expected) for r in runs)
             for w in workers:  # the layers are the GGUF's own pages: no engine file, no weight copy
                 maps = Path(f"/proc/{w.process.pid}/maps").read_text()
                 assert str(path) in maps and "/engine/" not in maps, w.node_id

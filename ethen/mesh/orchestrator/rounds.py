@@ -29,7 +29,9 @@ or not, with the delays interleaved; on the shared 2-core VM here (saturated, lo
 gave 21.6 tok/s with 1 lane at 0 ms and 8.4 / 9.2 with 2 lanes staggered / unstaggered, and 9-12 tok/s for
 all three at 20 ms one-way: the workers and the orchestrator are CPU-bound, a lane of 4 costs about what
 a lane of 8 does (the weights are streamed once per step), so splitting sessions into lanes multiplies the
-work as much as it hides the wire. One lane stays the default.
+work as much as it hides the wire. The orchestrator's default
+(:func:`~ethen.mesh.orchestrator.runtime.default_round_lanes`): one lane for a model on the onnx engine, two
+on ggml, whose batched steps cost ~3-4x a one-row step, so two workers computing at once pays.
 
 A session whose stage fails in a round gets the error back on its own thread, where
 :class:`~ethen.mesh.orchestrator.session.MeshSession` fails over and replays as usual (the stages that
@@ -129,6 +131,7 @@ class DecodeRounds:
         if lanes < 1:
             raise ValueError(f"lanes must be >= 1, got {lanes}")
         self.clients = clients
+        self.lanes = lanes  # independent round groups (module docstring)
         self.progress_timeout_s = progress_timeout_s
         self.observe = observe  # (node, rows, call ms, worker ms): the telemetry's latency samples
         self.stagger = stagger and lanes > 1

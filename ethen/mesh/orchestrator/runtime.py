@@ -71,11 +71,12 @@ from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS
 from ethen.model.chat_template import ChatTemplate
 from ethen.model.generate import GenerationChunk, GenerationResult, generate_stream
 from ethen.model.gguf_loader import WeightStore, open_weight_store
+from ethen.model.gqhead import GgmlEmbedAndHead
 from ethen.model.model import Ends, engine_for, load_embed_and_head
 from ethen.model.sampling import SamplingParams
 from ethen.model.tokenizer import Tokenizer
 
-__all__ = ["MODEL_NAME", "MeshGeneration", "Orchestrator"]
+__all__ = ["MODEL_NAME", "MeshGeneration", "Orchestrator", "default_round_lanes"]
 
 MODEL_NAME = "smollm2-135m-instruct"
 
@@ -191,6 +192,17 @@ class MeshGeneration:
         }
 
 
+def default_round_lanes(ends: Ends) -> int:
+    """Decode-round lanes when none are given (:mod:`~ethen.mesh.orchestrator.rounds`): 2 for a model on
+    the ggml engine, else 1. Measured on the 3-worker loopback mesh (``bench/mesh_decode.py --lanes-ab 1,2
+    [--model]``, alternated rounds, 2 cores): TinyLlama-shape Q4_K_M on ggml, where a batched step of 8
+    rows costs ~3-4x one row, 8 sessions 71.7 against 42.9 tok/s and 4 sessions 63.0 against 42.8 with 2
+    lanes (two workers compute at once); SmolLM2 on onnx, whose 8-row step costs ~1.3x one, 1 lane 197.9
+    against 170.4 (8) and 123.1 against 102.1 (4). The orchestrator's head runs on the engine ``auto``
+    chooses for the model, as its workers' layers do by default."""
+    return 2 if isinstance(ends, GgmlEmbedAndHead) else 1
+
+
 class Orchestrator:
     """Client side of the mesh: embeddings/head + routing + sessions over gRPC workers."""
 
@@ -207,7 +219,7 @@ class Orchestrator:
         exact_replay: bool = True,
         health_interval_s: float = 0.25,
         forward_timeout_s: float = 60.0,
-        round_lanes: int = 1,
+        round_lanes: int | None = None,
         max_step_tokens: int = MAX_PREFILL_TOKENS,
         credentials: ClientCredentials | None = None,
         progress_timeout_s: float | None = DEFAULT_PROGRESS_TIMEOUT_S,
@@ -256,7 +268,8 @@ class Orchestrator:
             token = credentials.token if credentials is not None else None
             self.chain = ChainReceiver(chain_listen, chain_advertise, tls=chain_tls,
                                        auth=None if token is None else TokenAuth([token]))
-        self.rounds = DecodeRounds(self.clients, self.head_fn, lanes=round_lanes,
+        lanes = round_lanes if round_lanes is not None else default_round_lanes(ends)
+        self.rounds = DecodeRounds(self.clients, self.head_fn, lanes=lanes,
                                    progress_timeout_s=progress_timeout_s, observe=self.monitor.observe_call,
                                    chain=self.chain, observe_step=self.monitor.observe_step,
                                    clock=self.monitor.clock)
