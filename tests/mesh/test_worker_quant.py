@@ -159,7 +159,8 @@ def test_a_shared_thread_pool_worker_keeps_one_pool_for_its_sessions(root: Path)
     assert "1 thread(s), shared pool" in said["one"], said
 
 
-def test_a_worker_defaults_to_the_shared_pool_and_co_located_workers_to_their_own() -> None:
+def test_a_worker_defaults_to_the_shared_pool_and_co_located_workers_to_their_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """``ethen worker``'s ``--thread-pool`` default is ``shared`` (alone on its machine); the workers
     :func:`spawn_worker` starts (``ethen up``, tests, benches) get ``--thread-pool session`` on their command
     line unless the caller's arguments give one; no environment variable carries it."""
@@ -176,7 +177,9 @@ def test_a_worker_defaults_to_the_shared_pool_and_co_located_workers_to_their_ow
     for given in (["--thread-pool", "shared"], ["--thread-pool=shared"]):
         cmd = worker_command("w", "0-1", extra_args=given)
         assert cmd[-len(given):] == given and cmd.count("session") == 0, cmd
-    assert not any(k.startswith("ETHEN_THREAD") for k in worker_env())
+    for var in ("ETHEN_THREADS", "ETHEN_THREAD_POOL"):
+        monkeypatch.delenv(var, raising=False)
+    assert not any(k.startswith("ETHEN_THREAD") for k in worker_env())  # none added
     for bad in ({"threads": 0}, {"thread_pool": "spin"}):
         with pytest.raises(ValueError, match="--thread"):
             WorkerConfig("w", [(0, 1)], **bad)  # type: ignore[arg-type]
