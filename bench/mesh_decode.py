@@ -352,19 +352,14 @@ def lanes_ab(workers: dict[str, WorkerProcess], tokens: int, rounds: int, lanes:
 
 
 def threads_ab(tokens: int, rounds: int, counts: list[str]) -> None:
-    """Three workers per ``ETHEN_THREADS`` value (one orchestrator each, head on 2 threads), alternated per
+    """Three workers per ``--threads`` value (one orchestrator each, head on 2 threads), alternated per
     round: one session's median step and aggregate decode of 1 / 4 / 8 sessions (medians)."""
     load_before = os.getloadavg()
     sets: dict[str, dict[str, WorkerProcess]] = {}
-    old = os.environ.get("ETHEN_THREADS")
     try:
         for t in counts:
-            os.environ["ETHEN_THREADS"] = t
-            sets[t] = {f"{n}-t{t}": spawn_worker(f"{n}-t{t}", layers) for n, layers in LAYOUT.items()}
-        if old is None:
-            os.environ.pop("ETHEN_THREADS")
-        else:
-            os.environ["ETHEN_THREADS"] = old
+            sets[t] = {f"{n}-t{t}": spawn_worker(f"{n}-t{t}", layers, extra_args=("--threads", t))
+                       for n, layers in LAYOUT.items()}
         model = load_model()
         ids = model.tokenizer.encode(model.chat_template.render(PROMPT, add_generation_prompt=True))
         params = SamplingParams(temperature=0.0, max_tokens=tokens)
@@ -387,7 +382,7 @@ def threads_ab(tokens: int, rounds: int, counts: list[str]) -> None:
         for ws in sets.values():
             for w in ws.values():
                 w.stop()
-    print(f"\nworker ETHEN_THREADS A/B, tok/s, medians of {rounds} alternated rounds ({tokens} tokens)")
+    print(f"\nworker --threads A/B, tok/s, medians of {rounds} alternated rounds ({tokens} tokens)")
     print(f"{'':36} " + " ".join(f"{f'{t} thread(s)':>12}" for t in counts))
     for metric in figs[counts[0]]:
         print(f"{metric:36} " + " ".join(f"{median(figs[t][metric]):12.1f}" for t in counts))
@@ -459,7 +454,7 @@ def main() -> None:
     ap.add_argument("--lanes-ab", default=None, metavar="1,2",
                     help="aggregate decode of orchestrators with these round_lanes, alternated")
     ap.add_argument("--threads-ab", default=None, metavar="1,2",
-                    help="three workers per ETHEN_THREADS value, alternated (one session, 1/4/8 sessions)")
+                    help="three workers per --threads value, alternated (one session, 1/4/8 sessions)")
     ap.add_argument("--model", default=None, help="a GGUF: single process vs three workers on it (docstring)")
     ap.add_argument("--round-lanes", type=int, default=1, help="with --model: the orchestrator's round_lanes")
     args = ap.parse_args()

@@ -202,7 +202,7 @@ def _llama_cpp(path: Path, threads: int, steps: int) -> tuple[float, float]:
 
 
 def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: str = "cpu",
-                 long_prefill: str = "0", prepack: str = "1") -> tuple[float, ...]:
+                 long_prefill: str = "0", prepack: str = "1", pool: str = "") -> tuple[float, ...]:
     """(prefill tok/s, decode tok/s, packed layer bytes, the layers' bytes in the file, RssAnon growth of
     this process over the load and the runs, the KV cache's bytes, RssAnon growth at load, the resident
     pages of the engine layout's files after the runs, the GGUF's resident pages after the runs (held by
@@ -210,7 +210,8 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
     scales)). ``long_prefill`` "1": the engine's
     ``long_prefill`` (float32 prefill). ``prepack`` "0": onnxruntime prepacks nothing
     (``session.disable_prepacking``) and only the load is measured (no runs): the twin
-    :func:`_weights_resident` subtracts."""
+    :func:`_weights_resident` subtracts. ``pool``: the engine's ``pool`` (``shared``: ``ethen worker``'s
+    default; empty: the engine's default)."""
     from ethen.model.attend import warm
     from ethen.model.engine import Engine
     from ethen.model.heap import mapped_rss
@@ -227,8 +228,8 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
     warm()  # numba's runtime now, not on the load's background thread: in both runs' "loaded" alike
     # (keywords only when asked: a --ref tree's Engine may not take them)
     extra: dict[str, Any] = {"long_prefill": True} if long_prefill == "1" else {}
-    if os.environ.get("ETHEN_THREAD_POOL"):
-        extra["pool"] = os.environ["ETHEN_THREAD_POOL"]
+    if pool:
+        extra["pool"] = pool
     engine = Engine(device, threads, accuracy, **extra)
     if prepack == "0":
         options = engine.session_options
@@ -376,20 +377,20 @@ def _ethen_run(root: Path, path: Path, threads: int, steps: int, accuracy: int,
                long_prefill: bool = False, pool: str = "", prepack: bool = True,
                env: dict[str, str] | None = None) -> tuple[float, ...]:
     """:func:`_ethen_quant` of the tree at ``root`` (this one or ``--ref``'s) in a fresh process; ``pool``
-    ``shared``: the engine's one process-wide thread pool (``ETHEN_THREAD_POOL``); ``prepack`` False: the
+    ``shared``: the engine's one process-wide thread pool (``ethen worker --thread-pool``; this tree only: an
+    argument of the probe); ``prepack`` False: the
     load only, with onnxruntime prepacking nothing (this tree only); ``env``: more variables for it."""
     import subprocess
     import sys
 
     argv = [sys.executable, "-c", _ETHEN_PROBE, str(root), str(path), str(threads), str(steps), str(accuracy)]
-    if not prepack:
-        argv += ["cpu", "1" if long_prefill else "0", "0"]
+    if not prepack or pool:
+        argv += ["cpu", "1" if long_prefill else "0", "1" if prepack else "0", *([pool] if pool else [])]
     elif long_prefill:
         argv += ["cpu", "1"]
-    own = ("ETHEN_THREAD_POOL",)  # (set per mode below)
-    env = {k: v for k, v in os.environ.items() if k not in own} | (env or {})
+    env = {**os.environ} | (env or {})
     if pool:  # as `ethen worker` runs it: NumPy's BLAS on one thread next to the spinning pool (unless set)
-        env |= {"ETHEN_THREAD_POOL": pool, "OPENBLAS_NUM_THREADS": env.get("OPENBLAS_NUM_THREADS", "1")}
+        env |= {"OPENBLAS_NUM_THREADS": env.get("OPENBLAS_NUM_THREADS", "1")}
     out = subprocess.run(argv, check=True, capture_output=True, text=True, env=env).stdout.split()
     return tuple(float(v) for v in out)
 
@@ -486,7 +487,7 @@ def vs_llama_cpp(model: Path | None, steps: int, repeats: int, ref: tuple[str, P
                                          ("ggml-native", GGML_NATIVE, False, {})):
                 if modes and name not in modes:
                     continue
-                # with threads to share: also on one process-wide pool (ETHEN_THREAD_POOL=shared, `ethen
+                # with threads to share: also on one process-wide pool (--thread-pool shared, `ethen
                 # worker`'s default), this tree only
                 for pool in ("", "shared") if threads > 1 else ("",):
                     for tag, root in roots.items():
@@ -531,7 +532,9 @@ from pathlib import Path
 import ethen
 assert ethen.__file__.startswith(root), (ethen.__file__, root)
 from ethen.model import SamplingParams, generate_stream, load_model, model_step, open_weight_store
-m = load_model(open_weight_store(Path(sys.argv[2])))
+from ethen.model.model import engine_for
+store = open_weight_store(Path(sys.argv[2]))
+m = load_model(store, engine_for(store, threads=1))  # 1 thread, a pool per session
 out = []
 for text in json.loads(sys.argv[3]):
     ids = m.tokenizer.encode(m.chat_template.render([{"role": "user", "content": text}],
@@ -563,7 +566,7 @@ def _agree(a: Sequence[int], b: Sequence[int]) -> str:
     return f"#{next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))}"
 
 
-def greedy_answers(path: Path, modes: Sequence[str] = ("exact", "exact-int8", "fast", "auto")) -> None:
+def greedy_answers(path: Path, modes: Sequence[str] = ("exact", "fast", "auto")) -> None:
     """Greedy answers of llama.cpp and of Ethen under each ``ETHEN_ACCURACY`` to :data:`ANSWER_PROMPTS`, all
     from the same prompt tokens (Ethen's tokenizer and chat template), whole models, 1 thread, each against
     Ethen ``exact`` (float32 compute over the file's weights): the speed figures compare arithmetic as well
@@ -572,7 +575,7 @@ def greedy_answers(path: Path, modes: Sequence[str] = ("exact", "exact-int8", "f
     import subprocess
     import sys
 
-    env = {**os.environ, "ETHEN_THREADS": "1", "ETHEN_THREAD_POOL": "session"}
+    env = dict(os.environ)
     answers: dict[str, list[dict[str, Any]]] = {}
     for mode in modes:
         argv = [sys.executable, "-c", _ETHEN_GREEDY, str(ROOT), str(path), json.dumps(ANSWER_PROMPTS),

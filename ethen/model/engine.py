@@ -26,8 +26,8 @@ Choices where the issue is silent:
   folds the ``Cast`` of float16 constants, e.g. Q4_1's minimum terms, into float32 copies: the memory the
   issue removes), except for graphs with F16 weights, where that float32 copy is what makes them fast
   (:meth:`Engine.session_options`).
-* Threads: ``threads`` intra-op threads (default :func:`default_threads`: ``$ETHEN_THREADS``, else the
-  process's cores up to 4). ``pool`` (:data:`THREAD_POOLS`): ``session`` (the default) gives each session a
+* Threads: ``threads`` intra-op threads (default :func:`default_threads`: the process's cores up to 4;
+  ``ethen worker --threads``). ``pool`` (:data:`THREAD_POOLS`): ``session`` (the default) gives each session a
   pool of its own whose threads sleep between parallel ops (right where processes share the cores: the
   loopback mesh, a gateway); ``shared`` runs every session of the process on one pool whose threads spin
   (what llama.cpp does; :func:`shared_pool`), for a process that has its cores to itself (``ethen
@@ -92,25 +92,17 @@ MAX_DEFAULT_THREADS = 4
 
 
 def default_threads() -> int:
-    """``$ETHEN_THREADS``, else the cores this process may run on, at most :data:`MAX_DEFAULT_THREADS`.
+    """The cores this process may run on, at most :data:`MAX_DEFAULT_THREADS` (``ethen worker --threads``
+    sets a count instead).
     Why not 1: the 3-worker loopback mesh on 2 cores, the same workers at 1 and 2 threads interleaved
     (``bench/mesh_decode.py --threads-ab``), decoded 8 sessions 1.21x and 4 sessions 1.12x faster at 2, one
     session as fast (1.02x): a batched round's many-row matmuls split well over threads, and in a pipeline
     only one or two stages compute at a time."""
-    raw = os.environ.get("ETHEN_THREADS", "").strip()
-    if not raw:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):  # not Linux
-            cores = os.cpu_count() or 1
-        return max(1, min(MAX_DEFAULT_THREADS, cores))
     try:
-        n = int(raw)
-    except ValueError:
-        raise EngineError(f"ETHEN_THREADS = {raw!r}: must be a positive integer") from None
-    if n < 1:
-        raise EngineError(f"ETHEN_THREADS = {raw!r}: must be a positive integer")
-    return n
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_DEFAULT_THREADS, cores))
 
 
 def resolve_accuracy(accuracy: int, bits: int) -> int:

@@ -26,17 +26,15 @@ file's pages the repacking read are released: resident, one copy either way.
 Numerics: ggml quantizes the activations of a quantized matrix's product to int8 blocks (Q8_0 / Q8_K, as
 llama.cpp does), F16 / BF16 weights multiply F16 / BF16 activations, F32 weights float32.
 
-Threads: one persistent ggml thread pool per process of :func:`~ethen.model.engine.default_threads`
-threads (``$ETHEN_THREADS``; :func:`process_engine`); graphs run one at a time under a lock (ggml's pool runs
-one graph at once). Its threads spin a while between graphs as llama.cpp's under
-``$ETHEN_THREAD_POOL=shared`` (``ethen worker``'s default), else they sleep at once (processes sharing the
-cores: ``ethen up``'s workers and gateway).
+Threads: one persistent ggml thread pool per process and thread count (:func:`process_engine`; ``ethen
+worker --threads``); graphs run one at a time under a lock (ggml's pool runs one graph at once). Its threads
+spin a while between graphs as llama.cpp's under the ``shared`` pool (``ethen worker --thread-pool``'s
+default), else they sleep at once (processes sharing the cores: ``ethen up``'s workers and gateway).
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +45,7 @@ from numpy.typing import NDArray
 
 from ethen.model.attend import warm_in_background
 from ethen.model.config import ModelConfig
-from ethen.model.engine import default_threads
+from ethen.model.engine import THREAD_POOLS, default_threads
 from ethen.model.errors import GGUFFormatError, ModelInputError, WeightsNotFoundError
 from ethen.model.ggml_lib import GGML_TYPES, GgmlError, GgmlInitParams, GgmlLib, lib
 from ethen.model.gguf_loader import TensorInfo, WeightStore, unpermute_qk
@@ -338,27 +336,28 @@ def map_gguf(store: WeightStore) -> NDArray[np.uint8]:
 
 
 _ENGINE_LOCK = threading.Lock()
-_ENGINES: dict[int, GgmlEngine] = {}
+_ENGINES: dict[tuple[int, bool], GgmlEngine] = {}
 
 
-def process_engine(threads: int | None = None) -> GgmlEngine:
-    """The process's engine of ``threads`` (default :func:`~ethen.model.engine.default_threads`), one per
-    thread count. Its pool's threads spin a while between graphs (as llama.cpp's) where
-    ``$ETHEN_THREAD_POOL`` is ``shared`` (``ethen worker``'s default: a worker alone on its machine), and
-    sleep at once otherwise (``session``: ``ethen up``'s workers,
-    :func:`~ethen.mesh.worker.launch.worker_env`; a gateway's head), as the onnxruntime engine's pools do.
-    Without ``threads``: ``$ETHEN_THREADS``, else under ``shared`` the default, else 1."""
-    shared = os.environ.get("ETHEN_THREAD_POOL", "").strip() == "shared"
+def process_engine(threads: int | None = None, pool: str = "session") -> GgmlEngine:
+    """The process's engine of ``threads`` and ``pool``, one per thread count and pool. Its pool's threads
+    spin a while between graphs (as llama.cpp's) where ``pool`` is ``shared`` (``ethen worker``'s default:
+    a worker alone on its machine), and sleep at once under ``session`` (``ethen up``'s workers,
+    :func:`~ethen.mesh.worker.launch.spawn_worker`; a gateway's head), as the onnxruntime engine's pools do.
+    Without ``threads``: under ``shared`` :func:`~ethen.model.engine.default_threads`, else 1."""
+    if pool not in THREAD_POOLS:
+        raise ModelInputError(f"thread pool {pool!r}: must be one of {', '.join(THREAD_POOLS)}")
+    shared = pool == "shared"
     if threads is not None:
         n = int(threads)
-    elif shared or os.environ.get("ETHEN_THREADS", "").strip():
+    elif shared:
         n = default_threads()
     else:  # processes sharing the cores: ggml's barriers spin inside a graph, and two threads on an
         n = 1  # oversubscribed 2-core VM decoded at 2.7-9.9 tok/s against 70 (docs/decisions/0100)
     with _ENGINE_LOCK:
-        if n not in _ENGINES:
-            _ENGINES[n] = GgmlEngine(n, spin=shared)
-        return _ENGINES[n]
+        if (n, shared) not in _ENGINES:
+            _ENGINES[n, shared] = GgmlEngine(n, spin=shared)
+        return _ENGINES[n, shared]
 
 
 def load_ggml_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,

@@ -22,7 +22,6 @@ Choices where the issue is silent:
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -243,12 +242,13 @@ def _use_ggml(s: WeightStore, engine: Engine | GgmlEngine | None) -> bool:
     return engine_kind(s.tensors or {}) == "ggml"
 
 
-def engine_for(store: WeightStore, threads: int | None = None) -> Engine | GgmlEngine:
-    """The engine of ``threads`` that :func:`~ethen.model.choose.engine_kind` chooses for ``store``."""
-    if engine_kind(store.tensors or {}) == "ggml":  # (threads: only where the process has its cores)
-        shared = os.environ.get("ETHEN_THREAD_POOL", "").strip() == "shared"
-        return process_engine(threads if shared else None)
-    return engine_from_env(threads)
+def engine_for(store: WeightStore, threads: int | None = None, pool: str = "session") -> Engine | GgmlEngine:
+    """The engine of ``threads`` on ``pool`` (session|shared: ``ethen worker --threads`` / ``--thread-pool``)
+    that :func:`~ethen.model.choose.engine_kind` chooses for ``store``. Without ``threads``: the default
+    (:func:`~ethen.model.engine.default_threads`; ggml under ``session``: 1, :func:`process_engine`)."""
+    if engine_kind(store.tensors or {}) == "ggml":
+        return process_engine(threads, pool)
+    return engine_from_env(threads, pool)
 
 
 def load_layer_stacks(ranges: str | Sequence[tuple[int, int]], store: WeightStore | None = None,

@@ -29,7 +29,7 @@ Speed: Q8_0 has 1-, 2- and 4-row kernels (a call with N rows runs groups of 4, t
 each converted weight is used for every row of it, so the group reads the head once (batched decode rounds;
 a prefill asks for its last row only). ``nogil``: the orchestrator's
 :class:`~ethen.mesh.orchestrator.head.SplitHead` runs vocabulary ranges on its threads; one call is one
-thread (no numba threading layer, ``ETHEN_THREADS`` untouched).
+thread (no numba threading layer, the engine's threads untouched).
 
 numba is imported only in :func:`_kernels` (the first head built in a process). ``cache=True``: the JIT
 compile is written next to this module (or to numba's user cache dir if that is read-only), and later

@@ -221,7 +221,7 @@ def _sessions(engine: Engine, g: GraphBuilder, backing: Path) -> tuple[Any, Any]
     return short_s, long_s
 
 
-def engine_from_env(threads: int | None = None) -> Engine:
+def engine_from_env(threads: int | None = None, pool: str = "session") -> Engine:
     """The engine ``$ETHEN_DEVICE`` (auto|cpu|cuda, default auto) and ``$ETHEN_ACCURACY`` (auto|exact|fast:
     :func:`~ethen.model.choose.accuracy_from_env`) ask for. exact: float32 compute (greedy text as a
     float64 reference's on the banner prompt); auto (the default): exact-int8 (float32-grade products from
@@ -230,14 +230,13 @@ def engine_from_env(threads: int | None = None) -> Engine:
     ``threads`` default :func:`~ethen.model.engine.default_threads`. Steps of ``PREFILL_ROWS`` rows or more
     of exact-int8 8-bit matrices always run through onnxruntime's float32-compute kernel (``long_prefill``:
     2.1-2.6x faster prefill, float32 compute's error).
-    ``$ETHEN_THREAD_POOL`` (session|shared, default session; ``ethen worker`` defaults to shared):
-    :data:`~ethen.model.engine.THREAD_POOLS`."""
+    ``pool`` (session|shared, :data:`~ethen.model.engine.THREAD_POOLS`; ``ethen worker --thread-pool``,
+    whose default is shared)."""
     device = os.environ.get("ETHEN_DEVICE", "").strip() or "auto"
     levels = {"auto": ACCURACY_AUTO, "exact": ACCURACY_EXACT, "fast": ACCURACY_FAST}
     acc = accuracy_from_env()
-    pool = os.environ.get("ETHEN_THREAD_POOL", "").strip() or "session"
     if pool not in THREAD_POOLS:
-        raise ModelInputError(f"ETHEN_THREAD_POOL = {pool!r}: must be one of {', '.join(THREAD_POOLS)}")
+        raise ModelInputError(f"thread pool {pool!r}: must be one of {', '.join(THREAD_POOLS)}")
     return Engine(device, threads, levels[acc], long_prefill=True, pool=pool)
 
 

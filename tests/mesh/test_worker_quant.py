@@ -112,11 +112,15 @@ def test_device_cpu_serves_the_quantized_layers(root: Path) -> None:
         w.stop()
 
 
-def test_a_bad_thread_pool_is_refused_naming_the_value(root: Path) -> None:
+def test_a_bad_thread_pool_or_thread_count_is_refused_naming_the_value(root: Path) -> None:
     path = write_tiny_gguf(root / "pool.gguf", TinySpec())
-    out = _worker_run(path, "--thread-pool", "spin")
-    assert out.returncode == 2 and "READY" not in out.stdout
-    assert "--thread-pool 'spin': must be one of session, shared" in out.stderr
+    for args, said in ((("--thread-pool", "spin"), "--thread-pool 'spin': must be one of session, shared"),
+                       (("--thread-pool", "x"), "--thread-pool 'x': must be one of session, shared"),
+                       (("--threads", "0"), "--threads 0: must be a positive integer"),
+                       (("--threads", "-2"), "--threads -2: must be a positive integer")):
+        out = _worker_run(path, *args)
+        assert out.returncode == 2 and "READY" not in out.stdout, args
+        assert said in out.stderr, (args, out.stderr[-500:])
 
 
 def _threads(pid: int) -> int:
@@ -124,46 +128,58 @@ def _threads(pid: int) -> int:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc/PID/task (Linux)")
-def test_a_shared_thread_pool_worker_keeps_one_pool_for_its_sessions(root: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--thread-pool shared``: one onnxruntime pool for the worker's graphs (3 threads: 2 more threads), not
-    one per graph (``session``, what :func:`spawn_worker` gives co-located workers); the same tokens."""
-    monkeypatch.setenv("ETHEN_THREADS", "3")
+def test_a_shared_thread_pool_worker_keeps_one_pool_for_its_sessions(root: Path) -> None:
+    """``--thread-pool shared``: one onnxruntime pool for the worker's graphs (``--threads 3``: 2 more
+    threads), not one per graph (``session``, what :func:`spawn_worker` gives co-located workers); the same
+    tokens. ``--threads 1``: the engine runs on one thread (its shared pool adds none)."""
     path = write_tiny_gguf(root / "pool.gguf", TinySpec(types=("Q4_0",), name="t-pool"))
     store = open_weight_store(path)
     ids = [1, 5, 9, 13]
-    counts, tokens = {}, {}
-    for pool in ("session", "shared"):
-        w = spawn_worker(pool, "0-2", extra_args=["--model", str(path), "--thread-pool", pool], timeout_s=120)
+    counts, tokens, said = {}, {}, {}
+    for run, pool, threads in (("session", "session", 3), ("shared", "shared", 3), ("one", "shared", 1)):
+        w = spawn_worker(run, "0-2", extra_args=["--model", str(path), "--thread-pool", pool,
+                                                 "--threads", str(threads)], timeout_s=120)
         try:
             orch = Orchestrator.load({w.node_id: w.address}, store).start()
             try:
                 wait_routable(orch, len(ids))  # bounded: the first Health polls
-                tokens[pool] = tuple(orch.generate(ids, GREEDY).result().token_ids)
-                counts[pool] = _threads(w.process.pid)
+                tokens[run] = tuple(orch.generate(ids, GREEDY).result().token_ids)
+                counts[run] = _threads(w.process.pid)
+                said[run] = next(line for line in w.output if "thread(s)" in line)
             finally:
                 orch.close()
         finally:
             w.stop()
-    assert tokens["shared"] == tokens["session"] and len(tokens["shared"]) >= 1
+    assert tokens["shared"] == tokens["session"] == tokens["one"] and len(tokens["shared"]) >= 1
     # 3 layers x 2 graphs, 2 pool threads each (session), against 2 pool threads in all (shared)
     print(f"threads: {counts}")
     assert counts["session"] - counts["shared"] >= 6, counts
+    assert counts["shared"] > counts["one"], counts  # a smaller pool (measured 13 vs 12 threads in all)
+    assert "3 thread(s), session pool" in said["session"] and "3 thread(s), shared pool" in said["shared"]
+    assert "1 thread(s), shared pool" in said["one"], said
 
 
 def test_a_worker_defaults_to_the_shared_pool_and_co_located_workers_to_their_own(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from ethen.mesh.worker.cli import apply_thread_pool
-    from ethen.mesh.worker.launch import worker_env
+    """``ethen worker``'s ``--thread-pool`` default is ``shared`` (alone on its machine); the workers
+    :func:`spawn_worker` starts (``ethen up``, tests, benches) get ``--thread-pool session`` on their command
+    line unless the caller's arguments give one; no environment variable carries it."""
+    import inspect
 
-    monkeypatch.setenv("ETHEN_THREAD_POOL", "")  # (recorded: whatever apply_thread_pool sets is undone)
-    monkeypatch.delenv("ETHEN_THREAD_POOL")
-    assert worker_env()["ETHEN_THREAD_POOL"] == "session"  # spawn_worker's children share the machine
-    apply_thread_pool(None)  # `ethen worker` with neither the flag nor the variable: alone on its machine
-    assert os.environ["ETHEN_THREAD_POOL"] == "shared"
-    assert worker_env()["ETHEN_THREAD_POOL"] == "shared"  # what the caller set is kept
-    monkeypatch.setenv("ETHEN_THREAD_POOL", "session")
-    apply_thread_pool(None)
-    assert os.environ["ETHEN_THREAD_POOL"] == "session"
-    apply_thread_pool("shared")  # the flag wins
-    assert os.environ["ETHEN_THREAD_POOL"] == "shared"
+    from ethen.mesh.worker.cli import worker
+    from ethen.mesh.worker.config import WorkerConfig
+    from ethen.mesh.worker.launch import worker_command, worker_env
+
+    assert inspect.signature(worker).parameters["thread_pool"].default.default == "shared"
+    assert WorkerConfig("w", [(0, 1)]).thread_pool == "shared" and WorkerConfig("w", [(0, 1)]).threads is None
+    cmd = worker_command("w", "0-1", extra_args=["--model", "m.gguf"])
+    assert cmd[-4:] == ["--model", "m.gguf", "--thread-pool", "session"]
+    for given in (["--thread-pool", "shared"], ["--thread-pool=shared"]):
+        cmd = worker_command("w", "0-1", extra_args=given)
+        assert cmd[-len(given):] == given and cmd.count("session") == 0, cmd
+    for var in ("ETHEN_THREADS", "ETHEN_THREAD_POOL"):
+        monkeypatch.delenv(var, raising=False)
+    assert not any(k.startswith("ETHEN_THREAD") for k in worker_env())  # none added
+    for bad in ({"threads": 0}, {"thread_pool": "spin"}):
+        with pytest.raises(ValueError, match="--thread"):
+            WorkerConfig("w", [(0, 1)], **bad)  # type: ignore[arg-type]

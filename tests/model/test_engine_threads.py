@@ -1,4 +1,5 @@
-"""The engine's thread count: ``$ETHEN_THREADS``, else the process's cores up to ``MAX_DEFAULT_THREADS``."""
+"""The engine's thread count: the one given (``ethen worker --threads``), else the process's cores up to
+``MAX_DEFAULT_THREADS``; no environment variable sets it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from ethen.model.engine import MAX_DEFAULT_THREADS, Engine, EngineError, default
 
 
 def test_default_is_the_cores_this_process_may_use_capped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("ETHEN_THREADS", raising=False)
     assert default_threads() == max(1, min(MAX_DEFAULT_THREADS, len(os.sched_getaffinity(0))))
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(64)))
     assert default_threads() == MAX_DEFAULT_THREADS
@@ -19,10 +19,12 @@ def test_default_is_the_cores_this_process_may_use_capped(monkeypatch: pytest.Mo
     assert Engine("cpu").threads == 1
 
 
-def test_ethen_threads_overrides_and_bad_values_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ETHEN_THREADS", "3")
-    assert default_threads() == 3 and Engine("cpu").threads == 3
-    for bad in ("0", "-2", "two"):
-        monkeypatch.setenv("ETHEN_THREADS", bad)
-        with pytest.raises(EngineError, match=f"ETHEN_THREADS = '{bad}'"):
-            default_threads()
+def test_the_thread_count_is_a_parameter_not_an_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ethen.model.qmodel import engine_from_env
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.setenv("ETHEN_THREADS", "3")  # (read by nothing any more)
+    assert default_threads() == 2 and Engine("cpu").threads == 2
+    assert Engine("cpu", 3).threads == 3 and engine_from_env(3).threads == 3
+    with pytest.raises(EngineError, match="threads = 0: must be >= 1"):
+        Engine("cpu", 0)

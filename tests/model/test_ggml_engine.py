@@ -146,23 +146,23 @@ def test_a_ggml_only_type_runs_on_ggml_and_onnx_refuses_it(tmp_path: Path,
 
 def test_the_pool_sleeps_between_graphs_where_processes_share_the_cores(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``ETHEN_THREAD_POOL=session`` (``ethen up``'s workers) or unset (a gateway's head): the ggml pool's
-    threads poll 0 (sleep at once); ``shared`` (``ethen worker``'s default): they spin a while, as
-    llama.cpp's."""
+    """``pool="session"`` (``ethen up``'s workers, a gateway's head; the default): the ggml pool's threads
+    poll 0 (sleep at once) and, without ``threads``, there is one; ``shared`` (``ethen worker``'s default):
+    they spin a while, as llama.cpp's, ``default_threads`` of them. No environment variable changes this."""
     from ethen.model import glayer
+    from ethen.model.engine import default_threads
 
-    monkeypatch.delenv("ETHEN_THREADS", raising=False)
-    for pool in ("session", ""):
-        monkeypatch.setattr(glayer, "_ENGINES", {})
-        monkeypatch.setenv("ETHEN_THREAD_POOL", pool)
-        assert not process_engine(2).spin
-        assert process_engine().threads == 1  # sharing the cores: one thread (its barriers spin)
-    monkeypatch.setenv("ETHEN_THREADS", "2")
-    assert process_engine().threads == 2
     monkeypatch.setattr(glayer, "_ENGINES", {})
+    monkeypatch.setenv("ETHEN_THREADS", "2")  # (read by nothing any more)
     monkeypatch.setenv("ETHEN_THREAD_POOL", "shared")
-    eng = process_engine(2)
-    assert eng.spin and eng.threads == 2 and process_engine(2) is eng
+    assert not process_engine(2).spin and process_engine(2, "session") is process_engine(2)
+    assert process_engine().threads == 1  # sharing the cores: one thread (its barriers spin)
+    eng = process_engine(2, "shared")
+    assert eng.spin and eng.threads == 2 and process_engine(2, "shared") is eng
+    assert eng is not process_engine(2)  # one engine per thread count and pool
+    assert process_engine(pool="shared").threads == default_threads()
+    with pytest.raises(ModelInputError, match="thread pool 'spin': must be one of session, shared"):
+        process_engine(1, "spin")
 
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q4_0", "Q8_0"])

@@ -1,12 +1,12 @@
-"""``Engine(pool=...)`` / ``$ETHEN_THREAD_POOL`` (:func:`ethen.model.engine.shared_pool`): ``shared`` runs
-every session of the process on one onnxruntime pool (the process keeps a handful of threads instead of one
-pool per session), with the same outputs as a pool per session; a second size cannot share it; bad values are
-refused naming them. Fresh processes: the shared pool is process state."""
+"""``Engine(pool=...)`` / ``engine_from_env(threads, pool)`` (``ethen worker --thread-pool``;
+:func:`ethen.model.engine.shared_pool`): ``shared`` runs every session of the process on one onnxruntime pool
+(the process keeps a handful of threads instead of one pool per session), with the same outputs as a pool per
+session; a second size cannot share it; bad values are refused naming them. Fresh processes: the shared pool
+is process state."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from typing import Any
@@ -26,7 +26,7 @@ from ethen.model.qmodel import engine_from_env, load_quant_layers
 from ethen.model.model import LayerStack
 
 store = open_weight_store()
-eng = engine_from_env()
+eng = engine_from_env(int(sys.argv[1]), sys.argv[2])
 stack = LayerStack(store.config, load_quant_layers([(0, 7)], store, eng)[0])
 kv = stack.new_kv_cache()
 x = np.random.default_rng(0).standard_normal((5, stack.config.d_model)).astype(np.float32)
@@ -50,9 +50,8 @@ print(json.dumps({"pool": eng.pool, "other": [other.pool, other.threads, bool(np
 
 
 def _probe(pool: str) -> dict[str, Any]:
-    env = {**os.environ, "ETHEN_THREADS": "2", "ETHEN_THREAD_POOL": pool}
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300,
-                         check=True, env=env)
+    out = subprocess.run([sys.executable, "-c", PROBE, "2", pool], capture_output=True, text=True,
+                         timeout=300, check=True)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -77,8 +76,7 @@ def test_a_shared_pool_serves_every_session_with_the_same_outputs() -> None:
 def test_a_bad_thread_pool_is_refused_naming_the_value(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(EngineError, match="thread pool 'spin' is not one of session, shared"):
         Engine("cpu", 1, pool="spin")
-    monkeypatch.setenv("ETHEN_THREAD_POOL", "spin")
-    with pytest.raises(ModelInputError, match="ETHEN_THREAD_POOL = 'spin': must be one of session, shared"):
-        engine_from_env()
-    monkeypatch.setenv("ETHEN_THREAD_POOL", "")
+    with pytest.raises(ModelInputError, match="thread pool 'spin': must be one of session, shared"):
+        engine_from_env(1, "spin")
+    monkeypatch.setenv("ETHEN_THREAD_POOL", "shared")  # (read by nothing any more)
     assert engine_from_env(1).pool == "session"  # the default: a pool per session

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from ethen.mesh.worker.config import WorkerConfig
     from ethen.mesh.worker.membership import JoinSpec
 
-__all__ = ["ACCURACIES", "apply_device", "apply_engine", "apply_thread_pool", "one_blas_thread", "run_worker",
+__all__ = ["ACCURACIES", "apply_device", "apply_engine", "check_threads", "one_blas_thread", "run_worker",
            "worker"]
 
 #: ``--accuracy``: auto (the engine rule, :mod:`ethen.model.choose`), exact (float32-grade products:
@@ -69,14 +69,18 @@ def run_worker(config: WorkerConfig, host: str, port: int, model_path: Path | No
     from ethen.mesh.worker.membership import Announcer
     from ethen.mesh.worker.server import WorkerService, serve
     from ethen.model.gguf_loader import open_weight_store
-    from ethen.model.model import load_layer_stacks
+    from ethen.model.model import engine_for, load_layer_stacks
 
     rss = resident_bytes()
     if rss is not None:  # what the layers cost is measured from here (tests/mesh/test_capped_workers.py)
         print(f"ethen worker {config.node_id!r}: resident {rss} bytes before loading layers", file=sys.stderr,
               flush=True)
     t0 = time.perf_counter()
-    backend = ModelBackend(load_layer_stacks(list(config.fragments), open_weight_store(model_path)))
+    store = open_weight_store(model_path)
+    engine = engine_for(store, threads=config.threads, pool=config.thread_pool)
+    print(f"ethen worker {config.node_id!r}: engine {type(engine).__name__}, {engine.threads} thread(s), "
+          f"{config.thread_pool} pool", file=sys.stderr, flush=True)
+    backend = ModelBackend(load_layer_stacks(list(config.fragments), store, engine))
     service = WorkerService(config, backend, auth=auth, peers=peers)
     from ethen.mesh.model_id import model_fingerprint  # issue 24: Health says which file this worker loaded
     from ethen.model import find_gguf_path
@@ -139,16 +143,14 @@ def apply_engine(engine: str | None, accuracy: str | None) -> None:
         os.environ["ETHEN_ACCURACY"] = accuracy
 
 
-def apply_thread_pool(pool: str | None) -> None:
-    """``--thread-pool`` into ``$ETHEN_THREAD_POOL`` (this worker process's), which the engine reads
-    (:func:`~ethen.model.qmodel.engine_from_env`). Unset, a worker takes ``$ETHEN_THREAD_POOL``, else
-    ``shared``: a worker is meant to have its machine's cores to itself (one worker per host), where one
-    spinning pool per process decodes faster (:func:`~ethen.model.engine.shared_pool`). Workers that share
-    a machine (``ethen up``'s, :func:`~ethen.mesh.worker.launch.spawn_worker`) get ``session``."""
-    pool = pool if pool is not None else (os.environ.get("ETHEN_THREAD_POOL", "").strip() or "shared")
-    if pool not in THREAD_POOLS:
+def check_threads(threads: int | None, pool: str | None) -> None:
+    """Refuse (a ``ValueError`` naming the flag and the value) a ``--threads`` below 1 or a ``--thread-pool``
+    not in :data:`~ethen.model.engine.THREAD_POOLS`. Both reach the engine through the worker's
+    :class:`~ethen.mesh.worker.config.WorkerConfig` (:func:`run_worker`)."""
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads {threads!r}: must be a positive integer")
+    if pool is not None and pool not in THREAD_POOLS:
         raise ValueError(f"--thread-pool {pool!r}: must be one of {', '.join(THREAD_POOLS)}")
-    os.environ["ETHEN_THREAD_POOL"] = pool
 
 
 def worker(
@@ -196,9 +198,12 @@ def worker(
         None, "--max-memory", help="Refuse (before loading) layers whose weights exceed this size, e.g. "
         "800M, 1.5G, 512MiB (their bytes in the GGUF)."),
     thread_pool: str = typer.Option(
-        None, "--thread-pool", help="shared: one spinning pool of threads for the process (for a worker "
-        "alone on its machine); session: a pool per session, asleep between ops (workers sharing cores). "
-        "Default: $ETHEN_THREAD_POOL, else shared."),
+        "shared", "--thread-pool", help="shared: one spinning pool of threads for the process (for a worker "
+        "alone on its machine); session: a pool per session, asleep between ops (workers sharing cores, "
+        "as ethen up's)."),
+    threads: int = typer.Option(
+        None, "--threads", help="The engine's threads. Default: the cores this process may use, at most 4 "
+        "(the ggml engine under --thread-pool session: 1)."),
 ) -> None:
     """Serve fragments of the model's layers to the mesh over gRPC."""
     from ethen.mesh.worker.launch import die_with_parent
@@ -208,19 +213,24 @@ def worker(
     one_blas_thread()
     from ethen.mesh.worker.config import WorkerConfig, parse_fragments
 
+    try:  # first: a bad value is named as the other engine flags' are (exit 2)
+        check_threads(threads, thread_pool)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise typer.Exit(2) from None
     try:
         fragments = parse_fragments(layers)
         config = WorkerConfig(node_id, fragments, capacity_score=capacity_score,
                               max_cache_bytes=int(max_cache_mb * 1024 * 1024), session_ttl_s=session_ttl,
                               max_sessions=max_sessions, batch_window_s=batch_window_ms / 1000.0,
                               max_prefill_tokens=max_prefill_tokens,
-                              max_sessions_per_caller=max_sessions_per_caller)
+                              max_sessions_per_caller=max_sessions_per_caller, threads=threads,
+                              thread_pool=thread_pool)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     try:
         apply_device(device)
         apply_engine(engine, accuracy)
-        apply_thread_pool(thread_pool)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise typer.Exit(2) from None

@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Sequence
 
 from ethen.mesh.worker.limits import MAX_DECODE_BATCH, MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER
+from ethen.model.engine import THREAD_POOLS
 from ethen.model.model import parse_layer_ranges
 
 __all__ = ["WorkerConfig", "parse_fragments"]
@@ -35,6 +36,8 @@ class WorkerConfig:
         max_prefill_tokens: int = MAX_PREFILL_TOKENS,
         max_sessions_per_caller: int = MAX_SESSIONS_PER_CALLER,
         max_prefix_bytes: int | None = None,
+        threads: int | None = None,
+        thread_pool: str = "shared",
     ) -> None:
         if not node_id:
             raise ValueError("node_id must be non-empty")
@@ -44,6 +47,10 @@ class WorkerConfig:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
         if max_sessions_per_caller < 1:
             raise ValueError(f"max_sessions_per_caller must be >= 1, got {max_sessions_per_caller}")
+        if threads is not None and threads < 1:
+            raise ValueError(f"--threads {threads!r}: must be a positive integer")
+        if thread_pool not in THREAD_POOLS:
+            raise ValueError(f"--thread-pool {thread_pool!r}: must be one of {', '.join(THREAD_POOLS)}")
         self.node_id = node_id
         self.fragments = sorted(fragments)
         self.capacity_score = capacity_score
@@ -56,6 +63,10 @@ class WorkerConfig:
         self.max_sessions_per_caller = max_sessions_per_caller
         # the prefix cache (issue 45): a quarter of the sessions' cap unless set
         self.max_prefix_bytes = max_cache_bytes // 4 if max_prefix_bytes is None else max_prefix_bytes
+        # the engine's threads (None: its default, ethen.model.model.engine_for) and thread pool
+        # (``shared``: one spinning pool, a worker alone on its machine; ``session``: workers sharing cores)
+        self.threads = threads
+        self.thread_pool = thread_pool
 
     @property
     def layers(self) -> list[int]:

@@ -6,9 +6,9 @@ waits for that line (``port=0`` lets the OS pick a free port, so parallel test r
 Children get ``OPENBLAS_NUM_THREADS=1`` (and the OMP/MKL equivalents) unless the caller set them: a decode
 step is a chain of small matmuls, and several processes each spinning a BLAS thread pool on a few shared
 cores ran 3x slower than single-threaded BLAS here (measured: 68 ms vs 21 ms per token under load). For the
-same reason they get ``ETHEN_THREAD_POOL=session`` unless the caller set it: the engine's threads sleep
-between a step's parallel ops instead of spinning (``ethen worker``'s own default, ``shared``, is for a worker
-alone on its machine; :func:`ethen.model.engine.shared_pool`).
+same reason they get ``--thread-pool session`` unless the caller's ``extra_args`` give one: the engine's
+threads sleep between a step's parallel ops instead of spinning (``ethen worker``'s own default, ``shared``,
+is for a worker alone on its machine; :func:`ethen.model.engine.shared_pool`).
 
 Workers die with their parent, whatever signal killed it (``kill -9`` of ``ethen up`` must not leave three
 ~250 MB workers behind). :func:`spawn_worker` passes the parent's pid (``ETHEN_PARENT_PID``) and an open stdin
@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["ORPHAN_EXIT_S", "PARENT_DEATHSIG_ENV", "PARENT_PID_ENV", "WorkerProcess", "die_with_parent",
-           "orphaned", "spawn_worker", "worker_env"]
+           "orphaned", "spawn_worker", "worker_command", "worker_env"]
 
 PARENT_PID_ENV = "ETHEN_PARENT_PID"
 PARENT_DEATHSIG_ENV = "ETHEN_PARENT_DEATHSIG"
@@ -100,7 +100,6 @@ def worker_env() -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(var, "1")
-    env.setdefault("ETHEN_THREAD_POOL", "session")  # workers started here share this machine's cores
     return env
 
 
@@ -170,6 +169,17 @@ def die_with_parent() -> None:
     threading.Thread(target=_watch_parent, args=(parent,), name="ethen-parent-watch", daemon=True).start()
 
 
+def worker_command(node_id: str, layers: str, port: int = 0, host: str = "127.0.0.1",
+                   extra_args: Sequence[str] = (), command_prefix: Sequence[str] = ()) -> list[str]:
+    """The command line :func:`spawn_worker` runs: ``--thread-pool session`` unless ``extra_args`` give a
+    ``--thread-pool`` (workers started here share this machine's cores)."""
+    cmd = [*command_prefix, sys.executable, "-m", "ethen", "worker", "--node-id", node_id, "--layers", layers,
+           "--port", str(port), "--host", host, *extra_args]
+    if not any(a == "--thread-pool" or a.startswith("--thread-pool=") for a in extra_args):
+        cmd += ["--thread-pool", "session"]
+    return cmd
+
+
 def spawn_worker(node_id: str, layers: str, port: int = 0, host: str = "127.0.0.1",
                  extra_args: Sequence[str] = (), timeout_s: float = 120.0,
                  command_prefix: Sequence[str] = (), own_process_group: bool = False) -> WorkerProcess:
@@ -177,8 +187,7 @@ def spawn_worker(node_id: str, layers: str, port: int = 0, host: str = "127.0.0.
     ``command_prefix`` wraps the command (tests: ``ip netns exec NS``, which execs in place, same pid).
     ``own_process_group``: the worker gets its own process group, so a terminal's Ctrl-C reaches only this
     process, which stops its workers in its own order (``ethen up``: the gateway first)."""
-    cmd = [*command_prefix, sys.executable, "-m", "ethen", "worker", "--node-id", node_id, "--layers", layers,
-           "--port", str(port), "--host", host, *extra_args]
+    cmd = worker_command(node_id, layers, port, host, extra_args, command_prefix)
     # stdin: a pipe the child never reads data from; its end-of-file tells the child this process died.
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1, env=_parent_env(worker_env()),
