@@ -401,7 +401,7 @@ def thirds(n_layers: int) -> dict[str, str]:
     return {f"w{i}": f"{cuts[i]}-{cuts[i + 1] - 1}" for i in range(3)}
 
 
-def model_mesh(path: str, tokens: int, rounds: int, lanes: int = 1) -> None:
+def model_mesh(path: str, tokens: int, rounds: int, lanes: int | None = None) -> None:
     """``--model``: single process against three workers on ``path`` (module docstring)."""
     store = open_weight_store(path)
     layout = thirds(store.config.n_layers)
@@ -456,7 +456,8 @@ def main() -> None:
     ap.add_argument("--threads-ab", default=None, metavar="1,2",
                     help="three workers per --threads value, alternated (one session, 1/4/8 sessions)")
     ap.add_argument("--model", default=None, help="a GGUF: single process vs three workers on it (docstring)")
-    ap.add_argument("--round-lanes", type=int, default=1, help="with --model: the orchestrator's round_lanes")
+    ap.add_argument("--round-lanes", type=int, default=None,
+                    help="with --model: round_lanes (default: the orchestrator's, default_round_lanes)")
     args = ap.parse_args()
     if args.model and not args.lanes_ab:
         model_mesh(args.model, args.tokens, args.rounds, args.round_lanes)
