@@ -24,7 +24,7 @@ from ethen.model.ggml_lib import backends
 from ethen.model.gguf_loader import GGML_ONLY_TYPES, TensorInfo
 
 __all__ = ["ACCURACIES", "DEVICES", "ENGINES", "GGML_MIN_PARAMS", "accuracy_from_env", "auto_engine",
-           "check_device", "check_onnx", "engine_kind", "model_params"]
+           "check_device", "check_onnx", "device_from_env", "engine_kind", "model_params"]
 
 ENGINES = ("auto", "ggml", "onnx")
 #: ``--device`` values (``$ETHEN_DEVICE`` carries the flag to the processes ``ethen up`` starts): ``cuda``
@@ -45,6 +45,11 @@ def accuracy_from_env() -> str:
         hint = " (auto runs exact-int8 where it applies)" if acc == "exact-int8" else ""
         raise ModelInputError(f"ETHEN_ACCURACY = {acc!r}: must be one of {', '.join(ACCURACIES)}{hint}")
     return acc
+
+
+def device_from_env() -> str:
+    """``$ETHEN_DEVICE`` (``--device``, default ``auto``), unchecked: see :func:`check_device`."""
+    return os.environ.get("ETHEN_DEVICE", "").strip() or "auto"
 
 
 def check_device(device: str) -> None:
@@ -101,7 +106,7 @@ def engine_kind(tensors: Mapping[str, TensorInfo]) -> str:
         raise ModelInputError(f"ETHEN_ENGINE = {kind!r}: must be one of {', '.join(ENGINES)}")
     if kind != "auto":
         return kind
-    device = os.environ.get("ETHEN_DEVICE", "").strip() or "auto"
+    device = device_from_env()
     check_device(device)
     if device == "cuda":
         return "onnx"

@@ -10,7 +10,6 @@ is a :class:`~ethen.model.model.LayerStack` (same ``forward`` / ``forward_batch`
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ethen.model.attend import MAX_ROWS, rope_attend, warm_in_background
-from ethen.model.choose import accuracy_from_env
+from ethen.model.choose import accuracy_from_env, device_from_env
 from ethen.model.config import ModelConfig
 from ethen.model.engine import (
     ACCURACY_AUTO,
@@ -232,7 +231,7 @@ def engine_from_env(threads: int | None = None, pool: str = "session") -> Engine
     2.1-2.6x faster prefill, float32 compute's error).
     ``pool`` (session|shared, :data:`~ethen.model.engine.THREAD_POOLS`; ``ethen worker --thread-pool``,
     whose default is shared)."""
-    device = os.environ.get("ETHEN_DEVICE", "").strip() or "auto"
+    device = device_from_env()
     levels = {"auto": ACCURACY_AUTO, "exact": ACCURACY_EXACT, "fast": ACCURACY_FAST}
     acc = accuracy_from_env()
     if pool not in THREAD_POOLS:
