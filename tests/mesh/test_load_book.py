@@ -21,11 +21,12 @@ from ethen.mesh.worker.limits import MAX_DECODE_BATCH, PREFILL_CHUNK_TOKENS
 
 def brute_wait(queued: int, own: int, decoding: int, step: float, per_tok: float) -> float:
     """Token by token: every prefill token costs per_tok; every time a chunk of 128 starts, the decoding
-    sessions (if any) get one turn: one batched step, whatever their number."""
+    sessions (if any) get one turn: one batched step, whatever their number; the first turn is the rest of
+    the step in progress, half a step on average."""
     total = 0.0
     for i in range(queued + own):
         if i % PREFILL_CHUNK_TOKENS == 0 and decoding > 0:
-            total += step
+            total += step / 2 if i == 0 else step
         total += per_tok
     return total
 
@@ -58,8 +59,8 @@ def test_book_counts_the_queue_and_calibrates() -> None:
     assert (snap.prefilling, snap.decoding, snap.queued_tokens, snap.sessions) == (1, 1, 100, 2)
     book.step(40.0)  # one session decoding: one batched step
     assert book.step_ms == 40.0
-    busy = book.snapshot()  # 50 tokens share the worker with the 100 waiting: 2 x 50 token-times, one turn
-    assert busy.wait_ms(50) == pytest.approx(100 * 2.0 + math.ceil(100 / 128) * 40.0)
+    busy = book.snapshot()  # 50 tokens share the worker with the 100 waiting: 2 x 50 token-times, half a turn
+    assert busy.wait_ms(50) == pytest.approx(100 * 2.0 + 0.5 * 40.0)  # the rest of the step in progress
     book.end(b)  # ended before its first token: leaves the queue
     book.end(a)
     snap = book.snapshot()

@@ -223,8 +223,8 @@ def test_a_busy_first_token_does_not_recalibrate_the_prefill_cost() -> None:
     probe = book.begin(40, A)
     book.first_token(probe, 101.0)  # arrived while 2 decode: 100 ms turn + 1 ms (would say 0.025 ms/token)
     assert book.load(A).prefill_ms_per_token == pytest.approx(1.0)
-    load = book.load(A)  # 3 decoding: one turn (one batched step) per chunk
-    assert load.wait_ms(500) == pytest.approx(500 * 1.0 + math.ceil(500 / 128) * 100.0)
+    load = book.load(A)  # 3 decoding: one turn (one batched step) per chunk, the first half a step
+    assert load.wait_ms(500) == pytest.approx(500 * 1.0 + (math.ceil(500 / 128) - 0.5) * 100.0)
 
 
 def test_the_history_keeps_the_queue_per_chain() -> None:

@@ -27,6 +27,12 @@ def _turn_ms(decoding: int, step_ms: float) -> float:
     return step_ms if decoding > 0 else 0.0
 
 
+def _turns(chunks: int) -> float:
+    """Decode turns a prefill of ``chunks`` chunks crosses: one per chunk, but half for the first (a request
+    arrives on average halfway through the batched step in progress: the rest of it, half a step)."""
+    return chunks - 0.5 if chunks > 0 else 0.0
+
+
 def _round_ms(decoding: int, step_ms: float, batch_limit: int) -> float:
     """One token of every decoding session: ``ceil(decoding / batch_limit)`` batched steps."""
     return math.ceil(max(0, decoding) / max(1, batch_limit)) * step_ms
@@ -79,7 +85,7 @@ def _activation(ahead: Sequence[int], slots: int) -> tuple[int, int]:
 
 def _wait_of(tokens: int, decoding: int, step_ms: float, prefill_ms_per_token: float) -> float:
     chunks = math.ceil(tokens / PREFILL_CHUNK_TOKENS)
-    return tokens * prefill_ms_per_token + chunks * _turn_ms(decoding, step_ms)
+    return tokens * prefill_ms_per_token + _turns(chunks) * _turn_ms(decoding, step_ms)
 
 
 def predicted_wait_ms(queued_tokens: int | Sequence[int], own_tokens: int, decoding: int, step_ms: float,
@@ -191,7 +197,7 @@ def prefill_ms_per_token_of(first_token_ms: float, queued_tokens: int | Sequence
     else:
         tokens = max(1, shared_prefill_tokens(queued_tokens, own_tokens, slots))
     chunks = math.ceil(tokens / PREFILL_CHUNK_TOKENS)
-    rest = first_token_ms - chunks * _turn_ms(decoding, step_ms)
+    rest = first_token_ms - _turns(chunks) * _turn_ms(decoding, step_ms)
     return max(_MIN_PREFILL_MS_PER_TOKEN, rest / tokens)
 
 
@@ -249,5 +255,5 @@ class MeshLoad:
         turn = _turn_ms(self.busy_decoding, self.step_ms)
         t0, k = (self.queued_tokens, 1) if self.ahead is None else _activation(self.ahead, self.slots)
         chunks = math.ceil(t0 / PREFILL_CHUNK_TOKENS) + 1
-        queue = t0 * self.prefill_ms_per_token + chunks * turn + self.slot_ms
+        queue = t0 * self.prefill_ms_per_token + _turns(chunks) * turn + self.slot_ms
         return queue, k * (self.prefill_ms_per_token + turn / PREFILL_CHUNK_TOKENS)
