@@ -35,6 +35,8 @@ def gateway(
     workers: int = typer.Option(1, "--workers", min=1, max=256, help="Gateway processes sharing the port."),
     fd: int | None = typer.Option(None, "--fd", hidden=True, help="Serve this inherited listening socket."),
     worker_index: int | None = typer.Option(None, "--worker-index", hidden=True),
+    parent_pid: int | None = typer.Option(None, "--parent-pid", hidden=True),
+    parent_deathsig: bool = typer.Option(False, "--parent-deathsig", hidden=True),
 ) -> None:
     """Serve the OpenAI-compatible gateway (/api/gateway/v1) with ethen/* smart routing."""
     from ethen.gateway.accounting.auth import KEY_PREFIX
@@ -72,7 +74,7 @@ def gateway(
     if fd is not None:  # a --workers child: die with the parent, serve its socket
         from ethen.mesh.worker.launch import die_with_parent
 
-        die_with_parent()
+        die_with_parent(parent_pid, parent_deathsig)
         sock = socket.socket(fileno=fd)
     try:
         cfg = skip_providers_without_keys(load_config(config))  # WARNING per provider whose key is unset
