@@ -20,6 +20,7 @@ from pathlib import Path
 import typer
 
 from ethen.gateway.errors import GatewayConfigError
+from ethen.knobs import warn_gone_env
 
 __all__ = ["gateway"]
 
@@ -52,6 +53,7 @@ def gateway(
     if config is None:
         typer.echo("error: --config FILE is required", err=True)
         raise typer.Exit(2)
+    warn_gone_env()  # ETHEN_CACHE_DIR / ETHEN_ACCURACY / ETHEN_DEVICE: the mesh head no longer reads them
 
     from ethen.app import create_app
     from ethen.gateway.api.serve import serve, serve_workers

@@ -4,7 +4,8 @@ A user chooses the engine with three flags of ``ethen worker`` and ``ethen up``:
 auto|ggml|onnx``, ``--accuracy auto|exact|fast``, ``--device auto|cpu|cuda|metal|vulkan``
 (:class:`ethen.model.choose.EngineOptions`, passed down as a parameter: nothing under ``ethen.model`` or
 ``ethen.mesh`` reads the environment for them). ``$ETHEN_ENGINE`` (:data:`ENGINE_ENV`) is the default of
-``--engine``; the variables of :data:`GONE_ENV` are no longer read: :func:`warn_gone_env` says so, once.
+``--engine``; the variables of :data:`GONE_ENV` are no longer read: :func:`warn_gone_env` says so, once
+(``ethen worker``, ``ethen up``, ``ethen gateway``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ __all__ = ["ENGINE_ENV", "GONE_ENV", "warn_gone_env"]
 #: the default of ``--engine`` (``ethen worker``, ``ethen up``): the one engine variable left
 ENGINE_ENV = "ETHEN_ENGINE"
 #: variables that used to choose the engine or its cache, now ignored -> what to use instead
-GONE_ENV = {"ETHEN_ACCURACY": "--accuracy", "ETHEN_DEVICE": "--device",
+GONE_ENV = {"ETHEN_ACCURACY": "--accuracy (ethen worker, ethen up; a mesh provider's accuracy key)",
+            "ETHEN_DEVICE": "--device (ethen worker, ethen up; a mesh provider's device key)",
             "ETHEN_CACHE_DIR": "XDG_CACHE_HOME (the cache is $XDG_CACHE_HOME/ethen)"}
 
 

@@ -31,4 +31,5 @@ def test_an_unsupported_model_stops_ethen_up_with_the_reason(tmp_path: Path) -> 
     assert out.returncode == 1, out.stderr[-2000:]
     assert "has type TQ2_0, which is not supported" in out.stderr
     assert "[2/4]" not in out.stderr  # no worker was started
-    assert not (tmp_path / "cache").exists() or list((tmp_path / "cache").iterdir()) == []
+    root = tmp_path / "cache" / "ethen"  # $XDG_CACHE_HOME/ethen
+    assert not root.exists() or list(root.iterdir()) == []
