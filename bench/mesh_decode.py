@@ -260,7 +260,8 @@ def serialization_ms(d: int, calls: int = 2000) -> float:
 
 def head_ab(workers: dict[str, WorkerProcess], tokens: int, rounds: int) -> None:
     """Block-kernel head vs engine-graph head, interleaved per round, same workers (see the docstring)."""
-    from ethen.model.qmodel import QuantEmbedAndHead
+    from ethen.model.choose import EngineOptions
+    from ethen.model.qmodel import QuantEmbedAndHead, onnx_engine
 
     load_before = os.getloadavg()
     model = load_model()
@@ -268,18 +269,12 @@ def head_ab(workers: dict[str, WorkerProcess], tokens: int, rounds: int) -> None
     ids = tok.encode(model.chat_template.render(PROMPT, add_generation_prompt=True))
     params = SamplingParams(temperature=0.0, max_tokens=tokens)
     addrs = {n: w.address for n, w in workers.items()}
-    old = os.environ.get("ETHEN_ACCURACY")
     built = {}
-    try:
-        for mode in ("kernel", "engine"):
-            os.environ["ETHEN_ACCURACY"] = "exact" if mode == "kernel" else "auto"  # (the head's choice)
-            built[mode] = (Model(model.config, QuantEmbedAndHead(open_weight_store()), model.stack, tok,
-                                 model.chat_template), Orchestrator.load(addrs))
-    finally:
-        if old is None:
-            os.environ.pop("ETHEN_ACCURACY", None)
-        else:
-            os.environ["ETHEN_ACCURACY"] = old
+    for mode in ("kernel", "engine"):
+        acc = "exact" if mode == "kernel" else "auto"  # (the head's choice)
+        built[mode] = (Model(model.config, QuantEmbedAndHead(open_weight_store(), onnx_engine(accuracy=acc)),
+                             model.stack, tok, model.chat_template),
+                       Orchestrator.load(addrs, engine_options=EngineOptions(accuracy=acc)))
     (model_k, orch_k), (model_e, orch_e) = built["kernel"], built["engine"]
     kinds = {"kernel": (model_k, orch_k), "engine": (model_e, orch_e)}
     for name, (m, o) in kinds.items():

@@ -439,7 +439,7 @@ def devices(model: Path | None, steps: int, repeats: int) -> None:
     path = model or find_gguf_path()
     load0 = os.getloadavg()
     print(f"model: {path.name}; {LONG_PREFILL}-token prefill, {steps} decode steps, medians of {repeats}, "
-          "layers only, ETHEN_ACCURACY=auto, 1 thread")
+          "layers only, --accuracy auto, 1 thread")
     base: tuple[float, float] | None = None
     for device in (d for d in DEVICES if d != "auto"):
         try:
@@ -532,9 +532,11 @@ from pathlib import Path
 import ethen
 assert ethen.__file__.startswith(root), (ethen.__file__, root)
 from ethen.model import SamplingParams, generate_stream, load_model, model_step, open_weight_store
+from ethen.model.choose import EngineOptions
 from ethen.model.model import engine_for
 store = open_weight_store(Path(sys.argv[2]))
-m = load_model(store, engine_for(store, threads=1))  # 1 thread, a pool per session
+options = EngineOptions(accuracy=sys.argv[5])  # --accuracy
+m = load_model(store, engine_for(store, threads=1, options=options))  # 1 thread, a pool per session
 out = []
 for text in json.loads(sys.argv[3]):
     ids = m.tokenizer.encode(m.chat_template.render([{"role": "user", "content": text}],
@@ -567,7 +569,7 @@ def _agree(a: Sequence[int], b: Sequence[int]) -> str:
 
 
 def greedy_answers(path: Path, modes: Sequence[str] = ("exact", "fast", "auto")) -> None:
-    """Greedy answers of llama.cpp and of Ethen under each ``ETHEN_ACCURACY`` to :data:`ANSWER_PROMPTS`, all
+    """Greedy answers of llama.cpp and of Ethen under each ``--accuracy`` to :data:`ANSWER_PROMPTS`, all
     from the same prompt tokens (Ethen's tokenizer and chat template), whole models, 1 thread, each against
     Ethen ``exact`` (float32 compute over the file's weights): the speed figures compare arithmetic as well
     as engines, since llama.cpp multiplies int8-quantized activations, as ``fast`` does."""
@@ -579,9 +581,8 @@ def greedy_answers(path: Path, modes: Sequence[str] = ("exact", "fast", "auto"))
     answers: dict[str, list[dict[str, Any]]] = {}
     for mode in modes:
         argv = [sys.executable, "-c", _ETHEN_GREEDY, str(ROOT), str(path), json.dumps(ANSWER_PROMPTS),
-                str(ANSWER_TOKENS)]
-        out = subprocess.run(argv, check=True, capture_output=True, text=True,
-                             env=env | {"ETHEN_ACCURACY": mode})
+                str(ANSWER_TOKENS), mode]
+        out = subprocess.run(argv, check=True, capture_output=True, text=True, env=env)
         answers[f"ethen {mode}"] = json.loads(out.stdout.splitlines()[-1])
     prompts = [a["prompt"] for a in answers[f"ethen {modes[0]}"]]
     argv = [str(_llama_python()), "-c", _LLAMA_GREEDY, str(path), json.dumps(prompts), str(ANSWER_TOKENS)]
@@ -645,15 +646,15 @@ def _engine_head(kind: str, raw: Any, rows: int, cols: int, norm: Any, eps: floa
 def head_bench(model: Path | None, repeats: int) -> None:
     """The head alone, old vs new, 1/2/4/8 rows, interleaved in one run (medians, ratios to the engine)."""
     from ethen.mesh.orchestrator.head import SplitHead
-    from ethen.model.qmodel import QuantEmbedAndHead
+    from ethen.model.qmodel import QuantEmbedAndHead, onnx_engine
 
     load0 = os.getloadavg()
     print(f"BLAS threads: OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}; "
           f"median of {repeats}, variants interleaved; ms per call (all rows)")
     store = open_weight_store(model)
     cfg = store.config
-    os.environ["ETHEN_ACCURACY"] = "exact"  # where the kernel runs (the engine would compute in float32)
-    kernel = QuantEmbedAndHead(store)
+    # accuracy exact: where the kernel runs (the engine would compute in float32)
+    kernel = QuantEmbedAndHead(store, onnx_engine(accuracy="exact"))
     assert kernel.block_head is not None, f"the head's type {kernel.head_kind} has no kernel"
     norm, eps = kernel.output_norm, cfg.rms_eps
     t = kernel.block_head
@@ -707,7 +708,7 @@ def main() -> None:
                          "int8-act, exact, exact-int8, 'exact-int8 + float32 prefill', ggml, ggml-native: "
                          "the ggml engine on the llama venv's libggml built for this CPU)")
     ap.add_argument("--answers", action="store_true",
-                    help="only the greedy answers to five prompts: llama.cpp's and each ETHEN_ACCURACY's")
+                    help="only the greedy answers to five prompts: llama.cpp's and each --accuracy's")
     ap.add_argument("--devices", action="store_true",
                     help="the engine's decode / prefill per device (cpu; cuda where onnxruntime-gpu has one)")
     args = ap.parse_args()

@@ -8,9 +8,9 @@ thread, cache-warm, every variant interleaved in one run, ms medians:
   :func:`ethen.model.quant.k_mins`);
 * ``mins (old)``: the min term as it was before (a float ``MatMul`` over ``Cast(m) * Cast(dmin)``, the
   ``[K / 32, R]`` float32 matrix rebuilt on every call);
-* ``exact-int8``: the matmul at ``ETHEN_ACCURACY=exact-int8`` (float32-grade from the int8-activation
-  kernel: :meth:`ethen.model.engine.GraphBuilder.split3`); max error over ``max |y|`` against a float64
-  product is printed next to the float32 and int8 kernels'.
+* ``exact-int8``: the matmul at exact-int8 (what ``--accuracy auto`` runs for 8-bit blocks; float32-grade
+  from the int8-activation kernel: :meth:`ethen.model.engine.GraphBuilder.split3`); max error over
+  ``max |y|`` against a float64 product is printed next to the float32 and int8 kernels'.
 
 .venv/bin/python bench/quant_profile.py [--model X.gguf] [--layer 0] [--repeats 30]
 .venv/bin/python bench/quant_profile.py --stack [--accuracy fast|exact]

@@ -20,6 +20,7 @@ from pathlib import Path
 import typer
 
 from ethen.gateway.errors import GatewayConfigError
+from ethen.knobs import warn_gone_env
 
 __all__ = ["gateway"]
 
@@ -35,6 +36,8 @@ def gateway(
     workers: int = typer.Option(1, "--workers", min=1, max=256, help="Gateway processes sharing the port."),
     fd: int | None = typer.Option(None, "--fd", hidden=True, help="Serve this inherited listening socket."),
     worker_index: int | None = typer.Option(None, "--worker-index", hidden=True),
+    parent_pid: int | None = typer.Option(None, "--parent-pid", hidden=True),
+    parent_deathsig: bool = typer.Option(False, "--parent-deathsig", hidden=True),
 ) -> None:
     """Serve the OpenAI-compatible gateway (/api/gateway/v1) with ethen/* smart routing."""
     from ethen.gateway.accounting.auth import KEY_PREFIX
@@ -50,6 +53,7 @@ def gateway(
     if config is None:
         typer.echo("error: --config FILE is required", err=True)
         raise typer.Exit(2)
+    warn_gone_env()  # ETHEN_CACHE_DIR / ETHEN_ACCURACY / ETHEN_DEVICE: the mesh head no longer reads them
 
     from ethen.app import create_app
     from ethen.gateway.api.serve import serve, serve_workers
@@ -72,7 +76,7 @@ def gateway(
     if fd is not None:  # a --workers child: die with the parent, serve its socket
         from ethen.mesh.worker.launch import die_with_parent
 
-        die_with_parent()
+        die_with_parent(parent_pid, parent_deathsig)
         sock = socket.socket(fileno=fd)
     try:
         cfg = skip_providers_without_keys(load_config(config))  # WARNING per provider whose key is unset

@@ -70,10 +70,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
+from ethen.knobs import ENGINE_ENV, warn_gone_env
 from ethen.paths import data_dir, up_config_path
 from ethen.up_checks import check_join, check_overlay, check_port, say, second_port
 from ethen.up_config import gateway_document, mesh_route, write_config
@@ -87,6 +88,9 @@ from ethen.up_state import (
     mesh_token_file,
     project_key,
 )
+
+if TYPE_CHECKING:
+    from ethen.model.choose import EngineOptions
 
 __all__ = ["up"]
 
@@ -171,14 +175,14 @@ def up(
     tls_cert: Path = typer.Option(None, "--tls-cert", help="PEM certificate of the --join registry."),  # noqa: B008
     tls_key: Path = typer.Option(None, "--tls-key", help="PEM private key of --tls-cert."),  # noqa: B008
     engine: str = typer.Option(
-        None, "--engine", help="auto (by the model: ggml for 1B-class models, onnxruntime's float32 compute "
-        "for small ones), ggml or onnx; the workers and the head. Default: $ETHEN_ENGINE, else auto."),
+        "auto", "--engine", envvar=ENGINE_ENV, help="auto (by the model: ggml for 1B-class models, "
+        "onnxruntime's float32 compute for small ones), ggml or onnx; the workers and the head."),
     accuracy: str = typer.Option(
-        None, "--accuracy", help="auto, exact (float32-grade products: onnx) or fast (int8 activations: "
-        "ggml). Default: $ETHEN_ACCURACY, else auto."),
+        "auto", "--accuracy", help="auto (by the model), exact (float32-grade products: onnx) or fast (int8 "
+        "activations: ggml); the workers and the head."),
     device: str = typer.Option(
-        None, "--device", help="auto, cpu, cuda (the onnx engine), metal or vulkan (refused unless ggml has "
-        "the backend); the workers and the head. Default: auto."),
+        "auto", "--device", help="auto, cpu, cuda (the onnx engine), metal or vulkan (refused unless ggml "
+        "has the backend); the workers and the head."),
 ) -> None:
     """Start a local 3-worker mesh and the gateway serving it; Ctrl-C stops them all."""
     t0 = _command_start()
@@ -186,11 +190,11 @@ def up(
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise typer.BadParameter(f"--log-level = {log_level!r}: use debug, info, warning or error")
     user = check_overlay(config, host, port, model) if config is not None else None  # before anything runs
-    from ethen.mesh.worker.cli import apply_device, apply_engine
+    from ethen.mesh.worker.cli import engine_options
 
-    try:  # into the environment: the head's loader and the workers (which inherit it) read it
-        apply_device(device)
-        apply_engine(engine, accuracy)
+    warn_gone_env()
+    try:  # to the workers' command lines and the head's loader (the mesh provider's config)
+        options = engine_options(engine, accuracy, device)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     try:
@@ -199,14 +203,15 @@ def up(
         say(f"error: {exc}")
         raise typer.Exit(1) from None
     try:
-        _up_locked(t0, level, port, host, layout, user, log_level, log_format, model, join, tls_cert, tls_key)
+        _up_locked(t0, level, port, host, layout, user, log_level, log_format, model, join, tls_cert, tls_key,
+                   options)
     finally:
         os.close(lock)
 
 
 def _up_locked(t0: float, level: str, port: int, host: str, layout: Path | None, user: dict[str, Any] | None,
                log_level: str, log_format: str, model: Path | None, join: str | None, tls_cert: Path | None,
-               tls_key: Path | None) -> None:
+               tls_key: Path | None, options: EngineOptions) -> None:
     try:
         port = check_port(host, port)  # before anything slow
     except OSError as exc:
@@ -259,7 +264,7 @@ def _up_locked(t0: float, level: str, port: int, host: str, layout: Path | None,
             return gateway_document(host, port, None if store_key else key, workers, user,
                                     admin_key_sha256=hash_key(admin[0]) if admin else None,
                                     model_path=model_path, token_file=token_file, route=route, join=join,
-                                    tls=tls)
+                                    tls=tls, engine_options=options)
 
         try:  # the whole config, with the workers' real node ids, before any of them starts
             parse_config(document({node: "127.0.0.1:1" for node, _, _ in workers_spec}),
@@ -269,7 +274,7 @@ def _up_locked(t0: float, level: str, port: int, host: str, layout: Path | None,
             say(f"error: {exc.message}")
             raise typer.Exit(2) from None
         model_args = [] if model is None else ["--model", model_path or ""]
-        model_args += ["--token-file", token_file]
+        model_args += ["--token-file", token_file, *options.args()]
         # the workers start at once: ready in 4.4 s against 6.1 s one after the other (2-core VM, quantized,
         # bench/up_load.py --ref, medians of 3; each load is ~1.5-2 CPU s, most of it on one core).
         n = len(workers_spec)

@@ -47,7 +47,7 @@ def gateway_document(host: str, port: int, key: str | None, workers: dict[str, s
                      user: dict[str, Any] | None = None, *, admin_key_sha256: str | None = None,
                      model_path: str | None = None, token_file: str | None = None,
                      route: dict[str, Any] | None = None, join: str | None = None,
-                     tls: tuple[str, str] | None = None) -> dict[str, Any]:
+                     tls: tuple[str, str] | None = None, engine_options: Any = None) -> dict[str, Any]:
     """The gateway config ``ethen up`` serves (a TOML document as a dict): the mesh over ``workers``, the
     config key ``key`` (``None``: no config key, the key is a store key of project ``default``), and the
     optional user config merged in (:func:`~ethen.gateway.config.overlay.merge_overlay`). With
@@ -64,11 +64,19 @@ def gateway_document(host: str, port: int, key: str | None, workers: dict[str, s
                        **({} if model_path is None else {"model_path": model_path}),
                        **({} if token_file is None else {"token_file": token_file}),
                        **({} if join is None else {"join": join}),
-                       **({} if tls is None else {"tls_cert": tls[0], "tls_key": tls[1]})}],
+                       **({} if tls is None else {"tls_cert": tls[0], "tls_key": tls[1]}),
+                       **_engine_keys(engine_options)}],
         "routes": [route or {"model": MODEL, "provider": "mesh"}],
         "api_keys": [] if key is None else [{"name": "local", "sha256": hash_key(key)}],
     }
     return merge_overlay(doc, user, admin_key_sha256)
+
+
+def _engine_keys(options: Any) -> dict[str, str]:
+    if options is None:
+        return {}
+    chosen = {"engine": options.engine, "accuracy": options.accuracy, "device": options.device}
+    return {k: v for k, v in chosen.items() if v != "auto"}
 
 
 def write_config(doc: dict[str, Any], path: Path) -> Path:

@@ -24,7 +24,7 @@ LAYERS: list[list[str]] = [
     ["ethen.gateway"],
     ["ethen.mesh"],
     ["ethen.store", "ethen.model"],
-    ["ethen.paths", "ethen.aliases"],  # leaves: import nothing of ethen
+    ["ethen.paths", "ethen.aliases", "ethen.knobs"],  # leaves: import nothing of ethen
 ]
 
 # Function-level imports that stay, each with its one-line reason: (importer, imported) -> reason.

@@ -23,7 +23,7 @@ from ethen.up_layout import DEFAULT_LAYOUT, default_layout
 
 
 def _env(tmp: Path) -> dict[str, str]:
-    env = {**os.environ, "ETHEN_DATA_DIR": str(tmp / "data"), "ETHEN_CACHE_DIR": str(tmp / "cache")}
+    env = {**os.environ, "ETHEN_DATA_DIR": str(tmp / "data"), "XDG_CACHE_HOME": str(tmp / "cache")}
     for var in ("ETHEN_API_KEY", "ETHEN_ADMIN_KEY", "ETHEN_DATABASE_URL"):
         env.pop(var, None)
     return env

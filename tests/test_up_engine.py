@@ -1,5 +1,7 @@
-"""``ethen up --engine ggml``: the choice reaches the workers and the head (they run on ggml: their processes
-map ggml's CPU library) and the mesh answers; a bad ``--engine`` / ``--accuracy`` is refused naming it."""
+"""``ethen up --accuracy fast`` (ggml: int8 activations): the choice reaches the workers (on their command
+lines) and the head (the generated gateway config), which run on ggml (their processes map ggml's CPU
+library), whatever ``ETHEN_ACCURACY`` / ``ETHEN_DEVICE`` say (no longer read: one warning line each), and the
+mesh answers; a bad ``--engine`` / ``--accuracy`` is refused naming it."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import httpx
@@ -20,8 +23,9 @@ pytest.importorskip("libggml")
 
 
 def _env(tmp: Path) -> dict[str, str]:
-    env = {**os.environ, "ETHEN_DATA_DIR": str(tmp / "data"), "ETHEN_CACHE_DIR": str(tmp / "cache")}
-    for var in ("ETHEN_API_KEY", "ETHEN_ADMIN_KEY", "ETHEN_DATABASE_URL", "ETHEN_ENGINE", "ETHEN_ACCURACY"):
+    env = {**os.environ, "ETHEN_DATA_DIR": str(tmp / "data"), "XDG_CACHE_HOME": str(tmp / "cache")}
+    for var in ("ETHEN_API_KEY", "ETHEN_ADMIN_KEY", "ETHEN_DATABASE_URL", "ETHEN_ENGINE", "ETHEN_ACCURACY",
+                "ETHEN_DEVICE"):
         env.pop(var, None)
     return env
 
@@ -31,12 +35,15 @@ def _maps_ggml(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/maps (Linux)")
-def test_ethen_up_engine_ggml_runs_the_workers_and_the_head_on_ggml(tmp_path: Path) -> None:
+def test_ethen_up_accuracy_fast_runs_the_workers_and_the_head_on_ggml(tmp_path: Path) -> None:
     path = write_tiny_gguf(tmp_path / "m.gguf", TinySpec(types=("Q4_K",), embd_type="Q8_0", n_layers=4,
                                                          name="tiny ggml", quantizer="ggml"))
+    # a small model: auto would run it on onnxruntime; the gone variables ask for exact (onnx) and metal
+    # (refused here if read): both ignored
+    env = {**_env(tmp_path), "ETHEN_ACCURACY": "exact", "ETHEN_DEVICE": "metal"}
     proc = subprocess.Popen([sys.executable, "-m", "ethen", "up", "--port", "0", "--model", str(path),
-                             "--engine", "ggml"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=_env(tmp_path))
+                             "--accuracy", "fast"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
     lines: list[str] = []
     try:
         assert proc.stdout is not None
@@ -59,6 +66,17 @@ def test_ethen_up_engine_ggml_runs_the_workers_and_the_head_on_ggml(tmp_path: Pa
         assert len(pids) == 3, text
         assert all(_maps_ggml(p) for p in pids)  # the workers' layers
         assert _maps_ggml(proc.pid)  # the orchestrator's head
+        for pid in pids:  # on their command lines, not through the environment
+            argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+            assert argv[argv.index("--accuracy") + 1] == "fast", argv
+            assert "--parent-pid" in argv, argv
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            gone = (b"ETHEN_ACCURACY=", b"ETHEN_DEVICE=", b"ETHEN_PARENT")
+            assert not any(e.startswith(gone) for e in environ)
+        written = tomllib.loads((tmp_path / "data" / "up-gateway.toml").read_text())
+        assert written["providers"][0]["accuracy"] == "fast" and "device" not in written["providers"][0]
+        assert text.count("warning: ETHEN_ACCURACY is no longer read (ignored); use --accuracy") == 1, text
+        assert text.count("warning: ETHEN_DEVICE is no longer read (ignored); use --device") == 1, text
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)

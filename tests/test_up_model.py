@@ -25,10 +25,11 @@ def test_the_gateway_document_names_the_model_path() -> None:
 def test_an_unsupported_model_stops_ethen_up_with_the_reason(tmp_path: Path) -> None:
     # TQ2_0: a type neither engine reads (Q5_1, used here before, now runs on the ggml engine)
     path = write_tiny_gguf(tmp_path / "m.gguf", TinySpec(types=("F16", "TQ2_0")))
-    env = {**os.environ, "ETHEN_DATA_DIR": str(tmp_path / "data"), "ETHEN_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "ETHEN_DATA_DIR": str(tmp_path / "data"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     out = subprocess.run([sys.executable, "-m", "ethen", "up", "--port", "0", "--model", str(path)],
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 1, out.stderr[-2000:]
     assert "has type TQ2_0, which is not supported" in out.stderr
     assert "[2/4]" not in out.stderr  # no worker was started
-    assert not (tmp_path / "cache").exists() or list((tmp_path / "cache").iterdir()) == []
+    root = tmp_path / "cache" / "ethen"  # $XDG_CACHE_HOME/ethen
+    assert not root.exists() or list(root.iterdir()) == []

@@ -35,7 +35,7 @@ def test_model_slug() -> None:
 
 def test_the_route_of_a_gguf_is_named_after_it_with_its_limits(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ETHEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     path = write_tiny_gguf(tmp_path / "t.gguf", TinySpec(name=NAME, context_length=512))
     store = open_weight_store(path)
     assert served_model_id(store) == SLUG
@@ -65,7 +65,7 @@ def test_ethen_up_with_a_gguf_serves_it_under_its_name(tmp_path: Path) -> None:
     layout = tmp_path / "layout.toml"
     layout.write_text('[[workers]]\nnode_id = "a"\nlayers = "0-0"\n\n'
                       '[[workers]]\nnode_id = "b"\nlayers = "1-2"\n', encoding="utf-8")
-    env = {**os.environ, "ETHEN_DATA_DIR": str(tmp_path / "data"), "ETHEN_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "ETHEN_DATA_DIR": str(tmp_path / "data"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     for var in ("ETHEN_API_KEY", "ETHEN_ADMIN_KEY", "ETHEN_DATABASE_URL"):
         env.pop(var, None)
     proc = subprocess.Popen([sys.executable, "-m", "ethen", "up", "--port", "0", "--model", str(path),

@@ -26,7 +26,7 @@ def _gone(pid: int) -> bool:
 
 def test_ctrl_c_of_ethen_up_logs_no_dead_worker(tmp_path: Path) -> None:
     path = write_tiny_gguf(tmp_path / "m.gguf", TinySpec(n_layers=4))
-    env = {**os.environ, "ETHEN_DATA_DIR": str(tmp_path / "data"), "ETHEN_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "ETHEN_DATA_DIR": str(tmp_path / "data"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     for var in ("ETHEN_API_KEY", "ETHEN_ADMIN_KEY", "ETHEN_DATABASE_URL"):
         env.pop(var, None)
     # its own session: the test's SIGINT to the group is what a terminal's Ctrl-C does

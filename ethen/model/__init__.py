@@ -7,9 +7,12 @@ layer ranges.
   :class:`Tokenizer`, :class:`ChatTemplate`, :mod:`sampling <ethen.model.sampling>`,
   :func:`generate_stream`.
 * Single process: :func:`load_model` -> :class:`Model`; :func:`generate_chat`.
+* The engine: the loaders take an :class:`EngineOptions` (``--engine`` / ``--accuracy`` / ``--device``;
+  default ``auto`` everywhere); nothing in this package reads the environment for it.
 """
 
 from ethen.model.chat_template import ChatTemplate
+from ethen.model.choose import EngineOptions
 from ethen.model.config import ModelConfig
 from ethen.model.errors import (
     GGUFFormatError,
@@ -45,6 +48,7 @@ from ethen.model.tokenizer import Tokenizer
 __all__ = [
     "ChatTemplate",
     "Ends",
+    "EngineOptions",
     "GGUFFormatError",
     "GenerationChunk",
     "GenerationResult",

@@ -1,12 +1,13 @@
 """Which engine runs a model's quantized layers and head: ggml (llama.cpp's kernels,
 :mod:`ethen.model.glayer`) or onnxruntime (:mod:`ethen.model.qmodel`).
 
-``$ETHEN_ENGINE`` (``ethen worker`` / ``ethen up`` ``--engine``): ``ggml``, ``onnx`` or ``auto`` (the
-default). ``auto`` follows ``$ETHEN_ACCURACY`` (``--accuracy``) first: ``fast`` is ggml (int8 activations,
-as llama.cpp), ``exact`` onnxruntime (float32-grade products); at accuracy ``auto`` (the
+The choice is an :class:`EngineOptions` value, given as a parameter (``ethen worker`` / ``ethen up``
+``--engine`` / ``--accuracy`` / ``--device``; nothing here reads the environment). ``engine``: ``ggml``,
+``onnx`` or ``auto`` (the default). ``auto`` follows ``accuracy`` first: ``fast`` is ggml (int8
+activations, as llama.cpp), ``exact`` onnxruntime (float32-grade products); at accuracy ``auto`` (the
 default) a model with a tensor type only ggml reads (``GGML_ONLY_TYPES``) runs on ggml, else the rule
-:func:`auto_engine` picks by the model's size. ``$ETHEN_DEVICE=cuda`` (``--device``) runs onnxruntime
-(the wheel's ggml is a CPU build: ``metal`` / ``vulkan`` are refused, :func:`check_device`).
+:func:`auto_engine` picks by the model's size. ``device="cuda"`` runs onnxruntime (the wheel's ggml is a
+CPU build: ``metal`` / ``vulkan`` are refused, :func:`check_device`).
 
 The rule, measured (docs/decisions/0100-ggml-engine.md): int8 activations change SmolLM2-135M's greedy
 answer to ``ethen up``'s banner question (llama.cpp's own answer is also wrong there), so a model under
@@ -16,40 +17,55 @@ decode 2-4x faster on ggml, where the int8 activations are what llama.cpp serves
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ethen.model.errors import ModelInputError
 from ethen.model.ggml_lib import backends
 from ethen.model.gguf_loader import GGML_ONLY_TYPES, TensorInfo
 
-__all__ = ["ACCURACIES", "DEVICES", "ENGINES", "GGML_MIN_PARAMS", "accuracy_from_env", "auto_engine",
-           "check_device", "check_onnx", "device_from_env", "engine_kind", "model_params"]
+__all__ = ["ACCURACIES", "DEFAULT_OPTIONS", "DEVICES", "ENGINES", "GGML_MIN_PARAMS", "EngineOptions",
+           "auto_engine", "check_device", "check_onnx", "engine_kind", "model_params"]
 
 ENGINES = ("auto", "ggml", "onnx")
-#: ``--device`` values (``$ETHEN_DEVICE`` carries the flag to the processes ``ethen up`` starts): ``cuda``
-#: is onnxruntime-gpu's; ``metal`` / ``vulkan`` would be ggml backends (:func:`check_device`)
+#: ``--device`` values: ``cuda`` is onnxruntime-gpu's; ``metal`` / ``vulkan`` would be ggml backends
+#: (:func:`check_device`)
 DEVICES = ("auto", "cpu", "cuda", "metal", "vulkan")
 _GGML_GPUS = {"metal": "Metal", "vulkan": "Vulkan"}
-#: ``--accuracy`` values (``$ETHEN_ACCURACY`` carries the flag to the processes ``ethen up`` starts)
+#: ``--accuracy`` values
 ACCURACIES = ("auto", "exact", "fast")
 #: ``auto``: models with at least this many parameters run on ggml
 GGML_MIN_PARAMS = 500_000_000
 
 
-def accuracy_from_env() -> str:
-    """``$ETHEN_ACCURACY`` (default ``auto``), one of :data:`ACCURACIES`; anything else is refused, named
-    (``exact-int8`` is no longer a user value: ``auto`` runs it for 8-bit blocks on the onnx engine)."""
-    acc = os.environ.get("ETHEN_ACCURACY", "").strip() or "auto"
-    if acc not in ACCURACIES:
-        hint = " (auto runs exact-int8 where it applies)" if acc == "exact-int8" else ""
-        raise ModelInputError(f"ETHEN_ACCURACY = {acc!r}: must be one of {', '.join(ACCURACIES)}{hint}")
-    return acc
+@dataclass(frozen=True)
+class EngineOptions:
+    """What the user chose (``--engine`` / ``--accuracy`` / ``--device``), each ``auto`` by default; a value
+    outside :data:`ENGINES` / :data:`ACCURACIES` / :data:`DEVICES` is refused here, naming the flag and the
+    value (``exact-int8`` is no longer a user value: ``auto`` runs it for 8-bit blocks on the onnx engine).
+    Whether ``device`` is usable is :func:`check_device`'s question."""
+
+    engine: str = "auto"
+    accuracy: str = "auto"
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ModelInputError(f"--engine {self.engine!r}: must be one of {', '.join(ENGINES)}")
+        if self.accuracy not in ACCURACIES:
+            hint = " (auto runs exact-int8 where it applies)" if self.accuracy == "exact-int8" else ""
+            raise ModelInputError(
+                f"--accuracy {self.accuracy!r}: must be one of {', '.join(ACCURACIES)}{hint}")
+        if self.device not in DEVICES:
+            raise ModelInputError(f"--device {self.device!r}: must be one of {', '.join(DEVICES)}")
+
+    def args(self) -> list[str]:
+        """The ``ethen worker`` flags that carry these options (``ethen up``'s worker command lines)."""
+        return ["--engine", self.engine, "--accuracy", self.accuracy, "--device", self.device]
 
 
-def device_from_env() -> str:
-    """``$ETHEN_DEVICE`` (``--device``, default ``auto``), unchecked: see :func:`check_device`."""
-    return os.environ.get("ETHEN_DEVICE", "").strip() or "auto"
+#: ``auto`` everywhere: what a caller that chose nothing gets
+DEFAULT_OPTIONS = EngineOptions()
 
 
 def check_device(device: str) -> None:
@@ -95,26 +111,21 @@ def check_onnx(tensors: Mapping[str, TensorInfo]) -> None:
     t = _ggml_only(tensors)
     if t is not None:
         raise ModelInputError(f"tensor {t.name!r} has type {t.kind}, which only the ggml engine reads "
-                              "(--engine ggml, ETHEN_ENGINE=ggml)")
+                              "(--engine ggml)")
 
 
-def engine_kind(tensors: Mapping[str, TensorInfo]) -> str:
-    """The engine ``$ETHEN_ENGINE``, ``$ETHEN_ACCURACY`` and ``$ETHEN_DEVICE`` choose for the model whose
-    tensor table is ``tensors``: ``ggml`` or ``onnx``."""
-    kind = os.environ.get("ETHEN_ENGINE", "").strip() or "auto"
-    if kind not in ENGINES:
-        raise ModelInputError(f"ETHEN_ENGINE = {kind!r}: must be one of {', '.join(ENGINES)}")
-    if kind != "auto":
-        return kind
-    device = device_from_env()
-    check_device(device)
-    if device == "cuda":
+def engine_kind(tensors: Mapping[str, TensorInfo], options: EngineOptions = DEFAULT_OPTIONS) -> str:
+    """The engine ``options`` choose for the model whose tensor table is ``tensors``: ``ggml`` or
+    ``onnx``."""
+    if options.engine != "auto":
+        return options.engine
+    check_device(options.device)
+    if options.device == "cuda":
         return "onnx"
     if _ggml_only(tensors):
         return "ggml"
-    acc = accuracy_from_env()
-    if acc == "fast":
+    if options.accuracy == "fast":
         return "ggml"
-    if acc == "exact":
+    if options.accuracy == "exact":
         return "onnx"
     return auto_engine(model_params(tensors))

@@ -20,7 +20,7 @@ Choices where the issue is silent:
   int8 dot products - what llama.cpp does with its Q8 activations; ``Engine``'s own default);
   :data:`ACCURACY_EXACT` (0) computes in float32 from the same weights (2-3x slower);
   :data:`ACCURACY_EXACT_INT8` gets float32-grade products from the int8 kernel by running each row as 3 rows
-  it quantizes without loss (:meth:`GraphBuilder.split3`); :data:`ACCURACY_AUTO` (what ``ETHEN_ACCURACY``
+  it quantizes without loss (:meth:`GraphBuilder.split3`); :data:`ACCURACY_AUTO` (what ``--accuracy``
   defaults to) is exact-int8 for 8-bit blocks and exact for the rest.
 * Constant folding is disabled, and optimization stops at onnxruntime's extended level (its last level
   folds the ``Cast`` of float16 constants, e.g. Q4_1's minimum terms, into float32 copies: the memory the
@@ -68,8 +68,8 @@ ACCURACY_EXACT_INT8 = 16
 #: 2x its decode speed, no nibble halves), ``ACCURACY_EXACT`` for 4-bit blocks (where the int8 split runs a
 #: 512-row prefill 2x slower) and float weights; resolved per matrix in :meth:`GraphBuilder.linear`
 ACCURACY_AUTO = 32
-#: with ``Engine(long_prefill=True)`` (always from :func:`engine_from_env
-#: <ethen.model.qmodel.engine_from_env>`), steps of at least this many rows (a prefill) run a graph's long
+#: with ``Engine(long_prefill=True)`` (always from :func:`onnx_engine
+#: <ethen.model.qmodel.onnx_engine>`), steps of at least this many rows (a prefill) run a graph's long
 #: variant when it has one (:meth:`GraphBuilder.long_variant`): its 8-bit block matrices at exact-int8 go
 #: through onnxruntime's float32-compute 8-bit kernel, which dequantizes the matrix on each call (~100 ms for
 #: TinyLlama's gate|up, then one float32 GEMM) where the int8 split costs ~1.3 ms per row. Measured on one

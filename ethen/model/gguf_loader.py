@@ -21,7 +21,7 @@ Choices (the issue leaves them open):
   parsing it again) and ``tokenizer.json``: a few MB, no weights on disk (the onnxruntime engine adds
   ``engine/*.bin`` when it loads layers, its file-backed layout: :meth:`ethen.model.engine.Engine.session`).
   ``<key>`` is made from the GGUF's name, size and mtime plus :data:`CACHE_FORMAT`, so a changed file or a
-  new layout is a cache miss. The cache root is ``$ETHEN_CACHE_DIR``, else ``$XDG_CACHE_HOME/ethen``, else
+  new layout is a cache miss. The cache root is ``$XDG_CACHE_HOME/ethen``, else
   ``~/.cache/ethen``. The directory is built under an exclusive ``flock`` (several workers may start at
   once) into a temporary directory that is renamed into place, so a reader never sees a half-written cache.
   After a build, older cache directories of the same GGUF (a reinstalled wheel has a new mtime, hence a new
@@ -124,9 +124,6 @@ def find_gguf_path() -> Path:
 
 
 def default_cache_root() -> Path:
-    env = os.environ.get("ETHEN_CACHE_DIR")
-    if env:
-        return Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "ethen"
 
@@ -382,6 +379,6 @@ def open_weight_store(gguf_path: str | Path | None = None,
             raise
         except OSError as exc:
             raise WeightsNotFoundError(
-                f"cannot write the weight cache under {root} (set ETHEN_CACHE_DIR to a writable directory): "
+                f"cannot write the weight cache under {root} (set XDG_CACHE_HOME to a writable directory): "
                 f"{exc}") from exc
     return WeightStore(target)

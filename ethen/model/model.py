@@ -28,7 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ethen.model.chat_template import ChatTemplate
-from ethen.model.choose import check_onnx, engine_kind
+from ethen.model.choose import DEFAULT_OPTIONS, EngineOptions, check_onnx, engine_kind
 from ethen.model.config import ModelConfig
 from ethen.model.engine import Engine
 from ethen.model.errors import ModelInputError
@@ -38,7 +38,7 @@ from ethen.model.gqhead import GgmlEmbedAndHead
 from ethen.model.heap import trim_after
 from ethen.model.kv_cache import DEFAULT_INITIAL_CAPACITY, KVCache
 from ethen.model.layers import AttentionSegment, rope_tables
-from ethen.model.qmodel import QuantEmbedAndHead, QuantLayer, engine_from_env, load_quant_layers, quant_block
+from ethen.model.qmodel import QuantEmbedAndHead, QuantLayer, load_quant_layers, onnx_engine, quant_block
 from ethen.model.tokenizer import Tokenizer
 
 __all__ = [
@@ -234,52 +234,64 @@ def _store(store: WeightStore | None) -> WeightStore:
     return store if store is not None else open_weight_store()
 
 
-def _use_ggml(s: WeightStore, engine: Engine | GgmlEngine | None) -> bool:
+def _use_ggml(s: WeightStore, engine: Engine | GgmlEngine | None, options: EngineOptions) -> bool:
     """Whether the quantized path runs on ggml: an engine given decides, else
-    :func:`~ethen.model.choose.engine_kind` (``$ETHEN_ENGINE``, ``$ETHEN_ACCURACY``, the model's size)."""
+    :func:`~ethen.model.choose.engine_kind` (``options``: ``--engine``, ``--accuracy``; the model's size)."""
     if engine is not None:
         return isinstance(engine, GgmlEngine)
-    return engine_kind(s.tensors or {}) == "ggml"
+    return engine_kind(s.tensors or {}, options) == "ggml"
 
 
-def engine_for(store: WeightStore, threads: int | None = None, pool: str = "session") -> Engine | GgmlEngine:
+def engine_for(store: WeightStore, threads: int | None = None, pool: str = "session",
+               options: EngineOptions = DEFAULT_OPTIONS) -> Engine | GgmlEngine:
     """The engine of ``threads`` on ``pool`` (session|shared: ``ethen worker --threads`` / ``--thread-pool``)
-    that :func:`~ethen.model.choose.engine_kind` chooses for ``store``. Without ``threads``: the default
+    that :func:`~ethen.model.choose.engine_kind` chooses for ``store`` under ``options`` (``--engine`` /
+    ``--accuracy`` / ``--device``). Without ``threads``: the default
     (:func:`~ethen.model.engine.default_threads`; ggml under ``session``: 1, :func:`process_engine`)."""
-    if engine_kind(store.tensors or {}) == "ggml":
+    if engine_kind(store.tensors or {}, options) == "ggml":
         return process_engine(threads, pool)
-    return engine_from_env(threads, pool)
+    return onnx_engine(threads, pool, options.accuracy, options.device)
+
+
+def _onnx(engine: Engine | GgmlEngine | None, options: EngineOptions) -> Engine:
+    """The onnx engine given, else the one ``options`` ask for (default threads, a pool per session)."""
+    if isinstance(engine, Engine):
+        return engine
+    return onnx_engine(None, "session", options.accuracy, options.device)
 
 
 def load_layer_stacks(ranges: str | Sequence[tuple[int, int]], store: WeightStore | None = None,
-                      engine: Engine | GgmlEngine | None = None) -> list[LayerStack]:
+                      engine: Engine | GgmlEngine | None = None,
+                      options: EngineOptions = DEFAULT_OPTIONS) -> list[LayerStack]:
     """One stack per fragment, e.g. ``"0-9,10-19"`` or ``[(0, 9), (10, 19)]``.
 
     The weights stay in the GGUF's blocks, run by ggml (:mod:`ethen.model.glayer`) or onnxruntime
     (:mod:`ethen.model.qmodel`) as ``engine`` (an :class:`Engine` or a :class:`GgmlEngine`) or else
-    :func:`~ethen.model.choose.engine_kind` says."""
+    :func:`~ethen.model.choose.engine_kind` says for ``options``."""
     s = _store(store)
     pairs = parse_layer_ranges(ranges) if isinstance(ranges, str) else list(ranges)
-    if _use_ggml(s, engine):
+    if _use_ggml(s, engine, options):
         ge = engine if isinstance(engine, GgmlEngine) else None
         return [LayerStack(s.config, layers) for layers in load_ggml_layers(pairs, s, ge)]
     check_onnx(s.tensors or {})
-    oe = engine if isinstance(engine, Engine) else None
-    return [LayerStack(s.config, layers) for layers in load_quant_layers(pairs, s, oe)]
+    return [LayerStack(s.config, layers) for layers in load_quant_layers(pairs, s, _onnx(engine, options))]
 
 
-def load_embed_and_head(store: WeightStore | None = None, engine: Engine | GgmlEngine | None = None) -> Ends:
+def load_embed_and_head(store: WeightStore | None = None, engine: Engine | GgmlEngine | None = None,
+                        options: EngineOptions = DEFAULT_OPTIONS) -> Ends:
     """The orchestrator's ends over the GGUF's blocks (the tied head is not copied), the head's matmul on
     ggml or onnxruntime as :func:`load_layer_stacks` chooses."""
     s = _store(store)
-    if _use_ggml(s, engine):
+    if _use_ggml(s, engine, options):
         return GgmlEmbedAndHead(s, engine if isinstance(engine, GgmlEngine) else None)
     check_onnx(s.tensors or {})
-    return QuantEmbedAndHead(s, engine if isinstance(engine, Engine) else None)
+    return QuantEmbedAndHead(s, _onnx(engine, options))
 
 
-def load_model(store: WeightStore | None = None, engine: Engine | GgmlEngine | None = None) -> Model:
+def load_model(store: WeightStore | None = None, engine: Engine | GgmlEngine | None = None,
+               options: EngineOptions = DEFAULT_OPTIONS) -> Model:
     """The whole model in one process, on the engine :func:`load_layer_stacks` chooses."""
     s = _store(store)
-    stack = load_layer_stacks([(0, s.config.n_layers - 1)], s, engine)[0]
-    return Model(s.config, load_embed_and_head(s, engine), stack, s.load_tokenizer(), s.load_chat_template())
+    stack = load_layer_stacks([(0, s.config.n_layers - 1)], s, engine, options)[0]
+    return Model(s.config, load_embed_and_head(s, engine, options), stack, s.load_tokenizer(),
+                 s.load_chat_template())

@@ -19,7 +19,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ethen.model.attend import MAX_ROWS, rope_attend, warm_in_background
-from ethen.model.choose import accuracy_from_env, device_from_env
 from ethen.model.config import ModelConfig
 from ethen.model.engine import (
     ACCURACY_AUTO,
@@ -38,7 +37,7 @@ from ethen.model.layers import AttentionSegment, apply_rope, attention, rms_norm
 from ethen.model.qhead import BlockHead, build_block_head
 from ethen.model.quant import PACKED_BITS, Packed, pack
 
-__all__ = ["QuantEmbedAndHead", "QuantLayer", "attend_rows", "engine_from_env", "load_quant_layers",
+__all__ = ["QuantEmbedAndHead", "QuantLayer", "attend_rows", "load_quant_layers", "onnx_engine",
            "quant_block"]
 
 F32 = NDArray[np.float32]
@@ -220,9 +219,10 @@ def _sessions(engine: Engine, g: GraphBuilder, backing: Path) -> tuple[Any, Any]
     return short_s, long_s
 
 
-def engine_from_env(threads: int | None = None, pool: str = "session") -> Engine:
-    """The engine ``$ETHEN_DEVICE`` (auto|cpu|cuda, default auto) and ``$ETHEN_ACCURACY`` (auto|exact|fast:
-    :func:`~ethen.model.choose.accuracy_from_env`) ask for. exact: float32 compute (greedy text as a
+def onnx_engine(threads: int | None = None, pool: str = "session", accuracy: str = "auto",
+                device: str = "auto") -> Engine:
+    """The onnxruntime engine on ``device`` (auto|cpu|cuda) at ``accuracy`` (auto|exact|fast: ``--accuracy``,
+    checked by :class:`~ethen.model.choose.EngineOptions`). exact: float32 compute (greedy text as a
     float64 reference's on the banner prompt); auto (the default): exact-int8 (float32-grade products from
     the int8 kernel over 3 rows per row, :meth:`GraphBuilder.split3`) for 8-bit blocks, exact for the rest
     (``ACCURACY_AUTO``).
@@ -231,12 +231,12 @@ def engine_from_env(threads: int | None = None, pool: str = "session") -> Engine
     2.1-2.6x faster prefill, float32 compute's error).
     ``pool`` (session|shared, :data:`~ethen.model.engine.THREAD_POOLS`; ``ethen worker --thread-pool``,
     whose default is shared)."""
-    device = device_from_env()
     levels = {"auto": ACCURACY_AUTO, "exact": ACCURACY_EXACT, "fast": ACCURACY_FAST}
-    acc = accuracy_from_env()
+    if accuracy not in levels:
+        raise ModelInputError(f"--accuracy {accuracy!r}: must be one of {', '.join(levels)}")
     if pool not in THREAD_POOLS:
         raise ModelInputError(f"thread pool {pool!r}: must be one of {', '.join(THREAD_POOLS)}")
-    return Engine(device, threads, levels[acc], long_prefill=True, pool=pool)
+    return Engine(device, threads, levels[accuracy], long_prefill=True, pool=pool)
 
 
 def load_quant_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
@@ -248,7 +248,7 @@ def load_quant_layers(pairs: Sequence[tuple[int, int]], store: WeightStore,
     for start, end in pairs:
         if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end < n):
             raise ModelInputError(f"layer range {start!r}-{end!r} must satisfy 0 <= start <= end <= {n - 1}")
-    eng = engine or engine_from_env()
+    eng = engine or onnx_engine()
     tensors = _Tensors(store)
     warm_in_background()  # the decode attention kernel, while the graphs compile
     out = [[_compile_layer(tensors, i, cfg, eng) for i in range(lo, hi + 1)] for lo, hi in pairs]
@@ -278,7 +278,7 @@ class QuantEmbedAndHead:
         hk, hraw, hrows, hcols = tensors.get(head)
         self.head_kind = hk
         self.output_norm: F32 = tensors.f32("output_norm.weight")  # [d]
-        eng = engine or engine_from_env()
+        eng = engine or onnx_engine()
         int8 = resolve_accuracy(eng.accuracy, PACKED_BITS.get(hk, 0)) != ACCURACY_EXACT  # the engine's kernel
         self.block_head: BlockHead | None = build_block_head(hk, hraw, hrows, hcols, int8)
         self._session: Any = None

@@ -22,6 +22,7 @@ from ethen.mesh.orchestrator import Orchestrator
 from ethen.mesh.worker.launch import WorkerProcess, spawn_worker
 from ethen.mesh.worker.memory import fragment_bytes, resident_bytes
 from ethen.model import SamplingParams, generate, load_model, model_step, open_weight_store
+from ethen.model.choose import EngineOptions
 from ethen.model.glayer import GgmlLayer, process_engine
 from ethen.model.kv_cache import DEFAULT_INITIAL_CAPACITY
 from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
@@ -45,7 +46,7 @@ RUNTIME = 64 * 2**20
 def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     r = tmp_path_factory.mktemp("capped-workers")
     mp = pytest.MonkeyPatch()
-    mp.setenv("ETHEN_CACHE_DIR", str(r / "cache"))  # the workers inherit it
+    mp.setenv("XDG_CACHE_HOME", str(r / "cache"))  # the workers inherit it
     yield r
     mp.undo()
 
@@ -71,8 +72,7 @@ def _resident_before(w: WorkerProcess) -> int:
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_K"])
-def test_three_capped_workers_serve_a_model_none_could_hold(root: Path, kind: str,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_three_capped_workers_serve_a_model_none_could_hold(root: Path, kind: str) -> None:
     spec = TinySpec(types=(kind,), embd_type="Q8_0", name=f"capped-{kind}", quantizer="ggml",
                     **SHAPE)  # type: ignore[arg-type]
     path = write_tiny_gguf(root / f"{kind}.gguf", spec)
@@ -100,7 +100,6 @@ def test_three_capped_workers_serve_a_model_none_could_hold(root: Path, kind: st
     ids = single.tokenizer.encode(single.chat_template.render([{"role": "user", "content": "hello mesh"}]))
     expected = generate(model_step(single), single.tokenizer, ids, GREEDY).token_ids
     del single
-    monkeypatch.setenv("ETHEN_ENGINE", "ggml")  # the orchestrator's head
     workers: list[WorkerProcess] = []
     growth: dict[str, int] = {}
     in_file: dict[str, int] = {}  # the worker's resident pages of the GGUF
@@ -108,7 +107,8 @@ def test_three_capped_workers_serve_a_model_none_could_hold(root: Path, kind: st
         for node, layers in zip("abc", THIRDS, strict=True):
             workers.append(spawn_worker(node, layers, timeout_s=120, extra_args=[
                 "--model", str(path), "--engine", "ggml", "--max-memory", str(cap)]))
-        orch = Orchestrator.load({w.node_id: w.address for w in workers}, store).start()
+        orch = Orchestrator.load({w.node_id: w.address for w in workers}, store,
+                                 engine_options=EngineOptions(engine="ggml")).start()
         try:
             wait_routable(orch, len(ids))
             got = orch.generate(ids, GREEDY).result().token_ids

@@ -12,16 +12,15 @@ import pytest
 from ethen.mesh.orchestrator.head import SplitHead
 from ethen.model import open_weight_store
 from ethen.model.errors import ModelInputError
-from ethen.model.qmodel import QuantEmbedAndHead
+from ethen.model.qmodel import QuantEmbedAndHead, onnx_engine
 
 
 @pytest.fixture(scope="module")
 def ends() -> Iterator[QuantEmbedAndHead]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ETHEN_ACCURACY", "exact")  # the block kernel (auto: the engine's exact-int8 graph)
-        head = QuantEmbedAndHead(open_weight_store())
-        assert head.block_head is not None and head.block_head.kind == "Q8_0"
-        yield head
+    # accuracy exact: the block kernel (auto: the engine's exact-int8 graph)
+    head = QuantEmbedAndHead(open_weight_store(), onnx_engine(accuracy="exact"))
+    assert head.block_head is not None and head.block_head.kind == "Q8_0"
+    yield head
 
 
 def test_split_head_gives_the_unsplit_logits(ends: QuantEmbedAndHead) -> None:

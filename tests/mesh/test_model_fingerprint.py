@@ -48,7 +48,7 @@ def test_the_fingerprint_refuses_what_is_not_a_gguf(tmp_path: Path) -> None:
 
 def test_a_worker_with_another_model_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setenv("ETHEN_CACHE_DIR", str(tmp_path / "cache"))  # the workers inherit it
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the workers inherit it
     served = write_tiny_gguf(tmp_path / "served.gguf", TinySpec(n_layers=2, name="served"))
     other = write_tiny_gguf(tmp_path / "other.gguf", TinySpec(n_layers=2, name="other", seed=1))
     store = open_weight_store(served)

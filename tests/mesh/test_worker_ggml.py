@@ -18,6 +18,7 @@ import pytest
 from ethen.mesh.orchestrator import Orchestrator
 from ethen.mesh.worker.launch import WorkerProcess, spawn_worker
 from ethen.model import SamplingParams, generate, load_model, model_step, open_weight_store
+from ethen.model.choose import EngineOptions
 from ethen.model.glayer import GgmlLayer, process_engine
 from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
 from tests.mesh.routable import wait_routable
@@ -32,7 +33,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     r = tmp_path_factory.mktemp("ggml-workers")
     mp = pytest.MonkeyPatch()
-    mp.setenv("ETHEN_CACHE_DIR", str(r / "cache"))  # the workers inherit it
+    mp.setenv("XDG_CACHE_HOME", str(r / "cache"))  # the workers inherit it
     yield r
     mp.undo()
 
@@ -48,13 +49,14 @@ def test_ggml_workers_give_the_single_process_greedy_tokens(root: Path, kind: st
     assert isinstance(single.stack.layers[0], GgmlLayer)
     ids = single.tokenizer.encode(single.chat_template.render([{"role": "user", "content": "hello mesh"}]))
     expected = generate(model_step(single), single.tokenizer, ids, GREEDY).token_ids
-    monkeypatch.setenv("ETHEN_ENGINE", "ggml")  # the orchestrator's head here; worker b inherits it
+    monkeypatch.setenv("ETHEN_ENGINE", "ggml")  # worker b: the default of its --engine
     workers: list[WorkerProcess] = []
     try:
         for node, layers, extra in (("a", "0-0", ["--engine", "ggml"]), ("b", "1-2", [])):
             workers.append(spawn_worker(node, layers, extra_args=["--model", str(path), *extra],
                                         timeout_s=120))
-        orch = Orchestrator.load({w.node_id: w.address for w in workers}, store).start()
+        orch = Orchestrator.load({w.node_id: w.address for w in workers}, store,
+                                 engine_options=EngineOptions(engine="ggml")).start()
         try:
             assert orch.rounds.lanes == 2  # a model on ggml: two decode-round lanes (default_round_lanes)
             wait_routable(orch, len(ids))  # bounded: the first Health polls

@@ -36,7 +36,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=10)
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("mesh-model-cache")
     mp = pytest.MonkeyPatch()
-    mp.setenv("ETHEN_CACHE_DIR", str(root / "cache"))  # the workers inherit it
+    mp.setenv("XDG_CACHE_HOME", str(root / "cache"))  # the workers inherit it
     yield root
     mp.undo()
 
@@ -69,7 +69,7 @@ def test_worker_refuses_an_unsupported_model_before_serving(tmp_path: Path) -> N
     out = subprocess.run(
         [sys.executable, "-m", "ethen", "worker", "--node-id", "x", "--layers", "0-1", "--model", str(path)],
         capture_output=True, text=True, timeout=120, env={**os.environ,
-                                                 "ETHEN_CACHE_DIR": str(tmp_path / "cache")})
+                                                 "XDG_CACHE_HOME": str(tmp_path / "cache")})
     assert out.returncode == 2
     assert "READY" not in out.stdout
     assert "general.architecture = 'mamba' is not supported" in out.stderr

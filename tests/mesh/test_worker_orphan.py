@@ -75,18 +75,16 @@ def test_an_orphaned_worker_with_an_open_session_stops_without_draining() -> Non
 
 
 STUCK_CHILD = textwrap.dedent("""
-    import signal, time
+    import signal, sys, time
     from ethen.mesh.worker.launch import die_with_parent
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a main thread that never acts on its SIGTERM
-    die_with_parent()
+    die_with_parent(int(sys.argv[1]))  # (ethen worker --parent-pid)
     time.sleep(600)
 """)
 
 STUCK_PARENT = textwrap.dedent("""
     import os, subprocess, sys, time
-    from ethen.mesh.worker.launch import PARENT_PID_ENV
-    child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdin=subprocess.PIPE,
-                             env={**os.environ, PARENT_PID_ENV: str(os.getpid())})
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(os.getpid())], stdin=subprocess.PIPE)
     print(child.pid, flush=True)
     time.sleep(600)
 """)

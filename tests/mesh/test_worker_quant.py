@@ -29,7 +29,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     r = tmp_path_factory.mktemp("quant-workers")
     mp = pytest.MonkeyPatch()
-    mp.setenv("ETHEN_CACHE_DIR", str(r / "cache"))  # the workers inherit it
+    mp.setenv("XDG_CACHE_HOME", str(r / "cache"))  # the workers inherit it
     yield r
     mp.undo()
 

@@ -20,11 +20,11 @@ def test_default_is_the_cores_this_process_may_use_capped(monkeypatch: pytest.Mo
 
 
 def test_the_thread_count_is_a_parameter_not_an_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ethen.model.qmodel import engine_from_env
+    from ethen.model.qmodel import onnx_engine
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
     monkeypatch.setenv("ETHEN_THREADS", "3")  # (read by nothing any more)
     assert default_threads() == 2 and Engine("cpu").threads == 2
-    assert Engine("cpu", 3).threads == 3 and engine_from_env(3).threads == 3
+    assert Engine("cpu", 3).threads == 3 and onnx_engine(3).threads == 3
     with pytest.raises(EngineError, match="threads = 0: must be >= 1"):
         Engine("cpu", 0)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from ethen.model import ModelInputError, load_layer_stacks, load_model, open_weight_store
-from ethen.model.choose import GGML_MIN_PARAMS, auto_engine, engine_kind, model_params
+from ethen.model.choose import GGML_MIN_PARAMS, EngineOptions, auto_engine, engine_kind, model_params
 from ethen.model.ggml_lib import backends
 from ethen.model.glayer import GgmlLayer, process_engine
 from ethen.model.gqhead import GgmlEmbedAndHead
@@ -104,44 +104,39 @@ def test_split_stacks_give_the_single_process_greedy_tokens(tmp_path: Path, rang
 
 
 def test_engine_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The choice is a parameter (:class:`EngineOptions`); the environment has no say (ETHEN_* set here to
+    the opposite of each choice)."""
     _path, store = _model(tmp_path, "Q4_0")
-    for var in ("ETHEN_ENGINE", "ETHEN_ACCURACY", "ETHEN_DEVICE"):
-        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("ETHEN_ENGINE", "ggml")
+    monkeypatch.setenv("ETHEN_ACCURACY", "fast")
     assert model_params(store.tensors) < GGML_MIN_PARAMS
     assert engine_kind(store.tensors) == "onnx"  # a small model: float32 compute
+    assert engine_kind(store.tensors, EngineOptions()) == "onnx"
     assert auto_engine(GGML_MIN_PARAMS) == "ggml" and auto_engine(135_000_000) == "onnx"
     assert isinstance(load_layer_stacks("0-2", store)[0].layers[0], QuantLayer)
-    monkeypatch.setenv("ETHEN_ENGINE", "ggml")
-    assert isinstance(load_layer_stacks("0-2", store)[0].layers[0], GgmlLayer)
-    assert isinstance(load_model(store).ends, GgmlEmbedAndHead)
-    monkeypatch.setenv("ETHEN_ENGINE", "auto")
-    monkeypatch.setenv("ETHEN_ACCURACY", "fast")
-    assert engine_kind(store.tensors) == "ggml"
-    monkeypatch.setenv("ETHEN_ACCURACY", "exact")
-    assert engine_kind(store.tensors) == "onnx"
+    ggml = EngineOptions(engine="ggml")
     monkeypatch.setenv("ETHEN_ENGINE", "onnx")
-    monkeypatch.setenv("ETHEN_ACCURACY", "fast")
-    assert engine_kind(store.tensors) == "onnx"
-    assert type(load_model(store).ends) is QuantEmbedAndHead
-    monkeypatch.setenv("ETHEN_ENGINE", "cuda")
-    with pytest.raises(ModelInputError, match="ETHEN_ENGINE = 'cuda': must be one of auto, ggml, onnx"):
-        engine_kind(store.tensors)
-    monkeypatch.setenv("ETHEN_ENGINE", "auto")
-    monkeypatch.setenv("ETHEN_DEVICE", "metal")  # (the --device flag's carrier) the wheel is a CPU build
-    if "metal" not in backends():
+    assert isinstance(load_layer_stacks("0-2", store, options=ggml)[0].layers[0], GgmlLayer)
+    assert isinstance(load_model(store, options=ggml).ends, GgmlEmbedAndHead)
+    assert engine_kind(store.tensors, EngineOptions(accuracy="fast")) == "ggml"
+    assert engine_kind(store.tensors, EngineOptions(accuracy="exact")) == "onnx"
+    onnx_fast = EngineOptions(engine="onnx", accuracy="fast")
+    assert engine_kind(store.tensors, onnx_fast) == "onnx"
+    assert type(load_model(store, options=onnx_fast).ends) is QuantEmbedAndHead
+    with pytest.raises(ModelInputError, match="--engine 'cuda': must be one of auto, ggml, onnx"):
+        EngineOptions(engine="cuda")
+    with pytest.raises(ModelInputError, match="--device 'tpu': must be one of auto, cpu, cuda, metal"):
+        EngineOptions(device="tpu")
+    if "metal" not in backends():  # the wheel is a CPU build
         with pytest.raises(ModelInputError, match=r"device 'metal' needs a libggml build with the Metal"):
-            engine_kind(store.tensors)
+            engine_kind(store.tensors, EngineOptions(device="metal"))
 
 
-def test_a_ggml_only_type_runs_on_ggml_and_onnx_refuses_it(tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_ggml_only_type_runs_on_ggml_and_onnx_refuses_it(tmp_path: Path) -> None:
     _path, store = _model(tmp_path, "Q5_0")
-    for var in ("ETHEN_ENGINE", "ETHEN_ACCURACY", "ETHEN_DEVICE"):
-        monkeypatch.delenv(var, raising=False)
     assert engine_kind(store.tensors) == "ggml"
-    monkeypatch.setenv("ETHEN_ENGINE", "onnx")
     with pytest.raises(ModelInputError, match=r"Q5_0.*--engine ggml"):
-        load_layer_stacks("0-2", store)
+        load_layer_stacks("0-2", store, options=EngineOptions(engine="onnx"))
 
 
 def test_the_pool_sleeps_between_graphs_where_processes_share_the_cores(

@@ -96,7 +96,7 @@ def test_a_cache_of_another_format_is_rebuilt_not_read(tmp_path: Path,
 def test_unwritable_cache_root_is_a_clear_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    with pytest.raises(WeightsNotFoundError, match="ETHEN_CACHE_DIR"):
+    with pytest.raises(WeightsNotFoundError, match="XDG_CACHE_HOME"):
         open_weight_store(find_gguf_path(), cache_root=blocker / "cache")
 
 

@@ -1,4 +1,4 @@
-"""Float32 prefill (always, from :func:`engine_from_env`; ``Engine(long_prefill=True)``): steps of
+"""Float32 prefill (always, from :func:`onnx_engine`; ``Engine(long_prefill=True)``): steps of
 ``PREFILL_ROWS`` rows or more run each layer graph's long variant, whose 8-bit exact-int8 matmuls are one
 float32-compute ``MatMulNBits`` over the same weights instead of the int8 split (3 rows per row):
 float32 compute's accuracy, 2.1-2.6x faster at 512 rows (``bench/model_decode.py``).
@@ -28,7 +28,7 @@ from ethen.model.engine import (
     Engine,
     GraphBuilder,
 )
-from ethen.model.qmodel import QuantLayer, engine_from_env, load_quant_layers
+from ethen.model.qmodel import QuantLayer, load_quant_layers, onnx_engine
 from ethen.model.quant import pack
 from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
 from tests.model.test_quant_engine import K, R, _raw
@@ -133,9 +133,9 @@ def test_float32_prefill_is_unconditional(monkeypatch: pytest.MonkeyPatch) -> No
     """``ETHEN_PREFILL`` is gone: the engine always builds the long variants, whatever the variable says."""
     for value in ("int8", "fp32"):
         monkeypatch.setenv("ETHEN_PREFILL", value)
-        assert engine_from_env(threads=1).long_prefill is True
+        assert onnx_engine(threads=1).long_prefill is True
     monkeypatch.delenv("ETHEN_PREFILL")
-    assert engine_from_env(threads=1).long_prefill is True
+    assert onnx_engine(threads=1).long_prefill is True
 
 
 MEMORY_PROBE = """

@@ -26,8 +26,9 @@ from ethen.model import (
     generate_chat,
     load_model,
 )
+from ethen.model.choose import EngineOptions
 from ethen.model.qhead import AUTO_TYPES, KERNEL_TYPES, BlockHead, build_block_head
-from ethen.model.qmodel import QuantEmbedAndHead, _Tensors
+from ethen.model.qmodel import QuantEmbedAndHead, _Tensors, onnx_engine
 from ethen.model.tiny_gguf import TinySpec, write_tiny_gguf
 from tests.model.conftest import Tiny
 from tests.model.tiny_reference import greedy_gaps, reference_logits
@@ -63,10 +64,10 @@ def tiny_heads(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool
     return {(k, tied): _tiny(tmp, k, tied) for k in ENGINE_TYPES for tied in (True, False)}
 
 
-@pytest.fixture(autouse=True)
-def _exact(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Accuracy ``exact``: the engine would compute a Q8_0 head in float32, so the kernel runs it."""
-    monkeypatch.setenv("ETHEN_ACCURACY", "exact")
+def _head(store: WeightStore, accuracy: str = "exact") -> QuantEmbedAndHead:
+    """The head at ``accuracy`` (default ``exact``: the engine would compute a Q8_0 head in float32, so the
+    kernel runs it)."""
+    return QuantEmbedAndHead(store, onnx_engine(accuracy=accuracy))
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "output.weight"])
@@ -74,7 +75,7 @@ def _exact(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_block_kernel_logits_match_the_float64_reference(tiny_heads: dict[tuple[str, bool], WeightStore],
                                                          kind: str, tied: bool) -> None:
     store = tiny_heads[(kind, tied)]
-    ends = QuantEmbedAndHead(store)
+    ends = _head(store)
     assert ends.block_head is not None and ends.block_head.kind == kind == ends.head_kind
     hidden = np.random.default_rng(1).standard_normal((5, store.config.d_model)).astype(np.float32) * 3
     want = _reference(store, hidden)
@@ -91,7 +92,7 @@ def test_every_row_count_gives_each_rows_one_row_logits(tiny_heads: dict[tuple[s
                                                          kind: str) -> None:
     """Q8_0 runs groups of 4, 2 and 1 rows through different kernels: a row's logits are the same bits
     whatever came with it (a batched round and a lone session agree)."""
-    bh = QuantEmbedAndHead(tiny_heads[(kind, True)]).block_head
+    bh = _head(tiny_heads[(kind, True)]).block_head
     assert bh is not None
     h = np.random.default_rng(2).standard_normal((11, bh.cols)).astype(np.float32)
     single = np.concatenate([bh(h[i:i + 1]) for i in range(11)])
@@ -105,7 +106,7 @@ def test_any_vocabulary_ranges_fill_the_whole(tiny_heads: dict[tuple[str, bool],
                                               cuts: list[int], rows: int) -> None:
     """``matmul_into`` over any cover of ``[0, V)`` by ranges = one call over the whole (the brute-force
     oracle is the unsplit call)."""
-    bh = QuantEmbedAndHead(tiny_heads[("Q8_0", True)]).block_head
+    bh = _head(tiny_heads[("Q8_0", True)]).block_head
     assert bh is not None
     v = bh.rows
     edges = sorted({0, v, *(c % (v + 1) for c in cuts)})
@@ -118,23 +119,20 @@ def test_any_vocabulary_ranges_fill_the_whole(tiny_heads: dict[tuple[str, bool],
 
 def test_auto_runs_the_kernel_for_q8_0_at_float32_compute_only(
         tiny_heads: dict[tuple[str, bool], WeightStore], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default: the engine graph wherever the engine runs the head on its int8 kernel (``ETHEN_ACCURACY``
+    """The default: the engine graph wherever the engine runs the head on its int8 kernel (``--accuracy``
     auto, the default, for 8-bit blocks: exact-int8; or fast), which measured faster than the kernels at 1-8
     rows; the kernel for Q8_0 at ``exact`` accuracy (the engine's float32 compute over nibble halves is
     slower there); the engine for Q4_0 / Q4_1 / Q6_K (onnxruntime's path is faster: 4-bit; Q6_K from 2
     rows on)."""
     assert AUTO_TYPES == ("Q8_0",)
-    monkeypatch.delenv("ETHEN_ACCURACY", raising=False)
+    monkeypatch.setenv("ETHEN_ACCURACY", "exact")  # not read: the engine given decides
     assert QuantEmbedAndHead(tiny_heads[("Q8_0", False)]).block_head is None  # auto: exact-int8 engine
-    monkeypatch.setenv("ETHEN_ACCURACY", "fast")
-    assert QuantEmbedAndHead(tiny_heads[("Q8_0", False)]).block_head is None
-    monkeypatch.setenv("ETHEN_ACCURACY", "exact")
-    assert QuantEmbedAndHead(tiny_heads[("Q8_0", False)]).block_head is not None
+    assert _head(tiny_heads[("Q8_0", False)], "fast").block_head is None
+    assert _head(tiny_heads[("Q8_0", False)]).block_head is not None
     for kind in ("Q4_0", "Q4_1", "Q6_K"):
-        assert QuantEmbedAndHead(tiny_heads[(kind, True)]).block_head is None
-    assert QuantEmbedAndHead(tiny_heads[("Q8_0", True)]).block_head is not None
-    monkeypatch.delenv("ETHEN_ACCURACY")
-    head = QuantEmbedAndHead(tiny_heads[("Q8_0", True)])
+        assert _head(tiny_heads[(kind, True)]).block_head is None
+    assert _head(tiny_heads[("Q8_0", True)]).block_head is not None
+    head = _head(tiny_heads[("Q8_0", True)], "auto")
     assert head.block_head is None
     h = np.random.default_rng(4).standard_normal((3, head.config.d_model)).astype(np.float32)
     want = _reference(tiny_heads[("Q8_0", True)], h)
@@ -154,8 +152,8 @@ def test_packed_bits_table_is_what_pack_writes() -> None:
 def test_types_without_a_kernel_keep_the_engine_graph(tiny_models: dict[str, Tiny],
                                                       tmp_path: Path) -> None:
     q4k_store = _tiny(tmp_path, "Q4_K", tied=False)  # Q4_K output.weight
-    q4k = QuantEmbedAndHead(q4k_store)
-    f16 = QuantEmbedAndHead(tiny_models["llama-spm-ropefreqs"].store)  # F16 output.weight
+    q4k = _head(q4k_store)
+    f16 = _head(tiny_models["llama-spm-ropefreqs"].store)  # F16 output.weight
     assert q4k.block_head is None and q4k.head_kind == "Q4_K"
     assert f16.block_head is None and f16.head_kind == "F16"
     h = np.random.default_rng(3).standard_normal((2, q4k.config.d_model)).astype(np.float32)
@@ -173,7 +171,7 @@ def test_types_without_a_kernel_keep_the_engine_graph(tiny_models: dict[str, Tin
 def test_the_qwen2_q6_k_output_head_keeps_the_engine_graph(tiny_models: dict[str, Tiny]) -> None:
     """The tiny qwen2's untied Q6_K head: the engine graph (faster than a block kernel from 2 rows on)."""
     store = tiny_models["qwen2"].store
-    ends = QuantEmbedAndHead(store)
+    ends = _head(store)
     assert ends.block_head is None and ends.head_kind == "Q6_K"
     h = np.random.default_rng(6).standard_normal((3, ends.config.d_model)).astype(np.float32)
     want = _reference(store, h)
@@ -186,14 +184,13 @@ def test_ethen_head_is_no_longer_read(tiny_heads: dict[tuple[str, bool], WeightS
     store = tiny_heads[("Q8_0", True)]
     for value in ("engine", "gpu"):
         monkeypatch.setenv("ETHEN_HEAD", value)
-        assert QuantEmbedAndHead(store).block_head is not None  # exact accuracy: the kernel
+        assert _head(store).block_head is not None  # exact accuracy: the kernel
     monkeypatch.setenv("ETHEN_HEAD", "kernel")
-    monkeypatch.setenv("ETHEN_ACCURACY", "auto")
-    assert QuantEmbedAndHead(store).block_head is None  # exact-int8: the engine graph
+    assert _head(store, "auto").block_head is None  # exact-int8: the engine graph
 
 
 def test_bad_hidden_is_refused(tiny_heads: dict[tuple[str, bool], WeightStore]) -> None:
-    ends = QuantEmbedAndHead(tiny_heads[("Q8_0", True)])
+    ends = _head(tiny_heads[("Q8_0", True)])
     with pytest.raises(ModelInputError, match="float32"):
         ends.logits(np.zeros((1, ends.config.d_model), np.float64))  # type: ignore[arg-type]
     with pytest.raises(ModelInputError, match=str(ends.config.d_model)):
@@ -202,7 +199,7 @@ def test_bad_hidden_is_refused(tiny_heads: dict[tuple[str, bool], WeightStore]) 
 
 def test_split_head_over_the_block_kernel_equals_the_whole(store: WeightStore) -> None:
     """The real SmolLM2 head (tied Q8_0): split over 2 threads by vocabulary ranges, bitwise the one call."""
-    ends = QuantEmbedAndHead(store)
+    ends = _head(store)
     assert ends.block_head is not None and ends.block_head.kind == "Q8_0"
     head = SplitHead(ends, 2)
     try:
@@ -221,14 +218,12 @@ def test_split_head_over_the_block_kernel_equals_the_whole(store: WeightStore) -
 
 
 @pytest.mark.parametrize("mode", ["auto", "kernel"])
-def test_greedy_text_on_the_banner_prompt_is_the_float64_references(store: WeightStore, mode: str,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_greedy_text_on_the_banner_prompt_is_the_float64_references(store: WeightStore, mode: str) -> None:
     """The default head (SmolLM2's Q8_0 head on the engine's exact-int8 graph) and the block kernel (at
     accuracy ``exact``): every greedy token, and the stop, is the float64 reference's own greedy choice
     (teacher forcing over prompt + answer; its smallest top-1 margin there measured 0.08)."""
-    monkeypatch.setenv("ETHEN_ACCURACY", "auto" if mode == "auto" else "exact")
     params = SamplingParams(temperature=0.0, max_tokens=32)
-    quant = load_model(store)
+    quant = load_model(store, options=EngineOptions(accuracy="auto" if mode == "auto" else "exact"))
     assert isinstance(quant.ends, QuantEmbedAndHead)
     assert (quant.ends.block_head is not None) == (mode == "kernel")
     got = generate_chat(quant, BANNER, params)
@@ -244,8 +239,9 @@ import json, sys
 import numpy as np
 from ethen.model import open_weight_store
 from ethen.model.qhead import _kernels
-from ethen.model.qmodel import QuantEmbedAndHead
-ends = QuantEmbedAndHead(open_weight_store(sys.argv[1], cache_root=sys.argv[2]))
+from ethen.model.qmodel import QuantEmbedAndHead, onnx_engine
+store = open_weight_store(sys.argv[1], cache_root=sys.argv[2])
+ends = QuantEmbedAndHead(store, onnx_engine(accuracy="exact"))
 h = np.ones((7, ends.config.d_model), np.float32)
 ends.logits(h)
 ks = [k for kind in _kernels().values() for k in kind]

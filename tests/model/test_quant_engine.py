@@ -109,7 +109,7 @@ def test_exact_int8_splits_rows_so_the_int8_kernel_is_float32_grade(kind: str) -
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q6_K", "Q5_K", "Q4_0", "Q4_1", "Q4_K"])
 def test_auto_accuracy_is_exact_int8_for_8bit_blocks_and_exact_for_4bit(kind: str) -> None:
-    """``ACCURACY_AUTO`` (``ETHEN_ACCURACY``'s default) builds, per matrix, the exact-int8 graph for 8-bit
+    """``ACCURACY_AUTO`` (``--accuracy``'s default) builds, per matrix, the exact-int8 graph for 8-bit
     blocks (8 bits kept: no nibble halves) and the float32-compute graph for 4-bit blocks; its products are
     those of the level it picks, bit for bit."""
     rng = np.random.default_rng(5)
@@ -130,23 +130,22 @@ def test_auto_accuracy_is_exact_int8_for_8bit_blocks_and_exact_for_4bit(kind: st
     np.testing.assert_array_equal(_run(kind, raw, x, ACCURACY_AUTO), _run(kind, raw, x, picked))
 
 
-def test_engine_from_env_reads_the_accuracy(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_onnx_engine_takes_the_accuracy() -> None:
+    from ethen.model.choose import EngineOptions
     from ethen.model.errors import ModelInputError
-    from ethen.model.qmodel import engine_from_env
+    from ethen.model.qmodel import onnx_engine
 
-    monkeypatch.setenv("ETHEN_DEVICE", "cpu")
-    for value, level in (("", ACCURACY_AUTO), ("auto", ACCURACY_AUTO), ("exact", ACCURACY_EXACT),
-                         ("fast", ACCURACY_FAST)):
-        monkeypatch.setenv("ETHEN_ACCURACY", value)
-        assert engine_from_env(1).accuracy == level
-    monkeypatch.setenv("ETHEN_ACCURACY", "int4")
-    with pytest.raises(ModelInputError, match=r"ETHEN_ACCURACY = 'int4': must be one of auto, exact, fast$"):
-        engine_from_env(1)
+    for value, level in (("auto", ACCURACY_AUTO), ("exact", ACCURACY_EXACT), ("fast", ACCURACY_FAST)):
+        assert onnx_engine(1, accuracy=value, device="cpu").accuracy == level
+    assert onnx_engine(1).accuracy == ACCURACY_AUTO  # the default
+    with pytest.raises(ModelInputError, match=r"--accuracy 'int4': must be one of auto, exact, fast$"):
+        EngineOptions(accuracy="int4")
+    with pytest.raises(ModelInputError, match=r"--accuracy 'int4'"):
+        onnx_engine(1, accuracy="int4")
     # exact-int8 is what auto runs for 8-bit blocks, no longer a value of its own
-    monkeypatch.setenv("ETHEN_ACCURACY", "exact-int8")
     with pytest.raises(ModelInputError,
-                       match=r"ETHEN_ACCURACY = 'exact-int8': must be one of auto, exact, fast \(auto runs"):
-        engine_from_env(1)
+                       match=r"--accuracy 'exact-int8': must be one of auto, exact, fast \(auto runs"):
+        EngineOptions(accuracy="exact-int8")
 
 
 def test_device_errors_are_clear() -> None:

@@ -1,4 +1,4 @@
-"""``Engine(pool=...)`` / ``engine_from_env(threads, pool)`` (``ethen worker --thread-pool``;
+"""``Engine(pool=...)`` / ``onnx_engine(threads, pool)`` (``ethen worker --thread-pool``;
 :func:`ethen.model.engine.shared_pool`): ``shared`` runs every session of the process on one onnxruntime pool
 (the process keeps a handful of threads instead of one pool per session), with the same outputs as a pool per
 session; a second size cannot share it; bad values are refused naming them. Fresh processes: the shared pool
@@ -15,18 +15,18 @@ import pytest
 
 from ethen.model.engine import Engine, EngineError
 from ethen.model.errors import ModelInputError
-from ethen.model.qmodel import engine_from_env
+from ethen.model.qmodel import onnx_engine
 
 PROBE = """
 import json, os, sys
 import numpy as np
 from ethen.model import load_layer_stacks, open_weight_store
 from ethen.model.engine import Engine
-from ethen.model.qmodel import engine_from_env, load_quant_layers
+from ethen.model.qmodel import onnx_engine, load_quant_layers
 from ethen.model.model import LayerStack
 
 store = open_weight_store()
-eng = engine_from_env(int(sys.argv[1]), sys.argv[2])
+eng = onnx_engine(int(sys.argv[1]), sys.argv[2])
 stack = LayerStack(store.config, load_quant_layers([(0, 7)], store, eng)[0])
 kv = stack.new_kv_cache()
 x = np.random.default_rng(0).standard_normal((5, stack.config.d_model)).astype(np.float32)
@@ -77,6 +77,6 @@ def test_a_bad_thread_pool_is_refused_naming_the_value(monkeypatch: pytest.Monke
     with pytest.raises(EngineError, match="thread pool 'spin' is not one of session, shared"):
         Engine("cpu", 1, pool="spin")
     with pytest.raises(ModelInputError, match="thread pool 'spin': must be one of session, shared"):
-        engine_from_env(1, "spin")
+        onnx_engine(1, "spin")
     monkeypatch.setenv("ETHEN_THREAD_POOL", "shared")  # (read by nothing any more)
-    assert engine_from_env(1).pool == "session"  # the default: a pool per session
+    assert onnx_engine(1).pool == "session"  # the default: a pool per session

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import socket
 import subprocess
@@ -45,7 +44,7 @@ from starlette.requests import ClientDisconnect
 from ethen.gateway.api.connections import ClientAddress, SlowClientProtocol, client_key, slow_client_protocol
 from ethen.gateway.config import ServerConfig
 from ethen.gateway.observation.logformat import install_redaction
-from ethen.mesh.worker.launch import PARENT_DEATHSIG_ENV, PARENT_PID_ENV
+from ethen.mesh.worker.launch import parent_args
 
 __all__ = ["ClientAddress", "GatewayServer", "SlowClientProtocol", "client_key", "serve", "serve_workers",
            "slow_client_protocol"]
@@ -134,12 +133,12 @@ def serve_workers(config: str, workers: int, *, host: str, port: int, log_level:
         log.error("cannot listen on %s:%d: %s", host, port, exc.strerror or exc)
         return False
     fd = sock.fileno()
-    env = {**os.environ, PARENT_PID_ENV: str(os.getpid()), PARENT_DEATHSIG_ENV: "1"}
+    parent = parent_args()  # (the main thread's: --parent-deathsig)
 
     def spawn(i: int) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "ethen", "gateway", "--config", config, "--fd", str(fd),
-               "--worker-index", str(i), "--log-level", log_level]
-        return subprocess.Popen(cmd, pass_fds=(fd,), env=env, stdin=subprocess.PIPE)
+               "--worker-index", str(i), "--log-level", log_level, *parent]
+        return subprocess.Popen(cmd, pass_fds=(fd,), stdin=subprocess.PIPE)
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _SIGNALS}

@@ -136,6 +136,10 @@ class MeshProviderConfig(_Strict):
     # data plane (ethen.mesh.orchestrator.chain): "chain" sends decode steps worker to worker; the last worker
     # delivers to a receiver on chain_listen (TLS with tls_cert/tls_key), reached at chain_advertise
     data_plane: Literal["star", "chain"] = "star"
+    # the head's engine (``ethen up --engine / --accuracy / --device`` write them; ethen.model.choose)
+    engine: Literal["auto", "ggml", "onnx"] = "auto"
+    accuracy: Literal["auto", "exact", "fast"] = "auto"
+    device: Literal["auto", "cpu", "cuda", "metal", "vulkan"] = "auto"
     chain_listen: Annotated[str, AfterValidator(_address)] = "127.0.0.1:0"
     chain_advertise: Annotated[str, AfterValidator(_address)] | None = None
 

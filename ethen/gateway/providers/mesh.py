@@ -57,6 +57,9 @@ with every instance (:mod:`ethen.mesh.orchestrator.members`; of several processe
 the join port). A ``join`` without a token is a config error unless ``insecure = true``; a Join whose
 address is link-local, unspecified, multicast or broadcast is refused, a private / non-routable one unless
 ``allow_private_join = true`` (loopback is allowed).
+Engine (config keys ``engine`` / ``accuracy`` / ``device``, each ``auto`` by default; ``ethen up --engine /
+--accuracy / --device`` writes them): the orchestrator's head runs on the engine they choose
+(:class:`~ethen.model.choose.EngineOptions`), as the workers' flags of the same names choose theirs.
 ``data_plane = "chain"`` sends decode steps worker to worker (:mod:`ethen.mesh.orchestrator.chain`; the
 receiver on ``chain_listen``, advertised as ``chain_advertise``, serves TLS with ``tls_cert``/``tls_key``).
 An unreadable file or an unset ``token_env`` is a :class:`GatewayConfigError` naming the key.
@@ -114,6 +117,7 @@ from ethen.mesh.orchestrator.shared_members import MemberBackend, SharedMembers
 from ethen.mesh.orchestrator.store_members import StoreMembers
 from ethen.mesh.routing import NodeState, RouteWeights, layer_spans
 from ethen.model import GenerationChunk, ModelError, open_weight_store
+from ethen.model.choose import EngineOptions
 
 if TYPE_CHECKING:
     from ethen.gateway.config import MeshProviderConfig
@@ -193,7 +197,8 @@ class MeshProvider(Provider):
             provider.model_file = str(store.meta.get("gguf_path") or p.model_path or "")
             provider.model_name = store.model_name
             return Orchestrator.load(
-                workers, store, weights=weights, fallback_model=p.fallback_model,
+                workers, store, EngineOptions(p.engine, p.accuracy, p.device), weights=weights,
+                fallback_model=p.fallback_model,
                 model_name=served_model_id(store),
                 health_interval_s=p.health_interval_s, forward_timeout_s=p.forward_timeout_s,
                 progress_timeout_s=p.progress_timeout_s, admission_timeout_s=p.admission_timeout_s,

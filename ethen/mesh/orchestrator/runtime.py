@@ -69,7 +69,7 @@ from ethen.mesh.routing import NodeState, Route, RouteWeights
 from ethen.mesh.worker.batching import Job, StepBatcher
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS
 from ethen.model.chat_template import ChatTemplate
-from ethen.model.choose import engine_kind
+from ethen.model.choose import DEFAULT_OPTIONS, EngineOptions, engine_kind
 from ethen.model.generate import GenerationChunk, GenerationResult, generate_stream
 from ethen.model.gguf_loader import WeightStore, open_weight_store
 from ethen.model.gqhead import GgmlEmbedAndHead
@@ -277,12 +277,16 @@ class Orchestrator:
 
     @classmethod
     def load(cls, workers: Mapping[str, str], store: WeightStore | None = None,
-             **kwargs: Any) -> Orchestrator:
+             engine_options: EngineOptions = DEFAULT_OPTIONS, **kwargs: Any) -> Orchestrator:
+        """The orchestrator over ``workers``, its head on the engine ``engine_options`` (``--engine`` /
+        ``--accuracy`` / ``--device``: the mesh provider's ``engine`` / ``accuracy`` / ``device``) choose
+        for ``store``'s model (default: the SmolLM2 file)."""
         s = store if store is not None else open_weight_store()
         # the head's threads on onnxruntime (its pool sleeps between ops); on ggml one, a sleeping pool: the
         # gateway shares its cores (ggml's barriers spin inside a graph, docs/decisions/0100)
-        onnx = engine_kind(s.tensors or {}) == "onnx"
-        engine = engine_for(s, threads=int(kwargs.get("head_threads", 2)) if onnx else None)
+        onnx = engine_kind(s.tensors or {}, engine_options) == "onnx"
+        engine = engine_for(s, threads=int(kwargs.get("head_threads", 2)) if onnx else None,
+                            options=engine_options)
         orch = cls(workers, load_embed_and_head(s, engine), s.load_tokenizer(), s.load_chat_template(),
                    **kwargs)
         path = s.meta.get("gguf_path")

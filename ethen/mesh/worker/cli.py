@@ -36,10 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from ethen.knobs import ENGINE_ENV, warn_gone_env
 from ethen.mesh.worker.launch import orphaned
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER
 from ethen.mesh.worker.memory import memory_refusal, parse_size, resident_bytes
-from ethen.model.choose import ACCURACIES, DEVICES, ENGINES, check_device
+from ethen.model.choose import ACCURACIES, EngineOptions, check_device
 from ethen.model.engine import THREAD_POOLS
 
 if TYPE_CHECKING:
@@ -47,11 +48,7 @@ if TYPE_CHECKING:
     from ethen.mesh.worker.config import WorkerConfig
     from ethen.mesh.worker.membership import JoinSpec
 
-__all__ = ["ACCURACIES", "apply_device", "apply_engine", "check_threads", "one_blas_thread", "run_worker",
-           "worker"]
-
-#: ``--accuracy``: auto (the engine rule, :mod:`ethen.model.choose`), exact (float32-grade products:
-#: onnxruntime), fast (int8 activations: ggml, as llama.cpp)
+__all__ = ["ACCURACIES", "check_threads", "engine_options", "one_blas_thread", "run_worker", "worker"]
 
 
 def one_blas_thread() -> None:
@@ -77,7 +74,7 @@ def run_worker(config: WorkerConfig, host: str, port: int, model_path: Path | No
               flush=True)
     t0 = time.perf_counter()
     store = open_weight_store(model_path)
-    engine = engine_for(store, threads=config.threads, pool=config.thread_pool)
+    engine = engine_for(store, threads=config.threads, pool=config.thread_pool, options=config.engine_options)
     print(f"ethen worker {config.node_id!r}: engine {type(engine).__name__}, {engine.threads} thread(s), "
           f"{config.thread_pool} pool", file=sys.stderr, flush=True)
     backend = ModelBackend(load_layer_stacks(list(config.fragments), store, engine))
@@ -119,28 +116,13 @@ def run_worker(config: WorkerConfig, host: str, port: int, model_path: Path | No
     service.stop()
 
 
-def apply_device(device: str | None) -> None:
-    """``--device`` into the environment the model loader reads (``$ETHEN_DEVICE``, this worker process's)."""
-    if device is None:
-        return
-    if device not in DEVICES:
-        raise ValueError(f"--device {device!r}: must be one of {', '.join(DEVICES)}")
-    check_device(device)  # metal / vulkan: refused (a ValueError), naming the missing ggml backend
-    os.environ["ETHEN_DEVICE"] = device
-
-
-def apply_engine(engine: str | None, accuracy: str | None) -> None:
-    """``--engine`` / ``--accuracy`` into ``$ETHEN_ENGINE`` / ``$ETHEN_ACCURACY`` (this process's, and the
-    workers it starts), which the model loader reads (:func:`~ethen.model.choose.engine_kind`)."""
-    if engine is not None:
-        if engine not in ENGINES:
-            raise ValueError(f"--engine {engine!r}: must be one of {', '.join(ENGINES)}")
-        os.environ["ETHEN_ENGINE"] = engine
-    if accuracy is not None:
-        if accuracy not in ACCURACIES:
-            hint = " (auto runs exact-int8 where it applies)" if accuracy == "exact-int8" else ""
-            raise ValueError(f"--accuracy {accuracy!r}: must be one of {', '.join(ACCURACIES)}{hint}")
-        os.environ["ETHEN_ACCURACY"] = accuracy
+def engine_options(engine: str, accuracy: str, device: str) -> EngineOptions:
+    """``--engine`` / ``--accuracy`` / ``--device`` as the model loader takes them; a bad value (or a
+    ``metal`` / ``vulkan`` device no installed ggml runs) is a ``ValueError`` naming the flag and the
+    value."""
+    options = EngineOptions(engine.strip() or "auto", accuracy.strip() or "auto", device.strip() or "auto")
+    check_device(options.device)  # metal / vulkan: refused, naming the missing ggml backend
+    return options
 
 
 def check_threads(threads: int | None, pool: str | None) -> None:
@@ -185,15 +167,15 @@ def worker(
     drain_timeout: float = typer.Option(
         30.0, "--drain-timeout", help="SIGTERM: seconds to let open sessions finish."),
     device: str = typer.Option(
-        None, "--device", help="Compute device: auto (cuda when onnxruntime-gpu sees a GPU, else cpu), "
-        "cpu, cuda (the onnx engine), metal or vulkan (refused unless ggml has the backend). Default: auto."),
+        "auto", "--device", help="Compute device: auto (cuda when onnxruntime-gpu sees a GPU, else cpu), "
+        "cpu, cuda (the onnx engine), metal or vulkan (refused unless ggml has the backend)."),
     engine: str = typer.Option(
-        None, "--engine", help="auto (by the model: ggml for 1B-class models, onnxruntime's float32 compute "
-        "for small ones), ggml (llama.cpp's kernels, int8 activations) or onnx. Default: $ETHEN_ENGINE, "
-        "else auto."),
+        "auto", "--engine", envvar=ENGINE_ENV, help="auto (by the model: ggml for 1B-class models, "
+        "onnxruntime's float32 compute for small ones), ggml (llama.cpp's kernels, int8 activations) or "
+        "onnx."),
     accuracy: str = typer.Option(
-        None, "--accuracy", help="auto, exact (float32-grade products: the onnx engine) or fast (int8 "
-        "activations: the ggml engine). Default: $ETHEN_ACCURACY, else auto."),
+        "auto", "--accuracy", help="auto (by the model), exact (float32-grade products: the onnx engine) or "
+        "fast (int8 activations: the ggml engine)."),
     max_memory: str = typer.Option(
         None, "--max-memory", help="Refuse (before loading) layers whose weights exceed this size, e.g. "
         "800M, 1.5G, 512MiB (their bytes in the GGUF)."),
@@ -204,17 +186,22 @@ def worker(
     threads: int = typer.Option(
         None, "--threads", help="The engine's threads. Default: the cores this process may use, at most 4 "
         "(the ggml engine under --thread-pool session: 1)."),
+    parent_pid: int = typer.Option(None, "--parent-pid", hidden=True, help="Stop when this process dies."),
+    parent_deathsig: bool = typer.Option(False, "--parent-deathsig", hidden=True,
+                                         help="Ask the kernel for SIGTERM when the parent dies."),
 ) -> None:
     """Serve fragments of the model's layers to the mesh over gRPC."""
     from ethen.mesh.worker.launch import die_with_parent
 
-    die_with_parent()  # first: a parent killed while this worker loads must not leave it behind
+    die_with_parent(parent_pid, parent_deathsig)  # first: a parent killed while this worker loads
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    warn_gone_env()
     one_blas_thread()
     from ethen.mesh.worker.config import WorkerConfig, parse_fragments
 
     try:  # first: a bad value is named as the other engine flags' are (exit 2)
         check_threads(threads, thread_pool)
+        options = engine_options(engine, accuracy, device)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise typer.Exit(2) from None
@@ -225,15 +212,9 @@ def worker(
                               max_sessions=max_sessions, batch_window_s=batch_window_ms / 1000.0,
                               max_prefill_tokens=max_prefill_tokens,
                               max_sessions_per_caller=max_sessions_per_caller, threads=threads,
-                              thread_pool=thread_pool)
+                              thread_pool=thread_pool, engine_options=options)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    try:
-        apply_device(device)
-        apply_engine(engine, accuracy)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        raise typer.Exit(2) from None
     from ethen.mesh.auth import ClientCredentials, CredentialsError
     from ethen.mesh.worker.membership import credentials_of
 

@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Sequence
 
 from ethen.mesh.worker.limits import MAX_DECODE_BATCH, MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER
+from ethen.model.choose import DEFAULT_OPTIONS, EngineOptions
 from ethen.model.engine import THREAD_POOLS
 from ethen.model.model import parse_layer_ranges
 
@@ -38,6 +39,7 @@ class WorkerConfig:
         max_prefix_bytes: int | None = None,
         threads: int | None = None,
         thread_pool: str = "shared",
+        engine_options: EngineOptions = DEFAULT_OPTIONS,
     ) -> None:
         if not node_id:
             raise ValueError("node_id must be non-empty")
@@ -67,6 +69,8 @@ class WorkerConfig:
         # (``shared``: one spinning pool, a worker alone on its machine; ``session``: workers sharing cores)
         self.threads = threads
         self.thread_pool = thread_pool
+        # which engine runs the layers (``--engine`` / ``--accuracy`` / ``--device``: ethen.model.choose)
+        self.engine_options = engine_options
 
     @property
     def layers(self) -> list[int]:

@@ -11,8 +11,9 @@ threads sleep between a step's parallel ops instead of spinning (``ethen worker`
 is for a worker alone on its machine; :func:`ethen.model.engine.shared_pool`).
 
 Workers die with their parent, whatever signal killed it (``kill -9`` of ``ethen up`` must not leave three
-~250 MB workers behind). :func:`spawn_worker` passes the parent's pid (``ETHEN_PARENT_PID``) and an open stdin
-pipe; the worker calls :func:`die_with_parent` first thing, which
+~250 MB workers behind). :func:`spawn_worker` passes the parent's pid (the hidden flag ``--parent-pid``; with
+``--parent-deathsig`` when spawned from the main thread) and an open stdin pipe; the worker calls
+:func:`die_with_parent` first thing, which
 
 - on Linux asks the kernel for ``SIGTERM`` when the parent dies (``prctl(PR_SET_PDEATHSIG)`` via ctypes),
   then checks the parent is still the one named (it may have died before the request took effect). Linux sends
@@ -47,11 +48,9 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["ORPHAN_EXIT_S", "PARENT_DEATHSIG_ENV", "PARENT_PID_ENV", "WorkerProcess", "die_with_parent",
-           "orphaned", "spawn_worker", "worker_command", "worker_env"]
+__all__ = ["ORPHAN_EXIT_S", "WorkerProcess", "die_with_parent", "orphaned", "parent_args", "spawn_worker",
+           "worker_command", "worker_env"]
 
-PARENT_PID_ENV = "ETHEN_PARENT_PID"
-PARENT_DEATHSIG_ENV = "ETHEN_PARENT_DEATHSIG"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 ORPHAN_EXIT_S = 2.0  # an orphan still running this long after its SIGTERM exits at once
 ORPHAN_EXIT_CODE = 128 + int(signal.SIGTERM)  # what a SIGTERM'd process reports
@@ -103,14 +102,14 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def _parent_env(env: dict[str, str]) -> dict[str, str]:
-    """``env`` plus what :func:`die_with_parent` reads in a direct child of this process."""
-    env = {**env, PARENT_PID_ENV: str(os.getpid())}
+def parent_args() -> list[str]:
+    """The hidden flags (``ethen worker``, ``ethen gateway``) that make a direct child of this process call
+    :func:`die_with_parent` on it: ``--parent-pid PID``, and ``--parent-deathsig`` from the main thread
+    (Linux sends the death signal when the spawning *thread* exits)."""
+    args = ["--parent-pid", str(os.getpid())]
     if threading.current_thread() is threading.main_thread():
-        env[PARENT_DEATHSIG_ENV] = "1"
-    else:
-        env.pop(PARENT_DEATHSIG_ENV, None)
-    return env
+        args.append("--parent-deathsig")
+    return args
 
 
 def _request_death_signal() -> None:
@@ -152,15 +151,14 @@ def orphaned() -> bool:
     return _watched_parent is not None and os.getppid() != _watched_parent
 
 
-def die_with_parent() -> None:
-    """In a worker started by :func:`spawn_worker` (``ETHEN_PARENT_PID`` set): stop when the parent dies.
-    A no-op otherwise (a worker started by hand keeps its terminal's stdin untouched)."""
-    raw = os.environ.pop(PARENT_PID_ENV, None)
-    deathsig = os.environ.pop(PARENT_DEATHSIG_ENV, None) == "1"
-    if raw is None or not raw.isdigit():
+def die_with_parent(parent_pid: int | None, deathsig: bool = False) -> None:
+    """In a worker started by :func:`spawn_worker` (``--parent-pid`` given): stop when process ``parent_pid``
+    dies; ``deathsig``: also ask the kernel for SIGTERM then (``--parent-deathsig``). A no-op without a pid
+    (a worker started by hand keeps its terminal's stdin untouched)."""
+    if parent_pid is None or parent_pid <= 0:
         return
     global _watched_parent
-    parent = _watched_parent = int(raw)
+    parent = _watched_parent = parent_pid
     if deathsig:
         _request_death_signal()
     if os.getppid() != parent:  # gone already (before the death signal was requested)
@@ -187,10 +185,10 @@ def spawn_worker(node_id: str, layers: str, port: int = 0, host: str = "127.0.0.
     ``command_prefix`` wraps the command (tests: ``ip netns exec NS``, which execs in place, same pid).
     ``own_process_group``: the worker gets its own process group, so a terminal's Ctrl-C reaches only this
     process, which stops its workers in its own order (``ethen up``: the gateway first)."""
-    cmd = worker_command(node_id, layers, port, host, extra_args, command_prefix)
+    cmd = [*worker_command(node_id, layers, port, host, extra_args, command_prefix), *parent_args()]
     # stdin: a pipe the child never reads data from; its end-of-file tells the child this process died.
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1, env=_parent_env(worker_env()),
+                            text=True, bufsize=1, env=worker_env(),
                             process_group=0 if own_process_group else None)
     worker = WorkerProcess(node_id, layers, proc)
     lines: queue.Queue[str | None] = queue.Queue()
