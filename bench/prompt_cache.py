@@ -364,7 +364,7 @@ class Run:
 
     @property
     def cost(self) -> float:
-        return sum(t["usd"] for t in self.turns)
+        return float(sum(t["usd"] for t in self.turns))
 
     @property
     def providers(self) -> list[str]:
