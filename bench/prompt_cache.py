@@ -548,7 +548,7 @@ def main() -> None:
         print(f"baseline / cached: {base.cost / cached.cost:.2f}x")
     cached_total = sum(c.cost for _, _, c, _ in results)
     base_total = sum(b.cost for _, _, _, b in results)
-    print(f"\nall {len(results)} scenarios: cached ${cached_total:.4f}, baseline ${base_total:.4f}: "
+    print(f"\nscenarios together ({len(results)}): cached ${cached_total:.4f}, baseline ${base_total:.4f}: "
           f"{base_total / cached_total:.2f}x")
 
 
