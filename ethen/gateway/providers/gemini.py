@@ -20,7 +20,7 @@ then names it in ``cachedContent`` and sends only the rest. The creation's ``usa
 is reported as cache writes (added to the prompt tokens: Gemini bills them as input). Caching never fails a
 request: a refused creation (a 4xx, e.g. a prefix under the model's minimum) is not tried again for an hour,
 a failed one (5xx, timeout, unreachable) for a minute, and the request goes as it came; a generate call
-answering that its cache is gone (404, or a 400/403 naming the cached content) drops it and goes as it came.
+answering that its cache is gone (a 400/403/404 naming the cached content) drops it and goes as it came.
 """
 
 from __future__ import annotations
@@ -77,10 +77,9 @@ def _written(usage: Usage | None, tokens: int) -> Usage | None:
 
 
 def _cache_gone(status: int, content: bytes) -> bool:
-    """Whether a generate call naming a cache failed because the cache is gone (expired, deleted)."""
-    if status == 404:
-        return True
-    return status in (400, 403) and "cachedcontent" in upstream_message(content).lower().replace(" ", "")
+    """Whether a generate call naming a cache failed because of it (gone: expired or deleted, Gemini's 403
+    "CachedContent not found (or permission denied)"; or refused with it): a 400/403/404 naming it."""
+    return status in (400, 403, 404) and "cachedcontent" in upstream_message(content).lower().replace(" ", "")
 
 
 class _GeminiStream(SSEStream):

@@ -9,11 +9,11 @@ sending only the turns after it. As OpenRouter and LiteLLM do:
 - :func:`breakpoints`: the client's breakpoints of a chat body, each as the number of leading messages it
   covers (a tool's: none) and its ``ttl`` (``"1h"``: 3600 s, anything else 300 s);
 - :func:`plan`: the split of the Gemini body (:func:`~.gemini_wire.to_gemini`) at the last breakpoint that
-  leaves the request at least one turn of its own: the cached part is ``systemInstruction``, ``tools``,
-  ``toolConfig`` (a request naming a cache may not set them) and the ``contents`` turns made of the covered
-  messages alone (a turn later messages were merged into stays in the rest); ``None`` when nothing is worth
-  a cache (no breakpoint, nothing before it, or a prefix estimated under the model's minimum:
-  :func:`min_cache_tokens`);
+  leaves the request at least one turn of its own (:func:`choose_cut`): the cached part is
+  ``systemInstruction``, ``tools``, ``toolConfig`` (a request naming a cache may not set them) and the
+  ``contents`` turns made of the covered messages alone (a turn later messages were merged into stays in the
+  rest); ``None`` when nothing is worth a cache (no breakpoint, nothing before it, or a prefix estimated
+  under the model's minimum: :func:`min_cache_tokens`);
 - :func:`prefix_key`: a SHA-256 of the model and the cached part in canonical JSON (never the text);
 - :class:`CacheNames`: the bounded memory prefix key -> cache name (until a little before its
   ``expireTime``), or a refusal (not retried until it runs out).
@@ -41,11 +41,13 @@ __all__ = [
     "CacheNames",
     "CacheSplit",
     "breakpoints",
+    "choose_cut",
     "closed_turns",
     "expire_epoch",
     "min_cache_tokens",
     "plan",
     "prefix_key",
+    "split_at",
 ]
 
 #: the ``GenerateContentRequest`` keys that live in the cache (Gemini refuses them beside ``cachedContent``)
@@ -133,36 +135,53 @@ def prefix_key(model: str, cached: Mapping[str, Any]) -> str:
     return hashlib.sha256(_ENCODE(seed).encode()).hexdigest()
 
 
-def plan(chat: Mapping[str, Any], gemini: Mapping[str, Any], model: str) -> CacheSplit | None:
-    """The split of ``gemini`` (the translation of ``chat``) at the client's last usable breakpoint (see the
-    module docstring), or ``None``."""
+def choose_cut(chat: Mapping[str, Any], turns: int) -> tuple[int, int] | None:
+    """(the ``contents`` turns to cache, the ``ttl``) at ``chat``'s last breakpoint that leaves at least one
+    of its ``turns`` (the translation's ``contents`` length) to the request, the ``ttl`` the longest of the
+    breakpoints that end there. When every breakpoint is in the last turn (a client marking its newest
+    message), ``(0, the longest ttl)``: what precedes the messages (system instruction, tools), the part of
+    the marked prefix every later turn shares. ``None`` without a breakpoint."""
     marks = breakpoints(chat)
-    contents = gemini.get("contents")
-    if not marks or not isinstance(contents, list) or not contents:
+    if not marks or turns <= 0:
         return None
     owners = turn_owners(chat)
-    best: tuple[int, int] | None = None  # (turns cached, ttl)
+    best: tuple[int, int] | None = None
     for bp in marks:
         cut = closed_turns(owners, bp.covered)
-        if cut >= len(contents):
+        if cut >= turns:
             continue
         if best is None or cut > best[0]:
             best = (cut, bp.ttl_s)
         elif cut == best[0]:
             best = (cut, max(best[1], bp.ttl_s))
-    if best is None:
-        return None
-    cut, ttl = best
+    return best if best is not None else (0, max(bp.ttl_s for bp in marks))
+
+
+def split_at(gemini: Mapping[str, Any], cut: int, model: str, ttl_s: int) -> CacheSplit:
+    """``gemini`` split after its first ``cut`` ``contents`` turns: the cached part takes those and
+    :data:`CACHED_KEYS`, the rest the other turns and every other key."""
+    contents = list(gemini.get("contents") or ())
     cached = {k: gemini[k] for k in CACHED_KEYS if k in gemini}
     if cut:
         cached["contents"] = contents[:cut]
-    if not cached:
-        return None
-    if len(_ENCODE(cached).encode()) // BYTES_PER_TOKEN < min_cache_tokens(model):
-        return None
     rest = {k: v for k, v in gemini.items() if k not in CACHED_KEYS}
     rest["contents"] = contents[cut:]
-    return CacheSplit(prefix_key(model, cached), cached, rest, ttl, cut)
+    return CacheSplit(prefix_key(model, cached), cached, rest, ttl_s, cut)
+
+
+def plan(chat: Mapping[str, Any], gemini: Mapping[str, Any], model: str) -> CacheSplit | None:
+    """The split of ``gemini`` (the translation of ``chat``) at the client's last usable breakpoint
+    (:func:`choose_cut`), or ``None``: no usable breakpoint, nothing to cache, or a cached part estimated
+    (:data:`~ethen.gateway.routing.requirements.BYTES_PER_TOKEN` bytes of JSON a token) under the model's
+    minimum (:func:`min_cache_tokens`)."""
+    contents = gemini.get("contents")
+    chosen = choose_cut(chat, len(contents) if isinstance(contents, list) else 0)
+    if chosen is None:
+        return None
+    out = split_at(gemini, chosen[0], model, chosen[1])
+    if not out.cached or len(_ENCODE(out.cached).encode()) // BYTES_PER_TOKEN < min_cache_tokens(model):
+        return None
+    return out
 
 
 _FRACTION = re.compile(r"(\.\d{6})\d+")
