@@ -13,14 +13,15 @@ cut; an ``error`` object in the stream is an upstream server error; a blocked pr
 error.
 
 Explicit context caching (issue 45, the split: :mod:`.gemini_cache`): a request carrying the client's
-``cache_control`` breakpoints (unless ``[prompt_cache] auto_breakpoints = false``) has its prefix up to the
-last one put in a ``cachedContents`` resource (``POST {base}/v1beta/cachedContents``, ``ttl`` the
-breakpoint's), created once per prefix and remembered until shortly before its ``expireTime``; the request
-then names it in ``cachedContent`` and sends only the rest. The creation's ``usageMetadata.totalTokenCount``
-is reported as cache writes (added to the prompt tokens: Gemini bills them as input). Caching never fails a
-request: a refused creation (a 4xx, e.g. a prefix under the model's minimum) is not tried again for an hour,
-a failed one (5xx, timeout, unreachable) for a minute, and the request goes as it came; a generate call
-answering that its cache is gone (a 400/403/404 naming the cached content) drops it and goes as it came.
+``cache_control`` breakpoints (chat in LiteLLM's form, or a Messages body's blocks; unless ``[prompt_cache]
+auto_breakpoints = false``) has its prefix up to the last one put in a ``cachedContents`` resource (``POST
+{base}/v1beta/cachedContents``, ``ttl`` the breakpoint's), created once per prefix and remembered until
+shortly before its ``expireTime``; the request then names it in ``cachedContent`` and sends only the rest.
+The creation's ``usageMetadata.totalTokenCount`` is reported as cache writes (added to the prompt tokens:
+Gemini bills them as input). Caching never fails a request: a refused creation (a 4xx, e.g. a prefix under
+the model's minimum) is not tried again for an hour, a failed one (5xx, timeout, unreachable) for a minute,
+and the request goes as it came; a generate call answering that its cache is gone (a 400/403/404 naming the
+cached content) drops it and goes as it came.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from ethen.gateway.errors import (
     UpstreamInvalidResponseError,
     UpstreamServerError,
 )
+from ethen.gateway.providers.anthropic_native import NativeBody
 from ethen.gateway.providers.base import Completion, ProviderStream, UpstreamCall, Usage
 from ethen.gateway.providers.gemini_cache import CacheNames, CacheSplit, expire_epoch, plan
 from ethen.gateway.providers.gemini_wire import (
@@ -187,7 +189,10 @@ class GeminiProvider(HttpProvider):
         return f"{self._version}models/{quote(model.removeprefix('models/'), safe='-._~')}:{method}"
 
     def _split(self, call: UpstreamCall, body: dict[str, Any]) -> CacheSplit | None:
-        return plan(call.body, body, call.upstream_model) if self.auto_breakpoints else None
+        if not self.auto_breakpoints:
+            return None
+        marks = call.body.marks if isinstance(call.body, NativeBody) else None  # a Messages body's
+        return plan(call.body, body, call.upstream_model, marks)
 
     async def _cache(self, split: CacheSplit, model: str) -> tuple[str | None, int]:
         """The cache holding ``split``'s prefix (created now if needed) and the tokens written creating it

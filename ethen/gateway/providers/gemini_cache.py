@@ -7,7 +7,8 @@ a ``cachedContents`` resource holding the prefix, which the request then names i
 sending only the turns after it. As OpenRouter and LiteLLM do:
 
 - :func:`breakpoints`: the client's breakpoints of a chat body, each as the number of leading messages it
-  covers (a tool's: none) and its ``ttl`` (``"1h"``: 3600 s, anything else 300 s);
+  covers (a tool's: none) and its ``ttl`` (``"1h"``: 3600 s, anything else 300 s); a Messages body's are
+  found on its blocks (:func:`~ethen.gateway.api.messages.chat_breakpoints`) and passed in;
 - :func:`plan`: the split of the Gemini body (:func:`~.gemini_wire.to_gemini`) at the last breakpoint that
   leaves the request at least one turn of its own (:func:`choose_cut`): the cached part is
   ``systemInstruction``, ``tools``, ``toolConfig`` (a request naming a cache may not set them) and the
@@ -90,8 +91,12 @@ def _mark_of(msg: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return found
 
 
-def breakpoints(body: Mapping[str, Any]) -> list[Breakpoint]:
-    """A chat body's ``cache_control`` breakpoints (tools first, then messages in order)."""
+def breakpoints(body: Mapping[str, Any],
+                marks: Sequence[tuple[int, Mapping[str, Any]]] | None = None) -> list[Breakpoint]:
+    """A chat body's ``cache_control`` breakpoints (tools first, then messages in order); ``marks``: the
+    breakpoints of the body it was translated from, as (messages covered, mark), used instead."""
+    if marks is not None:
+        return [Breakpoint(covered, _ttl(mark)) for covered, mark in marks]
     out: list[Breakpoint] = []
     tools = body.get("tools")
     marks = [t["cache_control"] for t in tools if isinstance(t, Mapping)
@@ -135,18 +140,20 @@ def prefix_key(model: str, cached: Mapping[str, Any]) -> str:
     return hashlib.sha256(_ENCODE(seed).encode()).hexdigest()
 
 
-def choose_cut(chat: Mapping[str, Any], turns: int) -> tuple[int, int] | None:
+def choose_cut(chat: Mapping[str, Any], turns: int,
+               marks: Sequence[tuple[int, Mapping[str, Any]]] | None = None) -> tuple[int, int] | None:
     """(the ``contents`` turns to cache, the ``ttl``) at ``chat``'s last breakpoint that leaves at least one
     of its ``turns`` (the translation's ``contents`` length) to the request, the ``ttl`` the longest of the
     breakpoints that end there. When every breakpoint is in the last turn (a client marking its newest
     message), ``(0, the longest ttl)``: what precedes the messages (system instruction, tools), the part of
-    the marked prefix every later turn shares. ``None`` without a breakpoint."""
-    marks = breakpoints(chat)
-    if not marks or turns <= 0:
+    the marked prefix every later turn shares. ``None`` without a breakpoint. ``marks``: as for
+    :func:`breakpoints`."""
+    found = breakpoints(chat, marks)
+    if not found or turns <= 0:
         return None
     owners = turn_owners(chat)
     best: tuple[int, int] | None = None
-    for bp in marks:
+    for bp in found:
         cut = closed_turns(owners, bp.covered)
         if cut >= turns:
             continue
@@ -154,7 +161,7 @@ def choose_cut(chat: Mapping[str, Any], turns: int) -> tuple[int, int] | None:
             best = (cut, bp.ttl_s)
         elif cut == best[0]:
             best = (cut, max(best[1], bp.ttl_s))
-    return best if best is not None else (0, max(bp.ttl_s for bp in marks))
+    return best if best is not None else (0, max(bp.ttl_s for bp in found))
 
 
 def split_at(gemini: Mapping[str, Any], cut: int, model: str, ttl_s: int) -> CacheSplit:
@@ -169,13 +176,14 @@ def split_at(gemini: Mapping[str, Any], cut: int, model: str, ttl_s: int) -> Cac
     return CacheSplit(prefix_key(model, cached), cached, rest, ttl_s, cut)
 
 
-def plan(chat: Mapping[str, Any], gemini: Mapping[str, Any], model: str) -> CacheSplit | None:
+def plan(chat: Mapping[str, Any], gemini: Mapping[str, Any], model: str,
+         marks: Sequence[tuple[int, Mapping[str, Any]]] | None = None) -> CacheSplit | None:
     """The split of ``gemini`` (the translation of ``chat``) at the client's last usable breakpoint
     (:func:`choose_cut`), or ``None``: no usable breakpoint, nothing to cache, or a cached part estimated
     (:data:`~ethen.gateway.routing.requirements.BYTES_PER_TOKEN` bytes of JSON a token) under the model's
     minimum (:func:`min_cache_tokens`)."""
     contents = gemini.get("contents")
-    chosen = choose_cut(chat, len(contents) if isinstance(contents, list) else 0)
+    chosen = choose_cut(chat, len(contents) if isinstance(contents, list) else 0, marks)
     if chosen is None:
         return None
     out = split_at(gemini, chosen[0], model, chosen[1])

@@ -10,6 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ethen.gateway.api.messages import chat_breakpoints, to_chat
 from ethen.gateway.providers.gemini_cache import (
     CACHED_KEYS,
     CacheNames,
@@ -24,6 +25,7 @@ from ethen.gateway.providers.gemini_cache import (
 from ethen.gateway.providers.gemini_wire import to_gemini
 
 TTLS = st.sampled_from([None, "5m", "1h"])
+EPH = {"type": "ephemeral"}
 
 
 def _mark(ttl: str | None) -> dict[str, Any]:
@@ -197,3 +199,30 @@ def test_expire_time_is_read_to_the_microsecond() -> None:
     assert expire_epoch("2026-12-07T23:35:00.123456789Z", 5.0) == want
     assert expire_epoch("2026-12-07T23:35:00Z", 5.0) == want - 0.123456
     assert expire_epoch("soon", 5.0) == expire_epoch(None, 5.0) == 5.0
+
+
+def test_a_messages_body_marks_land_on_its_chat_translation() -> None:
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    body = {
+        "model": "m", "max_tokens": 5,
+        "tools": [{"name": "f", "input_schema": {"type": "object"}, "cache_control": EPH}],
+        "system": [{"type": "text", "text": "sys", "cache_control": hour}],
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+            {"role": "user", "content": [  # -> a tool message and a user message, both covered
+                {"type": "tool_result", "tool_use_id": "t1", "content": "r"},
+                {"type": "text", "text": "b", "cache_control": EPH}]},
+            {"role": "assistant", "content": "c"},
+            {"role": "user", "content": [  # marked before its end: only the turns before it are covered
+                {"type": "text", "text": "d", "cache_control": EPH}, {"type": "text", "text": "e"}]},
+        ],
+    }  # fmt: skip
+    marks = chat_breakpoints(body)
+    assert marks == [(0, EPH), (1, hour), (5, EPH), (6, EPH)]
+    chat = to_chat(body)
+    assert [m["role"] for m in chat["messages"][:5]] == ["system", "user", "assistant", "tool", "user"]
+    gemini = to_gemini(chat)
+    # the last mark covers chat messages up to "c": the Gemini turns before "d e" are cached
+    assert choose_cut(chat, len(gemini["contents"]), marks) == (4, 300)
+    assert chat_breakpoints({"messages": "nope"}) == [] == chat_breakpoints({"model": "m", "messages": [{}]})

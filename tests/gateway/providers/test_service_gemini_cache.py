@@ -183,3 +183,32 @@ def test_a_streamed_request_with_a_breakpoint_uses_the_cache(lv: Live) -> None:
     usage = next(c["usage"] for c in chunks if c.get("usage"))
     written = cache_tokens(created)
     assert _details({"usage": usage}) == (PROMPT + 2 * written, written, written)
+
+
+def test_a_messages_request_with_marked_blocks_uses_the_cache(lv: Live) -> None:
+    """``/v1/messages`` to a Gemini route: the client's breakpoints are on its blocks, on the system prompt
+    and the newest turn (Claude Code's form): the system prompt is cached, every turn reads it."""
+    def body(n: int) -> dict[str, Any]:
+        turns: list[dict[str, Any]] = []
+        for i in range(n):
+            if i:
+                turns.append({"role": "assistant", "content": [{"type": "text", "text": f"answer {i}"}]})
+            text: dict[str, Any] = {"type": "text", "text": f"question {i + 1}"}
+            turns.append({"role": "user", "content": [text | ({"cache_control": EPH} if i == n - 1 else {})]})
+        return {"model": "gem-flash", "max_tokens": 50, "messages": turns,
+                "system": [{"type": "text", "text": _system("h"), "cache_control": EPH}]}
+
+    for n in (1, 2):
+        r = httpx.post(f"{lv.gateway.url}/v1/messages", json=body(n), headers={"x-api-key": CLIENT_KEY},
+                       timeout=15)
+        assert r.status_code == 200, r.text
+        assert r.json()["content"][0]["text"] == "Hello from upstream"
+    [created] = _calls(lv, "gemini:cachedContents")
+    assert created["systemInstruction"] == {"parts": [{"text": _system("h")}]} and "contents" not in created
+    gens = _calls(lv, "gemini:generateContent")
+    assert [g["cachedContent"] for g in gens] == [gens[0]["cachedContent"]] * 2
+    assert [len(g["contents"]) for g in gens] == [1, 3] and "systemInstruction" not in gens[1]
+    usage = r.json()["usage"]  # the second turn read the cache the first wrote
+    written = cache_tokens(created)
+    assert (usage["cache_read_input_tokens"], usage["cache_creation_input_tokens"]) == (written, 0)
+    assert usage["input_tokens"] == PROMPT
