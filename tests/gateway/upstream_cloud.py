@@ -18,6 +18,7 @@ Behaviour per model (Gemini) / deployment (Azure): :class:`CloudBehavior`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -54,6 +55,7 @@ class CloudBehavior(Behavior):
     cache_min_tokens: int = 0  # Gemini: cachedContents under this many tokens is refused (400)
     cache_fail_status: int | None = None  # Gemini: cachedContents answers this status
     cache_gone: bool = False  # Gemini: every cache is gone (a generate call naming one gets 403)
+    cache_latency_s: float = 0.0  # Gemini: cachedContents answers after this delay
 
 
 def cache_tokens(cached: dict[str, Any]) -> int:
@@ -112,6 +114,7 @@ def _gemini_routes(script: Script) -> list[Route]:
         model = str(body.get("model", "")).removeprefix("models/")
         b = script.behavior(model)
         cb = b if isinstance(b, CloudBehavior) else CloudBehavior()
+        await asyncio.sleep(cb.cache_latency_s)
         if cb.cache_fail_status is not None:
             return _google_error(cb.cache_fail_status, f"scripted failure {cb.cache_fail_status}")
         tokens = cache_tokens(body)

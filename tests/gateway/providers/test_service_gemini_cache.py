@@ -7,6 +7,8 @@ client's ``cache_control`` breakpoints to a ``kind = "gemini"`` provider has its
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -57,8 +59,9 @@ def _fresh(lv: Live) -> None:
     lv.script.calls.clear()
 
 
-def _chat(lv: Live, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    r = httpx.post(f"{lv.base_url}/chat/completions", headers=HEADERS, timeout=15,
+def _chat(lv: Live, messages: list[dict[str, Any]], rid: str | None = None, **extra: Any) -> dict[str, Any]:
+    r = httpx.post(f"{lv.base_url}/chat/completions", timeout=15,
+                   headers={**HEADERS, **({"x-request-id": rid} if rid else {})},
                    json={"model": "gem-flash", "messages": messages, **extra})
     assert r.status_code == 200, r.text
     out: dict[str, Any] = r.json()
@@ -76,7 +79,7 @@ def _details(out: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def test_two_turns_create_one_cache_and_send_only_the_rest(lv: Live) -> None:
-    first = _chat(lv, _turns("a", 1), tools=TOOLS, tool_choice="auto")
+    first = _chat(lv, _turns("a", 1), "gem-cache-1", tools=TOOLS, tool_choice="auto")
     second = _chat(lv, _turns("a", 2), tools=TOOLS, tool_choice="auto")
     assert first["choices"][0]["message"]["content"] == second["choices"][0]["message"]["content"] == (
         "Hello from upstream")
@@ -93,6 +96,13 @@ def test_two_turns_create_one_cache_and_send_only_the_rest(lv: Live) -> None:
     written = cache_tokens(created)
     assert _details(first) == (PROMPT + 2 * written, written, written)  # read what it wrote, once billed
     assert _details(second) == (PROMPT + written, written, 0)
+    deadline = time.monotonic() + 5  # the receipt shows the write (logged off the request path)
+    ring = lv.gateway.server.config.app.state.gateway.requestlog.ring  # type: ignore[attr-defined]
+    while not (rows := [r for r in list(ring) if r["request_id"] == "gem-cache-1"]):
+        assert time.monotonic() < deadline, "the request was never logged"
+        time.sleep(0.02)
+    cost = rows[0]["receipt"]["cost"]
+    assert (cost["cache_read_tokens"], cost["cache_write_tokens"]) == (written, written)
 
 
 def test_a_breakpoint_mid_conversation_caches_its_turns_with_its_ttl(lv: Live) -> None:
@@ -212,3 +222,13 @@ def test_a_messages_request_with_marked_blocks_uses_the_cache(lv: Live) -> None:
     written = cache_tokens(created)
     assert (usage["cache_read_input_tokens"], usage["cache_creation_input_tokens"]) == (written, 0)
     assert usage["input_tokens"] == PROMPT
+
+
+def test_concurrent_first_turns_create_the_cache_once(lv: Live) -> None:
+    _behave(lv, cache_latency_s=0.3)
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda n: _chat(lv, _turns("i", n)), (1, 2, 3, 4)))
+    assert len(_calls(lv, "gemini:cachedContents")) == 1
+    gens = _calls(lv, "gemini:generateContent")
+    assert len({g["cachedContent"] for g in gens}) == 1 and len(gens) == 4
+    assert sorted(_details(o)[2] > 0 for o in outs) == [False, False, False, True]  # one wrote it
