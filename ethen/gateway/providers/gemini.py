@@ -273,6 +273,7 @@ class GeminiProvider(HttpProvider):
         body = to_gemini(call.body, model)
         path = self._path(model, "generateContent")
         split = self._split(call, body)
+        written = 0  # tokens this call wrote to a new cache (billed even if the cache is lost right away)
         if split is not None:
             name, written = await self._cache(split, model)
             if name is not None:
@@ -281,7 +282,7 @@ class GeminiProvider(HttpProvider):
                     return self._completion(status, content, model, written)
                 self._gone(split, name, status)
         status, content = await self._pool.post(path, dumps(body))
-        return self._completion(status, content, model, 0)
+        return self._completion(status, content, model, written)
 
     async def stream(self, call: UpstreamCall) -> ProviderStream:
         deadline = self.deadline()
@@ -289,6 +290,7 @@ class GeminiProvider(HttpProvider):
         path = self._path(model, "streamGenerateContent") + "?alt=sse"
         body = to_gemini(call.body, model)
         split = self._split(call, body)
+        written = 0
         if split is not None:
             name, written = await self._cache(split, model)
             if name is not None:
@@ -303,4 +305,4 @@ class GeminiProvider(HttpProvider):
                     raise error_for_status(self.name, resp.status, content, self._secret)
                 self._gone(split, name, resp.status)
         resp = await open_stream(self._pool, path, dumps(body), self._secret)
-        return _GeminiStream(self.name, resp, deadline, model, self._secret)
+        return _GeminiStream(self.name, resp, deadline, model, self._secret, written)

@@ -81,7 +81,8 @@ def _ttl(mark: Mapping[str, Any]) -> int:
 
 
 def _mark_of(msg: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The message's breakpoint (LiteLLM's message-level ``cache_control``, else the last marked part)."""
+    """The message's breakpoint: the longest-lived of its ``cache_control`` marks (LiteLLM's message-level
+    one and those on its content parts), ``None`` without one."""
     found = msg.get("cache_control") if isinstance(msg.get("cache_control"), Mapping) else None
     content = msg.get("content")
     for part in content if isinstance(content, list) else ():
@@ -99,10 +100,10 @@ def breakpoints(body: Mapping[str, Any],
         return [Breakpoint(covered, _ttl(mark)) for covered, mark in marks]
     out: list[Breakpoint] = []
     tools = body.get("tools")
-    marks = [t["cache_control"] for t in tools if isinstance(t, Mapping)
-             and isinstance(t.get("cache_control"), Mapping)] if isinstance(tools, list) else []
-    if marks:
-        out.append(Breakpoint(0, max(_ttl(m) for m in marks)))
+    on_tools = [t["cache_control"] for t in tools if isinstance(t, Mapping)
+                and isinstance(t.get("cache_control"), Mapping)] if isinstance(tools, list) else []
+    if on_tools:
+        out.append(Breakpoint(0, max(_ttl(m) for m in on_tools)))
     messages = body.get("messages")
     for i, msg in enumerate(messages if isinstance(messages, list) else ()):
         mark = _mark_of(msg) if isinstance(msg, Mapping) else None
