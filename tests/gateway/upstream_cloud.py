@@ -4,7 +4,11 @@ of :mod:`upstream` by one app on 127.0.0.1. Their wire formats follow the provid
 - Gemini: ``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent?alt=sse`` (each SSE
   ``data:`` a whole ``GenerateContentResponse``, no ``[DONE]``), the key in ``x-goog-api-key``, errors as
   ``{"error": {"code", "message", "status"}}``, a blocked prompt as ``promptFeedback.blockReason`` without
-  candidates, ``usageMetadata`` with cached and thoughts tokens;
+  candidates, ``usageMetadata`` with cached and thoughts tokens; explicit context caching: ``POST
+  /v1beta/cachedContents`` (refused under a minimum size with Gemini's 400), and a generate call naming
+  ``cachedContent`` answered over the cache's contents, refused (400) when it also sets
+  ``systemInstruction``, ``tools`` or ``toolConfig``, 403 when the cache is unknown or gone (its cached
+  tokens in ``cachedContentTokenCount`` and ``promptTokenCount``);
 - Azure OpenAI: ``POST /openai/deployments/{deployment}/chat/completions?api-version=...``, the key in
   ``api-key``, a missing ``api-version`` 404, the content filter's 400 (``code: content_filter`` with
   ``innererror.content_filter_result``) and ``finish_reason: content_filter``.
@@ -14,7 +18,9 @@ Behaviour per model (Gemini) / deployment (Azure): :class:`CloudBehavior`.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,7 +36,7 @@ from ethen.gateway.config import parse_config
 from tests.gateway.service_harness import ENV, PROVIDER_KEY, Live, config_dict
 from tests.gateway.upstream import Behavior, Script, ServerThread, _Cut, _failure, make_upstream_app
 
-__all__ = ["AZURE_VERSION", "CloudBehavior", "cloud_app", "live_cloud"]
+__all__ = ["AZURE_VERSION", "CloudBehavior", "cache_tokens", "cloud_app", "live_cloud"]
 
 AZURE_VERSION = "2024-10-21"
 _GOOGLE_STATUS = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
@@ -46,6 +52,16 @@ class CloudBehavior(Behavior):
     signature: str | None = None  # Gemini: the thoughtSignature on a functionCall part
     content_filter: bool = False  # Azure: the prompt is refused by the content filter (400)
     filter_completion: bool = False  # Azure: the completion is cut by the filter (finish_reason)
+    cache_min_tokens: int = 0  # Gemini: cachedContents under this many tokens is refused (400)
+    cache_fail_status: int | None = None  # Gemini: cachedContents answers this status
+    cache_gone: bool = False  # Gemini: every cache is gone (a generate call naming one gets 403)
+    cache_latency_s: float = 0.0  # Gemini: cachedContents answers after this delay
+
+
+def cache_tokens(cached: dict[str, Any]) -> int:
+    """The scripted Gemini's token count of a cache: 4 bytes of its JSON a token."""
+    keys = ("contents", "systemInstruction", "tools", "toolConfig")
+    return len(json.dumps({k: cached[k] for k in keys if k in cached}).encode()) // 4
 
 
 def _gemini_call(body: dict[str, Any], b: Behavior) -> dict[str, Any] | None:
@@ -66,10 +82,13 @@ def _gemini_call(body: dict[str, Any], b: Behavior) -> dict[str, Any] | None:
     return part
 
 
-def _usage(b: Behavior) -> dict[str, Any]:
-    out: dict[str, Any] = {"promptTokenCount": b.prompt_tokens, "candidatesTokenCount": len(b.pieces),
-                           "totalTokenCount": b.prompt_tokens + len(b.pieces)}  # fmt: skip
-    if isinstance(b, CloudBehavior) and b.cached_tokens:
+def _usage(b: Behavior, cached: int = 0) -> dict[str, Any]:
+    prompt = b.prompt_tokens + cached
+    out: dict[str, Any] = {"promptTokenCount": prompt, "candidatesTokenCount": len(b.pieces),
+                           "totalTokenCount": prompt + len(b.pieces)}  # fmt: skip
+    if cached:
+        out["cachedContentTokenCount"] = cached
+    elif isinstance(b, CloudBehavior) and b.cached_tokens:
         out["cachedContentTokenCount"] = b.cached_tokens
     if isinstance(b, CloudBehavior) and b.thoughts_tokens:
         out["thoughtsTokenCount"] = b.thoughts_tokens
@@ -77,7 +96,38 @@ def _usage(b: Behavior) -> dict[str, Any]:
     return out
 
 
+def _google_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": status, "message": message,
+                                   "status": _GOOGLE_STATUS.get(status, "UNKNOWN")}}, status_code=status)
+
+
 def _gemini_routes(script: Script) -> list[Route]:
+    caches: dict[str, dict[str, Any]] = {}  # name -> the cachedContents body and its token count
+
+    async def cached_contents(request: Request) -> Response:
+        body = json.loads(await request.body())
+        if script.record:
+            script.calls.append({"path": "gemini:cachedContents", "body": body,
+                                 "headers": dict(request.headers)})
+        if request.headers.get("x-goog-api-key") != PROVIDER_KEY:
+            return _google_error(400, "API key not valid. Please pass a valid API key.")
+        model = str(body.get("model", "")).removeprefix("models/")
+        b = script.behavior(model)
+        cb = b if isinstance(b, CloudBehavior) else CloudBehavior()
+        await asyncio.sleep(cb.cache_latency_s)
+        if cb.cache_fail_status is not None:
+            return _google_error(cb.cache_fail_status, f"scripted failure {cb.cache_fail_status}")
+        tokens = cache_tokens(body)
+        if tokens < cb.cache_min_tokens:
+            return _google_error(400, f"Cached content is too small. total_token_count={tokens}, "
+                                      f"min_total_token_count={cb.cache_min_tokens}")
+        ttl = float(str(body.get("ttl", "3600s")).removesuffix("s"))
+        name = f"cachedContents/c{len(caches) + 1}"
+        caches[name] = {**body, "tokens": tokens}
+        expire = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + ttl)) + ".123456789Z"
+        return JSONResponse({"name": name, "model": body.get("model"), "expireTime": expire,
+                             "usageMetadata": {"totalTokenCount": tokens}})
+
     async def gemini(request: Request) -> Response:
         model, _, method = request.path_params["rest"].partition(":")
         body = json.loads(await request.body())
@@ -115,6 +165,17 @@ def _gemini_routes(script: Script) -> list[Route]:
                 status_code=status,
             )
         cb = b if isinstance(b, CloudBehavior) else CloudBehavior()
+        cached = 0
+        if "cachedContent" in body:
+            if any(k in body for k in ("systemInstruction", "tools", "toolConfig")):
+                return _google_error(400, "CachedContent can not be used with GenerateContent request "
+                                          "setting system_instruction, tools or tool_config.")
+            cache = caches.get(str(body["cachedContent"]))
+            if cache is None or cb.cache_gone:
+                return _google_error(403, "CachedContent not found (or permission denied)")
+            cached = cache["tokens"]
+            body = {**{k: v for k, v in cache.items() if k not in ("model", "ttl", "tokens")}, **body,
+                    "contents": [*cache.get("contents", ()), *body.get("contents", ())]}
         if cb.block_reason is not None:
             n = b.prompt_tokens
             blocked = {"promptFeedback": {"blockReason": cb.block_reason, "safetyRatings": []},
@@ -139,7 +200,7 @@ def _gemini_routes(script: Script) -> list[Route]:
                             "safetyRatings": [],
                         }
                     ],
-                    "usageMetadata": _usage(b),
+                    "usageMetadata": _usage(b, cached),
                     "modelVersion": model,
                     "responseId": "gem-resp-1",
                 }
@@ -159,7 +220,7 @@ def _gemini_routes(script: Script) -> list[Route]:
                 last = i == len(pieces) - 1
                 if last:
                     cand["finishReason"] = finish
-                usage = _usage(b) if last else {"promptTokenCount": b.prompt_tokens}
+                usage = _usage(b, cached) if last else {"promptTokenCount": b.prompt_tokens + cached}
                 yield data(
                     {
                         "candidates": [cand],
@@ -171,7 +232,8 @@ def _gemini_routes(script: Script) -> list[Route]:
 
         return StreamingResponse(gen(), media_type="text/event-stream")
 
-    return [Route("/v1beta/models/{rest:path}", gemini, methods=["POST"])]
+    return [Route("/v1beta/models/{rest:path}", gemini, methods=["POST"]),
+            Route("/v1beta/cachedContents", cached_contents, methods=["POST"])]
 
 
 async def _prefixed(first: bytes, resp: StreamingResponse) -> AsyncIterator[bytes]:

@@ -66,7 +66,7 @@ from typing import Any
 from ethen.gateway.errors import InvalidRequestError, ModelNotFoundError
 from ethen.gateway.routing.hints import model_map_hint
 
-__all__ = ["new_message_id", "resolve_model", "to_chat"]
+__all__ = ["chat_breakpoints", "new_message_id", "resolve_model", "to_chat"]
 
 _TOOL_CHOICE = {"auto": "auto", "any": "required", "none": "none"}
 
@@ -321,6 +321,42 @@ def to_chat(body: Mapping[str, Any], *, count_only: bool = False, drop: list[str
     if not count_only:
         _request_fields(body, chat)
     return chat
+
+
+def _marks(blocks: object) -> list[Mapping[str, Any]]:
+    return [b["cache_control"] for b in blocks if isinstance(b, Mapping) and isinstance(
+        b.get("cache_control"), Mapping)] if isinstance(blocks, list) else []
+
+
+def chat_breakpoints(body: Mapping[str, Any]) -> list[tuple[int, Mapping[str, Any]]]:
+    """The client's ``cache_control`` breakpoints of a Messages body, for upstreams that read its chat
+    translation (Gemini's context caching, :mod:`ethen.gateway.providers.gemini_cache`): each as (how many
+    leading messages of :func:`to_chat`'s translation it covers, the mark). A tool's covers none, a system
+    block's the system message; one on a block of ``messages[j]`` the translation of ``messages[:j + 1]``
+    when it is the turn's last block, else of ``messages[:j]`` (a translated turn is not split). ``[]`` for
+    a body :func:`to_chat` refuses."""
+    turns = body.get("messages")
+    if not isinstance(turns, list):
+        return []
+    try:
+        system = 1 if body.get("system") is not None and _system(body["system"]) else 0
+
+        def covered(k: int) -> int:
+            if k == 0:
+                return system
+            return len(to_chat({**body, "messages": turns[:k]}, count_only=True, drop=[])["messages"])
+
+        out: list[tuple[int, Mapping[str, Any]]] = [(0, m) for m in _marks(body.get("tools"))]
+        out += [(system, m) for m in _marks(body.get("system"))]
+        for j, turn in enumerate(turns):
+            content = turn.get("content") if isinstance(turn, Mapping) else None
+            for mark in _marks(content):
+                last = isinstance(content, list) and isinstance(content[-1], Mapping) and content[-1].get(
+                    "cache_control") is mark
+                out.append((covered(j + 1 if last else j), mark))
+    except InvalidRequestError:
+        return []
+    return out
 
 
 def _request_fields(body: Mapping[str, Any], chat: dict[str, Any]) -> None:

@@ -115,8 +115,10 @@ class PromptCacheConfig(_Strict):
     """Provider prompt caching (issue 45, ``ethen.gateway.providers.prompt_cache``). ``auto_breakpoints``
     (true): a request to a ``kind = "anthropic"`` provider that carries no ``cache_control`` gets breakpoints
     where Anthropic's guide puts them, and a request to an OpenAI-compatible provider without a
-    ``prompt_cache_key`` gets one derived from its leading messages; false: requests go as the client sent
-    them. ``cache_aware_routing`` (true): the cost component prices a candidate's expected cached prompt
+    ``prompt_cache_key`` gets one derived from its leading messages, and a request to a ``kind = "gemini"``
+    provider carrying the client's breakpoints gets its prefix in a context cache
+    (``ethen.gateway.providers.gemini_cache``); false: requests go as the client sent them.
+    ``cache_aware_routing`` (true): the cost component prices a candidate's expected cached prompt
     tokens at its cache-read price (``ethen.gateway.api.prompt_memory``); false: every candidate uncached."""
 
     auto_breakpoints: bool = True

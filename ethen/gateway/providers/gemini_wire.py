@@ -51,6 +51,7 @@ __all__ = [
     "gemini_schema",
     "message_parts",
     "to_gemini",
+    "turn_owners",
     "usage_of",
 ]
 
@@ -221,23 +222,26 @@ def _generation_config(body: Mapping[str, Any], model: str) -> dict[str, Any]:
     return cfg
 
 
-def to_gemini(body: Mapping[str, Any], model: str = "") -> dict[str, Any]:
-    """An OpenAI chat-completions body as a Gemini ``GenerateContentRequest`` (the model is in the URL; its
-    name picks how ``reasoning_effort`` is sent)."""
+def _contents(messages: Any) -> tuple[list[str], list[dict[str, Any]], list[int]]:
+    """Chat messages as (system texts, Gemini turns, the turn each message went into: -1 for none)."""
     system: list[str] = []
     turns: list[dict[str, Any]] = []
+    owners: list[int] = []
     names: dict[str, str] = {}  # tool_call_id -> function name
 
-    def add(role: str, parts: list[dict[str, Any]]) -> None:
+    def add(role: str, parts: list[dict[str, Any]]) -> int:
         if not parts:
-            return
+            return -1
         if turns and turns[-1]["role"] == role:
             turns[-1]["parts"].extend(parts)
         else:
             turns.append({"role": role, "parts": parts})
+        return len(turns) - 1
 
-    for msg in body.get("messages") or ():
+    for msg in messages if isinstance(messages, Sequence) and not isinstance(messages, str) else ():
+        owner = -1
         if not isinstance(msg, Mapping):
+            owners.append(owner)
             continue
         role = msg.get("role")
         if role in ("system", "developer"):
@@ -245,7 +249,7 @@ def to_gemini(body: Mapping[str, Any], model: str = "") -> dict[str, Any]:
             if text:
                 system.append(text)
         elif role == "user":
-            add("user", message_parts(msg.get("content")))
+            owner = add("user", message_parts(msg.get("content")))
         elif role == "assistant":
             parts = message_parts(msg.get("content"))
             for call in msg.get("tool_calls") or ():
@@ -259,11 +263,26 @@ def to_gemini(body: Mapping[str, Any], model: str = "") -> dict[str, Any]:
                     if sig is not None:
                         fc_part["thoughtSignature"] = sig
                     parts.append(fc_part)
-            add("model", parts)
+            owner = add("model", parts)
         elif role == "tool":
             call_id = str(msg.get("tool_call_id", ""))
             name = names.get(call_id) or str(msg.get("name") or call_id)
-            add("user", [{"functionResponse": {"name": name, "response": _response(msg.get("content"))}}])
+            result = {"name": name, "response": _response(msg.get("content"))}
+            owner = add("user", [{"functionResponse": result}])
+        owners.append(owner)
+    return system, turns, owners
+
+
+def turn_owners(body: Mapping[str, Any]) -> list[int]:
+    """For each chat message of ``body``, the index of the :func:`to_gemini` ``contents`` turn it went into
+    (-1: none, e.g. a system message); consecutive messages of one role share a turn."""
+    return _contents(body.get("messages"))[2]
+
+
+def to_gemini(body: Mapping[str, Any], model: str = "") -> dict[str, Any]:
+    """An OpenAI chat-completions body as a Gemini ``GenerateContentRequest`` (the model is in the URL; its
+    name picks how ``reasoning_effort`` is sent)."""
+    system, turns, _ = _contents(body.get("messages"))
     out: dict[str, Any] = {"contents": turns}
     if system:
         out["systemInstruction"] = {"parts": [{"text": "\n\n".join(system)}]}
