@@ -11,7 +11,9 @@ transformers' GGUF loader in the same run when the parity extra is installed.
     (TinyLlama-1.1B shape, llama.cpp's Q4_K_M and Q8_0; ``--ref``: the same Ethen runs of commit REV,
     interleaved)
 OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/model_decode.py --head [--repeats 21]   (the logits head alone)
-.venv/bin/python bench/model_decode.py --devices [--model X.gguf] [--repeats 3]   (per device: cpu, cuda)
+.venv/bin/python bench/model_decode.py --devices [--model X.gguf] [--repeats 3]   (per device: the onnx
+    engine's cpu, cuda; the ggml engine's direct CPU engine and each device of the installed libggml's
+    backends, its CPU backend's device included)
 
 ``--head`` times the orchestrator's head alone (final RMSNorm + the vocabulary matmul) for 1/2/4/8 rows,
 one thread, interleaved in one run: the numba block kernel (:mod:`ethen.model.qhead`, the default) against
@@ -220,7 +222,7 @@ def _ethen_quant(path: Path, threads: int, steps: int, accuracy: int, device: st
 
     store = open_weight_store(path)
     if accuracy in (GGML, GGML_NATIVE):
-        return _ethen_ggml(store, path, threads, steps, accuracy == GGML_NATIVE)
+        return _ethen_ggml(store, path, threads, steps, accuracy == GGML_NATIVE, device)
     import onnxruntime  # (its library's own memory is not the weights')
 
     onnxruntime.InferenceSession  # noqa: B018
@@ -293,10 +295,17 @@ def _timed(stack: Any, d_model: int, steps: int) -> tuple[float, float, int]:
     return pre, steps / (time.perf_counter() - t0), kv.nbytes
 
 
-def _ethen_ggml(store: Any, path: Path, threads: int, steps: int, native: bool = False) -> tuple[float, ...]:
+#: the ``device`` of :func:`_ethen_quant` for the ggml engine on a device of ggml's backend registry
+#: (``ggml:CPU``, ``ggml:CUDA0``: :class:`ethen.model.gbackend.BackendEngine`), not the direct CPU engine
+GGML_DEVICE = "ggml:"
+
+
+def _ethen_ggml(store: Any, path: Path, threads: int, steps: int, native: bool = False,
+                device: str = "cpu") -> tuple[float, ...]:
     """:func:`_ethen_quant`'s figures for the ggml engine: the layers' weights are the GGUF's own pages (the
     9th figure: the GGUF's resident pages after the runs) and the repacked Q4_0 / Q4_K matrices (in the
-    anonymous growth at load). ``native``: on the llama venv's libggml (:data:`GGML_NATIVE`)."""
+    anonymous growth at load). ``native``: on the llama venv's libggml (:data:`GGML_NATIVE`); ``device``
+    ``ggml:NAME``: on ggml's device NAME through the backend API (:data:`GGML_DEVICE`)."""
     from ethen.model import ggml_lib
     from ethen.model.attend import warm
     from ethen.model.glayer import GgmlEngine, load_ggml_layers
@@ -307,7 +316,12 @@ def _ethen_ggml(store: Any, path: Path, threads: int, steps: int, native: bool =
         native_dir = _native_ggml_dir()
         ggml_lib.library_dir = lambda: native_dir  # (before the first lib())
 
-    engine = GgmlEngine(threads)
+    if device.startswith(GGML_DEVICE):
+        from ethen.model.gbackend import BackendEngine
+
+        engine: GgmlEngine = BackendEngine(device.removeprefix(GGML_DEVICE), threads)
+    else:
+        engine = GgmlEngine(threads)
     warm()
     anon0 = _rss_anon()
     stack = LayerStack(store.config, load_ggml_layers([(0, store.config.n_layers - 1)], store, engine)[0])
@@ -428,34 +442,50 @@ def _ggml_resident(runs: Sequence[tuple[float, ...]]) -> str:
 
 
 def devices(model: Path | None, steps: int, repeats: int) -> None:
-    """Per-device decode and prefill of the engine (``ethen worker --device``), the CPU first as the same
-    run's baseline; a device this machine lacks is printed as skipped, with the reason. Each figure is a
-    fresh process (layers only, the default accuracy, 1 thread), medians of ``repeats``."""
-    import subprocess
+    """Per-device decode and prefill (``ethen worker --device``), same run: the onnx engine on the CPU (the
+    baseline) and CUDA; the ggml engine's direct CPU engine (the ggml rows' baseline) and each device of the
+    installed libggml's backends through the backend API (:mod:`ethen.model.gbackend`; the wheel's: its CPU
+    backend's device). A device this machine lacks is printed as skipped, with the reason. Each figure is
+    a fresh process (layers only, 1 thread), medians of ``repeats``."""
     import sys
 
     from ethen.model.engine import ACCURACY_AUTO, DEVICES, Engine, EngineError
+    from ethen.model.gbackend import devices as ggml_devices
+    from ethen.model.ggml_lib import backends
 
     path = model or find_gguf_path()
     load0 = os.getloadavg()
     print(f"model: {path.name}; {LONG_PREFILL}-token prefill, {steps} decode steps, medians of {repeats}, "
-          "layers only, --accuracy auto, 1 thread")
+          "layers only, 1 thread")
+
+    def row(label: str, accuracy: int, device: str, base: tuple[float, float] | None,
+            of: str) -> tuple[float, float]:
+        argv = [sys.executable, "-c", _ETHEN_PROBE, str(ROOT), str(path), "1", str(steps), str(accuracy),
+                device]
+        runs = [tuple(float(v) for v in subprocess.run(argv, check=True, capture_output=True,
+                                                        text=True).stdout.split()) for _ in range(repeats)]
+        pre, dec = (statistics.median(r[i] for r in runs) for i in (0, 1))
+        vs = "" if base is None else f" ({pre / base[0]:.2f}x / {dec / base[1]:.2f}x {of})"
+        print(f"  {label}: prefill {pre:.0f} tok/s, decode {dec:.1f} tok/s{vs}; runs "
+              f"{' '.join(f'{r[1]:.1f}' for r in runs)}")
+        return pre, dec
+
     base: tuple[float, float] | None = None
     for device in (d for d in DEVICES if d != "auto"):
         try:
             Engine(device, 1, ACCURACY_AUTO)
         except EngineError as exc:
-            print(f"  {device}: skipped: {exc}")
+            print(f"  onnx {device}: skipped: {exc}")
             continue
-        argv = [sys.executable, "-c", _ETHEN_PROBE, str(ROOT), str(path), "1", str(steps), str(ACCURACY_AUTO),
-                device]
-        runs = [tuple(float(v) for v in subprocess.run(argv, check=True, capture_output=True,
-                                                        text=True).stdout.split()) for _ in range(repeats)]
-        pre, dec = (statistics.median(r[i] for r in runs) for i in (0, 1))
-        vs = "" if base is None else f" ({pre / base[0]:.2f}x / {dec / base[1]:.2f}x the CPU's)"
-        base = base or (pre, dec)
-        print(f"  {device}: prefill {pre:.0f} tok/s, decode {dec:.1f} tok/s{vs}; runs "
-              f"{' '.join(f'{r[1]:.1f}' for r in runs)}")
+        fig = row(f"onnx {device} (--accuracy auto)", ACCURACY_AUTO, device, base, "the CPU's")
+        base = base or fig
+    ggml = row("ggml cpu (the direct CPU engine)", GGML, "cpu", None, "")
+    for dev in ggml_devices():
+        row(f"ggml device {dev.name} ({dev.kind}: {dev.description}; backend API)", GGML,
+            GGML_DEVICE + dev.name, ggml, "the direct CPU engine's")
+    for name in ("cuda", "vulkan", "metal"):
+        if name not in backends():
+            print(f"  ggml {name}: skipped: no libggml-{name}.so (the libggml-python wheel is a CPU build)")
     print(f"load average (1/5/15 min) before {' '.join(f'{x:.2f}' for x in load0)}, after "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
 
@@ -710,7 +740,8 @@ def main() -> None:
     ap.add_argument("--answers", action="store_true",
                     help="only the greedy answers to five prompts: llama.cpp's and each --accuracy's")
     ap.add_argument("--devices", action="store_true",
-                    help="the engine's decode / prefill per device (cpu; cuda where onnxruntime-gpu has one)")
+                    help="decode / prefill per device: onnx cpu, cuda (onnxruntime-gpu); ggml's direct CPU "
+                         "engine and each device of the installed libggml's backends")
     args = ap.parse_args()
     if args.devices:
         devices(args.model, args.steps, args.repeats)

@@ -28,7 +28,7 @@ import numpy as np
 from ethen.model.errors import ModelError
 
 __all__ = ["GGML_TYPES", "MAX_DIMS", "MAX_NAME", "MAX_OP_PARAMS", "MAX_SRC", "GgmlCPlan", "GgmlError",
-           "GgmlInitParams", "GgmlLib", "GgmlTensor", "backends", "include_dir", "lib", "library_dir"]
+           "GgmlInitParams", "GgmlLib", "GgmlTensor", "backends", "bind", "include_dir", "lib", "library_dir"]
 
 MAX_DIMS = 4
 MAX_SRC = 10
@@ -157,6 +157,15 @@ def _log(level: int, text: bytes | None, _user: Any) -> None:
                  text.decode("utf-8", "replace").rstrip())
 
 
+def bind(target: object, sig: list[tuple[ctypes.CDLL, str, list[Any], Any]]) -> None:
+    """Set each ``(library, name, argtypes, restype)`` function of ``sig`` as attribute ``name`` of
+    ``target``, typed."""
+    for so, name, args, res in sig:
+        fn = getattr(so, name)
+        fn.argtypes, fn.restype = args, res
+        setattr(target, name, fn)
+
+
 class GgmlLib:
     """The loaded libraries, with ``argtypes`` / ``restype`` set for each function used."""
 
@@ -167,7 +176,7 @@ class GgmlLib:
         except OSError as exc:
             raise GgmlError(f"cannot load ggml from {directory}: {exc}") from exc
         b, c = self.base, self.cpu
-        sig = [
+        sig: list[tuple[ctypes.CDLL, str, list[Any], Any]] = [
             (b, "ggml_init", [GgmlInitParams], _P),
             (b, "ggml_free", [_P], None),
             (b, "ggml_tensor_overhead", [], ctypes.c_size_t),
@@ -206,10 +215,7 @@ class GgmlLib:
             (c, "ggml_graph_plan", [_P, ctypes.c_int, _P], GgmlCPlan),
             (c, "ggml_graph_compute", [_P, ctypes.POINTER(GgmlCPlan)], ctypes.c_int),
         ]
-        for so, name, args, res in sig:
-            fn = getattr(so, name)
-            fn.argtypes, fn.restype = args, res
-            setattr(self, name, fn)
+        bind(self, sig)
         # ggml's log (e.g. one INFO line per repacked tensor) into Python's logging: warnings and errors only
         self._log_cb = _LOG_CALLBACK(_log)  # (kept alive with the library)
         b.ggml_log_set.argtypes, b.ggml_log_set.restype = [_LOG_CALLBACK, _P], None

@@ -54,7 +54,7 @@ from ethen.model.layers import AttentionSegment
 from ethen.model.qmodel import attend_rows
 
 __all__ = ["CHUNK_ROWS", "REPACK_TYPES", "GgmlEngine", "GgmlLayer", "GgmlWeights", "ggml_block",
-           "load_ggml_layers", "map_gguf", "process_engine", "qk_order", "tensor_f32"]
+           "load_ggml_layers", "map_gguf", "pool_threads", "process_engine", "qk_order", "tensor_f32"]
 
 F32 = NDArray[np.float32]
 
@@ -69,7 +69,12 @@ REPACK_TYPES = ("Q4_0", "Q4_K")
 
 class GgmlEngine:
     """The process's ggml: its thread pool, a scratch buffer for graphs, a work buffer, one graph at a time.
-    """
+    Layers (:class:`GgmlLayer`) build their graphs through :meth:`input` and :meth:`run`, so an engine that
+    runs them elsewhere (:class:`ethen.model.gbackend.BackendEngine`: any ggml backend's device) overrides
+    those two and :attr:`buffer_type`."""
+
+    #: the ggml buffer type the layers' weights are uploaded into at load; 0: read in place in the map
+    buffer_type: int = 0
 
     def __init__(self, threads: int | None = None, spin: bool = True) -> None:
         self.lib: GgmlLib = lib()
@@ -137,9 +142,11 @@ class GgmlWeights:
     repack: bool = False  # Q4_0 / Q4_K matrices into ggml's CPU_REPACK buffer (:meth:`finish`)
     ctx: int = 0
     keep: list[NDArray[Any]] = field(default_factory=list)
-    pending: list[tuple[int, TensorInfo]] = field(default_factory=list)  # matrices to repack
-    buffer: int = 0  # the CPU_REPACK buffer
-    repacked_bytes: int = 0
+    # tensors (and the address and bytes of their data) for the buffer: matrices to repack, or every tensor
+    # where the engine has a buffer type (a device's)
+    pending: list[tuple[int, int, int]] = field(default_factory=list)
+    buffer: int = 0  # the CPU_REPACK buffer (or the device's)
+    repacked_bytes: int = 0  # its bytes
 
     def __post_init__(self) -> None:
         g = self.engine.lib
@@ -158,28 +165,29 @@ class GgmlWeights:
         if int(g.ggml_nbytes(ptr)) != t.nbytes:
             raise GGUFFormatError(f"tensor {t.name!r} ({t.kind} {t.rows}x{t.cols}) has {t.nbytes} bytes in "
                                   f"the file, ggml expects {int(g.ggml_nbytes(ptr))}")
-        if self.repack and t.kind in REPACK_TYPES and t.rows % 8 == 0:
-            self.pending.append((ptr, t))  # data: the repack buffer's (finish)
+        if self.engine.buffer_type or (self.repack and t.kind in REPACK_TYPES and t.rows % 8 == 0):
+            self.pending.append((ptr, self.file.ctypes.data + t.offset, t.nbytes))  # data: the buffer's
         else:
             g.set_data(ptr, self.file.ctypes.data + t.offset)
         return ptr
 
     def finish(self) -> None:
-        """Allocate the repack buffer for the pending matrices and repack them from the file into it (ggml's
-        ``CPU_REPACK`` buffer type: interleaved rows for its 8x8 kernels); no-op without any."""
+        """Allocate the buffer for the pending tensors and copy them from the file into it: the engine's
+        buffer type (a device's), else ggml's ``CPU_REPACK`` (interleaved rows for its 8x8 kernels); no-op
+        without any."""
         if not self.pending:
             return
         g = self.engine.lib
-        buft = g.extra_buffer_type("CPU_REPACK")
+        buft = self.engine.buffer_type or g.extra_buffer_type("CPU_REPACK")
         if buft is None:  # a build without it: read them in place
-            for ptr, t in self.pending:
-                g.set_data(ptr, self.file.ctypes.data + t.offset)
+            for ptr, data, _n in self.pending:
+                g.set_data(ptr, data)
         else:
             self.buffer = int(g.ggml_backend_alloc_ctx_tensors_from_buft(self.ctx, buft) or 0)
             if not self.buffer:
-                raise GgmlError("allocating ggml's CPU_REPACK buffer failed")
-            for ptr, t in self.pending:
-                g.ggml_backend_tensor_set(ptr, self.file.ctypes.data + t.offset, 0, t.nbytes)
+                raise GgmlError(f"allocating a ggml {g.ggml_backend_buft_name(buft).decode()} buffer failed")
+            for ptr, data, n in self.pending:
+                g.ggml_backend_tensor_set(ptr, data, 0, n)
             self.repacked_bytes = int(g.ggml_backend_buffer_get_size(self.buffer))
         self.pending = []
 
@@ -188,7 +196,10 @@ class GgmlWeights:
         a = np.ascontiguousarray(arr, dtype=np.float32)
         self.keep.append(a)
         ptr = int(self.engine.lib.ggml_new_tensor_1d(self.ctx, 0, a.shape[0]))
-        self.engine.lib.set_data(ptr, a.ctypes.data)
+        if self.engine.buffer_type:
+            self.pending.append((ptr, a.ctypes.data, a.nbytes))
+        else:
+            self.engine.lib.set_data(ptr, a.ctypes.data)
         return ptr
 
     def close(self) -> None:
@@ -335,6 +346,19 @@ def map_gguf(store: WeightStore) -> NDArray[np.uint8]:
         raise WeightsNotFoundError(f"cannot read GGUF {store.gguf_path}: {exc}") from exc
 
 
+def pool_threads(threads: int | None, pool: str) -> int:
+    """The threads of a ggml engine on ``pool`` (:func:`process_engine`): ``threads``, else under ``shared``
+    :func:`~ethen.model.engine.default_threads`, else 1."""
+    if pool not in THREAD_POOLS:
+        raise ModelInputError(f"thread pool {pool!r}: must be one of {', '.join(THREAD_POOLS)}")
+    if threads is not None:
+        return int(threads)
+    if pool == "shared":
+        return default_threads()
+    # processes sharing the cores: ggml's barriers spin inside a graph, and two threads on an oversubscribed
+    return 1  # 2-core VM decoded at 2.7-9.9 tok/s against 70 (docs/decisions/0100)
+
+
 _ENGINE_LOCK = threading.Lock()
 _ENGINES: dict[tuple[int, bool], GgmlEngine] = {}
 
@@ -345,15 +369,7 @@ def process_engine(threads: int | None = None, pool: str = "session") -> GgmlEng
     a worker alone on its machine), and sleep at once under ``session`` (``ethen up``'s workers,
     :func:`~ethen.mesh.worker.launch.spawn_worker`; a gateway's head), as the onnxruntime engine's pools do.
     Without ``threads``: under ``shared`` :func:`~ethen.model.engine.default_threads`, else 1."""
-    if pool not in THREAD_POOLS:
-        raise ModelInputError(f"thread pool {pool!r}: must be one of {', '.join(THREAD_POOLS)}")
-    shared = pool == "shared"
-    if threads is not None:
-        n = int(threads)
-    elif shared:
-        n = default_threads()
-    else:  # processes sharing the cores: ggml's barriers spin inside a graph, and two threads on an
-        n = 1  # oversubscribed 2-core VM decoded at 2.7-9.9 tok/s against 70 (docs/decisions/0100)
+    n, shared = pool_threads(threads, pool), pool == "shared"
     with _ENGINE_LOCK:
         if (n, shared) not in _ENGINES:
             _ENGINES[n, shared] = GgmlEngine(n, spin=shared)

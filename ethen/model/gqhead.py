@@ -47,6 +47,7 @@ class GgmlEmbedAndHead(QuantEmbedAndHead):
         self._weights = GgmlWeights(self.engine, file, 2)
         self._head = self._weights.matrix(head)
         self._norm = self._weights.vector(self.output_norm)
+        self._weights.finish()  # (an engine on a device: the two tensors uploaded into its buffer)
         self._rows = head.rows
         self.nbytes = head.nbytes
 

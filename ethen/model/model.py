@@ -32,8 +32,9 @@ from ethen.model.choose import DEFAULT_OPTIONS, EngineOptions, check_onnx, engin
 from ethen.model.config import ModelConfig
 from ethen.model.engine import Engine
 from ethen.model.errors import ModelInputError
+from ethen.model.gbackend import devices, ggml_engine
 from ethen.model.gguf_loader import WeightStore, open_weight_store
-from ethen.model.glayer import GgmlEngine, GgmlLayer, ggml_block, load_ggml_layers, process_engine
+from ethen.model.glayer import GgmlEngine, GgmlLayer, ggml_block, load_ggml_layers
 from ethen.model.gqhead import GgmlEmbedAndHead
 from ethen.model.heap import trim_after
 from ethen.model.kv_cache import DEFAULT_INITIAL_CAPACITY, KVCache
@@ -234,22 +235,35 @@ def _store(store: WeightStore | None) -> WeightStore:
     return store if store is not None else open_weight_store()
 
 
+def _kind(s: WeightStore, options: EngineOptions) -> str:
+    """:func:`~ethen.model.choose.engine_kind` for ``s`` (ggml's devices read for ``--device cuda`` only:
+    a CUDA device of ggml's takes it from onnxruntime-gpu)."""
+    return engine_kind(s.tensors or {}, options, devices() if options.device == "cuda" else ())
+
+
 def _use_ggml(s: WeightStore, engine: Engine | GgmlEngine | None, options: EngineOptions) -> bool:
     """Whether the quantized path runs on ggml: an engine given decides, else
     :func:`~ethen.model.choose.engine_kind` (``options``: ``--engine``, ``--accuracy``; the model's size)."""
     if engine is not None:
         return isinstance(engine, GgmlEngine)
-    return engine_kind(s.tensors or {}, options) == "ggml"
+    return _kind(s, options) == "ggml"
+
+
+def _ggml(engine: Engine | GgmlEngine | None, options: EngineOptions) -> GgmlEngine:
+    """The ggml engine given, else the one ``options.device`` asks for (a GPU device's, or the CPU's;
+    default threads, a pool per session)."""
+    return engine if isinstance(engine, GgmlEngine) else ggml_engine(None, "session", options.device)
 
 
 def engine_for(store: WeightStore, threads: int | None = None, pool: str = "session",
                options: EngineOptions = DEFAULT_OPTIONS) -> Engine | GgmlEngine:
     """The engine of ``threads`` on ``pool`` (session|shared: ``ethen worker --threads`` / ``--thread-pool``)
     that :func:`~ethen.model.choose.engine_kind` chooses for ``store`` under ``options`` (``--engine`` /
-    ``--accuracy`` / ``--device``). Without ``threads``: the default
-    (:func:`~ethen.model.engine.default_threads`; ggml under ``session``: 1, :func:`process_engine`)."""
-    if engine_kind(store.tensors or {}, options) == "ggml":
-        return process_engine(threads, pool)
+    ``--accuracy`` / ``--device``; ggml's device: :func:`~ethen.model.gbackend.ggml_engine`). Without
+    ``threads``: the default (:func:`~ethen.model.engine.default_threads`; ggml under ``session``: 1,
+    :func:`~ethen.model.glayer.process_engine`)."""
+    if _kind(store, options) == "ggml":
+        return ggml_engine(threads, pool, options.device)
     return onnx_engine(threads, pool, options.accuracy, options.device)
 
 
@@ -271,8 +285,7 @@ def load_layer_stacks(ranges: str | Sequence[tuple[int, int]], store: WeightStor
     s = _store(store)
     pairs = parse_layer_ranges(ranges) if isinstance(ranges, str) else list(ranges)
     if _use_ggml(s, engine, options):
-        ge = engine if isinstance(engine, GgmlEngine) else None
-        return [LayerStack(s.config, layers) for layers in load_ggml_layers(pairs, s, ge)]
+        return [LayerStack(s.config, layers) for layers in load_ggml_layers(pairs, s, _ggml(engine, options))]
     check_onnx(s.tensors or {})
     return [LayerStack(s.config, layers) for layers in load_quant_layers(pairs, s, _onnx(engine, options))]
 
@@ -283,7 +296,7 @@ def load_embed_and_head(store: WeightStore | None = None, engine: Engine | GgmlE
     ggml or onnxruntime as :func:`load_layer_stacks` chooses."""
     s = _store(store)
     if _use_ggml(s, engine, options):
-        return GgmlEmbedAndHead(s, engine if isinstance(engine, GgmlEngine) else None)
+        return GgmlEmbedAndHead(s, _ggml(engine, options))
     check_onnx(s.tensors or {})
     return QuantEmbedAndHead(s, _onnx(engine, options))
 

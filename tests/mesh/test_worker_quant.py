@@ -91,6 +91,20 @@ def test_a_gpu_device_ggml_lacks_is_refused_before_serving(root: Path, device: s
     assert f"(libggml-{device}.so); the installed ggml backends: cpu" in " ".join(out.stderr.split())
 
 
+def test_the_ggml_engine_on_a_cuda_device_ggml_lacks_is_refused_before_serving(root: Path) -> None:
+    """``--engine ggml --device cuda`` runs on ggml's CUDA backend (ethen/model/gbackend.py): without it,
+    the worker names the missing ``libggml-cuda.so``."""
+    from ethen.model.ggml_lib import backends
+
+    if "cuda" in backends():
+        pytest.skip("ggml's cuda backend is installed here (libggml-cuda.so): not the refusal case")
+    path = write_tiny_gguf(root / "device.gguf", TinySpec())
+    out = _worker_run(path, "--engine", "ggml", "--device", "cuda")
+    assert out.returncode == 2 and "READY" not in out.stdout
+    assert ("device 'cuda' needs a libggml build with the CUDA backend (libggml-cuda.so); the installed ggml "
+            "backends: cpu") in " ".join(out.stderr.split())
+
+
 def test_device_cuda_without_a_gpu_is_refused_before_serving(root: Path) -> None:
     import onnxruntime as ort
 
