@@ -181,8 +181,9 @@ def up(
         "auto", "--accuracy", help="auto (by the model), exact (float32-grade products: onnx) or fast (int8 "
         "activations: ggml); the workers and the head."),
     device: str = typer.Option(
-        "auto", "--device", help="auto, cpu, cuda (the onnx engine), metal or vulkan (refused unless ggml "
-        "has the backend); the workers and the head."),
+        "auto", "--device", help="auto (a GPU when the engine has one), cpu, cuda (ggml's CUDA backend if "
+        "installed, else onnxruntime-gpu), metal or vulkan (ggml backends; refused when not installed); the "
+        "workers and the head."),
 ) -> None:
     """Start a local 3-worker mesh and the gateway serving it; Ctrl-C stops them all."""
     t0 = _command_start()

@@ -17,9 +17,12 @@ Choices where the issue is silent:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ethen.up_layout import MODEL
+
+if TYPE_CHECKING:
+    from ethen.model.choose import EngineOptions
 
 __all__ = ["gateway_document", "mesh_route", "write_config"]
 
@@ -47,7 +50,8 @@ def gateway_document(host: str, port: int, key: str | None, workers: dict[str, s
                      user: dict[str, Any] | None = None, *, admin_key_sha256: str | None = None,
                      model_path: str | None = None, token_file: str | None = None,
                      route: dict[str, Any] | None = None, join: str | None = None,
-                     tls: tuple[str, str] | None = None, engine_options: Any = None) -> dict[str, Any]:
+                     tls: tuple[str, str] | None = None,
+                     engine_options: EngineOptions | None = None) -> dict[str, Any]:
     """The gateway config ``ethen up`` serves (a TOML document as a dict): the mesh over ``workers``, the
     config key ``key`` (``None``: no config key, the key is a store key of project ``default``), and the
     optional user config merged in (:func:`~ethen.gateway.config.overlay.merge_overlay`). With
@@ -72,7 +76,7 @@ def gateway_document(host: str, port: int, key: str | None, workers: dict[str, s
     return merge_overlay(doc, user, admin_key_sha256)
 
 
-def _engine_keys(options: Any) -> dict[str, str]:
+def _engine_keys(options: EngineOptions | None) -> dict[str, str]:
     if options is None:
         return {}
     chosen = {"engine": options.engine, "accuracy": options.accuracy, "device": options.device}

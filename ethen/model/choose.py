@@ -41,6 +41,8 @@ ENGINES = ("auto", "ggml", "onnx")
 #: backends (:func:`check_device`, :func:`ggml_device`)
 DEVICES = ("auto", "cpu", "cuda", "metal", "vulkan")
 _GGML_GPUS = {"cuda": "CUDA", "metal": "Metal", "vulkan": "Vulkan"}
+#: devices only the ggml engine runs (onnxruntime has neither)
+_GGML_ONLY_DEVICES = ("metal", "vulkan")
 #: the registry names ggml gives each ``--device``'s backend (its devices: ``CUDA0``, ``MTL0``, ``Vulkan0``)
 GGML_BACKEND_NAMES: dict[str, tuple[str, ...]] = {"cuda": ("CUDA",), "metal": ("MTL", "Metal"),
                                                   "vulkan": ("Vulkan",)}
@@ -107,7 +109,7 @@ def check_device(device: str, installed: Sequence[str] | None = None) -> None:
     (:func:`ggml_device`, :class:`~ethen.model.engine.Engine`)."""
     if device not in DEVICES:
         raise ModelInputError(f"device {device!r} is not one of {', '.join(DEVICES)}")
-    if device in ("metal", "vulkan"):
+    if device in _GGML_ONLY_DEVICES:
         have = backends() if installed is None else installed
         if device not in have:
             raise ModelInputError(_missing(device, have))
@@ -172,13 +174,13 @@ def engine_kind(tensors: Mapping[str, TensorInfo], options: EngineOptions = DEFA
                 ggml_devices: Sequence[GgmlDevice] = ()) -> str:
     """The engine ``options`` choose for the model whose tensor table is ``tensors``: ``ggml`` or
     ``onnx``; ``ggml_devices``: the devices ggml's backends offer (a CUDA one takes ``--device cuda``)."""
-    if options.engine == "onnx" and options.device in ("metal", "vulkan"):
+    if options.engine == "onnx" and options.device in _GGML_ONLY_DEVICES:
         raise ModelInputError(f"device {options.device!r} runs on the ggml engine only (--engine ggml or "
                               "auto); onnxruntime has no such device")
     if options.engine != "auto":
         return options.engine
     check_device(options.device)
-    if options.device in ("metal", "vulkan"):
+    if options.device in _GGML_ONLY_DEVICES:
         return "ggml"
     if options.device == "cuda":
         return "ggml" if any(d.backend in GGML_BACKEND_NAMES["cuda"] for d in ggml_devices) else "onnx"

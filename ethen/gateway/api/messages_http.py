@@ -44,7 +44,7 @@ from starlette.responses import Response, StreamingResponse
 
 from ethen.gateway.accounting.auth import authorization
 from ethen.gateway.api.execute import Attempt, BufferedRun, RouteTarget, StreamRun
-from ethen.gateway.api.messages import chat_breakpoints, resolve_model, to_chat
+from ethen.gateway.api.messages import resolve_model, to_chat
 from ethen.gateway.api.messages_stream import MessageEvents, NativeEvents, from_chat
 from ethen.gateway.api.pipeline import Call, Pipeline
 from ethen.gateway.api.relay import StreamRelay
@@ -228,8 +228,7 @@ def messages_endpoints(
         try:
             await mpipe.admit(call, request, translate)
             assert call.payload is not None
-            call.payload = NativeBody(call.payload, raw[0], request.headers.get("anthropic-beta"),
-                                      chat_breakpoints(raw[0]))
+            call.payload = NativeBody(call.payload, raw[0], request.headers.get("anthropic-beta"))
             if call.stream:
                 return _stream(mpipe, call, await mpipe.open_stream(call), asked)
 

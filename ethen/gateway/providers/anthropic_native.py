@@ -20,7 +20,7 @@ accounting (usage, TTFT, finish) is the chat path's and the endpoint can send th
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ethen.gateway.api.sse import dumps
@@ -36,16 +36,12 @@ NATIVE_KEY = "x_anthropic"
 
 
 class NativeBody(dict[str, Any]):
-    """A chat-completions body that also carries the client's Messages body and ``anthropic-beta`` header,
-    and ``marks``: its ``cache_control`` breakpoints placed on the chat translation (the leading chat
-    messages each covers, the mark; :func:`~ethen.gateway.api.messages.chat_breakpoints`)."""
+    """A chat-completions body that also carries the client's Messages body and ``anthropic-beta`` header."""
 
-    def __init__(self, chat: Mapping[str, Any], messages: Mapping[str, Any], beta: str | None,
-                 marks: Sequence[tuple[int, Mapping[str, Any]]] = ()) -> None:
+    def __init__(self, chat: Mapping[str, Any], messages: Mapping[str, Any], beta: str | None) -> None:
         super().__init__(chat)
         self.messages = dict(messages)
         self.beta = beta
-        self.marks = tuple(marks)
 
 
 class NativeAnswer(dict[str, Any]):

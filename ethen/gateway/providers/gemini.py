@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
+from ethen.gateway.api.messages import chat_breakpoints
 from ethen.gateway.api.sse import dumps
 from ethen.gateway.errors import (
     UpstreamError,
@@ -191,7 +192,8 @@ class GeminiProvider(HttpProvider):
     def _split(self, call: UpstreamCall, body: dict[str, Any]) -> CacheSplit | None:
         if not self.auto_breakpoints:
             return None
-        marks = call.body.marks if isinstance(call.body, NativeBody) else None  # a Messages body's
+        # a Messages body's marks, on its blocks (read here: only a Gemini upstream needs them)
+        marks = chat_breakpoints(call.body.messages) if isinstance(call.body, NativeBody) else None
         return plan(call.body, body, call.upstream_model, marks)
 
     async def _cache(self, split: CacheSplit, model: str) -> tuple[str | None, int]:

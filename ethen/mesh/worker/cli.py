@@ -41,14 +41,13 @@ from ethen.mesh.worker.launch import orphaned
 from ethen.mesh.worker.limits import MAX_PREFILL_TOKENS, MAX_SESSIONS_PER_CALLER
 from ethen.mesh.worker.memory import memory_refusal, parse_size, resident_bytes
 from ethen.model.choose import ACCURACIES, EngineOptions, check_device
-from ethen.model.engine import THREAD_POOLS
 
 if TYPE_CHECKING:
     from ethen.mesh.auth import ClientCredentials, TokenAuth
     from ethen.mesh.worker.config import WorkerConfig
     from ethen.mesh.worker.membership import JoinSpec
 
-__all__ = ["ACCURACIES", "check_threads", "engine_options", "one_blas_thread", "run_worker", "worker"]
+__all__ = ["ACCURACIES", "engine_options", "one_blas_thread", "run_worker", "worker"]
 
 
 def one_blas_thread() -> None:
@@ -125,16 +124,6 @@ def engine_options(engine: str, accuracy: str, device: str) -> EngineOptions:
     return options
 
 
-def check_threads(threads: int | None, pool: str | None) -> None:
-    """Refuse (a ``ValueError`` naming the flag and the value) a ``--threads`` below 1 or a ``--thread-pool``
-    not in :data:`~ethen.model.engine.THREAD_POOLS`. Both reach the engine through the worker's
-    :class:`~ethen.mesh.worker.config.WorkerConfig` (:func:`run_worker`)."""
-    if threads is not None and threads < 1:
-        raise ValueError(f"--threads {threads!r}: must be a positive integer")
-    if pool is not None and pool not in THREAD_POOLS:
-        raise ValueError(f"--thread-pool {pool!r}: must be one of {', '.join(THREAD_POOLS)}")
-
-
 def worker(
     node_id: str = typer.Option(..., "--node-id", help="This node's id, as the router names it."),
     layers: str = typer.Option(..., "--layers", help="Served fragments, e.g. '0-9,10-19' (inclusive)."),
@@ -167,8 +156,9 @@ def worker(
     drain_timeout: float = typer.Option(
         30.0, "--drain-timeout", help="SIGTERM: seconds to let open sessions finish."),
     device: str = typer.Option(
-        "auto", "--device", help="Compute device: auto (cuda when onnxruntime-gpu sees a GPU, else cpu), "
-        "cpu, cuda (the onnx engine), metal or vulkan (refused unless ggml has the backend)."),
+        "auto", "--device", help="Compute device: auto (a GPU of the installed ggml's backends for the ggml "
+        "engine, onnxruntime-gpu's CUDA for the onnx engine, else cpu), cpu, cuda (ggml's CUDA backend if "
+        "installed, else onnxruntime-gpu), metal or vulkan (ggml backends; refused when not installed)."),
     engine: str = typer.Option(
         "auto", "--engine", envvar=ENGINE_ENV, help="auto (by the model: ggml for 1B-class models, "
         "onnxruntime's float32 compute for small ones), ggml (llama.cpp's kernels, int8 activations) or "
@@ -197,7 +187,7 @@ def worker(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     warn_gone_env()
     one_blas_thread()
-    from ethen.mesh.worker.config import WorkerConfig, parse_fragments
+    from ethen.mesh.worker.config import WorkerConfig, check_threads, parse_fragments
 
     try:  # first: a bad value is named as the other engine flags' are (exit 2)
         check_threads(threads, thread_pool)

@@ -10,7 +10,16 @@ from ethen.model.choose import DEFAULT_OPTIONS, EngineOptions
 from ethen.model.engine import THREAD_POOLS
 from ethen.model.model import parse_layer_ranges
 
-__all__ = ["WorkerConfig", "parse_fragments"]
+__all__ = ["WorkerConfig", "check_threads", "parse_fragments"]
+
+
+def check_threads(threads: int | None, pool: str | None) -> None:
+    """Refuse (a ``ValueError`` naming the flag and the value) a ``--threads`` below 1 or a ``--thread-pool``
+    not in :data:`~ethen.model.engine.THREAD_POOLS`."""
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads {threads!r}: must be a positive integer")
+    if pool is not None and pool not in THREAD_POOLS:
+        raise ValueError(f"--thread-pool {pool!r}: must be one of {', '.join(THREAD_POOLS)}")
 
 
 def parse_fragments(text: str) -> list[tuple[int, int]]:
@@ -49,10 +58,7 @@ class WorkerConfig:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
         if max_sessions_per_caller < 1:
             raise ValueError(f"max_sessions_per_caller must be >= 1, got {max_sessions_per_caller}")
-        if threads is not None and threads < 1:
-            raise ValueError(f"--threads {threads!r}: must be a positive integer")
-        if thread_pool not in THREAD_POOLS:
-            raise ValueError(f"--thread-pool {thread_pool!r}: must be one of {', '.join(THREAD_POOLS)}")
+        check_threads(threads, thread_pool)
         self.node_id = node_id
         self.fragments = sorted(fragments)
         self.capacity_score = capacity_score
